@@ -1,0 +1,191 @@
+//! File layouts (RAID-0 striping with lfs semantics) and the arithmetic that maps file offsets to
+//! chunk files on targets.
+//!
+//! Offset `o` lives in chunk `k = o / chunk_size`, on target `targets[k % stripe_count]`, at
+//! offset `(k / stripe_count) * chunk_size + o % chunk_size` of that target's chunk file.
+
+use crate::TargetId;
+use serde::{Deserialize, Serialize};
+
+/// Smallest chunk size allowed (as Lustre and BeeGFS).
+pub const MIN_CHUNK_SIZE: u32 = 64 * 1024;
+/// Largest chunk size allowed.
+pub const MAX_CHUNK_SIZE: u32 = 1 << 30;
+/// Default chunk size.
+pub const DEFAULT_CHUNK_SIZE: u32 = 1 << 20;
+/// Default stripe count.
+pub const DEFAULT_STRIPE_COUNT: i32 = 4;
+/// Name of the pool holding every target unless configured otherwise.
+pub const DEFAULT_POOL: &str = "default";
+
+/// The layout of one file: fixed at create.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Layout {
+    pub chunk_size: u32,
+    pub pool: String,
+    /// Ordered targets; their count is the stripe count.
+    pub targets: Vec<TargetId>,
+}
+
+/// The default layout a directory gives new children.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct DirLayout {
+    pub chunk_size: u32,
+    /// Number of targets per file; -1 means every target of the pool.
+    pub stripe_count: i32,
+    pub pool: String,
+    /// First target to use, or none for a rotating start.
+    pub start_target: Option<TargetId>,
+}
+
+impl Default for DirLayout {
+    fn default() -> Self {
+        DirLayout {
+            chunk_size: DEFAULT_CHUNK_SIZE,
+            stripe_count: DEFAULT_STRIPE_COUNT,
+            pool: DEFAULT_POOL.to_string(),
+            start_target: None,
+        }
+    }
+}
+
+impl DirLayout {
+    /// Checks the rules every layout must follow, naming the first broken one.
+    pub fn validate(&self) -> Result<(), String> {
+        validate_chunk_size(self.chunk_size)?;
+        if self.stripe_count == 0 || self.stripe_count < -1 {
+            return Err(format!(
+                "stripe count {} is invalid: use a positive count or -1 for every target",
+                self.stripe_count
+            ));
+        }
+        if self.pool.is_empty() {
+            return Err("pool name is empty".into());
+        }
+        Ok(())
+    }
+}
+
+pub fn validate_chunk_size(chunk_size: u32) -> Result<(), String> {
+    if !chunk_size.is_power_of_two() || !(MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&chunk_size) {
+        return Err(format!(
+            "chunk size {chunk_size} is invalid: it must be a power of two between 64 KiB and 1 GiB"
+        ));
+    }
+    Ok(())
+}
+
+/// One contiguous piece of a file range that lives in a single chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    /// Index into `Layout::targets`.
+    pub stripe_index: usize,
+    pub target: TargetId,
+    /// Chunk number within the file.
+    pub chunk: u64,
+    /// Offset within the target's chunk file.
+    pub local_offset: u64,
+    /// Offset within the file.
+    pub file_offset: u64,
+    pub len: u64,
+}
+
+impl Layout {
+    pub fn stripe_count(&self) -> usize {
+        self.targets.len()
+    }
+
+    /// Splits the file range `[offset, offset + len)` into per-chunk segments, in file order.
+    pub fn segments(&self, offset: u64, len: u64) -> impl Iterator<Item = Segment> + '_ {
+        let cs = self.chunk_size as u64;
+        let sc = self.targets.len() as u64;
+        let end = offset.saturating_add(len);
+        let mut pos = offset;
+        std::iter::from_fn(move || {
+            if pos >= end || sc == 0 {
+                return None;
+            }
+            let chunk = pos / cs;
+            let within = pos % cs;
+            let n = (cs - within).min(end - pos);
+            let stripe_index = (chunk % sc) as usize;
+            let seg = Segment {
+                stripe_index,
+                target: self.targets[stripe_index],
+                chunk,
+                local_offset: (chunk / sc) * cs + within,
+                file_offset: pos,
+                len: n,
+            };
+            pos += n;
+            Some(seg)
+        })
+    }
+
+    /// Length of the chunk file on stripe `index` when the file is `file_size` bytes long.
+    pub fn local_len(&self, index: usize, file_size: u64) -> u64 {
+        let cs = self.chunk_size as u64;
+        let sc = self.targets.len() as u64;
+        let i = index as u64;
+        let nchunks = file_size.div_ceil(cs);
+        if nchunks == 0 || i >= nchunks {
+            return 0;
+        }
+        let last = i + ((nchunks - 1 - i) / sc) * sc;
+        (last / sc) * cs + (file_size - last * cs).min(cs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn layout(cs: u32, n: u32) -> Layout {
+        Layout {
+            chunk_size: cs,
+            pool: "p".into(),
+            targets: (1..=n).collect(),
+        }
+    }
+
+    #[test]
+    fn segments_follow_design_formula() {
+        let l = layout(65536, 4);
+        let segs: Vec<_> = l.segments(65536 * 5 + 10, 65536).collect();
+        assert_eq!(segs.len(), 2);
+        assert_eq!(segs[0].target, 2);
+        assert_eq!(segs[0].local_offset, 65536 + 10);
+        assert_eq!(segs[0].len, 65536 - 10);
+        assert_eq!(segs[1].target, 3);
+        assert_eq!(segs[1].local_offset, 65536);
+        assert_eq!(segs[1].len, 10);
+    }
+
+    proptest! {
+        #[test]
+        fn segments_cover_range_exactly(off in 0u64..10_000_000, len in 0u64..5_000_000, n in 1u32..6) {
+            let l = layout(65536, n);
+            let mut pos = off;
+            for s in l.segments(off, len) {
+                prop_assert_eq!(s.file_offset, pos);
+                prop_assert!(s.len > 0);
+                pos += s.len;
+            }
+            prop_assert_eq!(pos, off + len);
+        }
+
+        #[test]
+        fn local_len_matches_segments(size in 0u64..3_000_000, n in 1u32..6) {
+            let l = layout(65536, n);
+            let mut expect = vec![0u64; n as usize];
+            for s in l.segments(0, size) {
+                let e = &mut expect[s.stripe_index];
+                *e = (*e).max(s.local_offset + s.len);
+            }
+            for (i, e) in expect.iter().enumerate() {
+                prop_assert_eq!(l.local_len(i, size), *e);
+            }
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! Messages of the metadata service (metad): the namespace.
+//!
+//! Names are raw bytes, as on Linux. Every mutating request is idempotent under retry: metad
+//! records its reply under the header's `(client_id, request_id)`.
+
+use crate::{DirLayout, InodeId, Layout, Timespec};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+}
+
+/// Attributes of an inode. `mode` holds the permission bits (07777) only; `kind` the type.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attr {
+    pub ino: InodeId,
+    pub kind: FileKind,
+    pub mode: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub atime: Timespec,
+    pub mtime: Timespec,
+    pub ctime: Timespec,
+    /// Regular files: where the data lives.
+    pub layout: Option<Layout>,
+}
+
+/// A time to set: the server's clock, or a given time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SetTime {
+    Now,
+    At(Timespec),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lookup {
+    pub parent: InodeId,
+    #[serde(with = "serde_bytes")]
+    pub name: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetAttr {
+    pub ino: InodeId,
+}
+
+/// Check `mask` (R_OK=4, W_OK=2, X_OK=1; 0 = existence) for the caller.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Access {
+    pub ino: InodeId,
+    pub mask: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct SetAttr {
+    pub ino: InodeId,
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<SetTime>,
+    pub mtime: Option<SetTime>,
+}
+
+impl Default for InodeId {
+    fn default() -> Self {
+        InodeId::ROOT
+    }
+}
+
+/// Create a regular file. With `exclusive` an existing name fails with `Exists`; without it the
+/// existing file is returned (`created = false`) after a permission check for `open_write`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Create {
+    pub parent: InodeId,
+    #[serde(with = "serde_bytes")]
+    pub name: Vec<u8>,
+    pub mode: u32,
+    pub exclusive: bool,
+    /// Layout for the new file instead of the directory default.
+    pub layout: Option<DirLayout>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateReply {
+    pub attr: Attr,
+    pub created: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mkdir {
+    pub parent: InodeId,
+    #[serde(with = "serde_bytes")]
+    pub name: Vec<u8>,
+    pub mode: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unlink {
+    pub parent: InodeId,
+    #[serde(with = "serde_bytes")]
+    pub name: Vec<u8>,
+}
+
+/// The inode whose last link went away, if any: its chunks may now be removed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnlinkReply {
+    pub removed: Option<Attr>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rmdir {
+    pub parent: InodeId,
+    #[serde(with = "serde_bytes")]
+    pub name: Vec<u8>,
+}
+
+/// `RENAME_NOREPLACE`: fail with `Exists` if the destination exists.
+pub const RENAME_NOREPLACE: u32 = 1;
+/// `RENAME_EXCHANGE`: swap source and destination atomically.
+pub const RENAME_EXCHANGE: u32 = 2;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rename {
+    pub parent: InodeId,
+    #[serde(with = "serde_bytes")]
+    pub name: Vec<u8>,
+    pub new_parent: InodeId,
+    #[serde(with = "serde_bytes")]
+    pub new_name: Vec<u8>,
+    pub flags: u32,
+}
+
+/// A replaced destination whose last link went away.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenameReply {
+    pub removed: Option<Attr>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Symlink {
+    pub parent: InodeId,
+    #[serde(with = "serde_bytes")]
+    pub name: Vec<u8>,
+    #[serde(with = "serde_bytes")]
+    pub target: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Readlink {
+    pub ino: InodeId,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Link {
+    pub ino: InodeId,
+    pub new_parent: InodeId,
+    #[serde(with = "serde_bytes")]
+    pub new_name: Vec<u8>,
+}
+
+/// List a directory from `cookie` (0 = start). Cookies are stable: an entry present for the
+/// whole listing is returned exactly once, however the directory changes meanwhile.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadDir {
+    pub ino: InodeId,
+    pub cookie: u64,
+    pub max_entries: u32,
+    /// Include attributes (readdirplus).
+    pub plus: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    #[serde(with = "serde_bytes")]
+    pub name: Vec<u8>,
+    pub ino: InodeId,
+    pub kind: FileKind,
+    /// Pass back to continue after this entry.
+    pub cookie: u64,
+    pub attr: Option<Attr>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadDirReply {
+    pub entries: Vec<DirEntry>,
+    pub eof: bool,
+}
+
+/// `XATTR_CREATE`: fail if the attribute exists.
+pub const XATTR_CREATE: u32 = 1;
+/// `XATTR_REPLACE`: fail if the attribute does not exist.
+pub const XATTR_REPLACE: u32 = 2;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetXattr {
+    pub ino: InodeId,
+    #[serde(with = "serde_bytes")]
+    pub name: Vec<u8>,
+    #[serde(with = "serde_bytes")]
+    pub value: Vec<u8>,
+    pub flags: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetXattr {
+    pub ino: InodeId,
+    #[serde(with = "serde_bytes")]
+    pub name: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListXattr {
+    pub ino: InodeId,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoveXattr {
+    pub ino: InodeId,
+    #[serde(with = "serde_bytes")]
+    pub name: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatFs {}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct StatFsReply {
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    pub total_inodes: u64,
+    pub free_inodes: u64,
+    pub used_inodes: u64,
+    pub block_size: u32,
+}
+
+/// Record that data was written up to `size` (grows the size, never shrinks it) and set mtime.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExtendSize {
+    pub ino: InodeId,
+    pub size: u64,
+    pub mtime: Timespec,
+}
+
+/// Check that the caller may open the file with these access bits and return its attributes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Open {
+    pub ino: InodeId,
+    pub read: bool,
+    pub write: bool,
+}
+
+/// Set the default layout a directory gives new children.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetDirLayout {
+    pub ino: InodeId,
+    pub layout: DirLayout,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetDirLayout {
+    pub ino: InodeId,
+}
+
+crate::rpc! {
+    Lookup = 100 => Attr,
+    GetAttr = 101 => Attr,
+    SetAttr = 102 => Attr,
+    Create = 103 => CreateReply,
+    Mkdir = 104 => Attr,
+    Unlink = 105 => UnlinkReply,
+    Rmdir = 106 => (),
+    Rename = 107 => RenameReply,
+    Symlink = 108 => Attr,
+    Readlink = 109 => Vec<u8>,
+    Link = 110 => Attr,
+    ReadDir = 111 => ReadDirReply,
+    SetXattr = 112 => (),
+    GetXattr = 113 => Vec<u8>,
+    ListXattr = 114 => Vec<Vec<u8>>,
+    RemoveXattr = 115 => (),
+    StatFs = 116 => StatFsReply,
+    ExtendSize = 117 => Attr,
+    Open = 118 => Attr,
+    Access = 119 => (),
+    SetDirLayout = 120 => (),
+    GetDirLayout = 121 => DirLayout,
+}

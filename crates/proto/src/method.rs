@@ -1,0 +1,28 @@
+//! Frozen numeric method ids and the typed request trait.
+//!
+//! Ranges: 1–99 mgmtd, 100–199 metad, 200–299 stored. A retired id is never reused.
+
+use serde::{de::DeserializeOwned, Serialize};
+
+/// A request type: its frozen method id and the type of its successful reply.
+pub trait Rpc: Serialize + DeserializeOwned + Send + Sync + 'static {
+    const METHOD: u16;
+    const NAME: &'static str;
+    type Reply: Serialize + DeserializeOwned + Send + Sync + 'static;
+}
+
+/// Declares the method id and reply type of request types.
+#[macro_export]
+macro_rules! rpc {
+    ($( $req:ident = $id:expr => $reply:ty ),* $(,)?) => {
+        $(
+            impl $crate::method::Rpc for $req {
+                const METHOD: u16 = $id;
+                const NAME: &'static str = stringify!($req);
+                type Reply = $reply;
+            }
+        )*
+        /// Every method id declared in this module, for the uniqueness test.
+        pub const METHOD_IDS: &[u16] = &[$($id),*];
+    };
+}

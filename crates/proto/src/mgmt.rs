@@ -1,0 +1,154 @@
+//! Messages of the management service (mgmtd): registration, heartbeats, the cluster view.
+
+use crate::{DirLayout, NodeIndex, ServiceId, TargetId, Timespec};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ServiceKind {
+    Meta,
+    Storage,
+    Client,
+}
+
+/// Filesystem life cycle as mgmtd sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FsState {
+    /// Waiting for the expected services and targets.
+    Forming,
+    /// Every expected service and target is registered.
+    Ready,
+    /// Shutting down; no new clients.
+    Draining,
+}
+
+/// Space of one target as its stored reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct TargetSpace {
+    pub capacity: u64,
+    pub free: u64,
+    pub inodes_total: u64,
+    pub inodes_free: u64,
+}
+
+/// A target offered by a storage service at registration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetOffer {
+    pub id: TargetId,
+    pub pool: String,
+    pub space: TargetSpace,
+}
+
+/// A service introduces itself. Re-registering with the same kind and node replaces the old
+/// entry (a restarted daemon).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Register {
+    pub kind: ServiceKind,
+    pub node: NodeIndex,
+    pub hostname: String,
+    /// Address of its QUIC endpoint (none for clients).
+    pub addr: Option<SocketAddr>,
+    /// Address of its bulk-data TCP listener, if any.
+    pub bulk_addr: Option<SocketAddr>,
+    /// Metadata shard served (metad only).
+    pub shard: Option<u16>,
+    pub targets: Vec<TargetOffer>,
+    pub pid: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterReply {
+    pub service_id: ServiceId,
+    pub heartbeat_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    pub service_id: ServiceId,
+    pub targets: Vec<(TargetId, TargetSpace)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeartbeatReply {
+    /// False when mgmtd does not know the service (it must register again).
+    pub known: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unregister {
+    pub service_id: ServiceId,
+}
+
+/// Ask for the whole cluster view.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetCluster {}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceInfo {
+    pub id: ServiceId,
+    pub kind: ServiceKind,
+    pub node: NodeIndex,
+    pub hostname: String,
+    pub addr: Option<SocketAddr>,
+    pub bulk_addr: Option<SocketAddr>,
+    pub shard: Option<u16>,
+    pub online: bool,
+    /// Milliseconds since the last heartbeat.
+    pub last_seen_ms: u64,
+    pub pid: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetInfo {
+    pub id: TargetId,
+    pub node: NodeIndex,
+    pub service_id: ServiceId,
+    pub pool: String,
+    pub space: TargetSpace,
+    pub online: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterView {
+    pub job_id: String,
+    pub state: FsState,
+    pub created: Timespec,
+    pub expected_storage_nodes: u32,
+    pub expected_meta: u32,
+    pub services: Vec<ServiceInfo>,
+    pub targets: Vec<TargetInfo>,
+    pub default_layout: DirLayout,
+    /// Grows whenever services or targets change.
+    pub version: u64,
+}
+
+impl ClusterView {
+    pub fn service(&self, id: ServiceId) -> Option<&ServiceInfo> {
+        self.services.iter().find(|s| s.id == id)
+    }
+    pub fn target(&self, id: TargetId) -> Option<&TargetInfo> {
+        self.targets.iter().find(|t| t.id == id)
+    }
+    /// The online metad serving `shard`.
+    pub fn meta_for_shard(&self, shard: u16) -> Option<&ServiceInfo> {
+        self.services
+            .iter()
+            .filter(|s| s.kind == ServiceKind::Meta && s.shard == Some(shard))
+            .max_by_key(|s| (s.online, s.id))
+    }
+    pub fn meta_shards(&self) -> u16 {
+        self.services
+            .iter()
+            .filter(|s| s.kind == ServiceKind::Meta)
+            .filter_map(|s| s.shard)
+            .max()
+            .map_or(0, |m| m + 1)
+    }
+}
+
+crate::rpc! {
+    Register = 1 => RegisterReply,
+    Heartbeat = 2 => HeartbeatReply,
+    Unregister = 3 => (),
+    GetCluster = 4 => ClusterView,
+}

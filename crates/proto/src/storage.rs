@@ -1,0 +1,75 @@
+//! Messages of the storage service (stored): chunk I/O on targets.
+//!
+//! A file has one chunk file per target of its layout; offsets here are offsets within that chunk
+//! file (see `layout`).
+
+use crate::mgmt::TargetSpace;
+use crate::{InodeId, TargetId};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteChunk {
+    pub target: TargetId,
+    pub ino: InodeId,
+    pub offset: u64,
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+    /// Make the write durable (fdatasync) before replying.
+    pub sync: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadChunk {
+    pub target: TargetId,
+    pub ino: InodeId,
+    pub offset: u64,
+    pub len: u32,
+}
+
+/// Bytes read; shorter than asked where the chunk file ends (a hole or the end of the file).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkData {
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TruncateChunk {
+    pub target: TargetId,
+    pub ino: InodeId,
+    pub len: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncChunk {
+    pub target: TargetId,
+    pub ino: InodeId,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoveChunk {
+    pub target: TargetId,
+    pub ino: InodeId,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatTarget {
+    pub target: TargetId,
+}
+
+/// Length of a chunk file, or none when it does not exist.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatChunk {
+    pub target: TargetId,
+    pub ino: InodeId,
+}
+
+crate::rpc! {
+    WriteChunk = 200 => u32,
+    ReadChunk = 201 => ChunkData,
+    TruncateChunk = 202 => (),
+    SyncChunk = 203 => (),
+    RemoveChunk = 204 => (),
+    StatTarget = 205 => TargetSpace,
+    StatChunk = 206 => Option<u64>,
+}
