@@ -1,0 +1,24 @@
+//! The odfs transport.
+//!
+//! Owns: the per-job credential (derived from the site key and the job id), QUIC endpoints with
+//! mutual TLS that refuse any peer without the job's credential, TCP bulk streams authenticated
+//! with the same credential, a connection that multiplexes many typed requests over one stream,
+//! the server-side router, and the client-side connection pool with retries.
+//! It knows nothing of what requests mean; services register handlers.
+
+pub mod conn;
+pub mod credential;
+pub mod error;
+pub mod pool;
+pub mod quic;
+pub mod router;
+pub mod tcp;
+
+pub use conn::Conn;
+pub use credential::{JobCredential, SiteKey};
+pub use error::RpcError;
+pub use pool::{Pool, PoolConfig, Transport};
+pub use router::Router;
+
+/// A process-wide shutdown signal: every accept loop and background task watches it.
+pub type Shutdown = tokio::sync::watch::Receiver<bool>;

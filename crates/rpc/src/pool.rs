@@ -1,0 +1,156 @@
+//! Client side: connections kept per peer and transport, and calls with retry.
+//!
+//! A retried call reuses its request header, so the server's idempotency table recognises it.
+
+use crate::quic::QuicEndpoint;
+use crate::{Conn, JobCredential, RpcError};
+use odfs_proto::{RequestHeader, Rpc};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tracing::debug;
+
+/// Which transport carries a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// QUIC with mutual TLS (every control and metadata call).
+    #[default]
+    Quic,
+    /// TCP authenticated with the job credential (bulk chunk data).
+    Tcp,
+}
+
+impl std::str::FromStr for Transport {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "quic" => Ok(Transport::Quic),
+            "tcp" => Ok(Transport::Tcp),
+            o => Err(format!("unknown transport {o:?}: use quic or tcp")),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Longest wait for one reply.
+    pub call_timeout: Duration,
+    /// How long retryable failures are retried before the call fails.
+    pub retry_deadline: Duration,
+    /// Connections kept per peer and transport; calls rotate over them.
+    pub conns_per_peer: usize,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            call_timeout: Duration::from_secs(60),
+            retry_deadline: Duration::from_secs(30),
+            conns_per_peer: 2,
+        }
+    }
+}
+
+type Slot = Arc<tokio::sync::Mutex<Option<Conn>>>;
+
+/// Connections to every peer of one job.
+pub struct Pool {
+    cred: JobCredential,
+    quic: QuicEndpoint,
+    slots: Mutex<HashMap<(SocketAddr, Transport, usize), Slot>>,
+    next: AtomicUsize,
+    cfg: PoolConfig,
+}
+
+impl Pool {
+    pub fn new(cred: JobCredential, cfg: PoolConfig) -> Result<Pool, RpcError> {
+        let quic = QuicEndpoint::client(&cred, "0.0.0.0:0".parse().expect("valid address"))?;
+        Ok(Pool::with_endpoint(cred, quic, cfg))
+    }
+
+    /// A pool that connects out through an existing endpoint (a daemon's own).
+    pub fn with_endpoint(cred: JobCredential, quic: QuicEndpoint, cfg: PoolConfig) -> Pool {
+        Pool {
+            cred,
+            quic,
+            slots: Mutex::new(HashMap::new()),
+            next: AtomicUsize::new(0),
+            cfg,
+        }
+    }
+
+    pub fn config(&self) -> &PoolConfig {
+        &self.cfg
+    }
+
+    /// A live connection to `addr`, made if needed.
+    pub async fn conn(&self, addr: SocketAddr, transport: Transport) -> Result<Conn, RpcError> {
+        let n = self.cfg.conns_per_peer.max(1);
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        let slot = {
+            let mut slots = self.slots.lock().expect("pool lock");
+            slots.entry((addr, transport, i)).or_default().clone()
+        };
+        let mut guard = slot.lock().await;
+        if let Some(c) = guard.as_ref() {
+            if !c.is_closed() {
+                return Ok(c.clone());
+            }
+        }
+        let c = match transport {
+            Transport::Quic => self.quic.connect(addr).await?,
+            Transport::Tcp => crate::tcp::connect(&self.cred, addr).await?,
+        };
+        *guard = Some(c.clone());
+        Ok(c)
+    }
+
+    /// Calls `req` on `addr`, retrying transport failures with backoff until the retry deadline.
+    pub async fn call<R: Rpc>(
+        &self,
+        addr: SocketAddr,
+        transport: Transport,
+        header: &RequestHeader,
+        req: &R,
+    ) -> Result<R::Reply, RpcError> {
+        let start = Instant::now();
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            let result = match self.conn(addr, transport).await {
+                Ok(c) => c.call(header, req, self.cfg.call_timeout).await,
+                Err(e) => Err(e),
+            };
+            match result {
+                Err(e) if e.retryable() && start.elapsed() + backoff < self.cfg.retry_deadline => {
+                    debug!(method = R::NAME, %addr, error = %e, "retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Drops every connection.
+    pub fn close_all(&self) {
+        let slots: Vec<Slot> = self
+            .slots
+            .lock()
+            .expect("pool lock")
+            .drain()
+            .map(|(_, s)| s)
+            .collect();
+        for s in slots {
+            if let Ok(g) = s.try_lock() {
+                if let Some(c) = g.as_ref() {
+                    c.close();
+                }
+            }
+        }
+        self.quic.close();
+    }
+}

@@ -1,0 +1,115 @@
+//! Server side: a table of typed handlers by method id, and the loop that serves one stream.
+
+use crate::conn::{read_frame, spawn_writer};
+use futures::future::BoxFuture;
+use odfs_proto::codec::{self, FrameHead, KIND_REQUEST};
+use odfs_proto::error::RpcResult;
+use odfs_proto::{ErrorCode, RemoteError, RequestHeader, Rpc};
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tracing::{debug, warn, Instrument};
+
+type Handler = Arc<dyn Fn(&[u8]) -> BoxFuture<'static, (bool, Vec<u8>)> + Send + Sync>;
+
+/// Maps method ids to handlers.
+#[derive(Default)]
+pub struct Router {
+    handlers: HashMap<u16, (&'static str, Handler)>,
+}
+
+impl Router {
+    pub fn new() -> Router {
+        Router::default()
+    }
+
+    /// Registers the handler of request type `R`.
+    pub fn add<R, F, Fut>(&mut self, f: F) -> &mut Self
+    where
+        R: Rpc,
+        F: Fn(RequestHeader, R) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = RpcResult<R::Reply>> + Send + 'static,
+    {
+        let f = Arc::new(f);
+        let h: Handler = Arc::new(move |body: &[u8]| {
+            let decoded = codec::decode_request::<R>(body);
+            let f = f.clone();
+            Box::pin(async move {
+                let result = match decoded {
+                    Ok((header, req)) => {
+                        let span = tracing::debug_span!(
+                            "rpc",
+                            method = R::NAME,
+                            client = header.client_id,
+                            req = header.request_id,
+                            uid = header.uid
+                        );
+                        f(header, req).instrument(span).await
+                    }
+                    Err(e) => {
+                        warn!(method = R::NAME, error = %e, "malformed request");
+                        Err(RemoteError::from(e))
+                    }
+                };
+                codec::encode_result(&result)
+            })
+        });
+        let prev = self.handlers.insert(R::METHOD, (R::NAME, h));
+        assert!(prev.is_none(), "method {} registered twice", R::METHOD);
+        self
+    }
+
+    fn dispatch(&self, method: u16, body: &[u8]) -> BoxFuture<'static, (bool, Vec<u8>)> {
+        match self.handlers.get(&method) {
+            Some((_, h)) => h(body),
+            None => {
+                let e: RpcResult<()> = Err(RemoteError::new(
+                    ErrorCode::BadMethod,
+                    format!("unknown method {method}"),
+                ));
+                Box::pin(async move { codec::encode_result(&e) })
+            }
+        }
+    }
+}
+
+/// Serves requests arriving on one stream until it ends. Malformed frames end the stream; a
+/// malformed request body gets an error reply.
+pub async fn serve_stream<R, W>(router: Arc<Router>, mut reader: R, writer: W)
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let tx = spawn_writer(writer, |why| debug!(error = %why, "reply stream failed"));
+    loop {
+        let frame = match read_frame(&mut reader).await {
+            Ok(Some(f)) => f,
+            Ok(None) => break,
+            Err(e) => {
+                warn!(error = %e, "closing stream after a bad frame");
+                break;
+            }
+        };
+        let (head, body) = match FrameHead::parse(&frame) {
+            Ok(x) => x,
+            Err(e) => {
+                warn!(error = %e, "closing stream after a bad frame");
+                break;
+            }
+        };
+        if head.kind != KIND_REQUEST {
+            warn!("closing stream: peer sent a reply frame");
+            break;
+        }
+        let FrameHead {
+            call_id, method, ..
+        } = head;
+        let fut = router.dispatch(method, body);
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let (ok, body) = fut.await;
+            let _ = tx.send(codec::encode_reply_body(call_id, method, ok, &body));
+        });
+    }
+}
