@@ -1,0 +1,52 @@
+//! Client configuration: the file `odfs local up` / `odfs start` writes (e.g. `DIR/odfs.toml`)
+//! and every client command reads (`--fs FILE` or `ODFS_FS`). `Default` holds every default.
+
+use odfs_rpc::Transport;
+use odfs_service::JobSection;
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::Path;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClientConfig {
+    pub job: JobSection,
+    /// mgmtd's QUIC address.
+    pub mgmtd: SocketAddr,
+    /// Transport for chunk data: "tcp" (authenticated, unencrypted, fastest) or "quic" (TLS).
+    pub bulk_transport: Transport,
+    /// Bytes of written data that may be in flight to stored per client before writers wait.
+    pub write_behind_bytes: u64,
+    /// Chunks read ahead of a sequential reader.
+    pub readahead_chunks: u32,
+    /// Connections per stored for chunk data.
+    pub bulk_connections: usize,
+    /// Seconds to wait for one reply.
+    pub call_timeout_secs: u64,
+    /// Seconds to retry a request whose service is unreachable before failing it.
+    pub retry_secs: u64,
+    /// Metadata-shard-0 address, if known; otherwise from mgmtd.
+    pub node: u32,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            job: JobSection::default(),
+            mgmtd: "127.0.0.1:7700".parse().expect("valid address"),
+            bulk_transport: Transport::Tcp,
+            write_behind_bytes: 64 << 20,
+            readahead_chunks: 4,
+            bulk_connections: 2,
+            call_timeout_secs: 60,
+            retry_secs: 30,
+            node: 0,
+        }
+    }
+}
+
+impl ClientConfig {
+    pub fn load(path: &Path) -> Result<ClientConfig, crate::ClientError> {
+        odfs_service::load_config(Some(path)).map_err(|e| crate::ClientError::Config(e.to_string()))
+    }
+}

@@ -1,0 +1,507 @@
+//! Open files: per-inode data state shared by all handles of one process, write-behind with
+//! bounded memory, read-ahead for sequential readers.
+//!
+//! Writes are coalesced per chunk and sent in the background; a later read, fsync, flush,
+//! truncate or close waits for them, and the first write error is reported by the next call.
+//! The size grows locally and reaches metad on flush/fsync/close (close-to-open).
+
+use crate::{Client, ClientError, Ctx, Result};
+use futures::future::{BoxFuture, FutureExt, Shared};
+use odfs_proto::codec::MAX_IO;
+use odfs_proto::meta::{Attr, ExtendSize};
+use odfs_proto::storage::{ReadChunk, SyncChunk, WriteChunk};
+use odfs_proto::{InodeId, Layout, Timespec};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::task::JoinHandle;
+
+type ChunkFuture = Shared<BoxFuture<'static, Result<Arc<Vec<u8>>, ClientError>>>;
+
+#[derive(Default)]
+struct WriteState {
+    /// Size including this process's writes.
+    size: u64,
+    /// The size at metad is behind `size`.
+    size_dirty: bool,
+    /// Coalescing buffer: file offset and bytes, always within one chunk.
+    buf: Option<(u64, Vec<u8>)>,
+    inflight: Vec<JoinHandle<Result<()>>>,
+    /// Stripe indices written since the last fsync.
+    touched: BTreeSet<usize>,
+    mtime: Timespec,
+}
+
+#[derive(Default)]
+struct ReadAhead {
+    /// End offset of the last read, to detect sequential access.
+    last_end: u64,
+    chunks: BTreeMap<u64, ChunkFuture>,
+}
+
+/// Data state of one inode open in this process.
+pub struct InodeData {
+    pub ino: InodeId,
+    pub layout: Layout,
+    ws: tokio::sync::Mutex<WriteState>,
+    /// First error of a background write, reported once by the next call.
+    error: Mutex<Option<ClientError>>,
+    ra: Mutex<ReadAhead>,
+    opens: AtomicUsize,
+    unlinked: AtomicBool,
+    /// Mirror of `WriteState::size` readable without the async lock (for getattr).
+    size_hint: Mutex<(u64, bool)>,
+}
+
+impl InodeData {
+    pub(crate) fn new(ino: InodeId, layout: Layout) -> InodeData {
+        InodeData {
+            ino,
+            layout,
+            ws: tokio::sync::Mutex::new(WriteState::default()),
+            error: Mutex::new(None),
+            ra: Mutex::new(ReadAhead::default()),
+            opens: AtomicUsize::new(0),
+            unlinked: AtomicBool::new(false),
+            size_hint: Mutex::new((0, false)),
+        }
+    }
+
+    pub(crate) fn opened(&self, remote_size: u64) {
+        self.opens.fetch_add(1, Ordering::AcqRel);
+        let mut h = self.size_hint.lock().expect("size lock");
+        if !h.1 {
+            h.0 = remote_size;
+        } else {
+            h.0 = h.0.max(remote_size);
+        }
+        if let Ok(mut ws) = self.ws.try_lock() {
+            ws.size = if ws.size_dirty {
+                ws.size.max(remote_size)
+            } else {
+                remote_size
+            };
+            *h = (ws.size, ws.size_dirty);
+        }
+    }
+
+    /// Returns true when this was the last open.
+    pub(crate) fn closed(&self) -> bool {
+        self.opens.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+
+    pub(crate) fn mark_unlinked(&self) {
+        self.unlinked.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn is_unlinked(&self) -> bool {
+        self.unlinked.load(Ordering::Acquire)
+    }
+
+    /// The size a local caller should see, given metad's.
+    pub(crate) fn local_size(&self, remote: u64) -> u64 {
+        let h = self.size_hint.lock().expect("size lock");
+        if h.1 {
+            h.0.max(remote)
+        } else {
+            remote
+        }
+    }
+
+    pub(crate) fn set_size_after_truncate(&self, size: u64) {
+        if let Ok(mut ws) = self.ws.try_lock() {
+            ws.size = size;
+            ws.size_dirty = false;
+        }
+        *self.size_hint.lock().expect("size lock") = (size, false);
+        self.ra.lock().expect("ra lock").chunks.clear();
+    }
+
+    fn take_error(&self) -> Result<()> {
+        match self.error.lock().expect("error lock").take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn record_error(&self, e: ClientError) {
+        let mut g = self.error.lock().expect("error lock");
+        if g.is_none() {
+            *g = Some(e);
+        }
+    }
+
+    /// Sends the coalescing buffer in the background, within the client's write budget.
+    async fn send_buf(self: &Arc<Self>, client: &Client, ws: &mut WriteState) {
+        let Some((off, data)) = ws.buf.take() else {
+            return;
+        };
+        let Some(seg) = self.layout.segments(off, data.len() as u64).next() else {
+            return;
+        };
+        ws.touched.insert(seg.stripe_index);
+        let units = data.len().div_ceil(4096).max(1) as u32;
+        let permit = client
+            .inner
+            .write_budget
+            .clone()
+            .acquire_many_owned(units)
+            .await
+            .expect("budget never closes");
+        let req = WriteChunk {
+            target: seg.target,
+            ino: self.ino,
+            offset: seg.local_offset,
+            data,
+            sync: false,
+        };
+        let client = client.clone();
+        let me = self.clone();
+        ws.inflight.retain(|h| !h.is_finished());
+        ws.inflight.push(tokio::spawn(async move {
+            let r = client.store(req.target, &req).await.map(|_| ());
+            drop(permit);
+            if let Err(e) = &r {
+                me.record_error(e.clone());
+            }
+            r
+        }));
+    }
+
+    /// Writes `data` at `offset` (coalesced, sent in the background).
+    pub(crate) async fn write(
+        self: &Arc<Self>,
+        client: &Client,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<()> {
+        self.take_error()?;
+        self.ra.lock().expect("ra lock").chunks.clear();
+        let cs = self.layout.chunk_size as u64;
+        let cap = (cs as usize).min(MAX_IO);
+        let mut ws = self.ws.lock().await;
+        for seg in self.layout.segments(offset, data.len() as u64) {
+            let start = (seg.file_offset - offset) as usize;
+            let bytes = &data[start..start + seg.len as usize];
+            let joinable = matches!(&ws.buf, Some((o, b))
+                if o + b.len() as u64 == seg.file_offset && o / cs == seg.file_offset / cs && b.len() + bytes.len() <= cap);
+            if joinable {
+                ws.buf.as_mut().expect("checked").1.extend_from_slice(bytes);
+            } else {
+                self.send_buf(client, &mut ws).await;
+                let mut v = Vec::with_capacity(if bytes.len() < cap {
+                    cap.min(1 << 20)
+                } else {
+                    bytes.len()
+                });
+                v.extend_from_slice(bytes);
+                ws.buf = Some((seg.file_offset, v));
+            }
+            let (o, b) = ws.buf.as_ref().expect("just filled");
+            let end = o + b.len() as u64;
+            if end.is_multiple_of(cs) || b.len() >= cap {
+                self.send_buf(client, &mut ws).await;
+            }
+        }
+        let end = offset + data.len() as u64;
+        if end > ws.size {
+            ws.size = end;
+        }
+        ws.size_dirty = true;
+        ws.mtime = Timespec::now();
+        *self.size_hint.lock().expect("size lock") = (ws.size, true);
+        Ok(())
+    }
+
+    /// Waits for every write of this inode to reach stored.
+    pub(crate) async fn drain(self: &Arc<Self>, client: &Client) -> Result<()> {
+        let handles = {
+            let mut ws = self.ws.lock().await;
+            self.send_buf(client, &mut ws).await;
+            std::mem::take(&mut ws.inflight)
+        };
+        for h in handles {
+            match h.await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => {} // recorded in `error`
+                Err(e) => self.record_error(ClientError::new(
+                    odfs_proto::ErrorCode::Io,
+                    format!("write task: {e}"),
+                )),
+            }
+        }
+        self.take_error()
+    }
+
+    /// Drains writes and publishes the size (close-to-open). With `sync`, data is made durable
+    /// on every target written since the last sync.
+    pub(crate) async fn flush(
+        self: &Arc<Self>,
+        client: &Client,
+        ctx: &Ctx,
+        sync: bool,
+    ) -> Result<()> {
+        self.drain(client).await?;
+        let mut ws = self.ws.lock().await;
+        if sync {
+            let touched = std::mem::take(&mut ws.touched);
+            let futs = touched.iter().map(|&i| {
+                let t = self.layout.targets[i];
+                let client = client.clone();
+                let ino = self.ino;
+                async move { client.store(t, &SyncChunk { target: t, ino }).await }
+            });
+            for r in futures::future::join_all(futs).await {
+                r?;
+            }
+        }
+        if ws.size_dirty {
+            let req = ExtendSize {
+                ino: self.ino,
+                size: ws.size,
+                mtime: ws.mtime,
+            };
+            client.meta(ctx, self.ino.shard(), &req).await?;
+            ws.size_dirty = false;
+            *self.size_hint.lock().expect("size lock") = (ws.size, false);
+        }
+        Ok(())
+    }
+
+    fn fetch_chunk(self: &Arc<Self>, client: &Client, chunk: u64, size: u64) -> ChunkFuture {
+        let cs = self.layout.chunk_size as u64;
+        let start = chunk * cs;
+        let len = cs.min(size.saturating_sub(start));
+        let seg = self.layout.segments(start, len).next();
+        let client = client.clone();
+        let ino = self.ino;
+        async move {
+            let Some(seg) = seg else {
+                return Ok(Arc::new(Vec::new()));
+            };
+            let r = client
+                .store(
+                    seg.target,
+                    &ReadChunk {
+                        target: seg.target,
+                        ino,
+                        offset: seg.local_offset,
+                        len: seg.len as u32,
+                    },
+                )
+                .await?;
+            Ok(Arc::new(r.data))
+        }
+        .boxed()
+        .shared()
+    }
+
+    /// Reads up to `len` bytes at `offset`; holes read as zeros; short at end of file.
+    pub(crate) async fn read(
+        self: &Arc<Self>,
+        client: &Client,
+        offset: u64,
+        len: u32,
+    ) -> Result<Vec<u8>> {
+        self.drain(client).await?;
+        let size = self.ws.lock().await.size;
+        if offset >= size || len == 0 {
+            return Ok(Vec::new());
+        }
+        let end = (offset + len as u64).min(size);
+        let cs = self.layout.chunk_size as u64;
+        let ra_chunks = client.config().readahead_chunks as u64;
+        // Decide which chunks come from read-ahead and start more of it for sequential readers.
+        let cached: BTreeMap<u64, ChunkFuture> = {
+            let mut ra = self.ra.lock().expect("ra lock");
+            let sequential = offset == ra.last_end || offset == 0;
+            ra.last_end = end;
+            let first = offset / cs;
+            ra.chunks = ra.chunks.split_off(&first);
+            if sequential && ra_chunks > 0 {
+                let last_needed = (end - 1) / cs;
+                let max_chunk = (size - 1) / cs;
+                for k in (last_needed + 1)..=(last_needed + ra_chunks).min(max_chunk) {
+                    if let std::collections::btree_map::Entry::Vacant(slot) = ra.chunks.entry(k) {
+                        let f = self.fetch_chunk(client, k, size);
+                        tokio::spawn(f.clone());
+                        slot.insert(f);
+                    }
+                }
+            }
+            ra.chunks
+                .range(first..=(end - 1) / cs)
+                .map(|(k, f)| (*k, f.clone()))
+                .collect()
+        };
+        let mut out = vec![0u8; (end - offset) as usize];
+        let futs = self.layout.segments(offset, end - offset).map(|seg| {
+            let cached = cached.get(&seg.chunk).cloned();
+            let client = client.clone();
+            let ino = self.ino;
+            async move {
+                let data: Arc<Vec<u8>> = match cached {
+                    Some(f) => {
+                        let whole = f.await?;
+                        let from = (seg.file_offset % cs) as usize;
+                        let to = (from + seg.len as usize).min(whole.len());
+                        Arc::new(if from < to {
+                            whole[from..to].to_vec()
+                        } else {
+                            Vec::new()
+                        })
+                    }
+                    None => {
+                        let mut data = Vec::with_capacity(seg.len as usize);
+                        let mut done = 0u64;
+                        while done < seg.len {
+                            let n = (seg.len - done).min(MAX_IO as u64) as u32;
+                            let r = client
+                                .store(
+                                    seg.target,
+                                    &ReadChunk {
+                                        target: seg.target,
+                                        ino,
+                                        offset: seg.local_offset + done,
+                                        len: n,
+                                    },
+                                )
+                                .await?;
+                            let got = r.data.len() as u64;
+                            data.extend_from_slice(&r.data);
+                            if got < n as u64 {
+                                break;
+                            }
+                            done += got;
+                        }
+                        Arc::new(data)
+                    }
+                };
+                Ok::<_, ClientError>((seg, data))
+            }
+        });
+        for r in futures::future::join_all(futs).await {
+            let (seg, data) = r?;
+            let at = (seg.file_offset - offset) as usize;
+            let n = data.len().min(seg.len as usize);
+            out[at..at + n].copy_from_slice(&data[..n]);
+        }
+        Ok(out)
+    }
+}
+
+/// An open file of one process.
+pub struct FileHandle {
+    client: Client,
+    data: Arc<InodeData>,
+    ctx: Ctx,
+    readable: bool,
+    writable: bool,
+    closed: bool,
+}
+
+impl FileHandle {
+    pub(crate) fn new(
+        client: Client,
+        data: Arc<InodeData>,
+        ctx: Ctx,
+        readable: bool,
+        writable: bool,
+    ) -> FileHandle {
+        FileHandle {
+            client,
+            data,
+            ctx,
+            readable,
+            writable,
+            closed: false,
+        }
+    }
+
+    pub fn ino(&self) -> InodeId {
+        self.data.ino
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.data.layout
+    }
+
+    /// The size including this process's writes.
+    pub async fn size(&self) -> u64 {
+        self.data.ws.lock().await.size
+    }
+
+    pub async fn write(&self, offset: u64, data: &[u8]) -> Result<usize> {
+        if !self.writable {
+            return Err(ClientError::new(
+                odfs_proto::ErrorCode::Access,
+                "file is not open for writing",
+            ));
+        }
+        self.data.write(&self.client, offset, data).await?;
+        Ok(data.len())
+    }
+
+    pub async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>> {
+        if !self.readable {
+            return Err(ClientError::new(
+                odfs_proto::ErrorCode::Access,
+                "file is not open for reading",
+            ));
+        }
+        self.data.read(&self.client, offset, len).await
+    }
+
+    /// Makes written data durable on every target and publishes the size.
+    pub async fn fsync(&self) -> Result<()> {
+        self.data.flush(&self.client, &self.ctx, true).await
+    }
+
+    /// Publishes written data and size to other nodes (what close does).
+    pub async fn flush(&self) -> Result<()> {
+        self.data.flush(&self.client, &self.ctx, false).await
+    }
+
+    pub async fn truncate(&self, size: u64) -> Result<()> {
+        self.client
+            .truncate(&self.ctx, self.data.ino, size, !self.writable)
+            .await
+    }
+
+    /// Attributes with this process's view of the size.
+    pub async fn getattr(&self) -> Result<Attr> {
+        self.client.getattr(&self.ctx, self.data.ino).await
+    }
+
+    /// Flushes and releases the handle. Errors of earlier background writes surface here.
+    pub async fn close(mut self) -> Result<()> {
+        self.closed = true;
+        let r = if self.writable {
+            self.flush().await
+        } else {
+            Ok(())
+        };
+        self.client.release(&self.data).await;
+        r
+    }
+}
+
+impl Drop for FileHandle {
+    fn drop(&mut self) {
+        if !self.closed {
+            // Dropped without close: flush in the background so nothing acknowledged is lost.
+            let client = self.client.clone();
+            let data = self.data.clone();
+            let ctx = self.ctx.clone();
+            let writable = self.writable;
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    if writable {
+                        let _ = data.flush(&client, &ctx, false).await;
+                    }
+                    client.release(&data).await;
+                });
+            }
+        }
+    }
+}

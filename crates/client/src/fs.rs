@@ -1,0 +1,703 @@
+//! `Client`: one process's connection to a filesystem, and every namespace operation.
+
+use crate::cluster::Cluster;
+use crate::file::{FileHandle, InodeData};
+use crate::{ClientConfig, ClientError, Result};
+use odfs_proto::meta::*;
+use odfs_proto::mgmt::{Register, ServiceKind};
+use odfs_proto::storage::RemoveChunk;
+use odfs_proto::{DirLayout, ErrorCode, InodeId, Layout, RequestHeader, Rpc, TargetId};
+use odfs_rpc::{Pool, PoolConfig, Transport};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{watch, Semaphore};
+use tracing::{debug, warn};
+
+/// The caller of an operation: whose permissions apply.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Ctx {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+impl Ctx {
+    /// The identity of this process.
+    pub fn current() -> Ctx {
+        // SAFETY: these calls have no preconditions and cannot fail.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let mut groups = vec![0 as libc::gid_t; 256];
+        // SAFETY: the buffer holds 256 entries and its length is passed.
+        let n = unsafe { libc::getgroups(groups.len() as i32, groups.as_mut_ptr()) };
+        groups.truncate(n.max(0) as usize);
+        Ctx { uid, gid, groups }
+    }
+
+    pub fn root() -> Ctx {
+        Ctx::default()
+    }
+}
+
+pub(crate) struct Inner {
+    pub cfg: ClientConfig,
+    pub pool: Arc<Pool>,
+    pub cluster: Cluster,
+    pub client_id: u64,
+    next_request: AtomicU64,
+    /// Data state of inodes open in this process, shared by their handles.
+    pub inodes: Mutex<HashMap<InodeId, Arc<InodeData>>>,
+    /// Bounds bytes of written data in flight (units of 4 KiB).
+    pub write_budget: Arc<Semaphore>,
+    stop: watch::Sender<bool>,
+}
+
+/// A connection to one odfs filesystem. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+impl Client {
+    /// Connects to the filesystem described by `cfg` and waits (up to `cfg.retry_secs`) until it
+    /// is ready.
+    pub async fn connect(cfg: ClientConfig) -> Result<Client> {
+        let cred = cfg
+            .job
+            .credential()
+            .map_err(|e| ClientError::Config(e.to_string()))?;
+        let pool = Arc::new(
+            Pool::new(
+                cred,
+                PoolConfig {
+                    call_timeout: Duration::from_secs(cfg.call_timeout_secs),
+                    retry_deadline: Duration::from_secs(cfg.retry_secs),
+                    conns_per_peer: cfg.bulk_connections.max(1),
+                },
+            )
+            .map_err(|e| ClientError::Config(e.to_string()))?,
+        );
+        let cluster = Cluster::fetch(pool.clone(), cfg.mgmtd).await?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(cfg.retry_secs);
+        while !cluster.ready() {
+            if tokio::time::Instant::now() > deadline {
+                return Err(ClientError::Unavailable(format!(
+                    "filesystem at {} is not ready",
+                    cfg.mgmtd
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            cluster.refresh().await?;
+        }
+        let (stop, stop_rx) = watch::channel(false);
+        let budget_units = (cfg.write_behind_bytes / 4096).max(256) as usize;
+        let inner = Arc::new(Inner {
+            client_id: rand::random::<u64>() | 1,
+            next_request: AtomicU64::new(1),
+            inodes: Mutex::new(HashMap::new()),
+            write_budget: Arc::new(Semaphore::new(budget_units)),
+            cluster,
+            pool,
+            cfg,
+            stop,
+        });
+        let client = Client { inner };
+        client.spawn_background(stop_rx);
+        Ok(client)
+    }
+
+    fn spawn_background(&self, mut stop: watch::Receiver<bool>) {
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = stop.changed() => return,
+                }
+                let Some(inner) = weak.upgrade() else { return };
+                if let Err(e) = inner.cluster.refresh().await {
+                    debug!(error = %e, "cluster refresh failed");
+                }
+            }
+        });
+    }
+
+    /// Registers this client with mgmtd so `odfs status` lists it; heartbeats until dropped.
+    pub async fn register(&self, node: u32) -> Result<()> {
+        let hostname = nix_hostname();
+        let link = odfs_service::MgmtLink {
+            pool: self.inner.pool.clone(),
+            mgmtd: self.inner.cfg.mgmtd,
+            register: Register {
+                kind: ServiceKind::Client,
+                node,
+                hostname,
+                addr: None,
+                bulk_addr: None,
+                shard: None,
+                targets: vec![],
+                pid: std::process::id(),
+            },
+        };
+        let first = link.register(Duration::from_secs(5)).await?;
+        let stop = self.inner.stop.subscribe();
+        tokio::spawn(link.run(first, Arc::new(Vec::new), stop));
+        Ok(())
+    }
+
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.cfg
+    }
+
+    pub fn cluster(&self) -> &Cluster {
+        &self.inner.cluster
+    }
+
+    pub(crate) fn header(&self, ctx: &Ctx) -> RequestHeader {
+        RequestHeader {
+            request_id: self.inner.next_request.fetch_add(1, Ordering::Relaxed),
+            client_id: self.inner.client_id,
+            uid: ctx.uid,
+            gid: ctx.gid,
+            groups: ctx.groups.clone(),
+        }
+    }
+
+    /// Calls metad for an inode's shard; the same header is reused on retry.
+    pub(crate) async fn meta<R: Rpc>(&self, ctx: &Ctx, shard: u16, req: &R) -> Result<R::Reply> {
+        let h = self.header(ctx);
+        let mut refreshed = false;
+        loop {
+            let addr = self.inner.cluster.meta_addr(shard)?;
+            match self.inner.pool.call(addr, Transport::Quic, &h, req).await {
+                Err(e) if e.retryable() && !refreshed => {
+                    // The service may have moved; look again before giving up.
+                    refreshed = true;
+                    self.inner.cluster.refresh().await?;
+                }
+                other => return other.map_err(Into::into),
+            }
+        }
+    }
+
+    /// Calls the stored holding `target`.
+    pub(crate) async fn store<R: Rpc>(&self, target: TargetId, req: &R) -> Result<R::Reply> {
+        let h = self.header(&Ctx::root());
+        let mut refreshed = false;
+        loop {
+            let (addr, t) = self
+                .inner
+                .cluster
+                .target_addr(target, self.inner.cfg.bulk_transport)?;
+            match self.inner.pool.call(addr, t, &h, req).await {
+                Err(e) if e.retryable() && !refreshed => {
+                    refreshed = true;
+                    self.inner.cluster.refresh().await?;
+                }
+                other => return other.map_err(Into::into),
+            }
+        }
+    }
+
+    fn shard_of(ino: InodeId) -> u16 {
+        ino.shard()
+    }
+
+    /// Attributes as this process knows them: its own unflushed writes count toward the size.
+    fn merge_local(&self, mut attr: Attr) -> Attr {
+        if let Some(d) = self
+            .inner
+            .inodes
+            .lock()
+            .expect("inodes lock")
+            .get(&attr.ino)
+        {
+            attr.size = d.local_size(attr.size);
+        }
+        attr
+    }
+
+    pub async fn lookup(&self, ctx: &Ctx, parent: InodeId, name: &[u8]) -> Result<Attr> {
+        let a = self
+            .meta(
+                ctx,
+                Self::shard_of(parent),
+                &Lookup {
+                    parent,
+                    name: name.to_vec(),
+                },
+            )
+            .await?;
+        Ok(self.merge_local(a))
+    }
+
+    pub async fn getattr(&self, ctx: &Ctx, ino: InodeId) -> Result<Attr> {
+        let a = self
+            .meta(ctx, Self::shard_of(ino), &GetAttr { ino })
+            .await?;
+        Ok(self.merge_local(a))
+    }
+
+    pub async fn access(&self, ctx: &Ctx, ino: InodeId, mask: u32) -> Result<()> {
+        self.meta(ctx, Self::shard_of(ino), &Access { ino, mask })
+            .await
+    }
+
+    /// Changes attributes. A size change truncates the data first (after a permission check).
+    pub async fn setattr(&self, ctx: &Ctx, req: SetAttr) -> Result<Attr> {
+        if let Some(size) = req.size {
+            self.truncate(ctx, req.ino, size, true).await?;
+            if req.mode.is_none()
+                && req.uid.is_none()
+                && req.gid.is_none()
+                && req.atime.is_none()
+                && req.mtime.is_none()
+            {
+                return self.getattr(ctx, req.ino).await;
+            }
+            let rest = SetAttr { size: None, ..req };
+            return self.meta(ctx, Self::shard_of(rest.ino), &rest).await;
+        }
+        let a = self.meta(ctx, Self::shard_of(req.ino), &req).await?;
+        Ok(self.merge_local(a))
+    }
+
+    /// Sets a file's size: chunks on every target, then the size at metad.
+    pub async fn truncate(
+        &self,
+        ctx: &Ctx,
+        ino: InodeId,
+        size: u64,
+        check_permission: bool,
+    ) -> Result<()> {
+        if check_permission {
+            self.access(ctx, ino, 2).await?;
+        }
+        let local = self
+            .inner
+            .inodes
+            .lock()
+            .expect("inodes lock")
+            .get(&ino)
+            .cloned();
+        let layout = match &local {
+            Some(d) => {
+                d.drain(self).await?;
+                d.layout.clone()
+            }
+            None => {
+                let a = self.getattr(ctx, ino).await?;
+                match a.layout {
+                    Some(l) => l,
+                    None if a.kind == FileKind::Dir => return Err(ErrorCode::IsDir.into()),
+                    None => return Err(ErrorCode::Invalid.into()),
+                }
+            }
+        };
+        self.truncate_chunks(&layout, ino, size).await?;
+        self.meta(
+            ctx,
+            Self::shard_of(ino),
+            &SetAttr {
+                ino,
+                size: Some(size),
+                ..Default::default()
+            },
+        )
+        .await?;
+        if let Some(d) = local {
+            d.set_size_after_truncate(size);
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn truncate_chunks(
+        &self,
+        layout: &Layout,
+        ino: InodeId,
+        size: u64,
+    ) -> Result<()> {
+        let futs = layout.targets.iter().enumerate().map(|(i, &t)| {
+            let len = layout.local_len(i, size);
+            async move {
+                self.store(
+                    t,
+                    &odfs_proto::storage::TruncateChunk {
+                        target: t,
+                        ino,
+                        len,
+                    },
+                )
+                .await
+            }
+        });
+        for r in futures::future::join_all(futs).await {
+            r?;
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn remove_chunks(&self, layout: &Layout, ino: InodeId) {
+        let futs = layout
+            .targets
+            .iter()
+            .map(|&t| async move { (t, self.store(t, &RemoveChunk { target: t, ino }).await) });
+        for (t, r) in futures::future::join_all(futs).await {
+            if let Err(e) = r {
+                warn!(target = t, %ino, error = %e, "could not remove chunk file");
+            }
+        }
+    }
+
+    /// Removes the data of an inode whose last link went away, now or at its last close here.
+    async fn reclaim(&self, removed: Option<Attr>) {
+        let Some(attr) = removed else { return };
+        let Some(layout) = attr.layout else { return };
+        let open_here = self
+            .inner
+            .inodes
+            .lock()
+            .expect("inodes lock")
+            .get(&attr.ino)
+            .cloned();
+        match open_here {
+            Some(d) => d.mark_unlinked(),
+            None => self.remove_chunks(&layout, attr.ino).await,
+        }
+    }
+
+    pub async fn create(
+        &self,
+        ctx: &Ctx,
+        parent: InodeId,
+        name: &[u8],
+        mode: u32,
+        exclusive: bool,
+        layout: Option<DirLayout>,
+    ) -> Result<CreateReply> {
+        let req = Create {
+            parent,
+            name: name.to_vec(),
+            mode,
+            exclusive,
+            layout,
+        };
+        self.meta(ctx, Self::shard_of(parent), &req).await
+    }
+
+    pub async fn mkdir(&self, ctx: &Ctx, parent: InodeId, name: &[u8], mode: u32) -> Result<Attr> {
+        self.meta(
+            ctx,
+            Self::shard_of(parent),
+            &Mkdir {
+                parent,
+                name: name.to_vec(),
+                mode,
+            },
+        )
+        .await
+    }
+
+    pub async fn unlink(&self, ctx: &Ctx, parent: InodeId, name: &[u8]) -> Result<()> {
+        let r = self
+            .meta(
+                ctx,
+                Self::shard_of(parent),
+                &Unlink {
+                    parent,
+                    name: name.to_vec(),
+                },
+            )
+            .await?;
+        self.reclaim(r.removed).await;
+        Ok(())
+    }
+
+    pub async fn rmdir(&self, ctx: &Ctx, parent: InodeId, name: &[u8]) -> Result<()> {
+        self.meta(
+            ctx,
+            Self::shard_of(parent),
+            &Rmdir {
+                parent,
+                name: name.to_vec(),
+            },
+        )
+        .await
+    }
+
+    pub async fn rename(
+        &self,
+        ctx: &Ctx,
+        parent: InodeId,
+        name: &[u8],
+        new_parent: InodeId,
+        new_name: &[u8],
+        flags: u32,
+    ) -> Result<()> {
+        let req = Rename {
+            parent,
+            name: name.to_vec(),
+            new_parent,
+            new_name: new_name.to_vec(),
+            flags,
+        };
+        let r = self.meta(ctx, Self::shard_of(parent), &req).await?;
+        self.reclaim(r.removed).await;
+        Ok(())
+    }
+
+    pub async fn symlink(
+        &self,
+        ctx: &Ctx,
+        parent: InodeId,
+        name: &[u8],
+        target: &[u8],
+    ) -> Result<Attr> {
+        self.meta(
+            ctx,
+            Self::shard_of(parent),
+            &Symlink {
+                parent,
+                name: name.to_vec(),
+                target: target.to_vec(),
+            },
+        )
+        .await
+    }
+
+    pub async fn readlink(&self, ctx: &Ctx, ino: InodeId) -> Result<Vec<u8>> {
+        self.meta(ctx, Self::shard_of(ino), &Readlink { ino }).await
+    }
+
+    pub async fn link(
+        &self,
+        ctx: &Ctx,
+        ino: InodeId,
+        new_parent: InodeId,
+        new_name: &[u8],
+    ) -> Result<Attr> {
+        let a = self
+            .meta(
+                ctx,
+                Self::shard_of(new_parent),
+                &Link {
+                    ino,
+                    new_parent,
+                    new_name: new_name.to_vec(),
+                },
+            )
+            .await?;
+        Ok(self.merge_local(a))
+    }
+
+    pub async fn readdir(
+        &self,
+        ctx: &Ctx,
+        ino: InodeId,
+        cookie: u64,
+        max_entries: u32,
+        plus: bool,
+    ) -> Result<ReadDirReply> {
+        let mut r = self
+            .meta(
+                ctx,
+                Self::shard_of(ino),
+                &ReadDir {
+                    ino,
+                    cookie,
+                    max_entries,
+                    plus,
+                },
+            )
+            .await?;
+        for e in r.entries.iter_mut() {
+            if let Some(a) = e.attr.take() {
+                e.attr = Some(self.merge_local(a));
+            }
+        }
+        Ok(r)
+    }
+
+    /// Every entry of a directory (following cookies to the end).
+    pub async fn readdir_all(&self, ctx: &Ctx, ino: InodeId, plus: bool) -> Result<Vec<DirEntry>> {
+        let mut out = Vec::new();
+        let mut cookie = 0;
+        loop {
+            let r = self.readdir(ctx, ino, cookie, 4096, plus).await?;
+            if let Some(last) = r.entries.last() {
+                cookie = last.cookie;
+            }
+            out.extend(r.entries);
+            if r.eof {
+                return Ok(out);
+            }
+        }
+    }
+
+    pub async fn setxattr(
+        &self,
+        ctx: &Ctx,
+        ino: InodeId,
+        name: &[u8],
+        value: &[u8],
+        flags: u32,
+    ) -> Result<()> {
+        let req = SetXattr {
+            ino,
+            name: name.to_vec(),
+            value: value.to_vec(),
+            flags,
+        };
+        self.meta(ctx, Self::shard_of(ino), &req).await
+    }
+
+    pub async fn getxattr(&self, ctx: &Ctx, ino: InodeId, name: &[u8]) -> Result<Vec<u8>> {
+        self.meta(
+            ctx,
+            Self::shard_of(ino),
+            &GetXattr {
+                ino,
+                name: name.to_vec(),
+            },
+        )
+        .await
+    }
+
+    pub async fn listxattr(&self, ctx: &Ctx, ino: InodeId) -> Result<Vec<Vec<u8>>> {
+        self.meta(ctx, Self::shard_of(ino), &ListXattr { ino })
+            .await
+    }
+
+    pub async fn removexattr(&self, ctx: &Ctx, ino: InodeId, name: &[u8]) -> Result<()> {
+        self.meta(
+            ctx,
+            Self::shard_of(ino),
+            &RemoveXattr {
+                ino,
+                name: name.to_vec(),
+            },
+        )
+        .await
+    }
+
+    pub async fn statfs(&self, ctx: &Ctx) -> Result<StatFsReply> {
+        self.meta(ctx, 0, &StatFs {}).await
+    }
+
+    pub async fn set_dir_layout(&self, ctx: &Ctx, ino: InodeId, layout: DirLayout) -> Result<()> {
+        self.meta(ctx, Self::shard_of(ino), &SetDirLayout { ino, layout })
+            .await
+    }
+
+    pub async fn get_dir_layout(&self, ctx: &Ctx, ino: InodeId) -> Result<DirLayout> {
+        self.meta(ctx, Self::shard_of(ino), &GetDirLayout { ino })
+            .await
+    }
+
+    /// Opens an existing file. `truncate` empties it (O_TRUNC).
+    pub async fn open(
+        &self,
+        ctx: &Ctx,
+        ino: InodeId,
+        read: bool,
+        write: bool,
+        truncate: bool,
+    ) -> Result<FileHandle> {
+        let attr = self
+            .meta(ctx, Self::shard_of(ino), &Open { ino, read, write })
+            .await?;
+        let h = self.handle_for(ctx, attr, read, write)?;
+        if truncate && write {
+            self.truncate(ctx, ino, 0, false).await?;
+        }
+        Ok(h)
+    }
+
+    /// Creates (or, without `exclusive`, opens) a file and returns a handle for writing.
+    pub async fn create_open(
+        &self,
+        ctx: &Ctx,
+        parent: InodeId,
+        name: &[u8],
+        mode: u32,
+        exclusive: bool,
+        layout: Option<DirLayout>,
+    ) -> Result<(CreateReply, FileHandle)> {
+        let r = self
+            .create(ctx, parent, name, mode, exclusive, layout)
+            .await?;
+        let h = self.handle_for(ctx, r.attr.clone(), true, true)?;
+        Ok((r, h))
+    }
+
+    pub(crate) fn handle_for(
+        &self,
+        ctx: &Ctx,
+        attr: Attr,
+        read: bool,
+        write: bool,
+    ) -> Result<FileHandle> {
+        let layout = match (attr.kind, attr.layout.clone()) {
+            (FileKind::File, Some(l)) => l,
+            (FileKind::Dir, _) => return Err(ErrorCode::IsDir.into()),
+            _ => return Err(ClientError::new(ErrorCode::Invalid, "not a regular file")),
+        };
+        let data = {
+            let mut map = self.inner.inodes.lock().expect("inodes lock");
+            map.entry(attr.ino)
+                .or_insert_with(|| Arc::new(InodeData::new(attr.ino, layout)))
+                .clone()
+        };
+        data.opened(attr.size);
+        Ok(FileHandle::new(
+            self.clone(),
+            data,
+            ctx.clone(),
+            read,
+            write,
+        ))
+    }
+
+    /// Called by a handle's close: forget the inode's data state when its last handle goes.
+    pub(crate) async fn release(&self, data: &Arc<InodeData>) {
+        let last = {
+            let mut map = self.inner.inodes.lock().expect("inodes lock");
+            let last = data.closed();
+            if last {
+                if let Some(cur) = map.get(&data.ino) {
+                    if Arc::ptr_eq(cur, data) {
+                        map.remove(&data.ino);
+                    }
+                }
+            }
+            last
+        };
+        if last && data.is_unlinked() {
+            self.remove_chunks(&data.layout, data.ino).await;
+        }
+    }
+
+    /// Closes every connection. Handles still open are not flushed.
+    pub fn shutdown(&self) {
+        let _ = self.inner.stop.send(true);
+        self.inner.pool.close_all();
+    }
+}
+
+fn nix_hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer and its length are valid.
+    let r = unsafe { libc::gethostname(buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
+    if r != 0 {
+        return "unknown".into();
+    }
+    let n = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}

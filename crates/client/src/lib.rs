@@ -1,0 +1,22 @@
+//! The odfs client library: the filesystem as seen by one process (the FUSE adapter, the CLI,
+//! stage agents, benchmarks).
+//!
+//! Owns: finding services through mgmtd, namespace calls to metad, striping arithmetic applied to
+//! parallel chunk I/O on stored, read-ahead for sequential reads, write-behind with bounded
+//! memory, per-inode state so that handles in one process see each other's writes, and
+//! close-to-open consistency across processes. It never touches a mount; FUSE-specific
+//! behaviour lives in client-fuse.
+
+pub mod cluster;
+pub mod config;
+pub mod error;
+pub mod file;
+pub mod fs;
+pub mod path;
+
+pub use config::ClientConfig;
+pub use error::ClientError;
+pub use file::FileHandle;
+pub use fs::{Client, Ctx};
+
+pub type Result<T, E = ClientError> = std::result::Result<T, E>;

@@ -1,0 +1,56 @@
+//! mgmtd configuration; `Default` is the single source of defaults.
+
+use odfs_proto::DirLayout;
+use odfs_service::JobSection;
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct MgmtdConfig {
+    pub job: JobSection,
+    /// QUIC address to serve on (port 0 = any free port; see `addr_file`).
+    pub listen: SocketAddr,
+    /// Where to write the bound address once serving.
+    pub addr_file: Option<PathBuf>,
+    /// Storage nodes that must register before the filesystem is ready.
+    pub expect_storage_nodes: u32,
+    /// Metadata services that must register before the filesystem is ready.
+    pub expect_meta: u32,
+    /// Heartbeat interval asked of every service, in milliseconds.
+    pub heartbeat_ms: u64,
+    /// A service is offline after this many missed heartbeats.
+    pub offline_after_missed: u32,
+    /// Layout of the root directory, inherited by everything below unless changed.
+    pub default_layout: DirLayout,
+}
+
+impl Default for MgmtdConfig {
+    fn default() -> Self {
+        MgmtdConfig {
+            job: JobSection::default(),
+            listen: "0.0.0.0:7700".parse().expect("valid address"),
+            addr_file: None,
+            expect_storage_nodes: 1,
+            expect_meta: 1,
+            heartbeat_ms: 1000,
+            offline_after_missed: 3,
+            default_layout: DirLayout::default(),
+        }
+    }
+}
+
+impl MgmtdConfig {
+    pub fn validate(&self) -> anyhow::Result<()> {
+        self.default_layout
+            .validate()
+            .map_err(|e| anyhow::anyhow!("default_layout: {e}"))?;
+        anyhow::ensure!(self.heartbeat_ms >= 10, "heartbeat_ms must be at least 10");
+        anyhow::ensure!(
+            self.offline_after_missed >= 1,
+            "offline_after_missed must be at least 1"
+        );
+        Ok(())
+    }
+}

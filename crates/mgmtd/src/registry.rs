@@ -1,0 +1,216 @@
+//! The registry: services, targets, liveness, filesystem state.
+
+use crate::MgmtdConfig;
+use odfs_proto::mgmt::*;
+use odfs_proto::{DirLayout, ServiceId, TargetId, Timespec};
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use tracing::info;
+
+struct Service {
+    info: ServiceInfo,
+    last_seen: Instant,
+}
+
+struct Target {
+    info: TargetInfo,
+}
+
+struct State {
+    services: BTreeMap<ServiceId, Service>,
+    targets: BTreeMap<TargetId, Target>,
+    next_id: ServiceId,
+    state: FsState,
+    version: u64,
+}
+
+pub struct Registry {
+    job_id: String,
+    created: Timespec,
+    expect_storage_nodes: u32,
+    expect_meta: u32,
+    heartbeat: Duration,
+    offline_after: Duration,
+    default_layout: DirLayout,
+    state: Mutex<State>,
+}
+
+impl Registry {
+    pub fn new(cfg: &MgmtdConfig) -> Registry {
+        let heartbeat = Duration::from_millis(cfg.heartbeat_ms);
+        Registry {
+            job_id: cfg.job.id.clone(),
+            created: Timespec::now(),
+            expect_storage_nodes: cfg.expect_storage_nodes,
+            expect_meta: cfg.expect_meta,
+            heartbeat,
+            offline_after: heartbeat * cfg.offline_after_missed,
+            default_layout: cfg.default_layout.clone(),
+            state: Mutex::new(State {
+                services: BTreeMap::new(),
+                targets: BTreeMap::new(),
+                next_id: 1,
+                state: FsState::Forming,
+                version: 1,
+            }),
+        }
+    }
+
+    pub fn heartbeat_ms(&self) -> u64 {
+        self.heartbeat.as_millis() as u64
+    }
+
+    pub fn register(&self, r: Register) -> RegisterReply {
+        let mut st = self.state.lock().expect("registry lock");
+        // A restarted daemon replaces its previous incarnation.
+        let stale: Vec<ServiceId> = st
+            .services
+            .iter()
+            .filter(|(_, s)| {
+                s.info.kind == r.kind
+                    && s.info.node == r.node
+                    && s.info.shard == r.shard
+                    && r.kind != ServiceKind::Client
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in stale {
+            st.services.remove(&id);
+        }
+        let id = st.next_id;
+        st.next_id += 1;
+        for t in &r.targets {
+            st.targets.insert(
+                t.id,
+                Target {
+                    info: TargetInfo {
+                        id: t.id,
+                        node: r.node,
+                        service_id: id,
+                        pool: t.pool.clone(),
+                        space: t.space,
+                        online: true,
+                    },
+                },
+            );
+        }
+        info!(id, kind = ?r.kind, node = r.node, addr = ?r.addr, targets = r.targets.len(), "service registered");
+        st.services.insert(
+            id,
+            Service {
+                info: ServiceInfo {
+                    id,
+                    kind: r.kind,
+                    node: r.node,
+                    hostname: r.hostname,
+                    addr: r.addr,
+                    bulk_addr: r.bulk_addr,
+                    shard: r.shard,
+                    online: true,
+                    last_seen_ms: 0,
+                    pid: r.pid,
+                },
+                last_seen: Instant::now(),
+            },
+        );
+        st.version += 1;
+        self.update_state(&mut st);
+        RegisterReply {
+            service_id: id,
+            heartbeat_ms: self.heartbeat_ms(),
+        }
+    }
+
+    pub fn heartbeat(&self, hb: Heartbeat) -> HeartbeatReply {
+        let mut st = self.state.lock().expect("registry lock");
+        let Some(s) = st.services.get_mut(&hb.service_id) else {
+            return HeartbeatReply { known: false };
+        };
+        s.last_seen = Instant::now();
+        for (tid, space) in hb.targets {
+            if let Some(t) = st.targets.get_mut(&tid) {
+                if t.info.service_id == hb.service_id {
+                    t.info.space = space;
+                }
+            }
+        }
+        HeartbeatReply { known: true }
+    }
+
+    pub fn unregister(&self, id: ServiceId) {
+        let mut st = self.state.lock().expect("registry lock");
+        if st.services.remove(&id).is_some() {
+            info!(id, "service unregistered");
+            st.version += 1;
+        }
+    }
+
+    fn online(&self, s: &Service) -> bool {
+        s.last_seen.elapsed() < self.offline_after
+    }
+
+    fn update_state(&self, st: &mut State) {
+        if st.state != FsState::Forming {
+            return;
+        }
+        let mut storage_nodes: Vec<u32> = st
+            .services
+            .values()
+            .filter(|s| s.info.kind == ServiceKind::Storage && self.online(s))
+            .map(|s| s.info.node)
+            .collect();
+        storage_nodes.sort();
+        storage_nodes.dedup();
+        let metas = st
+            .services
+            .values()
+            .filter(|s| s.info.kind == ServiceKind::Meta && self.online(s))
+            .count();
+        if storage_nodes.len() as u32 >= self.expect_storage_nodes
+            && metas as u32 >= self.expect_meta
+        {
+            st.state = FsState::Ready;
+            st.version += 1;
+            info!(
+                storage_nodes = storage_nodes.len(),
+                metas, "filesystem ready"
+            );
+        }
+    }
+
+    pub fn view(&self) -> ClusterView {
+        let mut st = self.state.lock().expect("registry lock");
+        self.update_state(&mut st);
+        let services: Vec<ServiceInfo> = st
+            .services
+            .values()
+            .map(|s| {
+                let mut i = s.info.clone();
+                i.online = self.online(s);
+                i.last_seen_ms = s.last_seen.elapsed().as_millis() as u64;
+                i
+            })
+            .collect();
+        let targets = st
+            .targets
+            .values()
+            .map(|t| {
+                let mut i = t.info.clone();
+                i.online = services.iter().any(|s| s.id == i.service_id && s.online);
+                i
+            })
+            .collect();
+        ClusterView {
+            job_id: self.job_id.clone(),
+            state: st.state,
+            created: self.created,
+            expected_storage_nodes: self.expect_storage_nodes,
+            expected_meta: self.expect_meta,
+            services,
+            targets,
+            default_layout: self.default_layout.clone(),
+            version: st.version,
+        }
+    }
+}

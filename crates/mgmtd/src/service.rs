@@ -1,0 +1,35 @@
+//! Wire adapter: mgmtd's requests to registry calls.
+
+use crate::registry::Registry;
+use odfs_proto::mgmt::*;
+use odfs_proto::RequestHeader;
+use odfs_rpc::Router;
+use std::sync::Arc;
+
+pub fn router(reg: Arc<Registry>) -> Router {
+    let mut r = Router::new();
+    let g = reg.clone();
+    r.add::<Register, _, _>(move |_h: RequestHeader, req| {
+        let g = g.clone();
+        async move { Ok(g.register(req)) }
+    });
+    let g = reg.clone();
+    r.add::<Heartbeat, _, _>(move |_h, req| {
+        let g = g.clone();
+        async move { Ok(g.heartbeat(req)) }
+    });
+    let g = reg.clone();
+    r.add::<Unregister, _, _>(move |_h, req: Unregister| {
+        let g = g.clone();
+        async move {
+            g.unregister(req.service_id);
+            Ok(())
+        }
+    });
+    let g = reg;
+    r.add::<GetCluster, _, _>(move |_h, _req| {
+        let g = g.clone();
+        async move { Ok(g.view()) }
+    });
+    r
+}

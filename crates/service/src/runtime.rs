@@ -1,0 +1,47 @@
+//! Process-level pieces: logging, shutdown on SIGTERM/SIGINT, the address file.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use tokio::sync::watch;
+
+/// Logs to stderr; `RUST_LOG` overrides `default_level`.
+pub fn init_logging(default_level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+}
+
+/// A shutdown channel that fires on SIGTERM or SIGINT.
+pub fn shutdown_channel() -> (watch::Sender<bool>, watch::Receiver<bool>) {
+    let (tx, rx) = watch::channel(false);
+    let tx2 = tx.clone();
+    tokio::spawn(async move {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot install SIGTERM handler");
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        tracing::info!("shutdown requested");
+        let _ = tx2.send(true);
+    });
+    (tx, rx)
+}
+
+/// Writes `name=addr` lines atomically (temp file + rename) so a launcher never reads half a file.
+pub fn write_addr_file(path: &Path, addrs: &[(&str, SocketAddr)]) -> std::io::Result<()> {
+    let text: String = addrs.iter().map(|(k, a)| format!("{k}={a}\n")).collect();
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
+}
