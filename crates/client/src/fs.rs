@@ -131,7 +131,7 @@ impl Client {
 
     /// Registers this client with mgmtd so `odfs status` lists it; heartbeats until dropped.
     pub async fn register(&self, node: u32) -> Result<()> {
-        let hostname = nix_hostname();
+        let hostname = odfs_service::hostname();
         let link = odfs_service::MgmtLink {
             pool: self.inner.pool.clone(),
             mgmtd: self.inner.cfg.mgmtd,
@@ -689,15 +689,4 @@ impl Client {
         let _ = self.inner.stop.send(true);
         self.inner.pool.close_all();
     }
-}
-
-fn nix_hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer and its length are valid.
-    let r = unsafe { libc::gethostname(buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
-    if r != 0 {
-        return "unknown".into();
-    }
-    let n = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..n]).into_owned()
 }

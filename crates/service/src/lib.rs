@@ -10,4 +10,4 @@ pub mod runtime;
 
 pub use config::{load_config, JobSection};
 pub use mgmt_link::MgmtLink;
-pub use runtime::{init_logging, shutdown_channel, write_addr_file};
+pub use runtime::{hostname, init_logging, shutdown_channel, write_addr_file};

@@ -45,3 +45,15 @@ pub fn write_addr_file(path: &Path, addrs: &[(&str, SocketAddr)]) -> std::io::Re
     std::fs::write(&tmp, text)?;
     std::fs::rename(&tmp, path)
 }
+
+/// This machine's host name ("unknown" if it cannot be read).
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer and its length are valid.
+    let r = unsafe { libc::gethostname(buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
+    if r != 0 {
+        return "unknown".into();
+    }
+    let n = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}

@@ -1,0 +1,50 @@
+//! metad configuration; `Default` is the single source of defaults.
+
+use odfs_service::JobSection;
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetadConfig {
+    pub job: JobSection,
+    /// QUIC address to serve on.
+    pub listen: SocketAddr,
+    /// Where to write the bound address once serving.
+    pub addr_file: Option<PathBuf>,
+    /// mgmtd's address.
+    pub mgmtd: SocketAddr,
+    /// Index of this node in the job's node list.
+    pub node: u32,
+    /// Metadata shard this service owns (0 holds the root).
+    pub shard: u16,
+    /// Directory on local disk for the write-ahead log and snapshots.
+    pub data_dir: PathBuf,
+    /// fdatasync every log record (survives power loss, not just a crashed process).
+    pub sync_wal: bool,
+    /// Write a snapshot and start a new log once the log exceeds this many bytes.
+    pub snapshot_every_bytes: u64,
+    /// Replies remembered for retried requests.
+    pub dedup_capacity: usize,
+    /// Seconds to keep trying to reach mgmtd at start.
+    pub register_timeout_secs: u64,
+}
+
+impl Default for MetadConfig {
+    fn default() -> Self {
+        MetadConfig {
+            job: JobSection::default(),
+            listen: "0.0.0.0:7701".parse().expect("valid address"),
+            addr_file: None,
+            mgmtd: "127.0.0.1:7700".parse().expect("valid address"),
+            node: 0,
+            shard: 0,
+            data_dir: PathBuf::from("/var/lib/odfs/meta"),
+            sync_wal: false,
+            snapshot_every_bytes: 64 << 20,
+            dedup_capacity: 262_144,
+            register_timeout_secs: 30,
+        }
+    }
+}

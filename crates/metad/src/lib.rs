@@ -1,0 +1,24 @@
+//! metad: the metadata service of one namespace shard.
+//!
+//! Owns: every inode of its shard (attributes, directory entries, symlink targets, extended
+//! attributes, file layouts), the POSIX rules that govern changing them, the choice of storage
+//! targets for new files, and durability. Every successful mutation is appended to a
+//! write-ahead log before it is acknowledged, snapshots bound replay time, and a table of recent
+//! replies makes retried requests idempotent, so a `kill -9` loses nothing that was answered.
+//!
+//! [`MetaStore`] is the whole API: reads take `&self`, every mutation goes through
+//! [`MetaStore::mutate`]. It does no networking and no locking of its own; the RPC service
+//! wraps it.
+
+pub mod config;
+pub mod error;
+pub mod namespace;
+pub mod permission;
+pub mod service;
+pub mod snapshot;
+pub mod store;
+pub mod wal;
+
+pub use error::MetaError;
+pub use namespace::{MetaOp, MetaReply};
+pub use store::{MetaStore, StoreOptions, TargetChoice};

@@ -1,0 +1,186 @@
+//! metad's wire adapter and process life: serve namespace requests over QUIC, keep the target
+//! list fresh from mgmtd (for layouts and statfs), register the shard, snapshot at shutdown.
+
+use crate::config::MetadConfig;
+use crate::store::{MetaOp, MetaReply, MetaStore, StoreOptions, TargetChoice};
+use odfs_proto::meta::*;
+use odfs_proto::mgmt::{GetCluster, Register, ServiceKind};
+use odfs_proto::{ErrorCode, RemoteError, RequestHeader};
+use odfs_rpc::quic::QuicEndpoint;
+use odfs_rpc::{Pool, PoolConfig, Router, Shutdown, Transport};
+use odfs_service::MgmtLink;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tracing::{info, warn};
+
+type Shared = Arc<Mutex<MetaStore>>;
+
+fn unexpected(r: MetaReply) -> RemoteError {
+    RemoteError::new(ErrorCode::Internal, format!("unexpected reply {r:?}"))
+}
+
+macro_rules! read_op {
+    ($r:expr, $store:expr, $req:ty, $method:ident) => {{
+        let s = $store.clone();
+        $r.add::<$req, _, _>(move |h: RequestHeader, q: $req| {
+            let s = s.clone();
+            async move { s.lock().expect("store lock").$method(&h, &q) }
+        });
+    }};
+}
+
+macro_rules! mutation {
+    ($r:expr, $store:expr, $req:ident, $reply:pat => $out:expr) => {{
+        let s = $store.clone();
+        $r.add::<$req, _, _>(move |h: RequestHeader, q: $req| {
+            let s = s.clone();
+            async move {
+                match s.lock().expect("store lock").mutate(&h, MetaOp::$req(q))? {
+                    $reply => Ok($out),
+                    other => Err(unexpected(other)),
+                }
+            }
+        });
+    }};
+}
+
+/// Maps metad's requests to the store.
+pub fn router(store: Shared) -> Router {
+    let mut r = Router::new();
+    read_op!(r, store, Lookup, lookup);
+    read_op!(r, store, GetAttr, getattr);
+    read_op!(r, store, Access, access);
+    read_op!(r, store, Open, open_file);
+    read_op!(r, store, ReadDir, readdir);
+    read_op!(r, store, Readlink, readlink);
+    read_op!(r, store, GetXattr, getxattr);
+    read_op!(r, store, ListXattr, listxattr);
+    read_op!(r, store, StatFs, statfs);
+    read_op!(r, store, GetDirLayout, get_dir_layout);
+    mutation!(r, store, Create, MetaReply::Create(c) => c);
+    mutation!(r, store, Mkdir, MetaReply::Attr(a) => a);
+    mutation!(r, store, Unlink, MetaReply::Unlink(u) => u);
+    mutation!(r, store, Rmdir, MetaReply::Unit => ());
+    mutation!(r, store, Rename, MetaReply::Rename(x) => x);
+    mutation!(r, store, Symlink, MetaReply::Attr(a) => a);
+    mutation!(r, store, Link, MetaReply::Attr(a) => a);
+    mutation!(r, store, SetAttr, MetaReply::Attr(a) => a);
+    mutation!(r, store, SetXattr, MetaReply::Unit => ());
+    mutation!(r, store, RemoveXattr, MetaReply::Unit => ());
+    mutation!(r, store, ExtendSize, MetaReply::Attr(a) => a);
+    mutation!(r, store, SetDirLayout, MetaReply::Unit => ());
+    r
+}
+
+/// Runs metad until `shutdown` fires.
+pub async fn run(cfg: MetadConfig, shutdown: Shutdown) -> anyhow::Result<()> {
+    let cred = cfg.job.credential()?;
+    let endpoint = QuicEndpoint::server(&cred, cfg.listen)?;
+    let addr = endpoint.local_addr()?;
+    let pool = Arc::new(Pool::with_endpoint(
+        cred,
+        endpoint.clone(),
+        PoolConfig {
+            retry_deadline: Duration::from_secs(cfg.register_timeout_secs),
+            ..PoolConfig::default()
+        },
+    ));
+    // The root's default layout comes from mgmtd, so every metad of the job agrees on it.
+    let view = pool
+        .call(
+            cfg.mgmtd,
+            Transport::Quic,
+            &RequestHeader::default(),
+            &GetCluster {},
+        )
+        .await?;
+    std::fs::create_dir_all(&cfg.data_dir).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot create metadata directory {}: {e}",
+            cfg.data_dir.display()
+        )
+    })?;
+    let opts = StoreOptions {
+        shard: cfg.shard,
+        sync_wal: cfg.sync_wal,
+        snapshot_every_bytes: cfg.snapshot_every_bytes,
+        dedup_capacity: cfg.dedup_capacity,
+    };
+    let store = MetaStore::open(&cfg.data_dir, opts, view.default_layout.clone())?;
+    let store: Shared = Arc::new(Mutex::new(store));
+    let set_targets = |store: &Shared, v: &odfs_proto::mgmt::ClusterView| {
+        let t = v
+            .targets
+            .iter()
+            .map(|t| TargetChoice {
+                id: t.id,
+                pool: t.pool.clone(),
+                free: t.space.free,
+                capacity: t.space.capacity,
+                online: t.online,
+            })
+            .collect();
+        store.lock().expect("store lock").set_targets(t);
+    };
+    set_targets(&store, &view);
+    if let Some(p) = &cfg.addr_file {
+        odfs_service::write_addr_file(p, &[("metad", addr)])?;
+    }
+    let router = Arc::new(router(store.clone()));
+    let serve = tokio::spawn({
+        let ep = endpoint.clone();
+        let sd = shutdown.clone();
+        async move { ep.serve(router, sd).await }
+    });
+    // Keep the target list fresh for layouts and statfs.
+    tokio::spawn({
+        let pool = pool.clone();
+        let store = store.clone();
+        let mgmtd = cfg.mgmtd;
+        let mut sd = shutdown.clone();
+        async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    _ = sd.changed() => return,
+                }
+                match pool
+                    .call(
+                        mgmtd,
+                        Transport::Quic,
+                        &RequestHeader::default(),
+                        &GetCluster {},
+                    )
+                    .await
+                {
+                    Ok(v) => set_targets(&store, &v),
+                    Err(e) => warn!(error = %e, "cannot refresh targets from mgmtd"),
+                }
+            }
+        }
+    });
+    let link = MgmtLink {
+        pool,
+        mgmtd: cfg.mgmtd,
+        register: Register {
+            kind: ServiceKind::Meta,
+            node: cfg.node,
+            hostname: odfs_service::hostname(),
+            addr: Some(addr),
+            bulk_addr: None,
+            shard: Some(cfg.shard),
+            targets: vec![],
+            pid: std::process::id(),
+        },
+    };
+    let first = link
+        .register(Duration::from_secs(cfg.register_timeout_secs))
+        .await?;
+    info!(%addr, shard = cfg.shard, service_id = first.service_id, "metad serving");
+    link.run(first, Arc::new(Vec::new), shutdown).await;
+    let _ = serve.await;
+    if let Err(e) = store.lock().expect("store lock").snapshot() {
+        warn!(error = %e, "snapshot at shutdown failed; the log will be replayed at next start");
+    }
+    Ok(())
+}

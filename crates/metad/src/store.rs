@@ -1,0 +1,762 @@
+//! `MetaStore`: the namespace made durable and idempotent.
+//!
+//! Owns the store directory (`snapshot` + `wal`), the sequence of logged mutations, the table
+//! of recent replies that makes retries idempotent, and the choice of storage targets for new
+//! files. A mutation is applied in memory, then logged as one record carrying everything a
+//! replay needs (caller, time, the new inode id, the chosen layout), then acknowledged.
+//! Recovery loads the snapshot and re-applies the log records that follow it.
+
+use crate::namespace::{Choice, IdHasher, Namespace};
+pub use crate::namespace::{MetaOp, MetaReply};
+use crate::wal::{self, Wal, LOG_FILE};
+use crate::{snapshot, MetaError};
+use odfs_proto::error::{ErrorCode, RemoteError, RpcResult};
+use odfs_proto::meta::*;
+use odfs_proto::{DirLayout, InodeId, Layout, RequestHeader, TargetId, Timespec};
+use serde::ser::SerializeSeq;
+use serde::{Deserialize, Serialize, Serializer};
+use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasherDefault;
+use std::path::{Path, PathBuf};
+use tracing::{info, warn};
+
+/// Most supplementary groups a request may carry (Linux `NGROUPS_MAX`); bounds log records.
+const MAX_GROUPS: usize = 65536;
+/// Inode total reported by statfs: ids are plentiful, memory is the real limit.
+const STATFS_INODES: u64 = 1 << 32;
+/// Block size reported by statfs.
+const STATFS_BLOCK: u32 = 4096;
+
+/// How a [`MetaStore`] behaves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// The shard whose namespace this is: the high 16 bits of new inode ids.
+    pub shard: u16,
+    /// fdatasync the log after every record (survives power loss, not only process death).
+    pub sync_wal: bool,
+    /// Write a snapshot and start a new log once the log grows past this many bytes.
+    pub snapshot_every_bytes: u64,
+    /// Replies remembered for retried requests.
+    pub dedup_capacity: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            shard: 0,
+            sync_wal: false,
+            snapshot_every_bytes: 64 << 20,
+            dedup_capacity: 262_144,
+        }
+    }
+}
+
+/// A storage target as the store sees it when placing new files (from mgmtd's cluster view).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetChoice {
+    pub id: TargetId,
+    /// Storage pool the target belongs to; layouts name a pool.
+    pub pool: String,
+    /// Free bytes; targets with none are used only to make up a stripe count.
+    pub free: u64,
+    /// Total bytes, for statfs.
+    pub capacity: u64,
+    /// Offline targets get no new files and do not count in statfs.
+    pub online: bool,
+}
+
+/// Chooses the targets of new files: round-robin over a pool's online targets from a rotating
+/// start, preferring targets with free space.
+struct Placement {
+    targets: Vec<TargetChoice>,
+    /// Online targets of each pool in id order, with whether they have free space.
+    pools: HashMap<String, Vec<(TargetId, bool)>>,
+    /// Rotating start; seeded randomly so restarts do not all begin at the first target.
+    next: u64,
+}
+
+impl Placement {
+    fn new() -> Placement {
+        Placement {
+            targets: Vec::new(),
+            pools: HashMap::new(),
+            next: rand::random::<u32>() as u64,
+        }
+    }
+
+    fn set(&mut self, mut targets: Vec<TargetChoice>) {
+        targets.sort_by_key(|t| t.id);
+        self.pools.clear();
+        for t in targets.iter().filter(|t| t.online) {
+            self.pools
+                .entry(t.pool.clone())
+                .or_default()
+                .push((t.id, t.free > 0));
+        }
+        self.targets = targets;
+    }
+
+    fn choose(&mut self, dl: &DirLayout) -> RpcResult<Layout> {
+        let invalid = |m: String| RemoteError::new(ErrorCode::Invalid, m);
+        dl.validate().map_err(invalid)?;
+        let cands = match self.pools.get(&dl.pool) {
+            Some(c) if !c.is_empty() => c,
+            _ => {
+                return Err(invalid(format!(
+                    "pool \"{}\" has no online targets",
+                    dl.pool
+                )))
+            }
+        };
+        let n = cands.len();
+        let want = if dl.stripe_count < 0 {
+            n
+        } else {
+            dl.stripe_count as usize
+        };
+        // As Lustre: a file gets at most as many stripes as its pool has targets online. An
+        // explicit layout asking for more is refused where it is set (setstripe), not here.
+        let want = want.min(n);
+        if !cands.iter().any(|&(_, free)| free) {
+            return Err(RemoteError::new(
+                ErrorCode::NoSpace,
+                format!("every target of pool \"{}\" is full", dl.pool),
+            ));
+        }
+        let start = match dl.start_target {
+            Some(t) => cands.iter().position(|&(id, _)| id >= t).unwrap_or(0),
+            None => {
+                self.next = self.next.wrapping_add(1);
+                (self.next % n as u64) as usize
+            }
+        };
+        let mut targets = Vec::with_capacity(want);
+        // Rotated order, targets with free space first, full ones only to make up the count.
+        for pass in [true, false] {
+            for i in 0..n {
+                let (id, free) = cands[(start + i) % n];
+                if free == pass && targets.len() < want {
+                    targets.push(id);
+                }
+            }
+        }
+        Ok(Layout {
+            chunk_size: dl.chunk_size,
+            pool: dl.pool.clone(),
+            targets,
+        })
+    }
+}
+
+type DedupKey = (u64, u64);
+
+/// Replies of recent mutations by `(client_id, request_id)`, oldest evicted first.
+struct Dedup {
+    capacity: usize,
+    order: VecDeque<DedupKey>,
+    replies: HashMap<DedupKey, MetaReply, BuildHasherDefault<IdHasher>>,
+}
+
+impl Dedup {
+    fn new(capacity: usize) -> Dedup {
+        Dedup {
+            capacity,
+            order: VecDeque::new(),
+            replies: HashMap::default(),
+        }
+    }
+
+    fn get(&self, key: DedupKey) -> Option<&MetaReply> {
+        self.replies.get(&key)
+    }
+
+    fn insert(&mut self, key: DedupKey, reply: MetaReply) {
+        if self.capacity == 0 {
+            return;
+        }
+        if self.replies.insert(key, reply).is_none() {
+            self.order.push_back(key);
+        }
+        while self.order.len() > self.capacity {
+            if let Some(old) = self.order.pop_front() {
+                self.replies.remove(&old);
+            }
+        }
+    }
+}
+
+/// The dedup table in a snapshot: `(client_id, request_id, reply)`, oldest first.
+struct DedupImage<'a>(&'a Dedup);
+
+impl Serialize for DedupImage<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(self.0.order.len()))?;
+        for key in &self.0.order {
+            if let Some(reply) = self.0.replies.get(key) {
+                seq.serialize_element(&(key.0, key.1, reply))?;
+            }
+        }
+        seq.end()
+    }
+}
+
+/// What a snapshot holds (writing side; `State` reads it back — same field order).
+#[derive(Serialize)]
+struct StateRef<'a> {
+    seq: u64,
+    ns: &'a Namespace,
+    dedup: DedupImage<'a>,
+}
+
+#[derive(Deserialize)]
+struct State {
+    seq: u64,
+    ns: Namespace,
+    dedup: Vec<(u64, u64, MetaReply)>,
+}
+
+/// A log record as written; `Record` reads it back (same shape, owned).
+#[derive(Serialize)]
+struct RecordRef<'a> {
+    seq: u64,
+    header: &'a RequestHeader,
+    /// The time the mutation used as "now".
+    now: Timespec,
+    op: OpRef<'a>,
+    /// Inode id given to a new inode.
+    ino: Option<InodeId>,
+    /// Layout chosen for a new file.
+    layout: Option<&'a Layout>,
+}
+
+#[derive(Serialize)]
+enum OpRef<'a> {
+    Meta(&'a MetaOp),
+    CreateRoot(&'a DirLayout),
+}
+
+#[derive(Deserialize)]
+struct Record {
+    seq: u64,
+    header: RequestHeader,
+    now: Timespec,
+    op: LoggedOp,
+    ino: Option<InodeId>,
+    layout: Option<Layout>,
+}
+
+#[derive(Deserialize)]
+enum LoggedOp {
+    Meta(MetaOp),
+    CreateRoot(DirLayout),
+}
+
+/// The choices a live mutation made, read from its reply, for its log record.
+fn resolved<'a>(op: &MetaOp, reply: &'a MetaReply) -> (Option<InodeId>, Option<&'a Layout>) {
+    match (op, reply) {
+        (MetaOp::Create(_), MetaReply::Create(r)) if r.created => {
+            (Some(r.attr.ino), r.attr.layout.as_ref())
+        }
+        (MetaOp::Mkdir(_) | MetaOp::Symlink(_), MetaReply::Attr(a)) => (Some(a.ino), None),
+        _ => (None, None),
+    }
+}
+
+/// The namespace of one shard with its write-ahead log and dedup table.
+///
+/// Not internally synchronized: reads take `&self`, mutations `&mut self`.
+pub struct MetaStore {
+    dir: PathBuf,
+    opts: StoreOptions,
+    ns: Namespace,
+    placement: Placement,
+    wal: Wal,
+    /// Sequence number of the last logged mutation.
+    seq: u64,
+    dedup: Dedup,
+    /// Log size at which the next automatic snapshot is due.
+    snapshot_at: u64,
+    /// Why mutations are refused, after a failure that left memory ahead of the log.
+    failed: Option<String>,
+}
+
+impl MetaStore {
+    /// Opens the store in `dir`, creating it if needed: loads the snapshot, replays the log
+    /// after it (a torn tail is discarded) and, on first open, creates the root directory
+    /// (mode 0755, owner 0:0) with `root_default` as its default layout.
+    pub fn open(
+        dir: &Path,
+        opts: StoreOptions,
+        root_default: DirLayout,
+    ) -> Result<MetaStore, MetaError> {
+        root_default
+            .validate()
+            .map_err(MetaError::InvalidRootLayout)?;
+        std::fs::create_dir_all(dir).map_err(|e| MetaError::io("create directory", dir, e))?;
+        snapshot::remove_leftovers(dir);
+        wal::remove_leftovers(dir);
+        let (mut seq, mut ns, mut dedup) = match snapshot::read::<State>(dir)? {
+            Some(st) => {
+                if st.ns.shard() != opts.shard {
+                    return Err(MetaError::ShardMismatch {
+                        path: dir.to_owned(),
+                        found: st.ns.shard(),
+                        expected: opts.shard,
+                    });
+                }
+                let mut dedup = Dedup::new(opts.dedup_capacity);
+                for (c, r, reply) in st.dedup {
+                    dedup.insert((c, r), reply);
+                }
+                (st.seq, st.ns, dedup)
+            }
+            None => (
+                0,
+                Namespace::new(opts.shard),
+                Dedup::new(opts.dedup_capacity),
+            ),
+        };
+        let snapshot_seq = seq;
+        let log = dir.join(LOG_FILE);
+        let has_log = log
+            .try_exists()
+            .map_err(|e| MetaError::io("stat", &log, e))?;
+        let wal = if has_log {
+            let scan = wal::scan(&log, |offset, payload| {
+                let rec: Record =
+                    postcard::from_bytes(payload).map_err(|e| MetaError::CorruptLog {
+                        path: log.clone(),
+                        offset,
+                        reason: format!("undecodable record: {e}"),
+                    })?;
+                replay(&mut ns, &mut dedup, &mut seq, rec, &log, offset)
+            })?;
+            if scan.discarded > 0 {
+                warn!(
+                    path = %log.display(),
+                    bytes = scan.discarded,
+                    "discarded a torn or damaged tail of the write-ahead log"
+                );
+            }
+            info!(
+                snapshot_seq,
+                records = scan.records,
+                replayed = seq - snapshot_seq,
+                "replayed the write-ahead log"
+            );
+            if scan.valid_len == 0 {
+                Wal::create(dir, opts.sync_wal)?
+            } else {
+                Wal::open(&log, scan.valid_len, opts.sync_wal)?
+            }
+        } else {
+            Wal::create(dir, opts.sync_wal)?
+        };
+        let mut store = MetaStore {
+            dir: dir.to_owned(),
+            snapshot_at: opts.snapshot_every_bytes,
+            opts,
+            ns,
+            placement: Placement::new(),
+            wal,
+            seq,
+            dedup,
+            failed: None,
+        };
+        if !store.ns.has_root() {
+            store.create_root(root_default)?;
+        }
+        info!(
+            dir = %store.dir.display(),
+            shard = store.opts.shard,
+            inodes = store.ns.inode_count(),
+            seq = store.seq,
+            "metadata store open"
+        );
+        Ok(store)
+    }
+
+    fn create_root(&mut self, layout: DirLayout) -> Result<(), MetaError> {
+        let now = Timespec::now();
+        self.ns
+            .create_root(now, layout.clone())
+            .map_err(|e| MetaError::Failed(e.to_string()))?;
+        self.seq += 1;
+        let header = RequestHeader::default();
+        self.wal.append(&RecordRef {
+            seq: self.seq,
+            header: &header,
+            now,
+            op: OpRef::CreateRoot(&layout),
+            ino: None,
+            layout: None,
+        })
+    }
+
+    /// Replaces the targets new files are placed on (not logged: it comes from mgmtd).
+    pub fn set_targets(&mut self, targets: Vec<TargetChoice>) {
+        self.placement.set(targets);
+    }
+
+    /// The shard this store serves.
+    pub fn shard(&self) -> u16 {
+        self.opts.shard
+    }
+
+    /// Sequence number of the last logged mutation.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Number of inodes, the root included.
+    pub fn inode_count(&self) -> u64 {
+        self.ns.inode_count()
+    }
+
+    /// Bytes in the current log.
+    pub fn log_len(&self) -> u64 {
+        self.wal.len()
+    }
+
+    /// Why the store refuses mutations, if it does (after a failed log write).
+    pub fn failure(&self) -> Option<&str> {
+        self.failed.as_deref()
+    }
+
+    // ---- reads ----
+
+    /// Looks up `name` in a directory (needs search permission on it).
+    pub fn lookup(&self, h: &RequestHeader, req: &Lookup) -> RpcResult<Attr> {
+        self.ns.lookup(h, req)
+    }
+
+    /// The attributes of an inode.
+    pub fn getattr(&self, _h: &RequestHeader, req: &GetAttr) -> RpcResult<Attr> {
+        self.ns.getattr(req.ino)
+    }
+
+    /// Checks the caller's access to an inode, as access(2).
+    pub fn access(&self, h: &RequestHeader, req: &Access) -> RpcResult<()> {
+        self.ns.access(h, req)
+    }
+
+    /// Checks that the caller may open the inode for reading and/or writing (the `Open`
+    /// request; `open` is taken by the constructor).
+    pub fn open_file(&self, h: &RequestHeader, req: &Open) -> RpcResult<Attr> {
+        self.ns.open(h, req)
+    }
+
+    /// Lists a directory after `req.cookie` (needs read permission on it); "." and ".." are not
+    /// included.
+    pub fn readdir(&self, h: &RequestHeader, req: &ReadDir) -> RpcResult<ReadDirReply> {
+        self.ns.readdir(h, req)
+    }
+
+    /// The target of a symbolic link.
+    pub fn readlink(&self, _h: &RequestHeader, req: &Readlink) -> RpcResult<Vec<u8>> {
+        self.ns.readlink(req.ino)
+    }
+
+    /// One extended attribute (needs read permission).
+    pub fn getxattr(&self, h: &RequestHeader, req: &GetXattr) -> RpcResult<Vec<u8>> {
+        self.ns.getxattr(h, req)
+    }
+
+    /// The names of an inode's extended attributes, sorted.
+    pub fn listxattr(&self, _h: &RequestHeader, req: &ListXattr) -> RpcResult<Vec<Vec<u8>>> {
+        self.ns.listxattr(req)
+    }
+
+    /// Space of the online targets and inode usage of this shard.
+    pub fn statfs(&self, _h: &RequestHeader, _req: &StatFs) -> RpcResult<StatFsReply> {
+        let (total, free) = self
+            .placement
+            .targets
+            .iter()
+            .filter(|t| t.online)
+            .fold((0u64, 0u64), |(c, f), t| {
+                (c.saturating_add(t.capacity), f.saturating_add(t.free))
+            });
+        let used = self.ns.inode_count();
+        let total_inodes = STATFS_INODES.max(used);
+        Ok(StatFsReply {
+            total_bytes: total,
+            free_bytes: free,
+            total_inodes,
+            free_inodes: total_inodes - used,
+            used_inodes: used,
+            block_size: STATFS_BLOCK,
+        })
+    }
+
+    /// The default layout a directory gives new children.
+    pub fn get_dir_layout(&self, _h: &RequestHeader, req: &GetDirLayout) -> RpcResult<DirLayout> {
+        self.ns.get_dir_layout(req.ino)
+    }
+
+    // ---- mutations ----
+
+    /// Applies one mutation and makes it durable before returning `Ok`.
+    ///
+    /// A request already answered (same `client_id` and non-zero `request_id`) gets its
+    /// recorded reply without being applied again. A failed mutation changes nothing.
+    pub fn mutate(&mut self, h: &RequestHeader, op: MetaOp) -> RpcResult<MetaReply> {
+        let key = (h.client_id, h.request_id);
+        if h.request_id != 0 {
+            if let Some(reply) = self.dedup.get(key) {
+                return Ok(reply.clone());
+            }
+        }
+        if let Some(why) = &self.failed {
+            return Err(RemoteError::new(
+                ErrorCode::Io,
+                format!("the metadata store refuses changes: {why}"),
+            ));
+        }
+        if h.groups.len() > MAX_GROUPS {
+            return Err(RemoteError::new(
+                ErrorCode::Invalid,
+                format!(
+                    "request carries {} groups; the limit is {MAX_GROUPS}",
+                    h.groups.len()
+                ),
+            ));
+        }
+        let now = Timespec::now();
+        let placement = &mut self.placement;
+        let applied = self
+            .ns
+            .apply(h, now, &op, &mut Choice::default(), &mut |dl| {
+                placement.choose(dl)
+            })?;
+        if !applied.changed {
+            return Ok(applied.reply);
+        }
+        let (ino, layout) = resolved(&op, &applied.reply);
+        let record = RecordRef {
+            seq: self.seq + 1,
+            header: h,
+            now,
+            op: OpRef::Meta(&op),
+            ino,
+            layout,
+        };
+        if let Err(e) = self.wal.append(&record) {
+            // Memory is now ahead of the log: refuse further changes until a restart
+            // recovers from the log.
+            let why = e.to_string();
+            tracing::error!(error = %why, "write-ahead log append failed; refusing changes");
+            self.failed = Some(why.clone());
+            return Err(RemoteError::new(ErrorCode::Io, why));
+        }
+        self.seq += 1;
+        if h.request_id != 0 {
+            self.dedup.insert(key, applied.reply.clone());
+        }
+        if self.wal.len() >= self.snapshot_at {
+            if let Err(e) = self.snapshot() {
+                warn!(error = %e, "automatic snapshot failed");
+                self.snapshot_at = self.wal.len() + self.opts.snapshot_every_bytes;
+            }
+        }
+        Ok(applied.reply)
+    }
+
+    /// Sets the root directory's owner, group and mode (logged; no permission check).
+    pub fn set_root_owner(&mut self, uid: u32, gid: u32, mode: u32) -> RpcResult<Attr> {
+        self.mutate(
+            &RequestHeader::default(),
+            MetaOp::SetRootOwner { uid, gid, mode },
+        )?
+        .into_attr()
+    }
+
+    /// Writes a snapshot of the whole state and starts a new, empty log. Called automatically
+    /// as the log grows, and at clean shutdown so the next start replays nothing.
+    pub fn snapshot(&mut self) -> Result<(), MetaError> {
+        if let Some(why) = &self.failed {
+            return Err(MetaError::Failed(why.clone()));
+        }
+        let started = std::time::Instant::now();
+        let bytes = snapshot::write(
+            &self.dir,
+            &StateRef {
+                seq: self.seq,
+                ns: &self.ns,
+                dedup: DedupImage(&self.dedup),
+            },
+        )?;
+        // The snapshot is durable; the old log's records are all at or below its sequence
+        // number, so replacing the log loses nothing even if we crash midway.
+        match Wal::create(&self.dir, self.opts.sync_wal) {
+            Ok(w) => self.wal = w,
+            Err(e) => {
+                self.failed = Some(format!("cannot start a new log after a snapshot: {e}"));
+                return Err(e);
+            }
+        }
+        self.snapshot_at = self.opts.snapshot_every_bytes;
+        info!(
+            seq = self.seq,
+            inodes = self.ns.inode_count(),
+            bytes,
+            ms = started.elapsed().as_millis() as u64,
+            path = %self.wal.path().display(),
+            "snapshot written"
+        );
+        Ok(())
+    }
+}
+
+/// Re-applies one log record during recovery.
+fn replay(
+    ns: &mut Namespace,
+    dedup: &mut Dedup,
+    seq: &mut u64,
+    rec: Record,
+    path: &Path,
+    offset: u64,
+) -> Result<(), MetaError> {
+    if rec.seq <= *seq {
+        // Already in the snapshot (a crash between writing it and starting a new log).
+        return Ok(());
+    }
+    if rec.seq != *seq + 1 {
+        return Err(MetaError::CorruptLog {
+            path: path.to_owned(),
+            offset,
+            reason: format!("record {} follows record {}", rec.seq, *seq),
+        });
+    }
+    let failed = |e: RemoteError| MetaError::Replay {
+        path: path.to_owned(),
+        seq: rec.seq,
+        reason: e.to_string(),
+    };
+    match &rec.op {
+        LoggedOp::Meta(op) => {
+            let mut choice = Choice {
+                ino: rec.ino,
+                layout: rec.layout,
+            };
+            let applied = ns
+                .apply(&rec.header, rec.now, op, &mut choice, &mut |_| {
+                    Err(RemoteError::new(
+                        ErrorCode::Internal,
+                        "the log record lacks the layout chosen for the new file",
+                    ))
+                })
+                .map_err(failed)?;
+            if rec.header.request_id != 0 {
+                dedup.insert((rec.header.client_id, rec.header.request_id), applied.reply);
+            }
+        }
+        LoggedOp::CreateRoot(layout) => {
+            ns.create_root(rec.now, layout.clone()).map_err(failed)?;
+        }
+    }
+    *seq = rec.seq;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(id: TargetId, pool: &str, free: u64, online: bool) -> TargetChoice {
+        TargetChoice {
+            id,
+            pool: pool.into(),
+            free,
+            capacity: 100,
+            online,
+        }
+    }
+
+    fn dl(stripes: i32, pool: &str) -> DirLayout {
+        DirLayout {
+            stripe_count: stripes,
+            pool: pool.into(),
+            ..DirLayout::default()
+        }
+    }
+
+    #[test]
+    fn record_encodings_agree() {
+        let h = RequestHeader {
+            request_id: 7,
+            client_id: 9,
+            uid: 1,
+            gid: 2,
+            groups: vec![3, 4],
+        };
+        let op = MetaOp::Mkdir(Mkdir {
+            parent: InodeId::ROOT,
+            name: b"d".to_vec(),
+            mode: 0o755,
+        });
+        let layout = Layout {
+            chunk_size: 1 << 20,
+            pool: "p".into(),
+            targets: vec![1, 2],
+        };
+        let bytes = postcard::to_stdvec(&RecordRef {
+            seq: 5,
+            header: &h,
+            now: Timespec { sec: 1, nsec: 2 },
+            op: OpRef::Meta(&op),
+            ino: Some(InodeId(77)),
+            layout: Some(&layout),
+        })
+        .unwrap();
+        let rec: Record = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!(rec.seq, 5);
+        assert_eq!(rec.header, h);
+        assert!(matches!(rec.op, LoggedOp::Meta(o) if o == op));
+        assert_eq!(rec.ino, Some(InodeId(77)));
+        assert_eq!(rec.layout, Some(layout));
+    }
+
+    #[test]
+    fn placement_rotates_prefers_free_and_checks_the_pool() {
+        let mut p = Placement::new();
+        p.set(vec![
+            target(4, "a", 10, true),
+            target(1, "a", 10, true),
+            target(2, "a", 0, true),
+            target(3, "a", 10, false),
+            target(9, "b", 0, true),
+        ]);
+        // Online targets of "a": 1, 2 (full), 4.
+        let mut firsts = std::collections::HashSet::new();
+        for _ in 0..6 {
+            let l = p.choose(&dl(2, "a")).unwrap();
+            assert_eq!(l.targets.len(), 2);
+            assert!(!l.targets.contains(&2), "a full target was used: {l:?}");
+            firsts.insert(l.targets[0]);
+        }
+        assert_eq!(firsts.len(), 2, "start does not rotate");
+        let all = p.choose(&dl(-1, "a")).unwrap();
+        assert_eq!(all.targets.len(), 3);
+        assert_eq!(all.targets[2], 2, "the full target comes last");
+        let start = DirLayout {
+            start_target: Some(4),
+            ..dl(2, "a")
+        };
+        assert_eq!(p.choose(&start).unwrap().targets, vec![4, 1]);
+        // More stripes than targets online: capped, as Lustre does.
+        assert_eq!(p.choose(&dl(4, "a")).unwrap().targets.len(), 3);
+        assert_eq!(p.choose(&dl(1, "c")).unwrap_err().code, ErrorCode::Invalid);
+        assert_eq!(p.choose(&dl(1, "b")).unwrap_err().code, ErrorCode::NoSpace);
+    }
+
+    #[test]
+    fn dedup_evicts_oldest() {
+        let mut d = Dedup::new(2);
+        d.insert((1, 1), MetaReply::Unit);
+        d.insert((1, 2), MetaReply::Unit);
+        d.insert((1, 3), MetaReply::Unit);
+        assert!(d.get((1, 1)).is_none());
+        assert!(d.get((1, 2)).is_some() && d.get((1, 3)).is_some());
+    }
+}
