@@ -44,9 +44,73 @@ macro_rules! mutation {
     }};
 }
 
+/// Keeps the store's target list in step with mgmtd.
+#[derive(Clone)]
+pub struct TargetSync {
+    pub pool: Arc<Pool>,
+    pub mgmtd: std::net::SocketAddr,
+    pub store: Shared,
+}
+
+impl TargetSync {
+    pub async fn refresh(&self) -> Result<(), odfs_rpc::RpcError> {
+        let v = self
+            .pool
+            .call(
+                self.mgmtd,
+                Transport::Quic,
+                &RequestHeader::default(),
+                &GetCluster {},
+            )
+            .await?;
+        let t = v
+            .targets
+            .iter()
+            .map(|t| TargetChoice {
+                id: t.id,
+                pool: t.pool.clone(),
+                free: t.space.free,
+                capacity: t.space.capacity,
+                online: t.online,
+            })
+            .collect();
+        self.store.lock().expect("store lock").set_targets(t);
+        Ok(())
+    }
+}
+
 /// Maps metad's requests to the store.
-pub fn router(store: Shared) -> Router {
+pub fn router(store: Shared, sync: TargetSync) -> Router {
     let mut r = Router::new();
+    // A create that finds no usable target may be racing a target's registration or a space
+    // report: look at mgmtd's current view once before failing.
+    r.add::<Create, _, _>(move |h: RequestHeader, q: Create| {
+        let sync = sync.clone();
+        async move {
+            let first = sync
+                .store
+                .lock()
+                .expect("store lock")
+                .mutate(&h, MetaOp::Create(q.clone()));
+            let reply = match first {
+                Err(e) if matches!(e.code, ErrorCode::Invalid | ErrorCode::NoSpace) => {
+                    if let Err(err) = sync.refresh().await {
+                        warn!(error = %err, "cannot refresh targets from mgmtd");
+                        return Err(e);
+                    }
+                    sync.store
+                        .lock()
+                        .expect("store lock")
+                        .mutate(&h, MetaOp::Create(q))?
+                }
+                other => other?,
+            };
+            match reply {
+                MetaReply::Create(c) => Ok(c),
+                other => Err(unexpected(other)),
+            }
+        }
+    });
     read_op!(r, store, Lookup, lookup);
     read_op!(r, store, GetAttr, getattr);
     read_op!(r, store, Access, access);
@@ -57,7 +121,6 @@ pub fn router(store: Shared) -> Router {
     read_op!(r, store, ListXattr, listxattr);
     read_op!(r, store, StatFs, statfs);
     read_op!(r, store, GetDirLayout, get_dir_layout);
-    mutation!(r, store, Create, MetaReply::Create(c) => c);
     mutation!(r, store, Mkdir, MetaReply::Attr(a) => a);
     mutation!(r, store, Unlink, MetaReply::Unlink(u) => u);
     mutation!(r, store, Rmdir, MetaReply::Unit => ());
@@ -108,25 +171,16 @@ pub async fn run(cfg: MetadConfig, shutdown: Shutdown) -> anyhow::Result<()> {
     };
     let store = MetaStore::open(&cfg.data_dir, opts, view.default_layout.clone())?;
     let store: Shared = Arc::new(Mutex::new(store));
-    let set_targets = |store: &Shared, v: &odfs_proto::mgmt::ClusterView| {
-        let t = v
-            .targets
-            .iter()
-            .map(|t| TargetChoice {
-                id: t.id,
-                pool: t.pool.clone(),
-                free: t.space.free,
-                capacity: t.space.capacity,
-                online: t.online,
-            })
-            .collect();
-        store.lock().expect("store lock").set_targets(t);
+    let sync = TargetSync {
+        pool: pool.clone(),
+        mgmtd: cfg.mgmtd,
+        store: store.clone(),
     };
-    set_targets(&store, &view);
+    sync.refresh().await?;
     if let Some(p) = &cfg.addr_file {
         odfs_service::write_addr_file(p, &[("metad", addr)])?;
     }
-    let router = Arc::new(router(store.clone()));
+    let router = Arc::new(router(store.clone(), sync.clone()));
     let serve = tokio::spawn({
         let ep = endpoint.clone();
         let sd = shutdown.clone();
@@ -134,9 +188,6 @@ pub async fn run(cfg: MetadConfig, shutdown: Shutdown) -> anyhow::Result<()> {
     });
     // Keep the target list fresh for layouts and statfs.
     tokio::spawn({
-        let pool = pool.clone();
-        let store = store.clone();
-        let mgmtd = cfg.mgmtd;
         let mut sd = shutdown.clone();
         async move {
             loop {
@@ -144,17 +195,8 @@ pub async fn run(cfg: MetadConfig, shutdown: Shutdown) -> anyhow::Result<()> {
                     _ = tokio::time::sleep(Duration::from_millis(500)) => {}
                     _ = sd.changed() => return,
                 }
-                match pool
-                    .call(
-                        mgmtd,
-                        Transport::Quic,
-                        &RequestHeader::default(),
-                        &GetCluster {},
-                    )
-                    .await
-                {
-                    Ok(v) => set_targets(&store, &v),
-                    Err(e) => warn!(error = %e, "cannot refresh targets from mgmtd"),
+                if let Err(e) = sync.refresh().await {
+                    warn!(error = %e, "cannot refresh targets from mgmtd");
                 }
             }
         }

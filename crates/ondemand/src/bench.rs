@@ -1,0 +1,456 @@
+//! `odfs bench`: the same workload on odfs (through the client library) and on a plain
+//! directory of the same local disk, in one run, with ratios and CPU time.
+//!
+//! Phases: sequential write (each client one file, fsync at the end), sequential read after
+//! dropping the page cache, then metadata (mdtest-easy style: each thread its own directory;
+//! create, stat, unlink of empty files).
+
+use crate::local::{self, UpOptions};
+use crate::procs;
+use anyhow::{Context, Result};
+use odfs_client::{Client, ClientConfig, Ctx};
+use odfs_proto::InodeId;
+use odfs_rpc::Transport;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Working directory: the local filesystem lives in `ROOT/fs`, the plain directory in `ROOT/plain`.
+    pub root: PathBuf,
+    pub nodes: u32,
+    pub clients: usize,
+    pub file_size: u64,
+    pub io_size: usize,
+    pub threads: usize,
+    pub files_per_thread: usize,
+    pub transport: Transport,
+    pub skip_plain: bool,
+    pub keep: bool,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions {
+            root: PathBuf::from("odfs-bench"),
+            nodes: 4,
+            clients: 4,
+            file_size: 1 << 30,
+            io_size: 1 << 20,
+            threads: 4,
+            files_per_thread: 20_000,
+            transport: Transport::Tcp,
+            skip_plain: false,
+            keep: false,
+        }
+    }
+}
+
+/// One measured phase.
+#[derive(Debug, Clone)]
+pub struct Phase {
+    pub name: &'static str,
+    /// "MiB/s" or "ops/s".
+    pub unit: &'static str,
+    pub odfs: f64,
+    pub plain: Option<f64>,
+    pub odfs_cpu: f64,
+    pub plain_cpu: Option<f64>,
+}
+
+impl Phase {
+    pub fn ratio(&self) -> Option<f64> {
+        self.plain.filter(|p| *p > 0.0).map(|p| self.odfs / p)
+    }
+}
+
+/// Fills `buf` with cheap pseudo-random bytes (xorshift), different per seed.
+pub fn fill_pattern(buf: &mut [u8], seed: u64) {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for chunk in buf.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let b = x.to_le_bytes();
+        chunk.copy_from_slice(&b[..chunk.len()]);
+    }
+}
+
+/// Drops the page cache so reads come from disk; returns false without root.
+pub fn drop_caches() -> bool {
+    // SAFETY: sync has no preconditions.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok()
+}
+
+struct CpuMeter {
+    pids: Vec<u32>,
+    start: f64,
+}
+
+impl CpuMeter {
+    fn start(pids: &[u32]) -> CpuMeter {
+        let pids = pids.to_vec();
+        let start = Self::total(&pids);
+        CpuMeter { pids, start }
+    }
+    fn total(pids: &[u32]) -> f64 {
+        procs::self_cpu_seconds() + pids.iter().map(|&p| procs::cpu_seconds(p)).sum::<f64>()
+    }
+    fn stop(&self) -> f64 {
+        Self::total(&self.pids) - self.start
+    }
+}
+
+async fn odfs_seq_write(cfg: &ClientConfig, o: &BenchOptions) -> Result<()> {
+    let ctx = Ctx::current();
+    let client = Client::connect(cfg.clone()).await?;
+    let dir = client.mkdir_all(&ctx, "/bench/seq", 0o755).await?;
+    drop(client);
+    let mut tasks = Vec::new();
+    for c in 0..o.clients {
+        let cfg = cfg.clone();
+        let ctx = ctx.clone();
+        let (size, io) = (o.file_size, o.io_size);
+        tasks.push(tokio::spawn(async move {
+            let client = Client::connect(cfg).await?;
+            let (_, h) = client
+                .create_open(
+                    &ctx,
+                    dir.ino,
+                    format!("c{c}").as_bytes(),
+                    0o644,
+                    false,
+                    None,
+                )
+                .await?;
+            let mut buf = vec![0u8; io];
+            fill_pattern(&mut buf, c as u64);
+            let mut off = 0;
+            while off < size {
+                let n = (size - off).min(io as u64) as usize;
+                h.write(off, &buf[..n]).await?;
+                off += n as u64;
+            }
+            h.fsync().await?;
+            h.close().await?;
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(())
+}
+
+async fn odfs_seq_read(cfg: &ClientConfig, o: &BenchOptions) -> Result<()> {
+    let ctx = Ctx::current();
+    let mut tasks = Vec::new();
+    for c in 0..o.clients {
+        let cfg = cfg.clone();
+        let ctx = ctx.clone();
+        let (size, io) = (o.file_size, o.io_size);
+        tasks.push(tokio::spawn(async move {
+            let client = Client::connect(cfg).await?;
+            let a = client
+                .resolve(&ctx, &format!("/bench/seq/c{c}"), true)
+                .await?;
+            let h = client.open(&ctx, a.ino, true, false, false).await?;
+            let mut off = 0;
+            loop {
+                let d = h.read(off, io as u32).await?;
+                if d.is_empty() {
+                    break;
+                }
+                off += d.len() as u64;
+            }
+            h.close().await?;
+            anyhow::ensure!(off == size, "client {c} read {off} bytes of {size}");
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy)]
+enum MdOp {
+    Create,
+    Stat,
+    Unlink,
+}
+
+async fn odfs_md(cfg: &ClientConfig, o: &BenchOptions, op: MdOp, dirs: &[InodeId]) -> Result<()> {
+    let ctx = Ctx::current();
+    let client = Client::connect(cfg.clone()).await?;
+    let mut tasks = Vec::new();
+    for (t, &dir) in dirs.iter().enumerate().take(o.threads) {
+        let client = client.clone();
+        let ctx = ctx.clone();
+        let n = o.files_per_thread;
+        tasks.push(tokio::spawn(async move {
+            for i in 0..n {
+                let name = format!("f{t}.{i}");
+                match op {
+                    MdOp::Create => {
+                        client
+                            .create(&ctx, dir, name.as_bytes(), 0o644, true, None)
+                            .await?;
+                    }
+                    MdOp::Stat => {
+                        client.lookup(&ctx, dir, name.as_bytes()).await?;
+                    }
+                    MdOp::Unlink => client.unlink(&ctx, dir, name.as_bytes()).await?,
+                }
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(())
+}
+
+fn plain_seq_write(dir: &Path, o: &BenchOptions) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..o.clients)
+            .map(|c| {
+                let p = dir.join(format!("c{c}"));
+                s.spawn(move || -> Result<()> {
+                    let mut f = std::fs::File::create(&p)?;
+                    let mut buf = vec![0u8; o.io_size];
+                    fill_pattern(&mut buf, c as u64);
+                    let mut off = 0;
+                    while off < o.file_size {
+                        let n = (o.file_size - off).min(o.io_size as u64) as usize;
+                        f.write_all(&buf[..n])?;
+                        off += n as u64;
+                    }
+                    f.sync_all()?;
+                    Ok(())
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .try_for_each(|h| h.join().expect("writer thread"))
+    })
+}
+
+fn plain_seq_read(dir: &Path, o: &BenchOptions) -> Result<()> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..o.clients)
+            .map(|c| {
+                let p = dir.join(format!("c{c}"));
+                s.spawn(move || -> Result<()> {
+                    let mut f = std::fs::File::open(&p)?;
+                    let mut buf = vec![0u8; o.io_size];
+                    let mut total = 0u64;
+                    loop {
+                        let n = f.read(&mut buf)?;
+                        if n == 0 {
+                            break;
+                        }
+                        total += n as u64;
+                    }
+                    anyhow::ensure!(total == o.file_size, "read {total} of {}", o.file_size);
+                    Ok(())
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .try_for_each(|h| h.join().expect("reader thread"))
+    })
+}
+
+fn plain_md(dir: &Path, o: &BenchOptions, op: MdOp) -> Result<()> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..o.threads)
+            .map(|t| {
+                let d = dir.join(format!("t{t}"));
+                s.spawn(move || -> Result<()> {
+                    std::fs::create_dir_all(&d)?;
+                    for i in 0..o.files_per_thread {
+                        let p = d.join(format!("f{t}.{i}"));
+                        match op {
+                            MdOp::Create => {
+                                std::fs::OpenOptions::new()
+                                    .write(true)
+                                    .create_new(true)
+                                    .open(&p)?;
+                            }
+                            MdOp::Stat => {
+                                std::fs::metadata(&p)?;
+                            }
+                            MdOp::Unlink => std::fs::remove_file(&p)?,
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .try_for_each(|h| h.join().expect("md thread"))
+    })
+}
+
+fn time<T>(pids: &[u32], f: impl FnOnce() -> Result<T>) -> Result<(f64, f64)> {
+    let cpu = CpuMeter::start(pids);
+    let t = Instant::now();
+    f()?;
+    Ok((t.elapsed().as_secs_f64(), cpu.stop()))
+}
+
+/// Runs every phase; prints progress to stderr. The local filesystem is stopped at the end.
+pub fn run(o: &BenchOptions) -> Result<(Vec<Phase>, bool)> {
+    std::fs::create_dir_all(&o.root)
+        .with_context(|| format!("cannot create {}", o.root.display()))?;
+    let root = o.root.canonicalize()?;
+    let fsroot = root.join("fs");
+    let plain = root.join("plain");
+    let _ = local::down(&fsroot);
+    let _ = std::fs::remove_dir_all(&fsroot);
+    let _ = std::fs::remove_dir_all(&plain);
+    let up = UpOptions {
+        root: fsroot.clone(),
+        nodes: o.nodes,
+        bulk: o.transport,
+        ..UpOptions::default()
+    };
+    let state = local::up(&up)?;
+    let pids: Vec<u32> = state.procs.iter().map(|p| p.pid).collect();
+    let result = run_phases(o, &fsroot, &plain, &pids);
+    let _ = local::down(&fsroot);
+    if !o.keep {
+        let _ = std::fs::remove_dir_all(&fsroot);
+        let _ = std::fs::remove_dir_all(&plain);
+    }
+    result
+}
+
+fn run_phases(
+    o: &BenchOptions,
+    fsroot: &Path,
+    plain: &Path,
+    pids: &[u32],
+) -> Result<(Vec<Phase>, bool)> {
+    let cfg = ClientConfig::load(&local::client_config_path(fsroot))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let mib = (o.clients as u64 * o.file_size) as f64 / (1 << 20) as f64;
+    let ops = (o.threads * o.files_per_thread) as f64;
+    let mut phases = Vec::new();
+    let mut dropped = true;
+
+    eprintln!(
+        "bench: sequential write, {} clients x {} MiB",
+        o.clients,
+        o.file_size >> 20
+    );
+    let (t, c) = time(pids, || rt.block_on(odfs_seq_write(&cfg, o)))?;
+    let mut p = Phase {
+        name: "seq write",
+        unit: "MiB/s",
+        odfs: mib / t,
+        plain: None,
+        odfs_cpu: c,
+        plain_cpu: None,
+    };
+    if !o.skip_plain {
+        let (t, c) = time(&[], || plain_seq_write(&plain.join("seq"), o))?;
+        p.plain = Some(mib / t);
+        p.plain_cpu = Some(c);
+    }
+    phases.push(p);
+
+    eprintln!("bench: sequential read (page cache dropped)");
+    dropped &= drop_caches();
+    let (t, c) = time(pids, || rt.block_on(odfs_seq_read(&cfg, o)))?;
+    let mut p = Phase {
+        name: "seq read",
+        unit: "MiB/s",
+        odfs: mib / t,
+        plain: None,
+        odfs_cpu: c,
+        plain_cpu: None,
+    };
+    if !o.skip_plain {
+        dropped &= drop_caches();
+        let (t, c) = time(&[], || plain_seq_read(&plain.join("seq"), o))?;
+        p.plain = Some(mib / t);
+        p.plain_cpu = Some(c);
+    }
+    phases.push(p);
+
+    let dirs: Vec<InodeId> = rt.block_on(async {
+        let client = Client::connect(cfg.clone()).await?;
+        let ctx = Ctx::current();
+        let mut v = Vec::new();
+        for t in 0..o.threads {
+            v.push(
+                client
+                    .mkdir_all(&ctx, &format!("/bench/md/t{t}"), 0o755)
+                    .await?
+                    .ino,
+            );
+        }
+        anyhow::Ok(v)
+    })?;
+    for (name, op) in [
+        ("create", MdOp::Create),
+        ("stat", MdOp::Stat),
+        ("unlink", MdOp::Unlink),
+    ] {
+        eprintln!(
+            "bench: {name}, {} threads x {} files",
+            o.threads, o.files_per_thread
+        );
+        let (t, c) = time(pids, || rt.block_on(odfs_md(&cfg, o, op, &dirs)))?;
+        let mut p = Phase {
+            name,
+            unit: "ops/s",
+            odfs: ops / t,
+            plain: None,
+            odfs_cpu: c,
+            plain_cpu: None,
+        };
+        if !o.skip_plain {
+            let (t, c) = time(&[], || plain_md(&plain.join("md"), o, op))?;
+            p.plain = Some(ops / t);
+            p.plain_cpu = Some(c);
+        }
+        phases.push(p);
+    }
+    rt.shutdown_timeout(Duration::from_secs(1));
+    Ok((phases, dropped))
+}
+
+/// Renders results as a Markdown table.
+pub fn render(phases: &[Phase]) -> String {
+    let mut s = String::from("| phase | odfs | plain dir | ratio | odfs CPU-s | plain CPU-s |\n|---|---|---|---|---|---|\n");
+    for p in phases {
+        let plain = p
+            .plain
+            .map(|v| format!("{v:.0} {}", p.unit))
+            .unwrap_or_else(|| "-".into());
+        let ratio = p
+            .ratio()
+            .map(|r| format!("{r:.2}x"))
+            .unwrap_or_else(|| "-".into());
+        let pc = p
+            .plain_cpu
+            .map(|v| format!("{v:.1}"))
+            .unwrap_or_else(|| "-".into());
+        s.push_str(&format!(
+            "| {} | {:.0} {} | {plain} | {ratio} | {:.1} | {pc} |\n",
+            p.name, p.odfs, p.unit, p.odfs_cpu
+        ));
+    }
+    s
+}

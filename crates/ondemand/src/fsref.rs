@@ -1,0 +1,59 @@
+//! Finding the filesystem a client command talks to (`--fs FILE` or `ODFS_FS`), and telling
+//! `odfs:/path` arguments from local paths.
+
+use anyhow::{Context, Result};
+use odfs_client::{Client, ClientConfig};
+use std::path::{Path, PathBuf};
+
+/// Path of the client config: `--fs`, else `ODFS_FS`, else `./odfs.toml` if present.
+pub fn config_path(fs: Option<&Path>) -> Result<PathBuf> {
+    if let Some(p) = fs {
+        return Ok(p.to_path_buf());
+    }
+    if let Some(p) = std::env::var_os("ODFS_FS") {
+        return Ok(PathBuf::from(p));
+    }
+    let p = PathBuf::from("odfs.toml");
+    anyhow::ensure!(
+        p.exists(),
+        "which filesystem? pass --fs FILE or set ODFS_FS (e.g. ROOT/odfs.toml written by `odfs local up`)"
+    );
+    Ok(p)
+}
+
+pub async fn connect(fs: Option<&Path>) -> Result<Client> {
+    let p = config_path(fs)?;
+    let cfg = ClientConfig::load(&p).with_context(|| format!("cannot load {}", p.display()))?;
+    Client::connect(cfg)
+        .await
+        .with_context(|| format!("cannot reach the filesystem of {}", p.display()))
+}
+
+/// A path inside odfs (`odfs:/a/b`) or on the local machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    Odfs(String),
+    Local(PathBuf),
+}
+
+impl Location {
+    pub fn parse(s: &str) -> Location {
+        match s.strip_prefix("odfs:") {
+            Some(p) if p.starts_with('/') => Location::Odfs(p.to_string()),
+            Some(p) => Location::Odfs(format!("/{p}")),
+            None => Location::Local(PathBuf::from(s)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_locations() {
+        assert_eq!(Location::parse("odfs:/a/b"), Location::Odfs("/a/b".into()));
+        assert_eq!(Location::parse("odfs:a"), Location::Odfs("/a".into()));
+        assert_eq!(Location::parse("/tmp/x"), Location::Local("/tmp/x".into()));
+    }
+}

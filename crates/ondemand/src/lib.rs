@@ -1,0 +1,13 @@
+//! The `odfs` command-line tool.
+//!
+//! Owns: user-facing commands — running a whole filesystem on one machine (`local`), status,
+//! parallel copy in and out, benchmarks, the demo, site keys. It drives daemons as separate
+//! processes and talks to the filesystem only through the client library.
+
+pub mod bench;
+pub mod copy;
+pub mod demo;
+pub mod fsref;
+pub mod local;
+pub mod procs;
+pub mod status;

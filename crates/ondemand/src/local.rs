@@ -1,0 +1,413 @@
+//! `odfs local`: a whole multi-node filesystem on this machine, every daemon a separate process
+//! on loopback, node k's data under `ROOT/node<k>/`.
+//!
+//! Owns the layout of ROOT (configs, logs, data, `odfs.toml`, `local.state.toml`) and the life
+//! cycle of the processes it starts. It must not leave a process behind on failure.
+
+use crate::procs;
+use anyhow::{bail, Context, Result};
+use odfs_client::ClientConfig;
+use odfs_metad::config::MetadConfig;
+use odfs_mgmtd::MgmtdConfig;
+use odfs_proto::mgmt::{FsState, GetCluster};
+use odfs_proto::{DirLayout, RequestHeader};
+use odfs_rpc::{JobCredential, Pool, PoolConfig, SiteKey, Transport};
+use odfs_service::JobSection;
+use odfs_stored::config::{StoredConfig, TargetSection};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Options of `odfs local up`.
+#[derive(Debug, Clone)]
+pub struct UpOptions {
+    pub root: PathBuf,
+    pub nodes: u32,
+    pub targets_per_node: u32,
+    pub pool: String,
+    pub chunk_size: u32,
+    pub stripe_count: i32,
+    pub bulk: Transport,
+    pub job_id: Option<String>,
+    pub site_key: Option<PathBuf>,
+    pub timeout: Duration,
+    pub io_backend: String,
+}
+
+impl Default for UpOptions {
+    fn default() -> Self {
+        UpOptions {
+            root: PathBuf::from("odfs-local"),
+            nodes: 4,
+            targets_per_node: 1,
+            pool: odfs_proto::layout::DEFAULT_POOL.into(),
+            chunk_size: odfs_proto::layout::DEFAULT_CHUNK_SIZE,
+            stripe_count: odfs_proto::layout::DEFAULT_STRIPE_COUNT,
+            bulk: Transport::Tcp,
+            job_id: None,
+            site_key: None,
+            timeout: Duration::from_secs(30),
+            io_backend: "auto".into(),
+        }
+    }
+}
+
+/// One process started by `local up`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ProcEntry {
+    /// "mgmtd", "metad" or "stored".
+    pub service: String,
+    pub node: u32,
+    pub pid: u32,
+    pub config: PathBuf,
+    pub log: PathBuf,
+}
+
+/// What `local up` started, for `down`, `restart` and `status`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct LocalState {
+    pub job_id: String,
+    pub nodes: u32,
+    pub procs: Vec<ProcEntry>,
+}
+
+pub fn state_path(root: &Path) -> PathBuf {
+    root.join("local.state.toml")
+}
+
+pub fn client_config_path(root: &Path) -> PathBuf {
+    root.join("odfs.toml")
+}
+
+pub fn node_dir(root: &Path, node: u32) -> PathBuf {
+    root.join(format!("node{node}"))
+}
+
+impl LocalState {
+    pub fn load(root: &Path) -> Result<Option<LocalState>> {
+        let p = state_path(root);
+        match std::fs::read_to_string(&p) {
+            Ok(t) => Ok(Some(
+                toml::from_str(&t).with_context(|| format!("{} is damaged", p.display()))?,
+            )),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("cannot read {}", p.display())),
+        }
+    }
+
+    fn save(&self, root: &Path) -> Result<()> {
+        let p = state_path(root);
+        let tmp = p.with_extension("tmp");
+        std::fs::write(&tmp, toml::to_string_pretty(self)?)?;
+        std::fs::rename(&tmp, &p)?;
+        Ok(())
+    }
+
+    pub fn live_pids(&self) -> Vec<u32> {
+        self.procs
+            .iter()
+            .map(|p| p.pid)
+            .filter(|&p| procs::is_ours(p))
+            .collect()
+    }
+}
+
+/// An exclusive lock on ROOT held while one `local` command works on it; released on drop.
+struct RootLock {
+    _file: std::fs::File,
+}
+
+impl RootLock {
+    fn take(root: &Path) -> Result<RootLock> {
+        let p = root.join(".odfs.lock");
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&p)
+            .with_context(|| format!("cannot open {}", p.display()))?;
+        // SAFETY: the fd is valid for the life of `f`.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            bail!(
+                "another odfs command is working on {} right now",
+                root.display()
+            );
+        }
+        Ok(RootLock { _file: f })
+    }
+}
+
+fn free_port(udp: bool) -> Result<u16> {
+    let addr: SocketAddr = "127.0.0.1:0".parse().expect("valid address");
+    Ok(if udp {
+        std::net::UdpSocket::bind(addr)?.local_addr()?.port()
+    } else {
+        std::net::TcpListener::bind(addr)?.local_addr()?.port()
+    })
+}
+
+fn write_toml<T: Serialize>(path: &Path, v: &T) -> Result<()> {
+    std::fs::write(path, toml::to_string_pretty(v)?)
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+fn log_tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let v: Vec<&str> = text.lines().collect();
+    v[v.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Starts a local filesystem and waits until it is ready. On failure everything started is
+/// stopped again and the error says why.
+pub fn up(opts: &UpOptions) -> Result<LocalState> {
+    anyhow::ensure!(opts.nodes >= 1, "--nodes must be at least 1");
+    anyhow::ensure!(
+        opts.targets_per_node >= 1,
+        "--targets-per-node must be at least 1"
+    );
+    let layout = DirLayout {
+        chunk_size: opts.chunk_size,
+        stripe_count: opts.stripe_count,
+        pool: opts.pool.clone(),
+        start_target: None,
+    };
+    layout.validate().map_err(|e| anyhow::anyhow!(e))?;
+    std::fs::create_dir_all(&opts.root)
+        .with_context(|| format!("cannot create {}", opts.root.display()))?;
+    let root = opts.root.canonicalize()?;
+    let _lock = RootLock::take(&root)?;
+    if let Some(st) = LocalState::load(&root)? {
+        let live = st.live_pids();
+        if !live.is_empty() {
+            bail!(
+                "odfs is already running on {} (pids {:?}); run `odfs local down --root {}` first",
+                root.display(),
+                live,
+                root.display()
+            );
+        }
+    }
+
+    let site_key = match &opts.site_key {
+        Some(p) => p.clone(),
+        None => {
+            let p = root.join("site.key");
+            if !p.exists() {
+                SiteKey::generate().write_new(&p)?;
+            }
+            p
+        }
+    };
+    SiteKey::load(&site_key)?;
+    let job_id = opts
+        .job_id
+        .clone()
+        .unwrap_or_else(|| format!("local-{:08x}", rand::random::<u32>()));
+    let job = JobSection {
+        id: job_id.clone(),
+        site_key: site_key.clone(),
+    };
+    let lo = |port: u16| -> SocketAddr { SocketAddr::from(([127, 0, 0, 1], port)) };
+    let mgmtd_addr = lo(free_port(true)?);
+
+    let mut plan: Vec<(String, u32, PathBuf, PathBuf)> = Vec::new();
+    let n0 = node_dir(&root, 0);
+    std::fs::create_dir_all(&n0)?;
+    let mcfg = MgmtdConfig {
+        job: job.clone(),
+        listen: mgmtd_addr,
+        addr_file: None,
+        expect_storage_nodes: opts.nodes,
+        expect_meta: 1,
+        default_layout: layout,
+        ..MgmtdConfig::default()
+    };
+    write_toml(&n0.join("mgmtd.toml"), &mcfg)?;
+    plan.push((
+        "mgmtd".into(),
+        0,
+        n0.join("mgmtd.toml"),
+        n0.join("mgmtd.log"),
+    ));
+    let meta_cfg = MetadConfig {
+        job: job.clone(),
+        listen: lo(free_port(true)?),
+        mgmtd: mgmtd_addr,
+        node: 0,
+        shard: 0,
+        data_dir: n0.join("meta"),
+        ..MetadConfig::default()
+    };
+    write_toml(&n0.join("metad.toml"), &meta_cfg)?;
+    plan.push((
+        "metad".into(),
+        0,
+        n0.join("metad.toml"),
+        n0.join("metad.log"),
+    ));
+    for k in 0..opts.nodes {
+        let nd = node_dir(&root, k);
+        std::fs::create_dir_all(&nd)?;
+        let targets = (0..opts.targets_per_node)
+            .map(|j| TargetSection {
+                id: k * opts.targets_per_node + j + 1,
+                path: nd.join(format!("target{}", k * opts.targets_per_node + j + 1)),
+                pool: opts.pool.clone(),
+            })
+            .collect();
+        let scfg = StoredConfig {
+            job: job.clone(),
+            listen: lo(free_port(true)?),
+            bulk_listen: Some(lo(free_port(false)?)),
+            addr_file: None,
+            mgmtd: mgmtd_addr,
+            node: k,
+            targets,
+            io_backend: opts.io_backend.clone(),
+            ..StoredConfig::default()
+        };
+        write_toml(&nd.join("stored.toml"), &scfg)?;
+        plan.push((
+            "stored".into(),
+            k,
+            nd.join("stored.toml"),
+            nd.join("stored.log"),
+        ));
+    }
+
+    let mut state = LocalState {
+        job_id: job_id.clone(),
+        nodes: opts.nodes,
+        procs: Vec::new(),
+    };
+    let started = (|| -> Result<()> {
+        for (service, node, config, log) in &plan {
+            let bin = procs::binary(&format!("odfs-{service}"))?;
+            let pid = procs::spawn_daemon(&bin, config, log)?;
+            state.procs.push(ProcEntry {
+                service: service.clone(),
+                node: *node,
+                pid,
+                config: config.clone(),
+                log: log.clone(),
+            });
+        }
+        state.save(&root)?;
+        wait_ready(&job, mgmtd_addr, &state, opts.timeout)
+    })();
+    if let Err(e) = started {
+        let pids: Vec<u32> = state.procs.iter().map(|p| p.pid).collect();
+        procs::stop_all(&pids, Duration::from_secs(2));
+        let _ = std::fs::remove_file(state_path(&root));
+        return Err(e.context(format!(
+            "odfs local up on {} failed; everything it started was stopped",
+            root.display()
+        )));
+    }
+    let ccfg = ClientConfig {
+        job,
+        mgmtd: mgmtd_addr,
+        bulk_transport: opts.bulk,
+        ..ClientConfig::default()
+    };
+    write_toml(&client_config_path(&root), &ccfg)?;
+    Ok(state)
+}
+
+fn wait_ready(
+    job: &JobSection,
+    mgmtd: SocketAddr,
+    state: &LocalState,
+    timeout: Duration,
+) -> Result<()> {
+    let cred = job.credential()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let pool = Pool::new(
+            cred,
+            PoolConfig { call_timeout: Duration::from_secs(2), retry_deadline: Duration::from_millis(1), conns_per_peer: 1 },
+        )?;
+        let start = Instant::now();
+        loop {
+            for p in &state.procs {
+                if !procs::is_ours(p.pid) {
+                    bail!(
+                        "{} on node {} exited during start-up; last log lines of {}:\n{}",
+                        p.service,
+                        p.node,
+                        p.log.display(),
+                        log_tail(&p.log, 5)
+                    );
+                }
+            }
+            let last = match pool.call(mgmtd, Transport::Quic, &RequestHeader::default(), &GetCluster {}).await {
+                Ok(v) if v.state == FsState::Ready => return Ok(()),
+                Ok(v) => {
+                    let storage = v.services.iter().filter(|s| s.kind == odfs_proto::mgmt::ServiceKind::Storage).count();
+                    let meta = v.services.iter().filter(|s| s.kind == odfs_proto::mgmt::ServiceKind::Meta).count();
+                    format!(
+                        "{storage} of {} storage nodes and {meta} of {} metadata services registered",
+                        v.expected_storage_nodes, v.expected_meta
+                    )
+                }
+                Err(e) => format!("mgmtd at {mgmtd}: {e}"),
+            };
+            if start.elapsed() > timeout {
+                bail!("filesystem not ready after {} s: {last}", timeout.as_secs());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+}
+
+/// What `down` did.
+#[derive(Debug, Default)]
+pub struct DownReport {
+    pub stopped: usize,
+    pub killed: Vec<u32>,
+}
+
+/// Stops everything `up` started on ROOT. Safe to run twice.
+pub fn down(root: &Path) -> Result<DownReport> {
+    anyhow::ensure!(root.is_dir(), "{} does not exist", root.display());
+    let _lock = RootLock::take(root)?;
+    let Some(state) = LocalState::load(root)? else {
+        return Ok(DownReport::default());
+    };
+    let pids: Vec<u32> = state.procs.iter().map(|p| p.pid).collect();
+    let live = state.live_pids().len();
+    let killed = procs::stop_all(&pids, Duration::from_secs(3));
+    std::fs::remove_file(state_path(root))?;
+    Ok(DownReport {
+        stopped: live,
+        killed,
+    })
+}
+
+/// Restarts one daemon of a running local filesystem (after a crash, or to test recovery).
+pub fn restart(root: &Path, service: &str, node: u32) -> Result<u32> {
+    let _lock = RootLock::take(root)?;
+    let mut state =
+        LocalState::load(root)?.with_context(|| format!("nothing runs on {}", root.display()))?;
+    let entry = state
+        .procs
+        .iter_mut()
+        .find(|p| p.service == service && p.node == node)
+        .with_context(|| format!("no {service} on node {node}"))?;
+    procs::stop_all(&[entry.pid], Duration::from_secs(3));
+    let bin = procs::binary(&format!("odfs-{service}"))?;
+    entry.pid = procs::spawn_daemon(&bin, &entry.config, &entry.log)?;
+    let pid = entry.pid;
+    state.save(root)?;
+    Ok(pid)
+}
+
+/// The credential of a local filesystem, for tools that speak to it directly.
+pub fn credential(root: &Path) -> Result<JobCredential> {
+    let cfg = ClientConfig::load(&client_config_path(root))?;
+    Ok(cfg.job.credential()?)
+}

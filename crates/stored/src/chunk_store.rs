@@ -1,0 +1,669 @@
+//! The chunk store: one chunk file per (file inode, target), under each target's directory.
+//!
+//! Owns the on-disk layout of a target (`target.id`, `chunks/<low byte>/<inode>`), opening and
+//! caching chunk files, choosing the I/O backend, and wrapping OS errors with the path they concern.
+//! Data transfer itself is delegated to `uring` (one ring thread per target) or `syscall`; metadata
+//! calls (open, truncate, unlink, stat) run on tokio's blocking pool because they may wait for the
+//! disk. Knows nothing of the wire: the RPC service maps requests onto these calls.
+//!
+//! Chunk files use buffered I/O; writes past the end leave holes, which read back as zeros (or
+//! short, past the end of the file).
+
+use crate::error::StoreError;
+use crate::fd_cache::{ChunkKey, FdCache};
+use crate::syscall::{self, blocking};
+use crate::uring::{self, Ring};
+use odfs_proto::mgmt::TargetSpace;
+use odfs_proto::{InodeId, TargetId};
+use serde::{Deserialize, Serialize};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tracing::{info, warn};
+
+/// Largest number of bytes one read or write may move. Above the wire's 4 MiB `MAX_IO` (clients
+/// split larger I/O) and below its 20 MiB frame limit; it exists so that a bad request cannot
+/// make the daemon allocate gigabytes.
+pub const MAX_OP_BYTES: usize = 16 << 20;
+
+/// Name of the file recording which target a directory belongs to.
+pub const TARGET_ID_FILE: &str = "target.id";
+/// Subdirectory holding the chunk files.
+pub const CHUNKS_DIR: &str = "chunks";
+
+/// One target to serve: a directory on local disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetConfig {
+    pub id: TargetId,
+    pub path: PathBuf,
+}
+
+/// Which data path to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IoBackend {
+    /// io_uring where it can be set up, else plain system calls (with a warning).
+    #[default]
+    Auto,
+    /// io_uring or fail to open.
+    Uring,
+    /// pread/pwrite/fdatasync on the blocking pool.
+    Syscall,
+}
+
+/// Tuning of a store; `Default` holds the defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreOptions {
+    pub backend: IoBackend,
+    /// Open chunk files kept cached (capped at half the process's descriptor limit).
+    pub fd_cache: usize,
+    /// Operations in flight per ring.
+    pub ring_max_ops: usize,
+    /// Bytes in flight per ring.
+    pub ring_max_bytes: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            backend: IoBackend::Auto,
+            fd_cache: 4096,
+            ring_max_ops: 32,
+            ring_max_bytes: 8 << 20,
+        }
+    }
+}
+
+/// The chunk files of every target of this daemon. Cheap to clone; clones share everything.
+/// Dropping the last clone waits for in-flight I/O and closes every file.
+#[derive(Clone)]
+pub struct ChunkStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    // Targets drop first: their ring threads finish in-flight I/O before the cache closes files.
+    targets: Vec<Target>,
+    fds: FdCache,
+    backend_name: &'static str,
+}
+
+struct Target {
+    id: TargetId,
+    root: PathBuf,
+    chunks: PathBuf,
+    engine: Engine,
+}
+
+enum Engine {
+    Uring(Ring),
+    Syscall,
+}
+
+impl Target {
+    fn chunk_path(&self, ino: InodeId) -> PathBuf {
+        self.chunks
+            .join(format!("{:02x}", ino.0 & 0xff))
+            .join(format!("{:016x}", ino.0))
+    }
+
+    fn err(&self, op: &'static str, ino: InodeId, e: io::Error) -> StoreError {
+        StoreError::io(op, self.chunk_path(ino), e)
+    }
+}
+
+impl std::fmt::Debug for ChunkStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChunkStore")
+            .field("backend", &self.inner.backend_name)
+            .field("targets", &self.targets())
+            .finish()
+    }
+}
+
+impl ChunkStore {
+    /// Opens `targets` with default options and the given backend. See [`ChunkStore::open_with`].
+    pub fn open(targets: &[TargetConfig], backend: IoBackend) -> Result<ChunkStore, StoreError> {
+        Self::open_with(
+            targets,
+            StoreOptions {
+                backend,
+                ..StoreOptions::default()
+            },
+        )
+    }
+
+    /// Opens `targets`: creates each directory (its parent must exist) and its `chunks/` tree,
+    /// proves it writable, records the target id in `target.id` (refusing a directory that
+    /// belongs to another target), and starts the I/O backend.
+    pub fn open_with(
+        targets: &[TargetConfig],
+        opts: StoreOptions,
+    ) -> Result<ChunkStore, StoreError> {
+        for (i, t) in targets.iter().enumerate() {
+            for u in &targets[..i] {
+                if u.id == t.id {
+                    return Err(StoreError::Config(format!(
+                        "target {} is listed twice",
+                        t.id
+                    )));
+                }
+                if u.path == t.path {
+                    return Err(StoreError::Config(format!(
+                        "targets {} and {} share the directory {}",
+                        u.id,
+                        t.id,
+                        t.path.display()
+                    )));
+                }
+            }
+        }
+        for t in targets {
+            prepare_dir(t)?;
+        }
+        let limits = uring::Limits {
+            max_ops: opts.ring_max_ops,
+            max_bytes: opts.ring_max_bytes,
+        };
+        let rings = choose_rings(opts.backend, || start_rings(targets, limits))?;
+        let backend_name = if rings.is_some() {
+            "io_uring"
+        } else {
+            "syscall"
+        };
+        let mut rings = rings.map(Vec::into_iter);
+        let targets = targets
+            .iter()
+            .map(|t| Target {
+                id: t.id,
+                root: t.path.clone(),
+                chunks: t.path.join(CHUNKS_DIR),
+                engine: match rings.as_mut().and_then(Iterator::next) {
+                    Some(r) => Engine::Uring(r),
+                    None => Engine::Syscall,
+                },
+            })
+            .collect();
+        let fd_cap = opts.fd_cache.min(nofile_limit() / 2).max(1);
+        info!(
+            backend = backend_name,
+            fd_cache = fd_cap,
+            "chunk store opened"
+        );
+        Ok(ChunkStore {
+            inner: Arc::new(Inner {
+                targets,
+                fds: FdCache::new(fd_cap),
+                backend_name,
+            }),
+        })
+    }
+
+    /// "io_uring" or "syscall".
+    pub fn backend_name(&self) -> &'static str {
+        self.inner.backend_name
+    }
+
+    /// Ids of the targets served, in configuration order.
+    pub fn targets(&self) -> Vec<TargetId> {
+        self.inner.targets.iter().map(|t| t.id).collect()
+    }
+
+    /// Where the chunk file of `ino` on `target` lives (whether or not it exists):
+    /// `<target>/chunks/<low byte of ino, 2 hex digits>/<ino, 16 hex digits>`.
+    pub fn chunk_path(&self, target: TargetId, ino: InodeId) -> Option<PathBuf> {
+        self.target(target).ok().map(|t| t.chunk_path(ino))
+    }
+
+    fn target(&self, id: TargetId) -> Result<&Target, StoreError> {
+        self.inner
+            .targets
+            .iter()
+            .find(|t| t.id == id)
+            .ok_or(StoreError::UnknownTarget(id))
+    }
+
+    /// Writes `data` at `offset` of the chunk file, creating it (sparse below `offset`) when
+    /// missing; with `sync` the data is fdatasynced before returning. Returns the bytes written,
+    /// always all of them. On a full disk returns `NoSpace` and leaves bytes outside this write's
+    /// range untouched (a prefix of the range may have been written).
+    pub async fn write(
+        &self,
+        target: TargetId,
+        ino: InodeId,
+        offset: u64,
+        data: Vec<u8>,
+        sync: bool,
+    ) -> Result<u32, StoreError> {
+        let t = self.target(target)?;
+        check_range("write", offset, data.len())?;
+        let Some(file) = self.file(t, ino, true).await? else {
+            return Err(t.err("open", ino, io::ErrorKind::NotFound.into()));
+        };
+        let len = data.len();
+        if len == 0 {
+            if sync {
+                self.fsync_file(t, ino, file).await?;
+            }
+            return Ok(0);
+        }
+        let r = match &t.engine {
+            Engine::Uring(ring) => ring.write(file, offset, data, sync).await,
+            Engine::Syscall => syscall::write(file, offset, data, sync).await,
+        };
+        let n = r.map_err(|e| t.err("write", ino, e))?;
+        // `check_range` bounded the length by MAX_OP_BYTES.
+        Ok(n as u32)
+    }
+
+    /// Reads up to `len` bytes at `offset`. Short where the chunk file ends; empty when the chunk
+    /// file does not exist (a hole in the file, not an error). Holes inside the file read as zeros.
+    pub async fn read(
+        &self,
+        target: TargetId,
+        ino: InodeId,
+        offset: u64,
+        len: u32,
+    ) -> Result<Vec<u8>, StoreError> {
+        let t = self.target(target)?;
+        let len = len as usize;
+        check_range("read", offset, len)?;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let Some(file) = self.file(t, ino, false).await? else {
+            return Ok(Vec::new());
+        };
+        let r = match &t.engine {
+            Engine::Uring(ring) => ring.read(file, offset, len).await,
+            Engine::Syscall => syscall::read(file, offset, len).await,
+        };
+        r.map_err(|e| t.err("read", ino, e))
+    }
+
+    /// Sets the chunk file's length: shrinking drops data, growing adds a hole. A missing file is
+    /// left missing for `len == 0` and created sparse otherwise.
+    pub async fn truncate(
+        &self,
+        target: TargetId,
+        ino: InodeId,
+        len: u64,
+    ) -> Result<(), StoreError> {
+        let t = self.target(target)?;
+        check_range("truncate", len, 0)?;
+        let Some(file) = self.file(t, ino, len > 0).await? else {
+            return Ok(());
+        };
+        blocking(move || file.set_len(len))
+            .await
+            .map_err(|e| t.err("truncate", ino, e))
+    }
+
+    /// fdatasyncs the chunk file; a missing file has nothing to sync.
+    pub async fn sync(&self, target: TargetId, ino: InodeId) -> Result<(), StoreError> {
+        let t = self.target(target)?;
+        match self.file(t, ino, false).await? {
+            Some(file) => self.fsync_file(t, ino, file).await,
+            None => Ok(()),
+        }
+    }
+
+    async fn fsync_file(
+        &self,
+        t: &Target,
+        ino: InodeId,
+        file: Arc<File>,
+    ) -> Result<(), StoreError> {
+        let r = match &t.engine {
+            Engine::Uring(ring) => ring.fsync(file).await,
+            Engine::Syscall => syscall::fsync(file).await,
+        };
+        r.map_err(|e| t.err("fdatasync", ino, e))
+    }
+
+    /// Deletes the chunk file and closes its cached descriptor; a missing file is fine.
+    /// Operations racing with a remove of the same chunk may land before or after it.
+    pub async fn remove(&self, target: TargetId, ino: InodeId) -> Result<(), StoreError> {
+        let t = self.target(target)?;
+        let key: ChunkKey = (target, ino);
+        // Invalidate before and after unlinking so a miss that opened the old file in between
+        // cannot leave it cached (see `fd_cache`).
+        self.inner.fds.invalidate(key);
+        let path = t.chunk_path(ino);
+        let r = blocking(move || match fs::remove_file(&path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            r => r,
+        })
+        .await;
+        self.inner.fds.invalidate(key);
+        r.map_err(|e| t.err("unlink", ino, e))
+    }
+
+    /// Length of the chunk file, or `None` when it does not exist.
+    pub async fn stat_chunk(
+        &self,
+        target: TargetId,
+        ino: InodeId,
+    ) -> Result<Option<u64>, StoreError> {
+        let t = self.target(target)?;
+        let path = t.chunk_path(ino);
+        blocking(move || match fs::metadata(&path) {
+            Ok(m) => Ok(Some(m.len())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        })
+        .await
+        .map_err(|e| t.err("stat", ino, e))
+    }
+
+    /// Space of the file system holding the target: capacity, bytes free to unprivileged writers
+    /// (`f_bavail × f_frsize`), inodes.
+    pub fn space(&self, target: TargetId) -> Result<TargetSpace, StoreError> {
+        let t = self.target(target)?;
+        let s = nix::sys::statvfs::statvfs(&t.root).map_err(|e| StoreError::Io {
+            op: "statvfs",
+            path: t.root.clone(),
+            source: e.into(),
+        })?;
+        let frsize = s.fragment_size() as u64;
+        Ok(TargetSpace {
+            capacity: (s.blocks() as u64).saturating_mul(frsize),
+            free: (s.blocks_available() as u64).saturating_mul(frsize),
+            inodes_total: s.files() as u64,
+            inodes_free: s.files_available() as u64,
+        })
+    }
+
+    /// The open chunk file, from the cache or opened now; `None` when missing and not `create`.
+    async fn file(
+        &self,
+        t: &Target,
+        ino: InodeId,
+        create: bool,
+    ) -> Result<Option<Arc<File>>, StoreError> {
+        let key: ChunkKey = (t.id, ino);
+        let miss = match self.inner.fds.get(key) {
+            Ok(f) => return Ok(Some(f)),
+            Err(miss) => miss,
+        };
+        let path = t.chunk_path(ino);
+        let mut shrunk = false;
+        loop {
+            let p = path.clone();
+            match blocking(move || open_chunk(&p, create)).await {
+                Ok(Some(f)) => return Ok(Some(self.inner.fds.insert(key, Arc::new(f), miss))),
+                Ok(None) => return Ok(None),
+                // Out of descriptors: close the colder half of the cache and try once more.
+                Err(e)
+                    if !shrunk
+                        && matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE)) =>
+                {
+                    warn!(
+                        "out of file descriptors opening {}; shrinking the cache",
+                        path.display()
+                    );
+                    self.inner.fds.shrink();
+                    shrunk = true;
+                }
+                Err(e) => return Err(t.err("open", ino, e)),
+            }
+        }
+    }
+}
+
+/// Rejects ranges that cannot be served: more than `MAX_OP_BYTES`, or ending past the largest
+/// file offset (an io_uring offset of -1 would even mean "the current position").
+fn check_range(what: &'static str, offset: u64, len: usize) -> Result<(), StoreError> {
+    if len > MAX_OP_BYTES {
+        return Err(StoreError::TooLarge {
+            what,
+            len: len as u64,
+            max: MAX_OP_BYTES as u64,
+        });
+    }
+    match offset.checked_add(len as u64) {
+        Some(end) if end <= i64::MAX as u64 => Ok(()),
+        _ => Err(StoreError::Invalid(format!(
+            "{what} of {len} bytes at offset {offset} ends past the largest file offset"
+        ))),
+    }
+}
+
+/// Opens a chunk file read-write; `None` when it is missing and `create` is false.
+fn open_chunk(path: &Path, create: bool) -> io::Result<Option<File>> {
+    let open = || {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .truncate(false)
+            .mode(0o644)
+            .open(path)
+    };
+    match open() {
+        Ok(f) => Ok(Some(f)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound && !create => Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            // The fan-out directory is made at open; recreate it if someone removed it.
+            if let Some(dir) = path.parent() {
+                fs::create_dir_all(dir)?;
+            }
+            open().map(Some)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Applies the backend choice: `None` means the syscall path. `start` sets up the rings.
+fn choose_rings(
+    backend: IoBackend,
+    start: impl FnOnce() -> io::Result<Vec<Ring>>,
+) -> Result<Option<Vec<Ring>>, StoreError> {
+    match backend {
+        IoBackend::Syscall => Ok(None),
+        IoBackend::Uring => start().map(Some).map_err(|e| {
+            StoreError::Config(format!(
+                "io_backend uring was asked for but io_uring cannot be set up: {e} \
+                 (check kernel.io_uring_disabled, seccomp filters and the kernel version, \
+                 or use io_backend auto/syscall)"
+            ))
+        }),
+        IoBackend::Auto => match start() {
+            Ok(r) => Ok(Some(r)),
+            Err(e) => {
+                warn!("io_uring cannot be set up ({e}); falling back to pread/pwrite");
+                Ok(None)
+            }
+        },
+    }
+}
+
+/// Starts one ring per target, or a probe ring when there are none (so `Auto` still reports
+/// which backend it would use).
+fn start_rings(targets: &[TargetConfig], limits: uring::Limits) -> io::Result<Vec<Ring>> {
+    if targets.is_empty() {
+        Ring::start("probe", limits)?;
+        return Ok(Vec::new());
+    }
+    targets
+        .iter()
+        .map(|t| Ring::start(&t.id.to_string(), limits))
+        .collect()
+}
+
+/// The soft limit on open descriptors (the cache takes at most half of it).
+fn nofile_limit() -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes only into the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 1024;
+    }
+    usize::try_from(lim.rlim_cur).unwrap_or(usize::MAX)
+}
+
+fn cfg_err(path: &Path, what: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Config(format!("target directory {}: {what}: {e}", path.display()))
+}
+
+/// Makes a target directory ready: the directory itself (only its last component is created,
+/// so a missing mount or a typo in a parent is an error rather than a new tree on the root file
+/// system), the chunk fan-out, a write probe, and the `target.id` claim.
+fn prepare_dir(t: &TargetConfig) -> Result<(), StoreError> {
+    let root = &t.path;
+    if root.as_os_str().is_empty() {
+        return Err(StoreError::Config(format!(
+            "target {} has an empty path",
+            t.id
+        )));
+    }
+    match fs::metadata(root) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(cfg_err(root, "not a directory", "exists as a file")),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            fs::DirBuilder::new()
+                .mode(0o755)
+                .create(root)
+                .map_err(|e| cfg_err(root, "cannot create it", e))?;
+        }
+        Err(e) => return Err(cfg_err(root, "cannot access it", e)),
+    }
+    claim_id(t)?;
+    let chunks = root.join(CHUNKS_DIR);
+    for b in 0..=255u8 {
+        let d = chunks.join(format!("{b:02x}"));
+        fs::create_dir_all(&d).map_err(|e| cfg_err(&d, "cannot create", e))?;
+    }
+    // Root bypasses permission bits, and a read-only mount can still allow metadata reads:
+    // only an actual write and unlink prove the target usable.
+    let probe = chunks.join(".write-probe");
+    let r = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o644)
+            .open(&probe)?;
+        f.write_all(b"odfs")?;
+        f.sync_data()?;
+        fs::remove_file(&probe)
+    })();
+    r.map_err(|e| cfg_err(root, "is not writable", e))
+}
+
+/// Checks `target.id` names this target, or writes it when absent.
+fn claim_id(t: &TargetConfig) -> Result<(), StoreError> {
+    let path = t.path.join(TARGET_ID_FILE);
+    match fs::read_to_string(&path) {
+        Ok(s) => {
+            let owner: TargetId = s.trim().parse().map_err(|_| {
+                cfg_err(
+                    &path,
+                    "does not hold a target id",
+                    format!("{:?}", s.trim()),
+                )
+            })?;
+            if owner != t.id {
+                return Err(StoreError::Config(format!(
+                    "target directory {} belongs to target {owner} (per {}), not to target {}; \
+                     refusing to mix their chunks",
+                    t.path.display(),
+                    path.display(),
+                    t.id
+                )));
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            // Write a temporary and rename it, so a crash never leaves an empty or partial id.
+            let tmp = t.path.join(format!("{TARGET_ID_FILE}.tmp"));
+            let r = (|| {
+                let mut f = OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(0o644)
+                    .open(&tmp)?;
+                f.write_all(format!("{}\n", t.id).as_bytes())?;
+                f.sync_all()?;
+                fs::rename(&tmp, &path)?;
+                File::open(&t.path)?.sync_all()
+            })();
+            r.map_err(|e| cfg_err(&t.path, "cannot write target.id (is it writable?)", e))
+        }
+        Err(e) => Err(cfg_err(&path, "cannot read", e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_past_the_largest_offset_are_refused() {
+        assert!(check_range("write", 0, MAX_OP_BYTES).is_ok());
+        assert!(matches!(
+            check_range("read", 0, MAX_OP_BYTES + 1),
+            Err(StoreError::TooLarge { .. })
+        ));
+        assert!(check_range("write", i64::MAX as u64 - 10, 10).is_ok());
+        assert!(matches!(
+            check_range("write", i64::MAX as u64 - 10, 11),
+            Err(StoreError::Invalid(_))
+        ));
+        assert!(matches!(
+            check_range("read", u64::MAX, 1),
+            Err(StoreError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn store_is_shareable_across_tasks() {
+        fn shareable<T: Send + Sync + Clone + 'static>() {}
+        shareable::<ChunkStore>();
+    }
+
+    #[test]
+    fn auto_falls_back_and_uring_refuses_when_io_uring_is_missing() {
+        let unavailable = || Err(io::Error::from_raw_os_error(libc::ENOSYS));
+        assert!(matches!(
+            choose_rings(IoBackend::Auto, unavailable),
+            Ok(None)
+        ));
+        assert!(matches!(
+            choose_rings(IoBackend::Syscall, || panic!("not tried")),
+            Ok(None)
+        ));
+        let Err(e) = choose_rings(IoBackend::Uring, unavailable) else {
+            panic!("uring must fail without io_uring");
+        };
+        let msg = e.to_string();
+        assert!(matches!(e, StoreError::Config(_)), "{e:?}");
+        assert!(
+            msg.contains("io_uring cannot be set up") && msg.contains("(os error 38)"),
+            "{msg}"
+        );
+        assert!(matches!(
+            choose_rings(IoBackend::Auto, || Ok(Vec::new())),
+            Ok(Some(_))
+        ));
+    }
+
+    #[test]
+    fn chunk_path_fans_out_by_low_byte() {
+        let t = Target {
+            id: 1,
+            root: "/t".into(),
+            chunks: "/t/chunks".into(),
+            engine: Engine::Syscall,
+        };
+        assert_eq!(
+            t.chunk_path(InodeId(0x0001_0000_0000_12ab)),
+            PathBuf::from("/t/chunks/ab/00010000000012ab")
+        );
+    }
+}

@@ -1,0 +1,65 @@
+//! stored configuration; `Default` is the single source of defaults.
+
+use odfs_service::JobSection;
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// One storage target: a directory on local disk.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TargetSection {
+    /// Target id, unique within the filesystem.
+    pub id: u32,
+    /// Directory holding the target's chunk files.
+    pub path: PathBuf,
+    /// Pool the target belongs to.
+    #[serde(default = "default_pool")]
+    pub pool: String,
+}
+
+fn default_pool() -> String {
+    odfs_proto::layout::DEFAULT_POOL.to_string()
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoredConfig {
+    pub job: JobSection,
+    /// QUIC address to serve on.
+    pub listen: SocketAddr,
+    /// TCP address for authenticated bulk data; none disables it.
+    pub bulk_listen: Option<SocketAddr>,
+    /// Where to write the bound addresses once serving.
+    pub addr_file: Option<PathBuf>,
+    /// mgmtd's address.
+    pub mgmtd: SocketAddr,
+    /// Index of this node in the job's node list.
+    pub node: u32,
+    /// Targets served by this daemon.
+    pub targets: Vec<TargetSection>,
+    /// I/O engine: "auto" (io_uring, else plain syscalls with a warning), "uring" or "syscall".
+    pub io_backend: String,
+    /// Seconds to keep trying to reach mgmtd at start.
+    pub register_timeout_secs: u64,
+}
+
+impl Default for StoredConfig {
+    fn default() -> Self {
+        StoredConfig {
+            job: JobSection::default(),
+            listen: "0.0.0.0:7702".parse().expect("valid address"),
+            bulk_listen: Some("0.0.0.0:7703".parse().expect("valid address")),
+            addr_file: None,
+            mgmtd: "127.0.0.1:7700".parse().expect("valid address"),
+            node: 0,
+            targets: vec![TargetSection {
+                id: 1,
+                path: PathBuf::from("/var/lib/odfs/target1"),
+                pool: default_pool(),
+            }],
+            io_backend: "auto".into(),
+            register_timeout_secs: 30,
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! stored's wire adapter and process life: serve chunk requests over QUIC and authenticated TCP,
+//! register the targets with mgmtd and report their space at every heartbeat.
+
+use crate::chunk_store::{ChunkStore, IoBackend, TargetConfig};
+use crate::config::StoredConfig;
+use odfs_proto::mgmt::{Register, ServiceKind, TargetOffer};
+use odfs_proto::storage::*;
+use odfs_proto::RemoteError;
+use odfs_rpc::quic::QuicEndpoint;
+use odfs_rpc::{Pool, PoolConfig, Router, Shutdown};
+use odfs_service::MgmtLink;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::info;
+
+/// Maps stored's requests to the chunk store.
+pub fn router(store: ChunkStore) -> Router {
+    let mut r = Router::new();
+    let s = store.clone();
+    r.add::<WriteChunk, _, _>(move |_h, q: WriteChunk| {
+        let s = s.clone();
+        async move {
+            s.write(q.target, q.ino, q.offset, q.data, q.sync)
+                .await
+                .map_err(RemoteError::from)
+        }
+    });
+    let s = store.clone();
+    r.add::<ReadChunk, _, _>(move |_h, q: ReadChunk| {
+        let s = s.clone();
+        async move {
+            Ok(ChunkData {
+                data: s
+                    .read(q.target, q.ino, q.offset, q.len)
+                    .await
+                    .map_err(RemoteError::from)?,
+            })
+        }
+    });
+    let s = store.clone();
+    r.add::<TruncateChunk, _, _>(move |_h, q: TruncateChunk| {
+        let s = s.clone();
+        async move {
+            s.truncate(q.target, q.ino, q.len)
+                .await
+                .map_err(RemoteError::from)
+        }
+    });
+    let s = store.clone();
+    r.add::<SyncChunk, _, _>(move |_h, q: SyncChunk| {
+        let s = s.clone();
+        async move { s.sync(q.target, q.ino).await.map_err(RemoteError::from) }
+    });
+    let s = store.clone();
+    r.add::<RemoveChunk, _, _>(move |_h, q: RemoveChunk| {
+        let s = s.clone();
+        async move { s.remove(q.target, q.ino).await.map_err(RemoteError::from) }
+    });
+    let s = store.clone();
+    r.add::<StatTarget, _, _>(move |_h, q: StatTarget| {
+        let s = s.clone();
+        async move { s.space(q.target).map_err(RemoteError::from) }
+    });
+    let s = store;
+    r.add::<StatChunk, _, _>(move |_h, q: StatChunk| {
+        let s = s.clone();
+        async move {
+            s.stat_chunk(q.target, q.ino)
+                .await
+                .map_err(RemoteError::from)
+        }
+    });
+    r
+}
+
+fn backend(name: &str) -> anyhow::Result<IoBackend> {
+    Ok(match name {
+        "auto" => IoBackend::Auto,
+        "uring" | "io_uring" => IoBackend::Uring,
+        "syscall" => IoBackend::Syscall,
+        o => anyhow::bail!("io_backend {o:?} is unknown: use auto, uring or syscall"),
+    })
+}
+
+/// Runs stored until `shutdown` fires.
+pub async fn run(cfg: StoredConfig, shutdown: Shutdown) -> anyhow::Result<()> {
+    anyhow::ensure!(!cfg.targets.is_empty(), "no targets configured");
+    let cred = cfg.job.credential()?;
+    let targets: Vec<TargetConfig> = cfg
+        .targets
+        .iter()
+        .map(|t| TargetConfig {
+            id: t.id,
+            path: t.path.clone(),
+        })
+        .collect();
+    let store = ChunkStore::open(&targets, backend(&cfg.io_backend)?)?;
+    info!(
+        backend = store.backend_name(),
+        targets = targets.len(),
+        "chunk store open"
+    );
+    let endpoint = QuicEndpoint::server(&cred, cfg.listen)?;
+    let addr = endpoint.local_addr()?;
+    let bulk = match cfg.bulk_listen {
+        Some(a) => Some(odfs_rpc::tcp::bind(a).await?),
+        None => None,
+    };
+    let bulk_addr = bulk.as_ref().map(|l| l.local_addr()).transpose()?;
+    if let Some(p) = &cfg.addr_file {
+        let mut v = vec![("stored", addr)];
+        if let Some(b) = bulk_addr {
+            v.push(("bulk", b));
+        }
+        odfs_service::write_addr_file(p, &v)?;
+    }
+    let router = Arc::new(router(store.clone()));
+    let quic_task = tokio::spawn({
+        let ep = endpoint.clone();
+        let router = router.clone();
+        let sd = shutdown.clone();
+        async move { ep.serve(router, sd).await }
+    });
+    let bulk_task = bulk.map(|l| {
+        tokio::spawn(odfs_rpc::tcp::serve(
+            l,
+            cred.clone(),
+            router.clone(),
+            shutdown.clone(),
+        ))
+    });
+
+    let mut offers = Vec::new();
+    for t in &cfg.targets {
+        offers.push(TargetOffer {
+            id: t.id,
+            pool: t.pool.clone(),
+            space: store.space(t.id)?,
+        });
+    }
+    let pool = Arc::new(Pool::with_endpoint(
+        cred,
+        endpoint.clone(),
+        PoolConfig {
+            retry_deadline: Duration::from_secs(2),
+            ..PoolConfig::default()
+        },
+    ));
+    let link = MgmtLink {
+        pool,
+        mgmtd: cfg.mgmtd,
+        register: Register {
+            kind: ServiceKind::Storage,
+            node: cfg.node,
+            hostname: odfs_service::hostname(),
+            addr: Some(addr),
+            bulk_addr,
+            shard: None,
+            targets: offers,
+            pid: std::process::id(),
+        },
+    };
+    let first = link
+        .register(Duration::from_secs(cfg.register_timeout_secs))
+        .await?;
+    info!(%addr, bulk = ?bulk_addr, service_id = first.service_id, "stored serving");
+    let probe_store = store.clone();
+    let ids: Vec<u32> = cfg.targets.iter().map(|t| t.id).collect();
+    let probe = Arc::new(move || {
+        ids.iter()
+            .filter_map(|&id| probe_store.space(id).ok().map(|s| (id, s)))
+            .collect()
+    });
+    link.run(first, probe, shutdown.clone()).await;
+    let _ = quic_task.await;
+    if let Some(t) = bulk_task {
+        let _ = t.await;
+    }
+    Ok(())
+}

@@ -1,0 +1,228 @@
+//! Test kit: starts a real odfs (mgmtd, metad, N stored as separate processes on loopback)
+//! through the `odfs` binary, hands out clients, kills and restarts daemons, and tears
+//! everything down on drop.
+
+use odfs_client::{Client, ClientConfig};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+/// Directory of the built binaries (the test executable lives in `<target>/<profile>/deps`).
+pub fn bin_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("ODFS_BIN_DIR") {
+        return PathBuf::from(d);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target dir")
+        .to_path_buf();
+    for b in ["odfs", "odfs-mgmtd", "odfs-metad", "odfs-stored"] {
+        assert!(
+            dir.join(b).is_file(),
+            "{} is missing: build the workspace binaries first (cargo build --workspace --bins)",
+            dir.join(b).display()
+        );
+    }
+    dir
+}
+
+/// Runs the `odfs` binary.
+pub fn odfs(args: &[&str]) -> Output {
+    Command::new(bin_dir().join("odfs"))
+        .args(args)
+        .env("ODFS_BIN_DIR", bin_dir())
+        .output()
+        .expect("run odfs")
+}
+
+/// Runs `odfs` and fails the test with its output unless it succeeds.
+pub fn odfs_ok(args: &[&str]) -> String {
+    let out = odfs(args);
+    assert!(
+        out.status.success(),
+        "odfs {:?} failed: {}\n{}",
+        args,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A running local filesystem.
+pub struct LocalFs {
+    pub dir: tempfile::TempDir,
+    pub nodes: u32,
+}
+
+impl LocalFs {
+    /// `odfs local up --nodes N --root TMP --no-mount` plus `extra` flags.
+    pub fn up(nodes: u32, extra: &[&str]) -> LocalFs {
+        let dir = tempfile::Builder::new()
+            .prefix("odfs-test-")
+            .tempdir()
+            .expect("tempdir");
+        Self::up_in(dir, nodes, extra)
+    }
+
+    /// Like `up`, in a directory the test prepared.
+    pub fn up_in(dir: tempfile::TempDir, nodes: u32, extra: &[&str]) -> LocalFs {
+        let root = dir.path().to_str().expect("utf-8 path").to_string();
+        let n = nodes.to_string();
+        let mut args = vec!["local", "up", "--no-mount", "--root", &root, "--nodes", &n];
+        args.extend_from_slice(extra);
+        odfs_ok(&args);
+        LocalFs { dir, nodes }
+    }
+
+    pub fn root(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn root_str(&self) -> &str {
+        self.dir.path().to_str().expect("utf-8 path")
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.root().join("odfs.toml")
+    }
+
+    pub fn config(&self) -> ClientConfig {
+        ClientConfig::load(&self.config_path()).expect("client config")
+    }
+
+    pub async fn client(&self) -> Client {
+        Client::connect(self.config()).await.expect("connect")
+    }
+
+    pub fn node_dir(&self, k: u32) -> PathBuf {
+        self.root().join(format!("node{k}"))
+    }
+
+    /// Pids recorded for `service` (all nodes when `node` is None).
+    pub fn pids(&self, service: &str, node: Option<u32>) -> Vec<u32> {
+        let text =
+            std::fs::read_to_string(self.root().join("local.state.toml")).expect("state file");
+        let v: toml::Value = toml::from_str(&text).expect("state toml");
+        v["procs"]
+            .as_array()
+            .expect("procs")
+            .iter()
+            .filter(|p| p["service"].as_str() == Some(service))
+            .filter(|p| node.is_none_or(|n| p["node"].as_integer() == Some(n as i64)))
+            .map(|p| p["pid"].as_integer().expect("pid") as u32)
+            .collect()
+    }
+
+    pub fn all_pids(&self) -> Vec<u32> {
+        ["mgmtd", "metad", "stored"]
+            .iter()
+            .flat_map(|s| self.pids(s, None))
+            .collect()
+    }
+
+    /// `kill -9` of one daemon; waits until it is gone.
+    pub fn kill9(&self, service: &str, node: u32) {
+        for pid in self.pids(service, Some(node)) {
+            // SAFETY: plain kill(2).
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            wait_gone(pid, Duration::from_secs(5));
+        }
+    }
+
+    /// Starts a killed daemon again with its config (same ports and data).
+    pub fn restart(&self, service: &str, node: u32) {
+        let n = node.to_string();
+        odfs_ok(&[
+            "local",
+            "restart",
+            "--root",
+            self.root_str(),
+            "--service",
+            service,
+            "--node",
+            &n,
+        ]);
+    }
+
+    pub fn down(&self) -> String {
+        odfs_ok(&["local", "down", "--root", self.root_str()])
+    }
+}
+
+impl Drop for LocalFs {
+    fn drop(&mut self) {
+        let _ = odfs(&["local", "down", "--root", self.root_str()]);
+    }
+}
+
+/// True while `pid` exists and is not a zombie.
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !matches!(
+            s.rsplit(')')
+                .next()
+                .and_then(|x| x.split_whitespace().next()),
+            Some("Z") | Some("X")
+        ),
+        Err(_) => false,
+    }
+}
+
+pub fn wait_gone(pid: u32, limit: Duration) -> bool {
+    let t = Instant::now();
+    while alive(pid) {
+        if t.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+pub fn sha256(data: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(data))
+}
+
+/// A tmpfs mounted for the life of the guard (tests run as root).
+pub struct TmpfsMount(pub PathBuf);
+
+impl TmpfsMount {
+    pub fn new(path: &Path, size: &str) -> TmpfsMount {
+        std::fs::create_dir_all(path).expect("mount point");
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(path)
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "mounting a tmpfs at {} failed (this test needs root and mount(8)): {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        TmpfsMount(path.to_path_buf())
+    }
+}
+
+impl Drop for TmpfsMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
