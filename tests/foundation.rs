@@ -500,3 +500,39 @@ fn failed_start_stops_everything_and_says_why() {
     assert!(err.contains("everything it started was stopped"), "{err}");
     assert!(!dir.path().join("local.state.toml").exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_storage_node_goes_offline_and_comes_back() {
+    let fs = LocalFs::up(2, &[]);
+    let c = fs.client().await;
+    let target_of_node1 =
+        |v: &odfs_proto::mgmt::ClusterView| v.targets.iter().find(|t| t.node == 1).unwrap().online;
+    assert!(target_of_node1(&c.cluster().refresh().await.unwrap()));
+    fs.kill9("stored", 1);
+    let t = std::time::Instant::now();
+    loop {
+        let v = c.cluster().refresh().await.unwrap();
+        if !target_of_node1(&v) {
+            let s = v.services.iter().find(|s| s.node == 1).unwrap();
+            assert!(!s.online);
+            break;
+        }
+        assert!(
+            t.elapsed().as_secs() < 10,
+            "node 1 still online 10 s after its stored died"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    // `odfs status` says so too.
+    let status = odfs_ok(&["--fs", fs.config_path().to_str().unwrap(), "status"]);
+    assert!(status.contains("OFFLINE"), "{status}");
+    fs.restart("stored", 1);
+    let t = std::time::Instant::now();
+    while !target_of_node1(&c.cluster().refresh().await.unwrap()) {
+        assert!(
+            t.elapsed().as_secs() < 10,
+            "restarted stored did not come back online"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}

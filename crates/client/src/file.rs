@@ -18,6 +18,12 @@ use tokio::task::JoinHandle;
 
 type ChunkFuture = Shared<BoxFuture<'static, Result<Arc<Vec<u8>>, ClientError>>>;
 
+/// Bytes of one segment of a read: fetched for it, or a range of a read-ahead chunk.
+enum Piece {
+    Owned(Vec<u8>),
+    Cached(Arc<Vec<u8>>, usize, usize),
+}
+
 #[derive(Default)]
 struct WriteState {
     /// Size including this process's writes.
@@ -334,25 +340,20 @@ impl InodeData {
                 .map(|(k, f)| (*k, f.clone()))
                 .collect()
         };
-        let mut out = vec![0u8; (end - offset) as usize];
         let futs = self.layout.segments(offset, end - offset).map(|seg| {
             let cached = cached.get(&seg.chunk).cloned();
             let client = client.clone();
             let ino = self.ino;
             async move {
-                let data: Arc<Vec<u8>> = match cached {
+                let piece = match cached {
                     Some(f) => {
                         let whole = f.await?;
-                        let from = (seg.file_offset % cs) as usize;
+                        let from = ((seg.file_offset % cs) as usize).min(whole.len());
                         let to = (from + seg.len as usize).min(whole.len());
-                        Arc::new(if from < to {
-                            whole[from..to].to_vec()
-                        } else {
-                            Vec::new()
-                        })
+                        Piece::Cached(whole, from, to)
                     }
                     None => {
-                        let mut data = Vec::with_capacity(seg.len as usize);
+                        let mut data = Vec::new();
                         let mut done = 0u64;
                         while done < seg.len {
                             let n = (seg.len - done).min(MAX_IO as u64) as u32;
@@ -368,23 +369,41 @@ impl InodeData {
                                 )
                                 .await?;
                             let got = r.data.len() as u64;
-                            data.extend_from_slice(&r.data);
+                            if data.is_empty() {
+                                data = r.data;
+                            } else {
+                                data.extend_from_slice(&r.data);
+                            }
                             if got < n as u64 {
                                 break;
                             }
                             done += got;
                         }
-                        Arc::new(data)
+                        Piece::Owned(data)
                     }
                 };
-                Ok::<_, ClientError>((seg, data))
+                Ok::<_, ClientError>((seg.len as usize, piece))
             }
         });
-        for r in futures::future::join_all(futs).await {
-            let (seg, data) = r?;
-            let at = (seg.file_offset - offset) as usize;
-            let n = data.len().min(seg.len as usize);
-            out[at..at + n].copy_from_slice(&data[..n]);
+        let pieces = futures::future::try_join_all(futs).await?;
+        // Short pieces are holes (or a chunk file not yet extended): they read as zeros.
+        if pieces.len() == 1 {
+            let (len, piece) = pieces.into_iter().next().expect("one piece");
+            let mut v = match piece {
+                Piece::Owned(v) => v,
+                Piece::Cached(w, from, to) => w[from..to].to_vec(),
+            };
+            v.resize(len, 0);
+            return Ok(v);
+        }
+        let mut out = Vec::with_capacity((end - offset) as usize);
+        for (len, piece) in pieces {
+            let at = out.len();
+            match piece {
+                Piece::Owned(v) => out.extend_from_slice(&v[..v.len().min(len)]),
+                Piece::Cached(w, from, to) => out.extend_from_slice(&w[from..to.min(from + len)]),
+            }
+            out.resize(at + len, 0);
         }
         Ok(out)
     }

@@ -360,6 +360,11 @@ impl Client {
     async fn reclaim(&self, removed: Option<Attr>) {
         let Some(attr) = removed else { return };
         let Some(layout) = attr.layout else { return };
+        // A file whose published size is 0 has no data worth a round trip to every target
+        // (bytes of a writer that died before publishing its size stay until the wipe).
+        if attr.size == 0 {
+            return;
+        }
         let open_here = self
             .inner
             .inodes

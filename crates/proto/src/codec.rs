@@ -86,28 +86,37 @@ pub fn encode_request<R: Rpc>(
     finish_frame(append(buf, req)?)
 }
 
-/// Encodes a whole reply frame from an already encoded body.
-pub fn encode_reply_body(call_id: u64, method: u16, ok: bool, body: &[u8]) -> Vec<u8> {
-    let kind = if ok { KIND_REPLY_OK } else { KIND_REPLY_ERR };
-    let mut buf = start_frame(kind, call_id, method, body.len());
-    buf.extend_from_slice(body);
-    let len = (buf.len() - 4) as u32;
-    buf[..4].copy_from_slice(&len.to_le_bytes());
-    buf
+/// Encodes a whole reply frame, serialising the reply straight into the frame buffer (chunk
+/// data is copied once, not twice).
+pub fn encode_reply<T: Serialize>(
+    call_id: u64,
+    method: u16,
+    result: &Result<T, RemoteError>,
+) -> Vec<u8> {
+    match result {
+        Ok(v) => match postcard::to_extend(v, start_frame(KIND_REPLY_OK, call_id, method, 64))
+            .map_err(ProtoError::from)
+            .and_then(finish_frame)
+        {
+            Ok(f) => f,
+            Err(e) => encode_error(call_id, method, &e.into()),
+        },
+        Err(e) => encode_error(call_id, method, e),
+    }
 }
 
-/// Encodes a reply body: `Ok` payload or an error.
-pub fn encode_result<T: Serialize>(result: &Result<T, RemoteError>) -> (bool, Vec<u8>) {
-    match result {
-        Ok(v) => match postcard::to_stdvec(v) {
-            Ok(b) => (true, b),
-            Err(e) => (
-                false,
-                postcard::to_stdvec(&RemoteError::from(ProtoError::from(e))).unwrap_or_default(),
-            ),
-        },
-        Err(e) => (false, postcard::to_stdvec(e).unwrap_or_default()),
+fn encode_error(call_id: u64, method: u16, e: &RemoteError) -> Vec<u8> {
+    let mut e = e.clone();
+    if e.message.len() > 4096 {
+        let mut cut = 4096;
+        while !e.message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        e.message.truncate(cut);
     }
+    let buf = postcard::to_extend(&e, start_frame(KIND_REPLY_ERR, call_id, method, 64))
+        .expect("serialising into a Vec cannot fail");
+    finish_frame(buf).expect("an error frame is far below the frame limit")
 }
 
 /// Decodes a request body into its header and request.
@@ -171,10 +180,25 @@ mod tests {
     #[test]
     fn error_reply_round_trip() {
         let r: Result<Attr, RemoteError> = Err(RemoteError::new(ErrorCode::NotEmpty, "d"));
-        let (ok, body) = encode_result(&r);
-        assert!(!ok);
-        let got = decode_reply::<Attr>(KIND_REPLY_ERR, &body).unwrap_err();
+        let frame = encode_reply(5, 100, &r);
+        let (head, body) = FrameHead::parse(&frame[4..]).unwrap();
+        assert_eq!(
+            head,
+            FrameHead {
+                kind: KIND_REPLY_ERR,
+                call_id: 5,
+                method: 100
+            }
+        );
+        let got = decode_reply::<Attr>(head.kind, body).unwrap_err();
         assert_eq!(got.code, ErrorCode::NotEmpty);
+        let ok: Result<Vec<u8>, RemoteError> = Ok(vec![7; 1000]);
+        let frame = encode_reply(6, 201, &ok);
+        let (head, body) = FrameHead::parse(&frame[4..]).unwrap();
+        assert_eq!(
+            decode_reply::<Vec<u8>>(head.kind, body).unwrap(),
+            vec![7; 1000]
+        );
     }
 
     #[test]

@@ -60,8 +60,12 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
     if len > MAX_FRAME {
         return Err(odfs_proto::ProtoError::FrameTooLarge(len, MAX_FRAME).into());
     }
-    let mut buf = vec![0u8; len];
-    r.read_exact(&mut buf).await?;
+    // Read into spare capacity: zero-filling megabytes of chunk data first costs a memset.
+    let mut buf = Vec::with_capacity(len);
+    let n = (&mut *r).take(len as u64).read_to_end(&mut buf).await?;
+    if n < len {
+        return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+    }
     Ok(Some(buf))
 }
 

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::{debug, warn, Instrument};
 
-type Handler = Arc<dyn Fn(&[u8]) -> BoxFuture<'static, (bool, Vec<u8>)> + Send + Sync>;
+/// Decodes a request body, runs the handler and returns the whole reply frame.
+type Handler = Arc<dyn Fn(u64, &[u8]) -> BoxFuture<'static, Vec<u8>> + Send + Sync>;
 
 /// Maps method ids to handlers.
 #[derive(Default)]
@@ -32,7 +33,7 @@ impl Router {
         Fut: Future<Output = RpcResult<R::Reply>> + Send + 'static,
     {
         let f = Arc::new(f);
-        let h: Handler = Arc::new(move |body: &[u8]| {
+        let h: Handler = Arc::new(move |call_id: u64, body: &[u8]| {
             let decoded = codec::decode_request::<R>(body);
             let f = f.clone();
             Box::pin(async move {
@@ -52,7 +53,7 @@ impl Router {
                         Err(RemoteError::from(e))
                     }
                 };
-                codec::encode_result(&result)
+                codec::encode_reply(call_id, R::METHOD, &result)
             })
         });
         let prev = self.handlers.insert(R::METHOD, (R::NAME, h));
@@ -60,15 +61,15 @@ impl Router {
         self
     }
 
-    fn dispatch(&self, method: u16, body: &[u8]) -> BoxFuture<'static, (bool, Vec<u8>)> {
+    fn dispatch(&self, call_id: u64, method: u16, body: &[u8]) -> BoxFuture<'static, Vec<u8>> {
         match self.handlers.get(&method) {
-            Some((_, h)) => h(body),
+            Some((_, h)) => h(call_id, body),
             None => {
                 let e: RpcResult<()> = Err(RemoteError::new(
                     ErrorCode::BadMethod,
                     format!("unknown method {method}"),
                 ));
-                Box::pin(async move { codec::encode_result(&e) })
+                Box::pin(async move { codec::encode_reply(call_id, method, &e) })
             }
         }
     }
@@ -105,11 +106,10 @@ where
         let FrameHead {
             call_id, method, ..
         } = head;
-        let fut = router.dispatch(method, body);
+        let fut = router.dispatch(call_id, method, body);
         let tx = tx.clone();
         tokio::spawn(async move {
-            let (ok, body) = fut.await;
-            let _ = tx.send(codec::encode_reply_body(call_id, method, ok, &body));
+            let _ = tx.send(fut.await);
         });
     }
 }
