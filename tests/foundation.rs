@@ -536,3 +536,36 @@ async fn a_dead_storage_node_goes_offline_and_comes_back() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_to_open_between_two_clients() {
+    let fs = LocalFs::up(2, &["--stripe-count", "2", "--chunk-size", "65536"]);
+    let a = fs.client().await;
+    let b = fs.client().await;
+    let ctx = Ctx::root();
+    let ino = write_file(&a, &ctx, InodeId::ROOT, "shared", &pattern(100_000, 1)).await;
+    assert_eq!(
+        b.lookup(&ctx, InodeId::ROOT, b"shared").await.unwrap().size,
+        100_000
+    );
+    // A grows the file and closes; B's next open sees all of it, whatever B cached.
+    let h = a.open(&ctx, ino, true, true, false).await.unwrap();
+    h.write(100_000, &pattern(50_000, 2)).await.unwrap();
+    h.close().await.unwrap();
+    let data = read_all(&b, &ctx, ino).await;
+    assert_eq!(data.len(), 150_000);
+    assert_eq!(&data[100_000..], &pattern(50_000, 2)[..]);
+    // A rename on A is seen by B once its cached name expires (attr_cache_ms, 1 s by default).
+    a.rename(&ctx, InodeId::ROOT, b"shared", InodeId::ROOT, b"moved", 0)
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    assert_eq!(
+        code(b.lookup(&ctx, InodeId::ROOT, b"shared").await),
+        ErrorCode::NotFound
+    );
+    assert_eq!(
+        b.lookup(&ctx, InodeId::ROOT, b"moved").await.unwrap().ino,
+        ino
+    );
+}

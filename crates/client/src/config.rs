@@ -17,6 +17,9 @@ pub struct ClientConfig {
     pub bulk_transport: Transport,
     /// Bytes of written data that may be in flight to stored per client before writers wait.
     pub write_behind_bytes: u64,
+    /// Milliseconds attributes and names stay cached in the client (0 = no cache). `open`
+    /// always revalidates (close-to-open).
+    pub attr_cache_ms: u64,
     /// Chunks read ahead of a sequential reader.
     pub readahead_chunks: u32,
     /// Connections per stored for chunk data.
@@ -25,7 +28,7 @@ pub struct ClientConfig {
     pub call_timeout_secs: u64,
     /// Seconds to retry a request whose service is unreachable before failing it.
     pub retry_secs: u64,
-    /// Metadata-shard-0 address, if known; otherwise from mgmtd.
+    /// Index of the node this client runs on (shown by `odfs status`).
     pub node: u32,
 }
 
@@ -36,6 +39,7 @@ impl Default for ClientConfig {
             mgmtd: "127.0.0.1:7700".parse().expect("valid address"),
             bulk_transport: Transport::Tcp,
             write_behind_bytes: 64 << 20,
+            attr_cache_ms: 1000,
             readahead_chunks: 4,
             bulk_connections: 2,
             call_timeout_secs: 60,
@@ -48,5 +52,20 @@ impl Default for ClientConfig {
 impl ClientConfig {
     pub fn load(path: &Path) -> Result<ClientConfig, crate::ClientError> {
         odfs_service::load_config(Some(path)).map_err(|e| crate::ClientError::Config(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn printed_defaults_parse_back() {
+        let text = toml::to_string_pretty(&ClientConfig::default()).unwrap();
+        assert_eq!(
+            toml::from_str::<ClientConfig>(&text).unwrap(),
+            ClientConfig::default()
+        );
+        assert!(toml::from_str::<ClientConfig>("bulk_transport = \"carrier-pigeon\"").is_err());
     }
 }

@@ -267,7 +267,8 @@ impl InodeData {
                 size: ws.size,
                 mtime: ws.mtime,
             };
-            client.meta(ctx, self.ino.shard(), &req).await?;
+            let attr = client.meta(ctx, self.ino.shard(), &req).await?;
+            client.cache_attr(&attr);
             ws.size_dirty = false;
             *self.size_hint.lock().expect("size lock") = (ws.size, false);
         }

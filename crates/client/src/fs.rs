@@ -1,5 +1,6 @@
 //! `Client`: one process's connection to a filesystem, and every namespace operation.
 
+use crate::attr_cache::AttrCache;
 use crate::cluster::Cluster;
 use crate::file::{FileHandle, InodeData};
 use crate::{ClientConfig, ClientError, Result};
@@ -44,6 +45,7 @@ pub(crate) struct Inner {
     pub cfg: ClientConfig,
     pub pool: Arc<Pool>,
     pub cluster: Cluster,
+    pub cache: AttrCache,
     pub client_id: u64,
     next_request: AtomicU64,
     /// Data state of inodes open in this process, shared by their handles.
@@ -103,6 +105,7 @@ impl Client {
             next_request: AtomicU64::new(1),
             inodes: Mutex::new(HashMap::new()),
             write_budget: Arc::new(Semaphore::new(budget_units)),
+            cache: AttrCache::new(Duration::from_millis(cfg.attr_cache_ms)),
             cluster,
             pool,
             cfg,
@@ -225,6 +228,10 @@ impl Client {
     }
 
     pub async fn lookup(&self, ctx: &Ctx, parent: InodeId, name: &[u8]) -> Result<Attr> {
+        let who = (ctx.uid, ctx.gid);
+        if let Some(a) = self.inner.cache.lookup(parent, name, who) {
+            return Ok(self.merge_local(a));
+        }
         let a = self
             .meta(
                 ctx,
@@ -235,14 +242,28 @@ impl Client {
                 },
             )
             .await?;
+        self.inner.cache.put_entry(parent, name, &a, who);
         Ok(self.merge_local(a))
     }
 
     pub async fn getattr(&self, ctx: &Ctx, ino: InodeId) -> Result<Attr> {
+        if let Some(a) = self.inner.cache.attr(ino) {
+            return Ok(self.merge_local(a));
+        }
         let a = self
             .meta(ctx, Self::shard_of(ino), &GetAttr { ino })
             .await?;
+        self.inner.cache.put_attr(&a);
         Ok(self.merge_local(a))
+    }
+
+    /// Forgets what this client cached of `ino` (after a change it cannot describe).
+    pub fn invalidate(&self, ino: InodeId) {
+        self.inner.cache.forget(ino);
+    }
+
+    pub(crate) fn cache_attr(&self, a: &Attr) {
+        self.inner.cache.put_attr(a);
     }
 
     pub async fn access(&self, ctx: &Ctx, ino: InodeId, mask: u32) -> Result<()> {
@@ -263,9 +284,12 @@ impl Client {
                 return self.getattr(ctx, req.ino).await;
             }
             let rest = SetAttr { size: None, ..req };
-            return self.meta(ctx, Self::shard_of(rest.ino), &rest).await;
+            let a = self.meta(ctx, Self::shard_of(rest.ino), &rest).await?;
+            self.cache_attr(&a);
+            return Ok(self.merge_local(a));
         }
         let a = self.meta(ctx, Self::shard_of(req.ino), &req).await?;
+        self.cache_attr(&a);
         Ok(self.merge_local(a))
     }
 
@@ -312,6 +336,7 @@ impl Client {
             },
         )
         .await?;
+        self.invalidate(ino);
         if let Some(d) = local {
             d.set_size_after_truncate(size);
         }
@@ -394,23 +419,37 @@ impl Client {
             exclusive,
             layout,
         };
-        self.meta(ctx, Self::shard_of(parent), &req).await
+        let r = self.meta(ctx, Self::shard_of(parent), &req).await?;
+        self.inner
+            .cache
+            .put_entry(parent, name, &r.attr, (ctx.uid, ctx.gid));
+        if r.created {
+            self.invalidate(parent);
+        }
+        Ok(r)
     }
 
     pub async fn mkdir(&self, ctx: &Ctx, parent: InodeId, name: &[u8], mode: u32) -> Result<Attr> {
-        self.meta(
-            ctx,
-            Self::shard_of(parent),
-            &Mkdir {
-                parent,
-                name: name.to_vec(),
-                mode,
-            },
-        )
-        .await
+        let a = self
+            .meta(
+                ctx,
+                Self::shard_of(parent),
+                &Mkdir {
+                    parent,
+                    name: name.to_vec(),
+                    mode,
+                },
+            )
+            .await?;
+        self.inner
+            .cache
+            .put_entry(parent, name, &a, (ctx.uid, ctx.gid));
+        self.invalidate(parent);
+        Ok(a)
     }
 
     pub async fn unlink(&self, ctx: &Ctx, parent: InodeId, name: &[u8]) -> Result<()> {
+        self.inner.cache.forget_entry(parent, name);
         let r = self
             .meta(
                 ctx,
@@ -420,21 +459,26 @@ impl Client {
                     name: name.to_vec(),
                 },
             )
-            .await?;
-        self.reclaim(r.removed).await;
+            .await;
+        self.invalidate(parent);
+        self.reclaim(r?.removed).await;
         Ok(())
     }
 
     pub async fn rmdir(&self, ctx: &Ctx, parent: InodeId, name: &[u8]) -> Result<()> {
-        self.meta(
-            ctx,
-            Self::shard_of(parent),
-            &Rmdir {
-                parent,
-                name: name.to_vec(),
-            },
-        )
-        .await
+        self.inner.cache.forget_entry(parent, name);
+        let r = self
+            .meta(
+                ctx,
+                Self::shard_of(parent),
+                &Rmdir {
+                    parent,
+                    name: name.to_vec(),
+                },
+            )
+            .await;
+        self.invalidate(parent);
+        r
     }
 
     pub async fn rename(
@@ -446,6 +490,8 @@ impl Client {
         new_name: &[u8],
         flags: u32,
     ) -> Result<()> {
+        self.inner.cache.forget_entry(parent, name);
+        self.inner.cache.forget_entry(new_parent, new_name);
         let req = Rename {
             parent,
             name: name.to_vec(),
@@ -453,8 +499,10 @@ impl Client {
             new_name: new_name.to_vec(),
             flags,
         };
-        let r = self.meta(ctx, Self::shard_of(parent), &req).await?;
-        self.reclaim(r.removed).await;
+        let r = self.meta(ctx, Self::shard_of(parent), &req).await;
+        self.invalidate(parent);
+        self.invalidate(new_parent);
+        self.reclaim(r?.removed).await;
         Ok(())
     }
 
@@ -465,16 +513,17 @@ impl Client {
         name: &[u8],
         target: &[u8],
     ) -> Result<Attr> {
-        self.meta(
-            ctx,
-            Self::shard_of(parent),
-            &Symlink {
-                parent,
-                name: name.to_vec(),
-                target: target.to_vec(),
-            },
-        )
-        .await
+        let req = Symlink {
+            parent,
+            name: name.to_vec(),
+            target: target.to_vec(),
+        };
+        let a = self.meta(ctx, Self::shard_of(parent), &req).await?;
+        self.inner
+            .cache
+            .put_entry(parent, name, &a, (ctx.uid, ctx.gid));
+        self.invalidate(parent);
+        Ok(a)
     }
 
     pub async fn readlink(&self, ctx: &Ctx, ino: InodeId) -> Result<Vec<u8>> {
@@ -488,17 +537,16 @@ impl Client {
         new_parent: InodeId,
         new_name: &[u8],
     ) -> Result<Attr> {
-        let a = self
-            .meta(
-                ctx,
-                Self::shard_of(new_parent),
-                &Link {
-                    ino,
-                    new_parent,
-                    new_name: new_name.to_vec(),
-                },
-            )
-            .await?;
+        let req = Link {
+            ino,
+            new_parent,
+            new_name: new_name.to_vec(),
+        };
+        let a = self.meta(ctx, Self::shard_of(new_parent), &req).await?;
+        self.inner
+            .cache
+            .put_entry(new_parent, new_name, &a, (ctx.uid, ctx.gid));
+        self.invalidate(new_parent);
         Ok(self.merge_local(a))
     }
 
@@ -524,6 +572,9 @@ impl Client {
             .await?;
         for e in r.entries.iter_mut() {
             if let Some(a) = e.attr.take() {
+                self.inner
+                    .cache
+                    .put_entry(ino, &e.name, &a, (ctx.uid, ctx.gid));
                 e.attr = Some(self.merge_local(a));
             }
         }
@@ -560,7 +611,9 @@ impl Client {
             value: value.to_vec(),
             flags,
         };
-        self.meta(ctx, Self::shard_of(ino), &req).await
+        let r = self.meta(ctx, Self::shard_of(ino), &req).await;
+        self.invalidate(ino);
+        r
     }
 
     pub async fn getxattr(&self, ctx: &Ctx, ino: InodeId, name: &[u8]) -> Result<Vec<u8>> {
@@ -581,15 +634,18 @@ impl Client {
     }
 
     pub async fn removexattr(&self, ctx: &Ctx, ino: InodeId, name: &[u8]) -> Result<()> {
-        self.meta(
-            ctx,
-            Self::shard_of(ino),
-            &RemoveXattr {
-                ino,
-                name: name.to_vec(),
-            },
-        )
-        .await
+        let r = self
+            .meta(
+                ctx,
+                Self::shard_of(ino),
+                &RemoveXattr {
+                    ino,
+                    name: name.to_vec(),
+                },
+            )
+            .await;
+        self.invalidate(ino);
+        r
     }
 
     pub async fn statfs(&self, ctx: &Ctx) -> Result<StatFsReply> {
@@ -615,9 +671,11 @@ impl Client {
         write: bool,
         truncate: bool,
     ) -> Result<FileHandle> {
+        // Always asked of metad: this is the "open" of close-to-open.
         let attr = self
             .meta(ctx, Self::shard_of(ino), &Open { ino, read, write })
             .await?;
+        self.cache_attr(&attr);
         let h = self.handle_for(ctx, attr, read, write)?;
         if truncate && write {
             self.truncate(ctx, ino, 0, false).await?;

@@ -7,6 +7,7 @@
 //! close-to-open consistency across processes. It never touches a mount; FUSE-specific
 //! behaviour lives in client-fuse.
 
+mod attr_cache;
 pub mod cluster;
 pub mod config;
 pub mod error;

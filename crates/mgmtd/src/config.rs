@@ -54,3 +54,20 @@ impl MgmtdConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn printed_defaults_parse_back_and_validate() {
+        let text = toml::to_string_pretty(&MgmtdConfig::default()).unwrap();
+        let back: MgmtdConfig = toml::from_str(&text).unwrap();
+        assert_eq!(back, MgmtdConfig::default());
+        back.validate().unwrap();
+        assert!(
+            toml::from_str::<MgmtdConfig>("no_such_key = 1").is_err(),
+            "unknown keys are errors"
+        );
+    }
+}

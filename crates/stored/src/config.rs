@@ -63,3 +63,21 @@ impl Default for StoredConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn printed_defaults_parse_back() {
+        let text = toml::to_string_pretty(&StoredConfig::default()).unwrap();
+        assert_eq!(
+            toml::from_str::<StoredConfig>(&text).unwrap(),
+            StoredConfig::default()
+        );
+        assert!(
+            toml::from_str::<StoredConfig>("[[targets]]\npath = \"/x\"").is_err(),
+            "a target needs an id"
+        );
+    }
+}
