@@ -15,10 +15,13 @@ use std::time::{Duration, Instant};
 /// Above this many entries the cache is emptied rather than grown.
 const MAX_ENTRIES: usize = 1 << 20;
 
+/// A cached name: the inode it names, who looked it up (uid, gid), and when.
+type NameEntry = (InodeId, (u32, u32), Instant);
+
 #[derive(Default)]
 struct Maps {
     attrs: HashMap<InodeId, (Attr, Instant)>,
-    names: HashMap<(InodeId, Vec<u8>), (InodeId, (u32, u32), Instant)>,
+    names: HashMap<(InodeId, Vec<u8>), NameEntry>,
 }
 
 pub(crate) struct AttrCache {
