@@ -12,10 +12,7 @@ fn code<T: std::fmt::Debug>(r: Result<T, ClientError>) -> ErrorCode {
 }
 
 async fn write_file(c: &Client, ctx: &Ctx, parent: InodeId, name: &str, data: &[u8]) -> InodeId {
-    let (r, h) = c
-        .create_open(ctx, parent, name.as_bytes(), 0o644, false, None)
-        .await
-        .unwrap();
+    let (r, h) = c.create_open(ctx, parent, name.as_bytes(), 0o644, false, None).await.unwrap();
     h.write(0, data).await.unwrap();
     h.close().await.unwrap();
     r.attr.ino
@@ -42,10 +39,7 @@ async fn gigabyte_file_is_striped_evenly_and_reads_back_identical() {
     let ctx = Ctx::current();
     let size: u64 = 1 << 30;
     let piece = 8 << 20;
-    let (r, h) = c
-        .create_open(&ctx, InodeId::ROOT, b"big", 0o644, true, None)
-        .await
-        .unwrap();
+    let (r, h) = c.create_open(&ctx, InodeId::ROOT, b"big", 0o644, true, None).await.unwrap();
     assert_eq!(r.attr.layout.as_ref().unwrap().targets.len(), 4);
     let mut want = Vec::new();
     let mut off = 0u64;
@@ -75,16 +69,10 @@ async fn gigabyte_file_is_striped_evenly_and_reads_back_identical() {
     // Each node's data directory holds a quarter of the chunks (chunk file of 256 MiB ± 1 chunk).
     for k in 0..4 {
         let chunks = walk_files(&fs.node_dir(k));
-        let total: u64 = chunks
-            .iter()
-            .filter(|p| p.contains("/chunks/"))
-            .map(|p| std::fs::metadata(p).unwrap().len())
-            .sum();
+        let total: u64 =
+            chunks.iter().filter(|p| p.contains("/chunks/")).map(|p| std::fs::metadata(p).unwrap().len()).sum();
         let quarter = size / 4;
-        assert!(
-            total.abs_diff(quarter) <= 1 << 20,
-            "node {k} holds {total} bytes, expected {quarter} ± 1 MiB"
-        );
+        assert!(total.abs_diff(quarter) <= 1 << 20, "node {k} holds {total} bytes, expected {quarter} ± 1 MiB");
     }
 }
 
@@ -112,79 +100,37 @@ async fn namespace_operations_and_their_errors() {
     let dir = c.mkdir(&root, InodeId::ROOT, b"d", 0o755).await.unwrap();
     // Create with O_EXCL of an existing name.
     let f = write_file(&c, &root, dir.ino, "a", b"first").await;
-    assert_eq!(
-        code(c.create(&root, dir.ino, b"a", 0o644, true, None).await),
-        ErrorCode::Exists
-    );
+    assert_eq!(code(c.create(&root, dir.ino, b"a", 0o644, true, None).await), ErrorCode::Exists);
     // Rename over an existing file replaces it atomically.
     let g = write_file(&c, &root, dir.ino, "b", b"second").await;
-    c.rename(&root, dir.ino, b"b", dir.ino, b"a", 0)
-        .await
-        .unwrap();
+    c.rename(&root, dir.ino, b"b", dir.ino, b"a", 0).await.unwrap();
     let a = c.lookup(&root, dir.ino, b"a").await.unwrap();
     assert_eq!(a.ino, g);
     assert_ne!(a.ino, f);
     assert_eq!(read_all(&c, &root, a.ino).await, b"second");
-    assert_eq!(
-        code(c.lookup(&root, dir.ino, b"b").await),
-        ErrorCode::NotFound
-    );
+    assert_eq!(code(c.lookup(&root, dir.ino, b"b").await), ErrorCode::NotFound);
     // The replaced file's chunks are gone from every target.
     for k in 0..2 {
         let name = format!("{:016x}", f.0);
-        assert!(
-            !walk_files(&fs.node_dir(k))
-                .iter()
-                .any(|p| p.ends_with(&name)),
-            "chunks of replaced file remain"
-        );
+        assert!(!walk_files(&fs.node_dir(k)).iter().any(|p| p.ends_with(&name)), "chunks of replaced file remain");
     }
     // NOREPLACE.
     write_file(&c, &root, dir.ino, "c", b"x").await;
-    assert_eq!(
-        code(
-            c.rename(&root, dir.ino, b"c", dir.ino, b"a", RENAME_NOREPLACE)
-                .await
-        ),
-        ErrorCode::Exists
-    );
+    assert_eq!(code(c.rename(&root, dir.ino, b"c", dir.ino, b"a", RENAME_NOREPLACE).await), ErrorCode::Exists);
     // Rename across directories.
     let d2 = c.mkdir(&root, InodeId::ROOT, b"d2", 0o755).await.unwrap();
-    c.rename(&root, dir.ino, b"c", d2.ino, b"c2", 0)
-        .await
-        .unwrap();
-    assert_eq!(
-        read_all(&c, &root, c.lookup(&root, d2.ino, b"c2").await.unwrap().ino).await,
-        b"x"
-    );
+    c.rename(&root, dir.ino, b"c", d2.ino, b"c2", 0).await.unwrap();
+    assert_eq!(read_all(&c, &root, c.lookup(&root, d2.ino, b"c2").await.unwrap().ino).await, b"x");
     // rmdir of a non-empty directory.
-    assert_eq!(
-        code(c.rmdir(&root, InodeId::ROOT, b"d").await),
-        ErrorCode::NotEmpty
-    );
+    assert_eq!(code(c.rmdir(&root, InodeId::ROOT, b"d").await), ErrorCode::NotEmpty);
     assert_eq!(code(c.rmdir(&root, dir.ino, b"a").await), ErrorCode::NotDir);
-    assert_eq!(
-        code(c.unlink(&root, InodeId::ROOT, b"d").await),
-        ErrorCode::IsDir
-    );
+    assert_eq!(code(c.unlink(&root, InodeId::ROOT, b"d").await), ErrorCode::IsDir);
     // Names: 255 bytes fine, 256 too long, bad names invalid.
     let long = vec![b'n'; 255];
-    c.create(&root, dir.ino, &long, 0o644, true, None)
-        .await
-        .unwrap();
-    assert_eq!(
-        code(
-            c.create(&root, dir.ino, &[b'n'; 256], 0o644, true, None)
-                .await
-        ),
-        ErrorCode::NameTooLong
-    );
+    c.create(&root, dir.ino, &long, 0o644, true, None).await.unwrap();
+    assert_eq!(code(c.create(&root, dir.ino, &[b'n'; 256], 0o644, true, None).await), ErrorCode::NameTooLong);
     for bad in [&b""[..], b".", b"..", b"x/y", b"x\0y"] {
-        assert_eq!(
-            code(c.create(&root, dir.ino, bad, 0o644, true, None).await),
-            ErrorCode::Invalid,
-            "{bad:?}"
-        );
+        assert_eq!(code(c.create(&root, dir.ino, bad, 0o644, true, None).await), ErrorCode::Invalid, "{bad:?}");
     }
     // Symlink, hard link, xattrs.
     let s = c.symlink(&root, dir.ino, b"s", b"a").await.unwrap();
@@ -193,67 +139,25 @@ async fn namespace_operations_and_their_errors() {
     let l = c.link(&root, a.ino, d2.ino, b"hard").await.unwrap();
     assert_eq!(l.nlink, 2);
     c.unlink(&root, dir.ino, b"a").await.unwrap();
-    assert_eq!(
-        read_all(&c, &root, l.ino).await,
-        b"second",
-        "data must survive while a link remains"
-    );
+    assert_eq!(read_all(&c, &root, l.ino).await, b"second", "data must survive while a link remains");
     c.setxattr(&root, l.ino, b"user.k", b"v", 0).await.unwrap();
     assert_eq!(c.getxattr(&root, l.ino, b"user.k").await.unwrap(), b"v");
-    assert_eq!(
-        code(c.getxattr(&root, l.ino, b"user.none").await),
-        ErrorCode::NoData
-    );
+    assert_eq!(code(c.getxattr(&root, l.ino, b"user.none").await), ErrorCode::NoData);
 
     // Permissions: uid 1000 may not create in a 0755 directory owned by root.
-    let user = Ctx {
-        uid: 1000,
-        gid: 1000,
-        groups: vec![],
-    };
-    assert_eq!(
-        code(c.create(&user, dir.ino, b"u", 0o644, true, None).await),
-        ErrorCode::Access
-    );
-    assert_eq!(
-        code(c.mkdir(&user, dir.ino, b"u", 0o755).await),
-        ErrorCode::Access
-    );
+    let user = Ctx { uid: 1000, gid: 1000, groups: vec![] };
+    assert_eq!(code(c.create(&user, dir.ino, b"u", 0o644, true, None).await), ErrorCode::Access);
+    assert_eq!(code(c.mkdir(&user, dir.ino, b"u", 0o755).await), ErrorCode::Access);
     // Sticky bit: in a 1777 directory, another user cannot delete someone else's file.
     let tmp = c.mkdir(&root, InodeId::ROOT, b"tmp", 0o1777).await.unwrap();
-    let other = Ctx {
-        uid: 2000,
-        gid: 2000,
-        groups: vec![],
-    };
-    c.create(&user, tmp.ino, b"mine", 0o666, true, None)
-        .await
-        .unwrap();
-    assert_eq!(
-        code(c.unlink(&other, tmp.ino, b"mine").await),
-        ErrorCode::Perm
-    );
-    assert_eq!(
-        code(
-            c.rename(&other, tmp.ino, b"mine", tmp.ino, b"stolen", 0)
-                .await
-        ),
-        ErrorCode::Perm
-    );
+    let other = Ctx { uid: 2000, gid: 2000, groups: vec![] };
+    c.create(&user, tmp.ino, b"mine", 0o666, true, None).await.unwrap();
+    assert_eq!(code(c.unlink(&other, tmp.ino, b"mine").await), ErrorCode::Perm);
+    assert_eq!(code(c.rename(&other, tmp.ino, b"mine", tmp.ino, b"stolen", 0).await), ErrorCode::Perm);
     c.unlink(&user, tmp.ino, b"mine").await.unwrap();
     // chmod by a non-owner.
     assert_eq!(
-        code(
-            c.setattr(
-                &other,
-                SetAttr {
-                    ino: tmp.ino,
-                    mode: Some(0o777),
-                    ..Default::default()
-                }
-            )
-            .await
-        ),
+        code(c.setattr(&other, SetAttr { ino: tmp.ino, mode: Some(0o777), ..Default::default() }).await),
         ErrorCode::Perm
     );
 }
@@ -271,9 +175,7 @@ async fn hundred_thousand_entries_listed_exactly_once() {
         let ctx = ctx.clone();
         tasks.push(tokio::spawn(async move {
             for i in (t..n).step_by(16) {
-                c.create(&ctx, dir.ino, format!("e{i}").as_bytes(), 0o644, true, None)
-                    .await
-                    .unwrap();
+                c.create(&ctx, dir.ino, format!("e{i}").as_bytes(), 0o644, true, None).await.unwrap();
             }
         }));
     }
@@ -285,11 +187,7 @@ async fn hundred_thousand_entries_listed_exactly_once() {
     loop {
         let r = c.readdir(&ctx, dir.ino, cookie, 1000, false).await.unwrap();
         for e in &r.entries {
-            assert!(
-                seen.insert(e.name.clone()),
-                "{:?} listed twice",
-                String::from_utf8_lossy(&e.name)
-            );
+            assert!(seen.insert(e.name.clone()), "{:?} listed twice", String::from_utf8_lossy(&e.name));
         }
         if let Some(l) = r.entries.last() {
             cookie = l.cookie;
@@ -306,10 +204,7 @@ async fn sparse_files_holes_and_truncate() {
     let fs = LocalFs::up(3, &["--stripe-count", "3", "--chunk-size", "65536"]);
     let c = fs.client().await;
     let ctx = Ctx::root();
-    let (r, h) = c
-        .create_open(&ctx, InodeId::ROOT, b"sparse", 0o644, true, None)
-        .await
-        .unwrap();
+    let (r, h) = c.create_open(&ctx, InodeId::ROOT, b"sparse", 0o644, true, None).await.unwrap();
     // Data at 0 and at 1 MiB + 5 (a hole between, spanning several chunks and targets).
     h.write(0, b"head").await.unwrap();
     h.write((1 << 20) + 5, b"tail").await.unwrap();
@@ -318,10 +213,7 @@ async fn sparse_files_holes_and_truncate() {
     let data = read_all(&c, &ctx, ino).await;
     assert_eq!(data.len(), (1 << 20) + 9);
     assert_eq!(&data[..4], b"head");
-    assert!(
-        data[4..(1 << 20) + 5].iter().all(|&b| b == 0),
-        "hole must read as zeros"
-    );
+    assert!(data[4..(1 << 20) + 5].iter().all(|&b| b == 0), "hole must read as zeros");
     assert_eq!(&data[(1 << 20) + 5..], b"tail");
     // Truncate down into the first chunk, then up again: the old bytes must not come back.
     c.truncate(&ctx, ino, 2, true).await.unwrap();
@@ -336,11 +228,7 @@ async fn sparse_files_holes_and_truncate() {
     let h = c.open(&ctx, ino, true, true, false).await.unwrap();
     let blob = pattern(300_001, 3);
     h.write(65_535, &blob).await.unwrap();
-    assert_eq!(
-        h.read(65_535, 300_001).await.unwrap(),
-        blob,
-        "read-your-writes before close"
-    );
+    assert_eq!(h.read(65_535, 300_001).await.unwrap(), blob, "read-your-writes before close");
     h.close().await.unwrap();
     let d = read_all(&c, &ctx, ino).await;
     assert_eq!(&d[65_535..65_535 + 300_001], &blob[..]);
@@ -348,20 +236,14 @@ async fn sparse_files_holes_and_truncate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_target_returns_enospc_and_keeps_earlier_data() {
-    let dir = tempfile::Builder::new()
-        .prefix("odfs-enospc-")
-        .tempdir()
-        .unwrap();
+    let dir = tempfile::Builder::new().prefix("odfs-enospc-").tempdir().unwrap();
     let mount = TmpfsMount::new(&dir.path().join("node0/target1"), "8m");
     let fs = LocalFs::up_in(dir, 1, &["--stripe-count", "1"]);
     let c = fs.client().await;
     let ctx = Ctx::root();
     let keep = pattern(1 << 20, 11);
     let kept = write_file(&c, &ctx, InodeId::ROOT, "kept", &keep).await;
-    let (_, h) = c
-        .create_open(&ctx, InodeId::ROOT, b"filler", 0o644, true, None)
-        .await
-        .unwrap();
+    let (_, h) = c.create_open(&ctx, InodeId::ROOT, b"filler", 0o644, true, None).await.unwrap();
     let block = pattern(1 << 20, 12);
     let mut err = None;
     for i in 0..32u64 {
@@ -378,11 +260,7 @@ async fn full_target_returns_enospc_and_keeps_earlier_data() {
     assert_eq!(e.code(), ErrorCode::NoSpace, "{e}");
     assert_eq!(e.errno(), libc::ENOSPC);
     drop(h);
-    assert_eq!(
-        read_all(&c, &ctx, kept).await,
-        keep,
-        "earlier data must stay intact"
-    );
+    assert_eq!(read_all(&c, &ctx, kept).await, keep, "earlier data must stay intact");
     fs.down();
     drop(mount);
 }
@@ -393,19 +271,12 @@ async fn other_job_credential_is_refused_and_changes_nothing() {
     let good = fs.config();
     let c = fs.client().await;
     let ctx = Ctx::root();
-    let before = c
-        .readdir_all(&ctx, InodeId::ROOT, false)
-        .await
-        .unwrap()
-        .len();
+    let before = c.readdir_all(&ctx, InodeId::ROOT, false).await.unwrap().len();
     // Same site key, another job id.
     let mut other = good.clone();
     other.job.id = "some-other-job".into();
     other.retry_secs = 1;
-    let e = Client::connect(other)
-        .await
-        .err()
-        .expect("another job's client must be refused");
+    let e = Client::connect(other).await.err().expect("another job's client must be refused");
     assert!(e.to_string().contains("mgmtd"), "{e}");
     // Another site key, same job id.
     let key = fs.root().join("other.key");
@@ -417,17 +288,9 @@ async fn other_job_credential_is_refused_and_changes_nothing() {
     // A raw bulk connection with the wrong credential cannot write a chunk.
     let view = c.cluster().refresh().await.unwrap();
     let bulk = view.services.iter().find_map(|s| s.bulk_addr).unwrap();
-    let wrong =
-        odfs_rpc::JobCredential::derive(&odfs_rpc::SiteKey::from_bytes([9; 32]), &good.job.id)
-            .unwrap();
+    let wrong = odfs_rpc::JobCredential::derive(&odfs_rpc::SiteKey::from_bytes([9; 32]), &good.job.id).unwrap();
     assert!(odfs_rpc::tcp::connect(&wrong, bulk).await.is_err());
-    assert_eq!(
-        c.readdir_all(&ctx, InodeId::ROOT, false)
-            .await
-            .unwrap()
-            .len(),
-        before
-    );
+    assert_eq!(c.readdir_all(&ctx, InodeId::ROOT, false).await.unwrap().len(), before);
 }
 
 #[test]
@@ -436,22 +299,11 @@ fn local_up_down_leaves_nothing_and_refuses_a_second_up() {
     let pids = fs.all_pids();
     assert_eq!(pids.len(), 4, "mgmtd, metad and 2 stored");
     assert!(pids.iter().all(|&p| alive(p)));
-    let out = odfs(&[
-        "local",
-        "up",
-        "--no-mount",
-        "--root",
-        fs.root_str(),
-        "--nodes",
-        "2",
-    ]);
+    let out = odfs(&["local", "up", "--no-mount", "--root", fs.root_str(), "--nodes", "2"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("already running"), "{err}");
-    assert!(
-        pids.iter().all(|&p| alive(p)),
-        "a refused up must not disturb the running filesystem"
-    );
+    assert!(pids.iter().all(|&p| alive(p)), "a refused up must not disturb the running filesystem");
     let status = odfs_ok(&["--fs", fs.config_path().to_str().unwrap(), "status"]);
     assert!(status.contains("Ready"), "{status}");
     assert_eq!(status.matches("online").count(), 2 + 1 + 2, "{status}");
@@ -460,20 +312,8 @@ fn local_up_down_leaves_nothing_and_refuses_a_second_up() {
         assert!(!alive(p), "pid {p} still running after down");
     }
     // No lock is held: the root can be brought up again at once.
-    let out = odfs(&[
-        "local",
-        "up",
-        "--no-mount",
-        "--root",
-        fs.root_str(),
-        "--nodes",
-        "1",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = odfs(&["local", "up", "--no-mount", "--root", fs.root_str(), "--nodes", "1"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     fs.down();
 }
 
@@ -483,17 +323,8 @@ fn failed_start_stops_everything_and_says_why() {
     // A node directory that is a file makes that node's stored fail to start.
     std::fs::create_dir_all(dir.path().join("node1")).unwrap();
     std::fs::write(dir.path().join("node1/target2"), b"not a directory").unwrap();
-    let out = odfs(&[
-        "local",
-        "up",
-        "--no-mount",
-        "--root",
-        dir.path().to_str().unwrap(),
-        "--nodes",
-        "2",
-        "--timeout",
-        "10",
-    ]);
+    let out =
+        odfs(&["local", "up", "--no-mount", "--root", dir.path().to_str().unwrap(), "--nodes", "2", "--timeout", "10"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("stored on node 1"), "{err}");
@@ -505,8 +336,7 @@ fn failed_start_stops_everything_and_says_why() {
 async fn a_dead_storage_node_goes_offline_and_comes_back() {
     let fs = LocalFs::up(2, &[]);
     let c = fs.client().await;
-    let target_of_node1 =
-        |v: &odfs_proto::mgmt::ClusterView| v.targets.iter().find(|t| t.node == 1).unwrap().online;
+    let target_of_node1 = |v: &odfs_proto::mgmt::ClusterView| v.targets.iter().find(|t| t.node == 1).unwrap().online;
     assert!(target_of_node1(&c.cluster().refresh().await.unwrap()));
     fs.kill9("stored", 1);
     let t = std::time::Instant::now();
@@ -517,10 +347,7 @@ async fn a_dead_storage_node_goes_offline_and_comes_back() {
             assert!(!s.online);
             break;
         }
-        assert!(
-            t.elapsed().as_secs() < 10,
-            "node 1 still online 10 s after its stored died"
-        );
+        assert!(t.elapsed().as_secs() < 10, "node 1 still online 10 s after its stored died");
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
     // `odfs status` says so too.
@@ -529,10 +356,7 @@ async fn a_dead_storage_node_goes_offline_and_comes_back() {
     fs.restart("stored", 1);
     let t = std::time::Instant::now();
     while !target_of_node1(&c.cluster().refresh().await.unwrap()) {
-        assert!(
-            t.elapsed().as_secs() < 10,
-            "restarted stored did not come back online"
-        );
+        assert!(t.elapsed().as_secs() < 10, "restarted stored did not come back online");
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
@@ -544,10 +368,7 @@ async fn close_to_open_between_two_clients() {
     let b = fs.client().await;
     let ctx = Ctx::root();
     let ino = write_file(&a, &ctx, InodeId::ROOT, "shared", &pattern(100_000, 1)).await;
-    assert_eq!(
-        b.lookup(&ctx, InodeId::ROOT, b"shared").await.unwrap().size,
-        100_000
-    );
+    assert_eq!(b.lookup(&ctx, InodeId::ROOT, b"shared").await.unwrap().size, 100_000);
     // A grows the file and closes; B's next open sees all of it, whatever B cached.
     let h = a.open(&ctx, ino, true, true, false).await.unwrap();
     h.write(100_000, &pattern(50_000, 2)).await.unwrap();
@@ -556,16 +377,8 @@ async fn close_to_open_between_two_clients() {
     assert_eq!(data.len(), 150_000);
     assert_eq!(&data[100_000..], &pattern(50_000, 2)[..]);
     // A rename on A is seen by B once its cached name expires (attr_cache_ms, 1 s by default).
-    a.rename(&ctx, InodeId::ROOT, b"shared", InodeId::ROOT, b"moved", 0)
-        .await
-        .unwrap();
+    a.rename(&ctx, InodeId::ROOT, b"shared", InodeId::ROOT, b"moved", 0).await.unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
-    assert_eq!(
-        code(b.lookup(&ctx, InodeId::ROOT, b"shared").await),
-        ErrorCode::NotFound
-    );
-    assert_eq!(
-        b.lookup(&ctx, InodeId::ROOT, b"moved").await.unwrap().ino,
-        ino
-    );
+    assert_eq!(code(b.lookup(&ctx, InodeId::ROOT, b"shared").await), ErrorCode::NotFound);
+    assert_eq!(b.lookup(&ctx, InodeId::ROOT, b"moved").await.unwrap().ino, ino);
 }

@@ -25,9 +25,7 @@ async fn storm(fs: &LocalFs, stop: Arc<AtomicBool>) -> (BTreeMap<String, String>
                 let name = format!("t{t}-{i}");
                 let data = pattern(1000 + ((i * 7919) % 200_000) as usize, t * 1_000_000 + i);
                 let r = async {
-                    let (_, h) = c
-                        .create_open(&ctx, InodeId::ROOT, name.as_bytes(), 0o644, true, None)
-                        .await?;
+                    let (_, h) = c.create_open(&ctx, InodeId::ROOT, name.as_bytes(), 0o644, true, None).await?;
                     h.write(0, &data).await?;
                     h.close().await
                 }
@@ -64,23 +62,15 @@ async fn verify(fs: &LocalFs, ok: &BTreeMap<String, String>) {
         .map(|e| String::from_utf8(e.name).unwrap())
         .collect();
     for (name, want) in ok {
-        assert!(
-            listed.contains(name),
-            "{name} was acknowledged but is missing"
-        );
-        let a = c
-            .lookup(&ctx, InodeId::ROOT, name.as_bytes())
-            .await
-            .unwrap();
+        assert!(listed.contains(name), "{name} was acknowledged but is missing");
+        let a = c.lookup(&ctx, InodeId::ROOT, name.as_bytes()).await.unwrap();
         let h = c.open(&ctx, a.ino, true, false, false).await.unwrap();
         let d = h.read(0, a.size as u32 + 1).await.unwrap();
         assert_eq!(&sha256(&d), want, "{name} content differs after recovery");
     }
     // Every listed entry resolves (no half-applied entries).
     for name in &listed {
-        c.lookup(&ctx, InodeId::ROOT, name.as_bytes())
-            .await
-            .unwrap();
+        c.lookup(&ctx, InodeId::ROOT, name.as_bytes()).await.unwrap();
     }
 }
 
@@ -102,11 +92,7 @@ async fn metad_kill9_loses_nothing_acknowledged() {
         stop.store(true, Ordering::Relaxed);
     };
     let ((ok, failed), ()) = tokio::join!(storm_fut, chaos);
-    assert!(
-        ok.len() > 50,
-        "storm made too little progress: {} ok, {failed} failed",
-        ok.len()
-    );
+    assert!(ok.len() > 50, "storm made too little progress: {} ok, {failed} failed", ok.len());
     verify(&fs, &ok).await;
     // And once more after a clean restart (snapshot + log).
     fs.kill9("metad", 0);
@@ -132,10 +118,6 @@ async fn stored_kill9_loses_nothing_acknowledged() {
         stop.store(true, Ordering::Relaxed);
     };
     let ((ok, failed), ()) = tokio::join!(storm_fut, chaos);
-    assert!(
-        ok.len() > 50,
-        "storm made too little progress: {} ok, {failed} failed",
-        ok.len()
-    );
+    assert!(ok.len() > 50, "storm made too little progress: {} ok, {failed} failed", ok.len());
     verify(&fs, &ok).await;
 }

@@ -13,11 +13,7 @@ pub fn bin_dir() -> PathBuf {
         return PathBuf::from(d);
     }
     let exe = std::env::current_exe().expect("test executable path");
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target dir")
-        .to_path_buf();
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir").to_path_buf();
     for b in ["odfs", "odfs-mgmtd", "odfs-metad", "odfs-stored"] {
         assert!(
             dir.join(b).is_file(),
@@ -30,11 +26,7 @@ pub fn bin_dir() -> PathBuf {
 
 /// Runs the `odfs` binary.
 pub fn odfs(args: &[&str]) -> Output {
-    Command::new(bin_dir().join("odfs"))
-        .args(args)
-        .env("ODFS_BIN_DIR", bin_dir())
-        .output()
-        .expect("run odfs")
+    Command::new(bin_dir().join("odfs")).args(args).env("ODFS_BIN_DIR", bin_dir()).output().expect("run odfs")
 }
 
 /// Runs `odfs` and fails the test with its output unless it succeeds.
@@ -59,10 +51,7 @@ pub struct LocalFs {
 impl LocalFs {
     /// `odfs local up --nodes N --root TMP --no-mount` plus `extra` flags.
     pub fn up(nodes: u32, extra: &[&str]) -> LocalFs {
-        let dir = tempfile::Builder::new()
-            .prefix("odfs-test-")
-            .tempdir()
-            .expect("tempdir");
+        let dir = tempfile::Builder::new().prefix("odfs-test-").tempdir().expect("tempdir");
         Self::up_in(dir, nodes, extra)
     }
 
@@ -102,8 +91,7 @@ impl LocalFs {
 
     /// Pids recorded for `service` (all nodes when `node` is None).
     pub fn pids(&self, service: &str, node: Option<u32>) -> Vec<u32> {
-        let text =
-            std::fs::read_to_string(self.root().join("local.state.toml")).expect("state file");
+        let text = std::fs::read_to_string(self.root().join("local.state.toml")).expect("state file");
         let v: toml::Value = toml::from_str(&text).expect("state toml");
         v["procs"]
             .as_array()
@@ -116,10 +104,7 @@ impl LocalFs {
     }
 
     pub fn all_pids(&self) -> Vec<u32> {
-        ["mgmtd", "metad", "stored"]
-            .iter()
-            .flat_map(|s| self.pids(s, None))
-            .collect()
+        ["mgmtd", "metad", "stored"].iter().flat_map(|s| self.pids(s, None)).collect()
     }
 
     /// `kill -9` of one daemon; waits until it is gone.
@@ -134,16 +119,7 @@ impl LocalFs {
     /// Starts a killed daemon again with its config (same ports and data).
     pub fn restart(&self, service: &str, node: u32) {
         let n = node.to_string();
-        odfs_ok(&[
-            "local",
-            "restart",
-            "--root",
-            self.root_str(),
-            "--service",
-            service,
-            "--node",
-            &n,
-        ]);
+        odfs_ok(&["local", "restart", "--root", self.root_str(), "--service", service, "--node", &n]);
     }
 
     pub fn down(&self) -> String {
@@ -160,12 +136,7 @@ impl Drop for LocalFs {
 /// True while `pid` exists and is not a zombie.
 pub fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !matches!(
-            s.rsplit(')')
-                .next()
-                .and_then(|x| x.split_whitespace().next()),
-            Some("Z") | Some("X")
-        ),
+        Ok(s) => !matches!(s.rsplit(')').next().and_then(|x| x.split_whitespace().next()), Some("Z") | Some("X")),
         Err(_) => false,
     }
 }

@@ -31,10 +31,7 @@ pub(crate) struct AttrCache {
 
 impl AttrCache {
     pub fn new(ttl: Duration) -> AttrCache {
-        AttrCache {
-            ttl,
-            maps: Mutex::new(Maps::default()),
-        }
+        AttrCache { ttl, maps: Mutex::new(Maps::default()) }
     }
 
     fn on(&self) -> bool {
@@ -46,10 +43,7 @@ impl AttrCache {
             return None;
         }
         let m = self.maps.lock().expect("cache lock");
-        m.attrs
-            .get(&ino)
-            .filter(|(_, t)| t.elapsed() < self.ttl)
-            .map(|(a, _)| a.clone())
+        m.attrs.get(&ino).filter(|(_, t)| t.elapsed() < self.ttl).map(|(a, _)| a.clone())
     }
 
     pub fn lookup(&self, parent: InodeId, name: &[u8], who: (u32, u32)) -> Option<Attr> {
@@ -61,10 +55,7 @@ impl AttrCache {
         if *owner != who || t.elapsed() >= self.ttl {
             return None;
         }
-        m.attrs
-            .get(ino)
-            .filter(|(_, t)| t.elapsed() < self.ttl)
-            .map(|(a, _)| a.clone())
+        m.attrs.get(ino).filter(|(_, t)| t.elapsed() < self.ttl).map(|(a, _)| a.clone())
     }
 
     pub fn put_attr(&self, attr: &Attr) {
@@ -88,8 +79,7 @@ impl AttrCache {
             m.attrs.clear();
         }
         let now = Instant::now();
-        m.names
-            .insert((parent, name.to_vec()), (attr.ino, who, now));
+        m.names.insert((parent, name.to_vec()), (attr.ino, who, now));
         m.attrs.insert(attr.ino, (attr.clone(), now));
     }
 

@@ -17,19 +17,10 @@ pub struct Cluster {
 impl Cluster {
     pub async fn fetch(pool: Arc<Pool>, mgmtd: SocketAddr) -> Result<Cluster> {
         let view = pool
-            .call(
-                mgmtd,
-                Transport::Quic,
-                &RequestHeader::default(),
-                &GetCluster {},
-            )
+            .call(mgmtd, Transport::Quic, &RequestHeader::default(), &GetCluster {})
             .await
             .map_err(|e| ClientError::Unavailable(format!("mgmtd at {mgmtd}: {e}")))?;
-        Ok(Cluster {
-            pool,
-            mgmtd,
-            view: RwLock::new(Arc::new(view)),
-        })
+        Ok(Cluster { pool, mgmtd, view: RwLock::new(Arc::new(view)) })
     }
 
     pub fn view(&self) -> Arc<ClusterView> {
@@ -39,12 +30,7 @@ impl Cluster {
     pub async fn refresh(&self) -> Result<Arc<ClusterView>> {
         let v = self
             .pool
-            .call(
-                self.mgmtd,
-                Transport::Quic,
-                &RequestHeader::default(),
-                &GetCluster {},
-            )
+            .call(self.mgmtd, Transport::Quic, &RequestHeader::default(), &GetCluster {})
             .await
             .map_err(|e| ClientError::Unavailable(format!("mgmtd at {}: {e}", self.mgmtd)))?;
         let v = Arc::new(v);
@@ -59,33 +45,24 @@ impl Cluster {
     /// Address of the metad serving `shard`.
     pub fn meta_addr(&self, shard: u16) -> Result<SocketAddr> {
         let v = self.view();
-        v.meta_for_shard(shard).and_then(|s| s.addr).ok_or_else(|| {
-            ClientError::Unavailable(format!("no metadata service for shard {shard}"))
-        })
+        v.meta_for_shard(shard)
+            .and_then(|s| s.addr)
+            .ok_or_else(|| ClientError::Unavailable(format!("no metadata service for shard {shard}")))
     }
 
     /// Address (and transport) of the stored holding `target`.
-    pub fn target_addr(
-        &self,
-        target: TargetId,
-        bulk: Transport,
-    ) -> Result<(SocketAddr, Transport)> {
+    pub fn target_addr(&self, target: TargetId, bulk: Transport) -> Result<(SocketAddr, Transport)> {
         let v = self.view();
-        let t = v.target(target).ok_or_else(|| {
-            ClientError::Unavailable(format!("target {target} is not registered"))
-        })?;
+        let t =
+            v.target(target).ok_or_else(|| ClientError::Unavailable(format!("target {target} is not registered")))?;
         let s = v
             .service(t.service_id)
             .filter(|s| s.kind == ServiceKind::Storage)
-            .ok_or_else(|| {
-                ClientError::Unavailable(format!("storage service of target {target} is gone"))
-            })?;
+            .ok_or_else(|| ClientError::Unavailable(format!("storage service of target {target} is gone")))?;
         match (bulk, s.bulk_addr, s.addr) {
             (Transport::Tcp, Some(a), _) => Ok((a, Transport::Tcp)),
             (_, _, Some(a)) => Ok((a, Transport::Quic)),
-            _ => Err(ClientError::Unavailable(format!(
-                "target {target} has no address"
-            ))),
+            _ => Err(ClientError::Unavailable(format!("target {target} has no address"))),
         }
     }
 }

@@ -62,10 +62,7 @@ mod tests {
     #[test]
     fn printed_defaults_parse_back() {
         let text = toml::to_string_pretty(&ClientConfig::default()).unwrap();
-        assert_eq!(
-            toml::from_str::<ClientConfig>(&text).unwrap(),
-            ClientConfig::default()
-        );
+        assert_eq!(toml::from_str::<ClientConfig>(&text).unwrap(), ClientConfig::default());
         assert!(toml::from_str::<ClientConfig>("bulk_transport = \"carrier-pigeon\"").is_err());
     }
 }

@@ -82,11 +82,7 @@ impl InodeData {
             h.0 = h.0.max(remote_size);
         }
         if let Ok(mut ws) = self.ws.try_lock() {
-            ws.size = if ws.size_dirty {
-                ws.size.max(remote_size)
-            } else {
-                remote_size
-            };
+            ws.size = if ws.size_dirty { ws.size.max(remote_size) } else { remote_size };
             *h = (ws.size, ws.size_dirty);
         }
     }
@@ -147,20 +143,8 @@ impl InodeData {
         };
         ws.touched.insert(seg.stripe_index);
         let units = data.len().div_ceil(4096).max(1) as u32;
-        let permit = client
-            .inner
-            .write_budget
-            .clone()
-            .acquire_many_owned(units)
-            .await
-            .expect("budget never closes");
-        let req = WriteChunk {
-            target: seg.target,
-            ino: self.ino,
-            offset: seg.local_offset,
-            data,
-            sync: false,
-        };
+        let permit = client.inner.write_budget.clone().acquire_many_owned(units).await.expect("budget never closes");
+        let req = WriteChunk { target: seg.target, ino: self.ino, offset: seg.local_offset, data, sync: false };
         let client = client.clone();
         let me = self.clone();
         ws.inflight.retain(|h| !h.is_finished());
@@ -175,12 +159,7 @@ impl InodeData {
     }
 
     /// Writes `data` at `offset` (coalesced, sent in the background).
-    pub(crate) async fn write(
-        self: &Arc<Self>,
-        client: &Client,
-        offset: u64,
-        data: &[u8],
-    ) -> Result<()> {
+    pub(crate) async fn write(self: &Arc<Self>, client: &Client, offset: u64, data: &[u8]) -> Result<()> {
         self.take_error()?;
         self.ra.lock().expect("ra lock").chunks.clear();
         let cs = self.layout.chunk_size as u64;
@@ -195,11 +174,7 @@ impl InodeData {
                 ws.buf.as_mut().expect("checked").1.extend_from_slice(bytes);
             } else {
                 self.send_buf(client, &mut ws).await;
-                let mut v = Vec::with_capacity(if bytes.len() < cap {
-                    cap.min(1 << 20)
-                } else {
-                    bytes.len()
-                });
+                let mut v = Vec::with_capacity(if bytes.len() < cap { cap.min(1 << 20) } else { bytes.len() });
                 v.extend_from_slice(bytes);
                 ws.buf = Some((seg.file_offset, v));
             }
@@ -230,10 +205,7 @@ impl InodeData {
             match h.await {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => {} // recorded in `error`
-                Err(e) => self.record_error(ClientError::new(
-                    odfs_proto::ErrorCode::Io,
-                    format!("write task: {e}"),
-                )),
+                Err(e) => self.record_error(ClientError::new(odfs_proto::ErrorCode::Io, format!("write task: {e}"))),
             }
         }
         self.take_error()
@@ -241,12 +213,7 @@ impl InodeData {
 
     /// Drains writes and publishes the size (close-to-open). With `sync`, data is made durable
     /// on every target written since the last sync.
-    pub(crate) async fn flush(
-        self: &Arc<Self>,
-        client: &Client,
-        ctx: &Ctx,
-        sync: bool,
-    ) -> Result<()> {
+    pub(crate) async fn flush(self: &Arc<Self>, client: &Client, ctx: &Ctx, sync: bool) -> Result<()> {
         self.drain(client).await?;
         let mut ws = self.ws.lock().await;
         if sync {
@@ -262,11 +229,7 @@ impl InodeData {
             }
         }
         if ws.size_dirty {
-            let req = ExtendSize {
-                ino: self.ino,
-                size: ws.size,
-                mtime: ws.mtime,
-            };
+            let req = ExtendSize { ino: self.ino, size: ws.size, mtime: ws.mtime };
             let attr = client.meta(ctx, self.ino.shard(), &req).await?;
             client.cache_attr(&attr);
             ws.size_dirty = false;
@@ -289,12 +252,7 @@ impl InodeData {
             let r = client
                 .store(
                     seg.target,
-                    &ReadChunk {
-                        target: seg.target,
-                        ino,
-                        offset: seg.local_offset,
-                        len: seg.len as u32,
-                    },
+                    &ReadChunk { target: seg.target, ino, offset: seg.local_offset, len: seg.len as u32 },
                 )
                 .await?;
             Ok(Arc::new(r.data))
@@ -304,12 +262,7 @@ impl InodeData {
     }
 
     /// Reads up to `len` bytes at `offset`; holes read as zeros; short at end of file.
-    pub(crate) async fn read(
-        self: &Arc<Self>,
-        client: &Client,
-        offset: u64,
-        len: u32,
-    ) -> Result<Vec<u8>> {
+    pub(crate) async fn read(self: &Arc<Self>, client: &Client, offset: u64, len: u32) -> Result<Vec<u8>> {
         self.drain(client).await?;
         let size = self.ws.lock().await.size;
         if offset >= size || len == 0 {
@@ -336,10 +289,7 @@ impl InodeData {
                     }
                 }
             }
-            ra.chunks
-                .range(first..=(end - 1) / cs)
-                .map(|(k, f)| (*k, f.clone()))
-                .collect()
+            ra.chunks.range(first..=(end - 1) / cs).map(|(k, f)| (*k, f.clone())).collect()
         };
         let futs = self.layout.segments(offset, end - offset).map(|seg| {
             let cached = cached.get(&seg.chunk).cloned();
@@ -361,12 +311,7 @@ impl InodeData {
                             let r = client
                                 .store(
                                     seg.target,
-                                    &ReadChunk {
-                                        target: seg.target,
-                                        ino,
-                                        offset: seg.local_offset + done,
-                                        len: n,
-                                    },
+                                    &ReadChunk { target: seg.target, ino, offset: seg.local_offset + done, len: n },
                                 )
                                 .await?;
                             let got = r.data.len() as u64;
@@ -421,21 +366,8 @@ pub struct FileHandle {
 }
 
 impl FileHandle {
-    pub(crate) fn new(
-        client: Client,
-        data: Arc<InodeData>,
-        ctx: Ctx,
-        readable: bool,
-        writable: bool,
-    ) -> FileHandle {
-        FileHandle {
-            client,
-            data,
-            ctx,
-            readable,
-            writable,
-            closed: false,
-        }
+    pub(crate) fn new(client: Client, data: Arc<InodeData>, ctx: Ctx, readable: bool, writable: bool) -> FileHandle {
+        FileHandle { client, data, ctx, readable, writable, closed: false }
     }
 
     pub fn ino(&self) -> InodeId {
@@ -453,10 +385,7 @@ impl FileHandle {
 
     pub async fn write(&self, offset: u64, data: &[u8]) -> Result<usize> {
         if !self.writable {
-            return Err(ClientError::new(
-                odfs_proto::ErrorCode::Access,
-                "file is not open for writing",
-            ));
+            return Err(ClientError::new(odfs_proto::ErrorCode::Access, "file is not open for writing"));
         }
         self.data.write(&self.client, offset, data).await?;
         Ok(data.len())
@@ -464,10 +393,7 @@ impl FileHandle {
 
     pub async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>> {
         if !self.readable {
-            return Err(ClientError::new(
-                odfs_proto::ErrorCode::Access,
-                "file is not open for reading",
-            ));
+            return Err(ClientError::new(odfs_proto::ErrorCode::Access, "file is not open for reading"));
         }
         self.data.read(&self.client, offset, len).await
     }
@@ -483,9 +409,7 @@ impl FileHandle {
     }
 
     pub async fn truncate(&self, size: u64) -> Result<()> {
-        self.client
-            .truncate(&self.ctx, self.data.ino, size, !self.writable)
-            .await
+        self.client.truncate(&self.ctx, self.data.ino, size, !self.writable).await
     }
 
     /// Attributes with this process's view of the size.
@@ -496,11 +420,7 @@ impl FileHandle {
     /// Flushes and releases the handle. Errors of earlier background writes surface here.
     pub async fn close(mut self) -> Result<()> {
         self.closed = true;
-        let r = if self.writable {
-            self.flush().await
-        } else {
-            Ok(())
-        };
+        let r = if self.writable { self.flush().await } else { Ok(()) };
         self.client.release(&self.data).await;
         r
     }

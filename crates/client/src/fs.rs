@@ -71,10 +71,7 @@ impl Client {
     /// Connects to the filesystem described by `cfg` and waits (up to `cfg.retry_secs`) until it
     /// is ready.
     pub async fn connect(cfg: ClientConfig) -> Result<Client> {
-        let cred = cfg
-            .job
-            .credential()
-            .map_err(|e| ClientError::Config(e.to_string()))?;
+        let cred = cfg.job.credential().map_err(|e| ClientError::Config(e.to_string()))?;
         let pool = Arc::new(
             Pool::new(
                 cred,
@@ -90,10 +87,7 @@ impl Client {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(cfg.retry_secs);
         while !cluster.ready() {
             if tokio::time::Instant::now() > deadline {
-                return Err(ClientError::Unavailable(format!(
-                    "filesystem at {} is not ready",
-                    cfg.mgmtd
-                )));
+                return Err(ClientError::Unavailable(format!("filesystem at {} is not ready", cfg.mgmtd)));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
             cluster.refresh().await?;
@@ -195,10 +189,7 @@ impl Client {
         let h = self.header(&Ctx::root());
         let mut refreshed = false;
         loop {
-            let (addr, t) = self
-                .inner
-                .cluster
-                .target_addr(target, self.inner.cfg.bulk_transport)?;
+            let (addr, t) = self.inner.cluster.target_addr(target, self.inner.cfg.bulk_transport)?;
             match self.inner.pool.call(addr, t, &h, req).await {
                 Err(e) if e.retryable() && !refreshed => {
                     refreshed = true;
@@ -215,13 +206,7 @@ impl Client {
 
     /// Attributes as this process knows them: its own unflushed writes count toward the size.
     fn merge_local(&self, mut attr: Attr) -> Attr {
-        if let Some(d) = self
-            .inner
-            .inodes
-            .lock()
-            .expect("inodes lock")
-            .get(&attr.ino)
-        {
+        if let Some(d) = self.inner.inodes.lock().expect("inodes lock").get(&attr.ino) {
             attr.size = d.local_size(attr.size);
         }
         attr
@@ -232,16 +217,7 @@ impl Client {
         if let Some(a) = self.inner.cache.lookup(parent, name, who) {
             return Ok(self.merge_local(a));
         }
-        let a = self
-            .meta(
-                ctx,
-                Self::shard_of(parent),
-                &Lookup {
-                    parent,
-                    name: name.to_vec(),
-                },
-            )
-            .await?;
+        let a = self.meta(ctx, Self::shard_of(parent), &Lookup { parent, name: name.to_vec() }).await?;
         self.inner.cache.put_entry(parent, name, &a, who);
         Ok(self.merge_local(a))
     }
@@ -250,9 +226,7 @@ impl Client {
         if let Some(a) = self.inner.cache.attr(ino) {
             return Ok(self.merge_local(a));
         }
-        let a = self
-            .meta(ctx, Self::shard_of(ino), &GetAttr { ino })
-            .await?;
+        let a = self.meta(ctx, Self::shard_of(ino), &GetAttr { ino }).await?;
         self.inner.cache.put_attr(&a);
         Ok(self.merge_local(a))
     }
@@ -267,8 +241,7 @@ impl Client {
     }
 
     pub async fn access(&self, ctx: &Ctx, ino: InodeId, mask: u32) -> Result<()> {
-        self.meta(ctx, Self::shard_of(ino), &Access { ino, mask })
-            .await
+        self.meta(ctx, Self::shard_of(ino), &Access { ino, mask }).await
     }
 
     /// Changes attributes. A size change truncates the data first (after a permission check).
@@ -294,23 +267,11 @@ impl Client {
     }
 
     /// Sets a file's size: chunks on every target, then the size at metad.
-    pub async fn truncate(
-        &self,
-        ctx: &Ctx,
-        ino: InodeId,
-        size: u64,
-        check_permission: bool,
-    ) -> Result<()> {
+    pub async fn truncate(&self, ctx: &Ctx, ino: InodeId, size: u64, check_permission: bool) -> Result<()> {
         if check_permission {
             self.access(ctx, ino, 2).await?;
         }
-        let local = self
-            .inner
-            .inodes
-            .lock()
-            .expect("inodes lock")
-            .get(&ino)
-            .cloned();
+        let local = self.inner.inodes.lock().expect("inodes lock").get(&ino).cloned();
         let layout = match &local {
             Some(d) => {
                 d.drain(self).await?;
@@ -326,16 +287,7 @@ impl Client {
             }
         };
         self.truncate_chunks(&layout, ino, size).await?;
-        self.meta(
-            ctx,
-            Self::shard_of(ino),
-            &SetAttr {
-                ino,
-                size: Some(size),
-                ..Default::default()
-            },
-        )
-        .await?;
+        self.meta(ctx, Self::shard_of(ino), &SetAttr { ino, size: Some(size), ..Default::default() }).await?;
         self.invalidate(ino);
         if let Some(d) = local {
             d.set_size_after_truncate(size);
@@ -343,25 +295,10 @@ impl Client {
         Ok(())
     }
 
-    pub(crate) async fn truncate_chunks(
-        &self,
-        layout: &Layout,
-        ino: InodeId,
-        size: u64,
-    ) -> Result<()> {
+    pub(crate) async fn truncate_chunks(&self, layout: &Layout, ino: InodeId, size: u64) -> Result<()> {
         let futs = layout.targets.iter().enumerate().map(|(i, &t)| {
             let len = layout.local_len(i, size);
-            async move {
-                self.store(
-                    t,
-                    &odfs_proto::storage::TruncateChunk {
-                        target: t,
-                        ino,
-                        len,
-                    },
-                )
-                .await
-            }
+            async move { self.store(t, &odfs_proto::storage::TruncateChunk { target: t, ino, len }).await }
         });
         for r in futures::future::join_all(futs).await {
             r?;
@@ -370,10 +307,8 @@ impl Client {
     }
 
     pub(crate) async fn remove_chunks(&self, layout: &Layout, ino: InodeId) {
-        let futs = layout
-            .targets
-            .iter()
-            .map(|&t| async move { (t, self.store(t, &RemoveChunk { target: t, ino }).await) });
+        let futs =
+            layout.targets.iter().map(|&t| async move { (t, self.store(t, &RemoveChunk { target: t, ino }).await) });
         for (t, r) in futures::future::join_all(futs).await {
             if let Err(e) = r {
                 warn!(target = t, %ino, error = %e, "could not remove chunk file");
@@ -390,13 +325,7 @@ impl Client {
         if attr.size == 0 {
             return;
         }
-        let open_here = self
-            .inner
-            .inodes
-            .lock()
-            .expect("inodes lock")
-            .get(&attr.ino)
-            .cloned();
+        let open_here = self.inner.inodes.lock().expect("inodes lock").get(&attr.ino).cloned();
         match open_here {
             Some(d) => d.mark_unlinked(),
             None => self.remove_chunks(&layout, attr.ino).await,
@@ -412,17 +341,9 @@ impl Client {
         exclusive: bool,
         layout: Option<DirLayout>,
     ) -> Result<CreateReply> {
-        let req = Create {
-            parent,
-            name: name.to_vec(),
-            mode,
-            exclusive,
-            layout,
-        };
+        let req = Create { parent, name: name.to_vec(), mode, exclusive, layout };
         let r = self.meta(ctx, Self::shard_of(parent), &req).await?;
-        self.inner
-            .cache
-            .put_entry(parent, name, &r.attr, (ctx.uid, ctx.gid));
+        self.inner.cache.put_entry(parent, name, &r.attr, (ctx.uid, ctx.gid));
         if r.created {
             self.invalidate(parent);
         }
@@ -430,36 +351,15 @@ impl Client {
     }
 
     pub async fn mkdir(&self, ctx: &Ctx, parent: InodeId, name: &[u8], mode: u32) -> Result<Attr> {
-        let a = self
-            .meta(
-                ctx,
-                Self::shard_of(parent),
-                &Mkdir {
-                    parent,
-                    name: name.to_vec(),
-                    mode,
-                },
-            )
-            .await?;
-        self.inner
-            .cache
-            .put_entry(parent, name, &a, (ctx.uid, ctx.gid));
+        let a = self.meta(ctx, Self::shard_of(parent), &Mkdir { parent, name: name.to_vec(), mode }).await?;
+        self.inner.cache.put_entry(parent, name, &a, (ctx.uid, ctx.gid));
         self.invalidate(parent);
         Ok(a)
     }
 
     pub async fn unlink(&self, ctx: &Ctx, parent: InodeId, name: &[u8]) -> Result<()> {
         self.inner.cache.forget_entry(parent, name);
-        let r = self
-            .meta(
-                ctx,
-                Self::shard_of(parent),
-                &Unlink {
-                    parent,
-                    name: name.to_vec(),
-                },
-            )
-            .await;
+        let r = self.meta(ctx, Self::shard_of(parent), &Unlink { parent, name: name.to_vec() }).await;
         self.invalidate(parent);
         self.reclaim(r?.removed).await;
         Ok(())
@@ -467,16 +367,7 @@ impl Client {
 
     pub async fn rmdir(&self, ctx: &Ctx, parent: InodeId, name: &[u8]) -> Result<()> {
         self.inner.cache.forget_entry(parent, name);
-        let r = self
-            .meta(
-                ctx,
-                Self::shard_of(parent),
-                &Rmdir {
-                    parent,
-                    name: name.to_vec(),
-                },
-            )
-            .await;
+        let r = self.meta(ctx, Self::shard_of(parent), &Rmdir { parent, name: name.to_vec() }).await;
         self.invalidate(parent);
         r
     }
@@ -492,13 +383,7 @@ impl Client {
     ) -> Result<()> {
         self.inner.cache.forget_entry(parent, name);
         self.inner.cache.forget_entry(new_parent, new_name);
-        let req = Rename {
-            parent,
-            name: name.to_vec(),
-            new_parent,
-            new_name: new_name.to_vec(),
-            flags,
-        };
+        let req = Rename { parent, name: name.to_vec(), new_parent, new_name: new_name.to_vec(), flags };
         let r = self.meta(ctx, Self::shard_of(parent), &req).await;
         self.invalidate(parent);
         self.invalidate(new_parent);
@@ -506,22 +391,10 @@ impl Client {
         Ok(())
     }
 
-    pub async fn symlink(
-        &self,
-        ctx: &Ctx,
-        parent: InodeId,
-        name: &[u8],
-        target: &[u8],
-    ) -> Result<Attr> {
-        let req = Symlink {
-            parent,
-            name: name.to_vec(),
-            target: target.to_vec(),
-        };
+    pub async fn symlink(&self, ctx: &Ctx, parent: InodeId, name: &[u8], target: &[u8]) -> Result<Attr> {
+        let req = Symlink { parent, name: name.to_vec(), target: target.to_vec() };
         let a = self.meta(ctx, Self::shard_of(parent), &req).await?;
-        self.inner
-            .cache
-            .put_entry(parent, name, &a, (ctx.uid, ctx.gid));
+        self.inner.cache.put_entry(parent, name, &a, (ctx.uid, ctx.gid));
         self.invalidate(parent);
         Ok(a)
     }
@@ -530,22 +403,10 @@ impl Client {
         self.meta(ctx, Self::shard_of(ino), &Readlink { ino }).await
     }
 
-    pub async fn link(
-        &self,
-        ctx: &Ctx,
-        ino: InodeId,
-        new_parent: InodeId,
-        new_name: &[u8],
-    ) -> Result<Attr> {
-        let req = Link {
-            ino,
-            new_parent,
-            new_name: new_name.to_vec(),
-        };
+    pub async fn link(&self, ctx: &Ctx, ino: InodeId, new_parent: InodeId, new_name: &[u8]) -> Result<Attr> {
+        let req = Link { ino, new_parent, new_name: new_name.to_vec() };
         let a = self.meta(ctx, Self::shard_of(new_parent), &req).await?;
-        self.inner
-            .cache
-            .put_entry(new_parent, new_name, &a, (ctx.uid, ctx.gid));
+        self.inner.cache.put_entry(new_parent, new_name, &a, (ctx.uid, ctx.gid));
         self.invalidate(new_parent);
         Ok(self.merge_local(a))
     }
@@ -558,23 +419,10 @@ impl Client {
         max_entries: u32,
         plus: bool,
     ) -> Result<ReadDirReply> {
-        let mut r = self
-            .meta(
-                ctx,
-                Self::shard_of(ino),
-                &ReadDir {
-                    ino,
-                    cookie,
-                    max_entries,
-                    plus,
-                },
-            )
-            .await?;
+        let mut r = self.meta(ctx, Self::shard_of(ino), &ReadDir { ino, cookie, max_entries, plus }).await?;
         for e in r.entries.iter_mut() {
             if let Some(a) = e.attr.take() {
-                self.inner
-                    .cache
-                    .put_entry(ino, &e.name, &a, (ctx.uid, ctx.gid));
+                self.inner.cache.put_entry(ino, &e.name, &a, (ctx.uid, ctx.gid));
                 e.attr = Some(self.merge_local(a));
             }
         }
@@ -597,53 +445,23 @@ impl Client {
         }
     }
 
-    pub async fn setxattr(
-        &self,
-        ctx: &Ctx,
-        ino: InodeId,
-        name: &[u8],
-        value: &[u8],
-        flags: u32,
-    ) -> Result<()> {
-        let req = SetXattr {
-            ino,
-            name: name.to_vec(),
-            value: value.to_vec(),
-            flags,
-        };
+    pub async fn setxattr(&self, ctx: &Ctx, ino: InodeId, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
+        let req = SetXattr { ino, name: name.to_vec(), value: value.to_vec(), flags };
         let r = self.meta(ctx, Self::shard_of(ino), &req).await;
         self.invalidate(ino);
         r
     }
 
     pub async fn getxattr(&self, ctx: &Ctx, ino: InodeId, name: &[u8]) -> Result<Vec<u8>> {
-        self.meta(
-            ctx,
-            Self::shard_of(ino),
-            &GetXattr {
-                ino,
-                name: name.to_vec(),
-            },
-        )
-        .await
+        self.meta(ctx, Self::shard_of(ino), &GetXattr { ino, name: name.to_vec() }).await
     }
 
     pub async fn listxattr(&self, ctx: &Ctx, ino: InodeId) -> Result<Vec<Vec<u8>>> {
-        self.meta(ctx, Self::shard_of(ino), &ListXattr { ino })
-            .await
+        self.meta(ctx, Self::shard_of(ino), &ListXattr { ino }).await
     }
 
     pub async fn removexattr(&self, ctx: &Ctx, ino: InodeId, name: &[u8]) -> Result<()> {
-        let r = self
-            .meta(
-                ctx,
-                Self::shard_of(ino),
-                &RemoveXattr {
-                    ino,
-                    name: name.to_vec(),
-                },
-            )
-            .await;
+        let r = self.meta(ctx, Self::shard_of(ino), &RemoveXattr { ino, name: name.to_vec() }).await;
         self.invalidate(ino);
         r
     }
@@ -653,28 +471,17 @@ impl Client {
     }
 
     pub async fn set_dir_layout(&self, ctx: &Ctx, ino: InodeId, layout: DirLayout) -> Result<()> {
-        self.meta(ctx, Self::shard_of(ino), &SetDirLayout { ino, layout })
-            .await
+        self.meta(ctx, Self::shard_of(ino), &SetDirLayout { ino, layout }).await
     }
 
     pub async fn get_dir_layout(&self, ctx: &Ctx, ino: InodeId) -> Result<DirLayout> {
-        self.meta(ctx, Self::shard_of(ino), &GetDirLayout { ino })
-            .await
+        self.meta(ctx, Self::shard_of(ino), &GetDirLayout { ino }).await
     }
 
     /// Opens an existing file. `truncate` empties it (O_TRUNC).
-    pub async fn open(
-        &self,
-        ctx: &Ctx,
-        ino: InodeId,
-        read: bool,
-        write: bool,
-        truncate: bool,
-    ) -> Result<FileHandle> {
+    pub async fn open(&self, ctx: &Ctx, ino: InodeId, read: bool, write: bool, truncate: bool) -> Result<FileHandle> {
         // Always asked of metad: this is the "open" of close-to-open.
-        let attr = self
-            .meta(ctx, Self::shard_of(ino), &Open { ino, read, write })
-            .await?;
+        let attr = self.meta(ctx, Self::shard_of(ino), &Open { ino, read, write }).await?;
         self.cache_attr(&attr);
         let h = self.handle_for(ctx, attr, read, write)?;
         if truncate && write {
@@ -693,20 +500,12 @@ impl Client {
         exclusive: bool,
         layout: Option<DirLayout>,
     ) -> Result<(CreateReply, FileHandle)> {
-        let r = self
-            .create(ctx, parent, name, mode, exclusive, layout)
-            .await?;
+        let r = self.create(ctx, parent, name, mode, exclusive, layout).await?;
         let h = self.handle_for(ctx, r.attr.clone(), true, true)?;
         Ok((r, h))
     }
 
-    pub(crate) fn handle_for(
-        &self,
-        ctx: &Ctx,
-        attr: Attr,
-        read: bool,
-        write: bool,
-    ) -> Result<FileHandle> {
+    pub(crate) fn handle_for(&self, ctx: &Ctx, attr: Attr, read: bool, write: bool) -> Result<FileHandle> {
         let layout = match (attr.kind, attr.layout.clone()) {
             (FileKind::File, Some(l)) => l,
             (FileKind::Dir, _) => return Err(ErrorCode::IsDir.into()),
@@ -714,18 +513,10 @@ impl Client {
         };
         let data = {
             let mut map = self.inner.inodes.lock().expect("inodes lock");
-            map.entry(attr.ino)
-                .or_insert_with(|| Arc::new(InodeData::new(attr.ino, layout)))
-                .clone()
+            map.entry(attr.ino).or_insert_with(|| Arc::new(InodeData::new(attr.ino, layout))).clone()
         };
         data.opened(attr.size);
-        Ok(FileHandle::new(
-            self.clone(),
-            data,
-            ctx.clone(),
-            read,
-            write,
-        ))
+        Ok(FileHandle::new(self.clone(), data, ctx.clone(), read, write))
     }
 
     /// Called by a handle's close: forget the inode's data state when its last handle goes.

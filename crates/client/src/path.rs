@@ -41,13 +41,9 @@ impl Client {
             if next.kind == FileKind::Symlink && (!last || follow) {
                 links += 1;
                 if links > MAX_SYMLINKS {
-                    return Err(ClientError::new(
-                        ErrorCode::Invalid,
-                        "too many levels of symbolic links",
-                    ));
+                    return Err(ClientError::new(ErrorCode::Invalid, "too many levels of symbolic links"));
                 }
-                let target =
-                    String::from_utf8_lossy(&self.readlink(ctx, next.ino).await?).into_owned();
+                let target = String::from_utf8_lossy(&self.readlink(ctx, next.ino).await?).into_owned();
                 if target.starts_with('/') {
                     stack.truncate(1);
                 }
@@ -67,9 +63,7 @@ impl Client {
     /// The parent directory of `path` and the last component's name.
     pub async fn resolve_parent(&self, ctx: &Ctx, path: &str) -> Result<(Attr, Vec<u8>)> {
         let mut comps = components(path)?;
-        let name = comps
-            .pop()
-            .ok_or_else(|| ClientError::new(ErrorCode::Invalid, "the root has no parent"))?;
+        let name = comps.pop().ok_or_else(|| ClientError::new(ErrorCode::Invalid, "the root has no parent"))?;
         let parent_path = String::from_utf8_lossy(&comps.join(&b'/')).into_owned();
         let parent = self.resolve(ctx, &format!("/{parent_path}"), true).await?;
         if parent.kind != FileKind::Dir {
@@ -85,15 +79,11 @@ impl Client {
             cur = match self.lookup(ctx, cur.ino, &c).await {
                 Ok(a) if a.kind == FileKind::Dir => a,
                 Ok(_) => return Err(ErrorCode::NotDir.into()),
-                Err(e) if e.code() == ErrorCode::NotFound => {
-                    match self.mkdir(ctx, cur.ino, &c, mode).await {
-                        Ok(a) => a,
-                        Err(e) if e.code() == ErrorCode::Exists => {
-                            self.lookup(ctx, cur.ino, &c).await?
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
+                Err(e) if e.code() == ErrorCode::NotFound => match self.mkdir(ctx, cur.ino, &c, mode).await {
+                    Ok(a) => a,
+                    Err(e) if e.code() == ErrorCode::Exists => self.lookup(ctx, cur.ino, &c).await?,
+                    Err(e) => return Err(e),
+                },
                 Err(e) => return Err(e),
             };
         }

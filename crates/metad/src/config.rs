@@ -56,10 +56,7 @@ mod tests {
     #[test]
     fn printed_defaults_parse_back() {
         let text = toml::to_string_pretty(&MetadConfig::default()).unwrap();
-        assert_eq!(
-            toml::from_str::<MetadConfig>(&text).unwrap(),
-            MetadConfig::default()
-        );
+        assert_eq!(toml::from_str::<MetadConfig>(&text).unwrap(), MetadConfig::default());
         assert!(toml::from_str::<MetadConfig>("shard = \"x\"").is_err());
     }
 }

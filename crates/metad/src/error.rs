@@ -22,25 +22,13 @@ pub enum MetaError {
     /// The log has a damaged record that is not a torn tail (it has a valid checksum but cannot
     /// be decoded, or its sequence number is out of order).
     #[error("write-ahead log {} is corrupt at byte {offset}: {reason}", .path.display())]
-    CorruptLog {
-        path: PathBuf,
-        offset: u64,
-        reason: String,
-    },
+    CorruptLog { path: PathBuf, offset: u64, reason: String },
     /// A logged mutation failed when re-applied: the log does not match the snapshot.
     #[error("replaying record {seq} of {} failed: {reason}", .path.display())]
-    Replay {
-        path: PathBuf,
-        seq: u64,
-        reason: String,
-    },
+    Replay { path: PathBuf, seq: u64, reason: String },
     /// The directory holds another shard's namespace.
     #[error("{} holds the namespace of shard {found}, not of shard {expected}", .path.display())]
-    ShardMismatch {
-        path: PathBuf,
-        found: u16,
-        expected: u16,
-    },
+    ShardMismatch { path: PathBuf, found: u16, expected: u16 },
     /// The default layout given for the root directory breaks a layout rule.
     #[error("the root directory's default layout is invalid: {0}")]
     InvalidRootLayout(String),
@@ -54,10 +42,6 @@ pub enum MetaError {
 
 impl MetaError {
     pub(crate) fn io(what: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        MetaError::Io {
-            what,
-            path: path.into(),
-            source,
-        }
+        MetaError::Io { what, path: path.into(), source }
     }
 }

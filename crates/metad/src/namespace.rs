@@ -79,10 +79,7 @@ pub enum MetaReply {
 }
 
 fn wrong_reply(want: &str, got: &MetaReply) -> RemoteError {
-    RemoteError::new(
-        ErrorCode::Internal,
-        format!("expected a {want} reply, got {got:?}"),
-    )
+    RemoteError::new(ErrorCode::Internal, format!("expected a {want} reply, got {got:?}"))
 }
 
 impl MetaReply {
@@ -144,16 +141,10 @@ pub(crate) struct Applied {
 
 impl Applied {
     fn changed(reply: MetaReply) -> RpcResult<Applied> {
-        Ok(Applied {
-            reply,
-            changed: true,
-        })
+        Ok(Applied { reply, changed: true })
     }
     fn unchanged(reply: MetaReply) -> RpcResult<Applied> {
-        Ok(Applied {
-            reply,
-            changed: false,
-        })
+        Ok(Applied { reply, changed: false })
     }
 }
 
@@ -202,18 +193,7 @@ pub(crate) enum Body {
 
 impl Inode {
     fn new(mode: u32, uid: u32, gid: u32, now: Timespec, body: Body) -> Inode {
-        Inode {
-            mode,
-            nlink: 1,
-            uid,
-            gid,
-            size: 0,
-            atime: now,
-            mtime: now,
-            ctime: now,
-            xattrs: BTreeMap::new(),
-            body,
-        }
+        Inode { mode, nlink: 1, uid, gid, size: 0, atime: now, mtime: now, ctime: now, xattrs: BTreeMap::new(), body }
     }
 
     pub fn kind(&self) -> FileKind {
@@ -288,13 +268,7 @@ pub(crate) struct Dir {
 
 impl Dir {
     fn new(parent: InodeId, layout: DirLayout) -> Dir {
-        Dir {
-            parent,
-            layout,
-            next_seq: 1,
-            names: HashMap::new(),
-            order: BTreeMap::new(),
-        }
+        Dir { parent, layout, next_seq: 1, names: HashMap::new(), order: BTreeMap::new() }
     }
 
     fn get(&self, name: &[u8]) -> Option<InodeId> {
@@ -330,10 +304,7 @@ impl Dir {
     }
 
     fn remove(&mut self, name: &[u8]) -> RpcResult<InodeId> {
-        let (seq, ino) = self
-            .names
-            .remove(name)
-            .ok_or_else(|| internal("a removed entry vanished"))?;
+        let (seq, ino) = self.names.remove(name).ok_or_else(|| internal("a removed entry vanished"))?;
         self.order.remove(&seq);
         Ok(ino)
     }
@@ -358,13 +329,7 @@ impl From<DirImage> for Dir {
             names.insert(name.clone(), (seq, ino));
             order.insert(seq, name);
         }
-        Dir {
-            parent: img.parent,
-            layout: img.layout,
-            next_seq: img.next_seq,
-            names,
-            order,
-        }
+        Dir { parent: img.parent, layout: img.layout, next_seq: img.next_seq, names, order }
     }
 }
 
@@ -375,10 +340,7 @@ impl Serialize for Dir {
             fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 let mut seq = s.serialize_seq(Some(self.0.order.len()))?;
                 for (n, name) in &self.0.order {
-                    let ino = self
-                        .0
-                        .get(name)
-                        .ok_or_else(|| S::Error::custom("directory index out of step"))?;
+                    let ino = self.0.get(name).ok_or_else(|| S::Error::custom("directory index out of step"))?;
                     seq.serialize_element(&(n, &**name, ino))?;
                 }
                 seq.end()
@@ -403,17 +365,11 @@ fn show(name: &[u8]) -> String {
 }
 
 fn not_found(name: &[u8]) -> RemoteError {
-    RemoteError::new(
-        ErrorCode::NotFound,
-        format!("\"{}\" does not exist", show(name)),
-    )
+    RemoteError::new(ErrorCode::NotFound, format!("\"{}\" does not exist", show(name)))
 }
 
 fn exists(name: &[u8]) -> RemoteError {
-    RemoteError::new(
-        ErrorCode::Exists,
-        format!("\"{}\" already exists", show(name)),
-    )
+    RemoteError::new(ErrorCode::Exists, format!("\"{}\" already exists", show(name)))
 }
 
 /// Checks one directory entry name: not empty, not "." or "..", no '/' or NUL, at most
@@ -429,22 +385,13 @@ pub fn check_name(name: &[u8]) -> RpcResult<()> {
         ));
     }
     if name == b"." || name == b".." {
-        return Err(RemoteError::new(
-            ErrorCode::Invalid,
-            format!("name \"{}\" is reserved", show(name)),
-        ));
+        return Err(RemoteError::new(ErrorCode::Invalid, format!("name \"{}\" is reserved", show(name))));
     }
     if name.contains(&b'/') {
-        return Err(RemoteError::new(
-            ErrorCode::Invalid,
-            format!("name \"{}\" contains '/'", show(name)),
-        ));
+        return Err(RemoteError::new(ErrorCode::Invalid, format!("name \"{}\" contains '/'", show(name))));
     }
     if name.contains(&0) {
-        return Err(RemoteError::new(
-            ErrorCode::Invalid,
-            "name contains a NUL byte",
-        ));
+        return Err(RemoteError::new(ErrorCode::Invalid, "name contains a NUL byte"));
     }
     Ok(())
 }
@@ -454,10 +401,7 @@ fn check_xattr_name(name: &[u8]) -> RpcResult<()> {
     if name.is_empty() || name.len() > NAME_MAX {
         return Err(RemoteError::new(
             ErrorCode::Range,
-            format!(
-                "extended attribute name is {} bytes; it must be 1 to {NAME_MAX}",
-                name.len()
-            ),
+            format!("extended attribute name is {} bytes; it must be 1 to {NAME_MAX}", name.len()),
         ));
     }
     Ok(())
@@ -517,13 +461,7 @@ impl Namespace {
         if self.has_root() {
             return Err(internal("the root directory exists already"));
         }
-        let mut node = Inode::new(
-            0o755,
-            0,
-            0,
-            now,
-            Body::Dir(Box::new(Dir::new(InodeId::ROOT, layout))),
-        );
+        let mut node = Inode::new(0o755, 0, 0, now, Body::Dir(Box::new(Dir::new(InodeId::ROOT, layout))));
         node.nlink = 2;
         let attr = node.attr(InodeId::ROOT);
         self.inodes.insert(InodeId::ROOT, node);
@@ -531,15 +469,15 @@ impl Namespace {
     }
 
     fn node(&self, ino: InodeId) -> RpcResult<&Inode> {
-        self.inodes.get(&ino).ok_or_else(|| {
-            RemoteError::new(ErrorCode::NotFound, format!("inode {ino} does not exist"))
-        })
+        self.inodes
+            .get(&ino)
+            .ok_or_else(|| RemoteError::new(ErrorCode::NotFound, format!("inode {ino} does not exist")))
     }
 
     fn node_mut(&mut self, ino: InodeId) -> RpcResult<&mut Inode> {
-        self.inodes.get_mut(&ino).ok_or_else(|| {
-            RemoteError::new(ErrorCode::NotFound, format!("inode {ino} does not exist"))
-        })
+        self.inodes
+            .get_mut(&ino)
+            .ok_or_else(|| RemoteError::new(ErrorCode::NotFound, format!("inode {ino} does not exist")))
     }
 
     /// A directory inode and its entries: `NotFound` or `NotDir` otherwise.
@@ -547,10 +485,7 @@ impl Namespace {
         let node = self.node(ino)?;
         match node.dir() {
             Some(d) => Ok((node, d)),
-            None => Err(RemoteError::new(
-                ErrorCode::NotDir,
-                format!("inode {ino} is not a directory"),
-            )),
+            None => Err(RemoteError::new(ErrorCode::NotDir, format!("inode {ino} is not a directory"))),
         }
     }
 
@@ -566,10 +501,7 @@ impl Namespace {
             return Ok(ino);
         }
         if self.next_local > MAX_LOCAL {
-            return Err(RemoteError::new(
-                ErrorCode::NoSpace,
-                "this shard has used every inode id",
-            ));
+            return Err(RemoteError::new(ErrorCode::NoSpace, "this shard has used every inode id"));
         }
         let ino = InodeId::new(self.shard, self.next_local);
         self.next_local += 1;
@@ -605,10 +537,7 @@ impl Namespace {
 
     pub fn access(&self, h: &RequestHeader, req: &Access) -> RpcResult<()> {
         if req.mask & !7 != 0 {
-            return Err(RemoteError::new(
-                ErrorCode::Invalid,
-                format!("access mask {:#o} has unknown bits", req.mask),
-            ));
+            return Err(RemoteError::new(ErrorCode::Invalid, format!("access mask {:#o} has unknown bits", req.mask)));
         }
         let node = self.node(req.ino)?;
         permission::require(h, node, req.ino, req.mask)
@@ -617,10 +546,7 @@ impl Namespace {
     pub fn open(&self, h: &RequestHeader, req: &Open) -> RpcResult<Attr> {
         let node = self.node(req.ino)?;
         if req.write && node.is_dir() {
-            return Err(RemoteError::new(
-                ErrorCode::IsDir,
-                format!("inode {} is a directory", req.ino),
-            ));
+            return Err(RemoteError::new(ErrorCode::IsDir, format!("inode {} is a directory", req.ino)));
         }
         let mask = if req.read { MAY_READ } else { 0 } | if req.write { MAY_WRITE } else { 0 };
         permission::require(h, node, req.ino, mask)?;
@@ -634,41 +560,24 @@ impl Namespace {
             0 => READDIR_DEFAULT_BATCH,
             n => (n as usize).min(READDIR_MAX_BATCH),
         };
-        let mut it = dir
-            .order
-            .range((Bound::Excluded(req.cookie), Bound::Unbounded))
-            .peekable();
+        let mut it = dir.order.range((Bound::Excluded(req.cookie), Bound::Unbounded)).peekable();
         let mut entries = Vec::with_capacity(max.min(dir.len()));
         let mut bytes = 0;
         while entries.len() < max && bytes < READDIR_MAX_BYTES {
             let Some((&seq, name)) = it.next() else { break };
-            let ino = dir
-                .get(name)
-                .ok_or_else(|| internal("directory index out of step"))?;
+            let ino = dir.get(name).ok_or_else(|| internal("directory index out of step"))?;
             let child = self.node(ino)?;
             let attr = req.plus.then(|| child.attr(ino));
             bytes += 32 + name.len() + attr.as_ref().map_or(0, |a| 96 + 5 * layout_len(a));
-            entries.push(DirEntry {
-                name: name.to_vec(),
-                ino,
-                kind: child.kind(),
-                cookie: seq,
-                attr,
-            });
+            entries.push(DirEntry { name: name.to_vec(), ino, kind: child.kind(), cookie: seq, attr });
         }
-        Ok(ReadDirReply {
-            entries,
-            eof: it.peek().is_none(),
-        })
+        Ok(ReadDirReply { entries, eof: it.peek().is_none() })
     }
 
     pub fn readlink(&self, ino: InodeId) -> RpcResult<Vec<u8>> {
         match &self.node(ino)?.body {
             Body::Symlink(t) => Ok(t.clone()),
-            _ => Err(RemoteError::new(
-                ErrorCode::Invalid,
-                format!("inode {ino} is not a symbolic link"),
-            )),
+            _ => Err(RemoteError::new(ErrorCode::Invalid, format!("inode {ino} is not a symbolic link"))),
         }
     }
 
@@ -677,10 +586,7 @@ impl Namespace {
         let node = self.node(req.ino)?;
         permission::require(h, node, req.ino, MAY_READ)?;
         node.xattrs.get(&req.name).cloned().ok_or_else(|| {
-            RemoteError::new(
-                ErrorCode::NoData,
-                format!("no extended attribute \"{}\"", show(&req.name)),
-            )
+            RemoteError::new(ErrorCode::NoData, format!("no extended attribute \"{}\"", show(&req.name)))
         })
     }
 
@@ -730,14 +636,7 @@ impl Namespace {
 
     /// Adds the entry `name` → `ino` to `parent` and updates the parent's times and, for a new
     /// subdirectory, its link count.
-    fn add_entry(
-        &mut self,
-        parent: InodeId,
-        name: &[u8],
-        ino: InodeId,
-        now: Timespec,
-        subdir: bool,
-    ) -> RpcResult<()> {
+    fn add_entry(&mut self, parent: InodeId, name: &[u8], ino: InodeId, now: Timespec, subdir: bool) -> RpcResult<()> {
         let p = self.node_mut(parent)?;
         p.touch_dir(now);
         if subdir {
@@ -766,19 +665,14 @@ impl Namespace {
             return match node.body {
                 Body::File(_) => {
                     permission::require(h, node, ino, MAY_WRITE)?;
-                    Applied::unchanged(MetaReply::Create(CreateReply {
-                        attr: node.attr(ino),
-                        created: false,
-                    }))
+                    Applied::unchanged(MetaReply::Create(CreateReply { attr: node.attr(ino), created: false }))
                 }
-                Body::Dir(_) => Err(RemoteError::new(
-                    ErrorCode::IsDir,
-                    format!("\"{}\" is a directory", show(&req.name)),
-                )),
-                Body::Symlink(_) => Err(RemoteError::new(
-                    ErrorCode::Exists,
-                    format!("\"{}\" is a symbolic link", show(&req.name)),
-                )),
+                Body::Dir(_) => {
+                    Err(RemoteError::new(ErrorCode::IsDir, format!("\"{}\" is a directory", show(&req.name))))
+                }
+                Body::Symlink(_) => {
+                    Err(RemoteError::new(ErrorCode::Exists, format!("\"{}\" is a symbolic link", show(&req.name))))
+                }
             };
         }
         permission::require(h, parent, req.parent, MAY_WRITE | MAY_EXEC)?;
@@ -787,8 +681,7 @@ impl Namespace {
             Some(l) => l,
             None => match &req.layout {
                 Some(dl) => {
-                    dl.validate()
-                        .map_err(|m| RemoteError::new(ErrorCode::Invalid, m))?;
+                    dl.validate().map_err(|m| RemoteError::new(ErrorCode::Invalid, m))?;
                     choose(dl)?
                 }
                 None => choose(&dir.layout)?,
@@ -799,20 +692,12 @@ impl Namespace {
         let attr = node.attr(ino);
         self.inodes.insert(ino, node);
         self.add_entry(req.parent, &req.name, ino, now, false)?;
-        Applied::changed(MetaReply::Create(CreateReply {
-            attr,
-            created: true,
-        }))
+        Applied::changed(MetaReply::Create(CreateReply { attr, created: true }))
     }
 
     /// The checks every new entry needs: a valid name, a searchable parent directory without
     /// that name, write permission on it. Returns the parent.
-    fn check_new_entry(
-        &self,
-        h: &RequestHeader,
-        parent_ino: InodeId,
-        name: &[u8],
-    ) -> RpcResult<(&Inode, &Dir)> {
+    fn check_new_entry(&self, h: &RequestHeader, parent_ino: InodeId, name: &[u8]) -> RpcResult<(&Inode, &Dir)> {
         check_name(name)?;
         let (parent, dir) = self.dir_node(parent_ino)?;
         permission::require(h, parent, parent_ino, MAY_EXEC)?;
@@ -823,13 +708,7 @@ impl Namespace {
         Ok((parent, dir))
     }
 
-    fn mkdir(
-        &mut self,
-        h: &RequestHeader,
-        now: Timespec,
-        req: &Mkdir,
-        choice: &mut Choice,
-    ) -> RpcResult<Applied> {
+    fn mkdir(&mut self, h: &RequestHeader, now: Timespec, req: &Mkdir, choice: &mut Choice) -> RpcResult<Applied> {
         let (parent, dir) = self.check_new_entry(h, req.parent, &req.name)?;
         if parent.nlink >= MAX_LINKS {
             return Err(RemoteError::new(
@@ -841,13 +720,7 @@ impl Namespace {
         let (gid, mode) = new_owner(h, parent, req.mode & 0o1777, true);
         let layout = dir.layout.clone();
         let ino = self.alloc(choice.ino)?;
-        let mut node = Inode::new(
-            mode,
-            h.uid,
-            gid,
-            now,
-            Body::Dir(Box::new(Dir::new(req.parent, layout))),
-        );
+        let mut node = Inode::new(mode, h.uid, gid, now, Body::Dir(Box::new(Dir::new(req.parent, layout))));
         node.nlink = 2;
         let attr = node.attr(ino);
         self.inodes.insert(ino, node);
@@ -855,33 +728,18 @@ impl Namespace {
         Applied::changed(MetaReply::Attr(attr))
     }
 
-    fn symlink(
-        &mut self,
-        h: &RequestHeader,
-        now: Timespec,
-        req: &Symlink,
-        choice: &mut Choice,
-    ) -> RpcResult<Applied> {
+    fn symlink(&mut self, h: &RequestHeader, now: Timespec, req: &Symlink, choice: &mut Choice) -> RpcResult<Applied> {
         if req.target.is_empty() {
-            return Err(RemoteError::new(
-                ErrorCode::NotFound,
-                "symbolic link target is empty",
-            ));
+            return Err(RemoteError::new(ErrorCode::NotFound, "symbolic link target is empty"));
         }
         if req.target.len() > SYMLINK_MAX {
             return Err(RemoteError::new(
                 ErrorCode::NameTooLong,
-                format!(
-                    "symbolic link target is {} bytes; the limit is {SYMLINK_MAX}",
-                    req.target.len()
-                ),
+                format!("symbolic link target is {} bytes; the limit is {SYMLINK_MAX}", req.target.len()),
             ));
         }
         if req.target.contains(&0) {
-            return Err(RemoteError::new(
-                ErrorCode::Invalid,
-                "symbolic link target contains a NUL byte",
-            ));
+            return Err(RemoteError::new(ErrorCode::Invalid, "symbolic link target contains a NUL byte"));
         }
         let (parent, _) = self.check_new_entry(h, req.parent, &req.name)?;
         let (gid, _) = new_owner(h, parent, 0o777, false);
@@ -899,16 +757,10 @@ impl Namespace {
         let src = self.node(req.ino)?;
         self.check_new_entry(h, req.new_parent, &req.new_name)?;
         if src.is_dir() {
-            return Err(RemoteError::new(
-                ErrorCode::Perm,
-                "hard links to directories are not allowed",
-            ));
+            return Err(RemoteError::new(ErrorCode::Perm, "hard links to directories are not allowed"));
         }
         if src.nlink >= MAX_LINKS {
-            return Err(RemoteError::new(
-                ErrorCode::TooManyLinks,
-                format!("inode {} has {MAX_LINKS} links", req.ino),
-            ));
+            return Err(RemoteError::new(ErrorCode::TooManyLinks, format!("inode {} has {MAX_LINKS} links", req.ino)));
         }
         self.add_entry(req.new_parent, &req.new_name, req.ino, now, false)?;
         let node = self.node_mut(req.ino)?;
@@ -920,12 +772,7 @@ impl Namespace {
     /// The checks shared by unlink and rmdir (Linux `may_delete`, less the type check): a valid
     /// name that exists in a searchable, writable parent, and the sticky bit. Returns the
     /// victim.
-    fn check_delete(
-        &self,
-        h: &RequestHeader,
-        parent_ino: InodeId,
-        name: &[u8],
-    ) -> RpcResult<(InodeId, &Inode)> {
+    fn check_delete(&self, h: &RequestHeader, parent_ino: InodeId, name: &[u8]) -> RpcResult<(InodeId, &Inode)> {
         check_name(name)?;
         let (parent, dir) = self.dir_node(parent_ino)?;
         permission::require(h, parent, parent_ino, MAY_EXEC)?;
@@ -952,10 +799,7 @@ impl Namespace {
     fn unlink(&mut self, h: &RequestHeader, now: Timespec, req: &Unlink) -> RpcResult<Applied> {
         let (ino, victim) = self.check_delete(h, req.parent, &req.name)?;
         if victim.is_dir() {
-            return Err(RemoteError::new(
-                ErrorCode::IsDir,
-                format!("\"{}\" is a directory", show(&req.name)),
-            ));
+            return Err(RemoteError::new(ErrorCode::IsDir, format!("\"{}\" is a directory", show(&req.name))));
         }
         let p = self.node_mut(req.parent)?;
         p.touch_dir(now);
@@ -968,10 +812,7 @@ impl Namespace {
         let (ino, victim) = self.check_delete(h, req.parent, &req.name)?;
         match victim.dir() {
             None => {
-                return Err(RemoteError::new(
-                    ErrorCode::NotDir,
-                    format!("\"{}\" is not a directory", show(&req.name)),
-                ))
+                return Err(RemoteError::new(ErrorCode::NotDir, format!("\"{}\" is not a directory", show(&req.name))))
             }
             Some(d) if !d.is_empty() => {
                 return Err(RemoteError::new(
@@ -991,13 +832,8 @@ impl Namespace {
 
     fn rename(&mut self, h: &RequestHeader, now: Timespec, req: &Rename) -> RpcResult<Applied> {
         let flags = req.flags;
-        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
-            || flags == RENAME_NOREPLACE | RENAME_EXCHANGE
-        {
-            return Err(RemoteError::new(
-                ErrorCode::Invalid,
-                format!("rename flags {flags:#x} are invalid"),
-            ));
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0 || flags == RENAME_NOREPLACE | RENAME_EXCHANGE {
+            return Err(RemoteError::new(ErrorCode::Invalid, format!("rename flags {flags:#x} are invalid")));
         }
         let exchange = flags & RENAME_EXCHANGE != 0;
         check_name(&req.name)?;
@@ -1022,22 +858,12 @@ impl Namespace {
         let src_is_dir = src.is_dir();
         let dst_is_dir = dst.is_some_and(Inode::is_dir);
         if src_is_dir && self.is_ancestor(src_ino, req.new_parent) {
-            return Err(RemoteError::new(
-                ErrorCode::Invalid,
-                "cannot move a directory into itself",
-            ));
+            return Err(RemoteError::new(ErrorCode::Invalid, "cannot move a directory into itself"));
         }
         if let Some(d) = dst_ino.filter(|_| dst_is_dir) {
             if self.is_ancestor(d, req.parent) {
-                let code = if exchange {
-                    ErrorCode::Invalid
-                } else {
-                    ErrorCode::NotEmpty
-                };
-                return Err(RemoteError::new(
-                    code,
-                    "the destination is an ancestor of the source",
-                ));
+                let code = if exchange { ErrorCode::Invalid } else { ErrorCode::NotEmpty };
+                return Err(RemoteError::new(code, "the destination is an ancestor of the source"));
             }
         }
         if dst_ino == Some(src_ino) {
@@ -1056,10 +882,7 @@ impl Namespace {
                 ));
             }
             if !exchange && !src_is_dir && dst_is_dir {
-                return Err(RemoteError::new(
-                    ErrorCode::IsDir,
-                    format!("\"{}\" is a directory", show(&req.new_name)),
-                ));
+                return Err(RemoteError::new(ErrorCode::IsDir, format!("\"{}\" is a directory", show(&req.new_name))));
             }
         }
         let moves = req.parent != req.new_parent;
@@ -1084,11 +907,7 @@ impl Namespace {
             if let Some(d) = dst.and_then(Inode::dir).filter(|d| !d.is_empty()) {
                 return Err(RemoteError::new(
                     ErrorCode::NotEmpty,
-                    format!(
-                        "directory \"{}\" has {} entries",
-                        show(&req.new_name),
-                        d.len()
-                    ),
+                    format!("directory \"{}\" has {} entries", show(&req.new_name), d.len()),
                 ));
             }
         }
@@ -1097,12 +916,8 @@ impl Namespace {
         let mut removed = None;
         if exchange {
             let dst_ino = dst_ino.ok_or_else(|| internal("exchange without a destination"))?;
-            self.node_mut(req.parent)?
-                .dir_mut()?
-                .repoint(&req.name, dst_ino)?;
-            self.node_mut(req.new_parent)?
-                .dir_mut()?
-                .repoint(&req.new_name, src_ino)?;
+            self.node_mut(req.parent)?.dir_mut()?.repoint(&req.name, dst_ino)?;
+            self.node_mut(req.new_parent)?.dir_mut()?.repoint(&req.new_name, src_ino)?;
             if moves {
                 if src_is_dir {
                     self.node_mut(src_ino)?.dir_mut()?.parent = req.new_parent;
@@ -1120,9 +935,7 @@ impl Namespace {
             self.node_mut(req.parent)?.dir_mut()?.remove(&req.name)?;
             match dst_ino {
                 Some(d) => {
-                    self.node_mut(req.new_parent)?
-                        .dir_mut()?
-                        .repoint(&req.new_name, src_ino)?;
+                    self.node_mut(req.new_parent)?.dir_mut()?.repoint(&req.new_name, src_ino)?;
                     if dst_is_dir {
                         self.inodes.remove(&d);
                         self.node_mut(req.new_parent)?.nlink -= 1;
@@ -1130,10 +943,7 @@ impl Namespace {
                         removed = self.drop_link(d, now)?;
                     }
                 }
-                None => self
-                    .node_mut(req.new_parent)?
-                    .dir_mut()?
-                    .insert(&req.new_name, src_ino),
+                None => self.node_mut(req.new_parent)?.dir_mut()?.insert(&req.new_name, src_ino),
             }
             if src_is_dir {
                 self.node_mut(src_ino)?.dir_mut()?.parent = req.new_parent;
@@ -1164,16 +974,10 @@ impl Namespace {
             match node.body {
                 Body::File(_) => permission::require(h, node, req.ino, MAY_WRITE)?,
                 Body::Dir(_) => {
-                    return Err(RemoteError::new(
-                        ErrorCode::IsDir,
-                        format!("inode {} is a directory", req.ino),
-                    ))
+                    return Err(RemoteError::new(ErrorCode::IsDir, format!("inode {} is a directory", req.ino)))
                 }
                 Body::Symlink(_) => {
-                    return Err(RemoteError::new(
-                        ErrorCode::Invalid,
-                        format!("inode {} is a symbolic link", req.ino),
-                    ))
+                    return Err(RemoteError::new(ErrorCode::Invalid, format!("inode {} is a symbolic link", req.ino)))
                 }
             }
         }
@@ -1181,10 +985,7 @@ impl Namespace {
         if let Some(uid) = req.uid {
             // Only root gives a file away; the owner may "change" it to itself.
             if !(h.is_root() || (h.uid == node.uid && uid == node.uid)) {
-                return Err(RemoteError::new(
-                    ErrorCode::Perm,
-                    "only root may change the owner",
-                ));
+                return Err(RemoteError::new(ErrorCode::Perm, "only root may change the owner"));
             }
         }
         if let Some(gid) = req.gid {
@@ -1196,18 +997,11 @@ impl Namespace {
             }
         }
         if req.mode.is_some() && !owner {
-            return Err(RemoteError::new(
-                ErrorCode::Perm,
-                "only the owner or root may change the mode",
-            ));
+            return Err(RemoteError::new(ErrorCode::Perm, "only the owner or root may change the mode"));
         }
-        let explicit =
-            matches!(req.atime, Some(SetTime::At(_))) || matches!(req.mtime, Some(SetTime::At(_)));
+        let explicit = matches!(req.atime, Some(SetTime::At(_))) || matches!(req.mtime, Some(SetTime::At(_)));
         if explicit && !owner {
-            return Err(RemoteError::new(
-                ErrorCode::Perm,
-                "only the owner or root may set explicit times",
-            ));
+            return Err(RemoteError::new(ErrorCode::Perm, "only the owner or root may set explicit times"));
         }
         if !explicit
             && (req.atime.is_some() || req.mtime.is_some())
@@ -1272,10 +1066,7 @@ impl Namespace {
         if req.value.len() > XATTR_VALUE_MAX {
             return Err(RemoteError::new(
                 ErrorCode::Range,
-                format!(
-                    "extended attribute value is {} bytes; the limit is {XATTR_VALUE_MAX}",
-                    req.value.len()
-                ),
+                format!("extended attribute value is {} bytes; the limit is {XATTR_VALUE_MAX}", req.value.len()),
             ));
         }
         let node = self.node(req.ino)?;
@@ -1288,24 +1079,13 @@ impl Namespace {
             ));
         }
         if !present && req.flags & XATTR_REPLACE != 0 {
-            return Err(RemoteError::new(
-                ErrorCode::NoData,
-                format!("no extended attribute \"{}\"", show(&req.name)),
-            ));
+            return Err(RemoteError::new(ErrorCode::NoData, format!("no extended attribute \"{}\"", show(&req.name))));
         }
-        let used: usize = node
-            .xattrs
-            .iter()
-            .filter(|(k, _)| **k != req.name)
-            .map(|(k, v)| k.len() + v.len())
-            .sum();
+        let used: usize = node.xattrs.iter().filter(|(k, _)| **k != req.name).map(|(k, v)| k.len() + v.len()).sum();
         if used + req.name.len() + req.value.len() > XATTR_TOTAL_MAX {
             return Err(RemoteError::new(
                 ErrorCode::NoSpace,
-                format!(
-                    "inode {} would hold more than {XATTR_TOTAL_MAX} bytes of extended attributes",
-                    req.ino
-                ),
+                format!("inode {} would hold more than {XATTR_TOTAL_MAX} bytes of extended attributes", req.ino),
             ));
         }
         let node = self.node_mut(req.ino)?;
@@ -1314,21 +1094,13 @@ impl Namespace {
         Applied::changed(MetaReply::Unit)
     }
 
-    fn removexattr(
-        &mut self,
-        h: &RequestHeader,
-        now: Timespec,
-        req: &RemoveXattr,
-    ) -> RpcResult<Applied> {
+    fn removexattr(&mut self, h: &RequestHeader, now: Timespec, req: &RemoveXattr) -> RpcResult<Applied> {
         check_xattr_name(&req.name)?;
         let node = self.node(req.ino)?;
         permission::require(h, node, req.ino, MAY_WRITE)?;
         let node = self.node_mut(req.ino)?;
         if node.xattrs.remove(&req.name).is_none() {
-            return Err(RemoteError::new(
-                ErrorCode::NoData,
-                format!("no extended attribute \"{}\"", show(&req.name)),
-            ));
+            return Err(RemoteError::new(ErrorCode::NoData, format!("no extended attribute \"{}\"", show(&req.name))));
         }
         node.ctime = now;
         Applied::changed(MetaReply::Unit)
@@ -1339,16 +1111,10 @@ impl Namespace {
         match node.body {
             Body::File(_) => permission::require(h, node, req.ino, MAY_WRITE)?,
             Body::Dir(_) => {
-                return Err(RemoteError::new(
-                    ErrorCode::IsDir,
-                    format!("inode {} is a directory", req.ino),
-                ))
+                return Err(RemoteError::new(ErrorCode::IsDir, format!("inode {} is a directory", req.ino)))
             }
             Body::Symlink(_) => {
-                return Err(RemoteError::new(
-                    ErrorCode::Invalid,
-                    format!("inode {} is a symbolic link", req.ino),
-                ))
+                return Err(RemoteError::new(ErrorCode::Invalid, format!("inode {} is a symbolic link", req.ino)))
             }
         }
         let node = self.node_mut(req.ino)?;
@@ -1358,22 +1124,12 @@ impl Namespace {
         Applied::changed(MetaReply::Attr(node.attr(req.ino)))
     }
 
-    fn set_dir_layout(
-        &mut self,
-        h: &RequestHeader,
-        now: Timespec,
-        req: &SetDirLayout,
-    ) -> RpcResult<Applied> {
+    fn set_dir_layout(&mut self, h: &RequestHeader, now: Timespec, req: &SetDirLayout) -> RpcResult<Applied> {
         let (node, _) = self.dir_node(req.ino)?;
         if !permission::is_owner(h, node) {
-            return Err(RemoteError::new(
-                ErrorCode::Perm,
-                "only the owner or root may set a directory's layout",
-            ));
+            return Err(RemoteError::new(ErrorCode::Perm, "only the owner or root may set a directory's layout"));
         }
-        req.layout
-            .validate()
-            .map_err(|m| RemoteError::new(ErrorCode::Invalid, m))?;
+        req.layout.validate().map_err(|m| RemoteError::new(ErrorCode::Invalid, m))?;
         let node = self.node_mut(req.ino)?;
         node.ctime = now;
         node.dir_mut()?.layout = req.layout.clone();
@@ -1382,9 +1138,7 @@ impl Namespace {
 }
 
 fn layout_len(a: &Attr) -> usize {
-    a.layout
-        .as_ref()
-        .map_or(0, |l| l.targets.len() + l.pool.len())
+    a.layout.as_ref().map_or(0, |l| l.targets.len() + l.pool.len())
 }
 
 #[cfg(test)]
@@ -1395,10 +1149,7 @@ mod tests {
     fn names_are_checked() {
         assert!(check_name(b"a").is_ok());
         assert!(check_name(&[b'x'; 255]).is_ok());
-        assert_eq!(
-            check_name(&[b'x'; 256]).unwrap_err().code,
-            ErrorCode::NameTooLong
-        );
+        assert_eq!(check_name(&[b'x'; 256]).unwrap_err().code, ErrorCode::NameTooLong);
         for bad in [&b""[..], b".", b"..", b"a/b", b"a\0b"] {
             assert_eq!(check_name(bad).unwrap_err().code, ErrorCode::Invalid);
         }

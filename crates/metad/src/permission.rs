@@ -55,10 +55,7 @@ pub(crate) fn require(h: &RequestHeader, node: &Inode, ino: InodeId, mask: u32) 
         (3, true) => "write and search",
         _ => "the requested",
     };
-    Err(RemoteError::new(
-        ErrorCode::Access,
-        format!("{what} permission denied on inode {ino}"),
-    ))
+    Err(RemoteError::new(ErrorCode::Access, format!("{what} permission denied on inode {ino}")))
 }
 
 /// Root or the inode's owner: who may chmod, set explicit times, change a directory layout.
@@ -73,20 +70,12 @@ pub(crate) fn sticky_allows(h: &RequestHeader, dir: &Inode, victim: &Inode) -> b
 }
 
 /// `sticky_allows`, as a result.
-pub(crate) fn require_sticky(
-    h: &RequestHeader,
-    dir: &Inode,
-    victim: &Inode,
-    name: &[u8],
-) -> RpcResult<()> {
+pub(crate) fn require_sticky(h: &RequestHeader, dir: &Inode, victim: &Inode, name: &[u8]) -> RpcResult<()> {
     if sticky_allows(h, dir, victim) {
         return Ok(());
     }
     Err(RemoteError::new(
         ErrorCode::Perm,
-        format!(
-            "\"{}\" is in a sticky directory and belongs to another user",
-            String::from_utf8_lossy(name)
-        ),
+        format!("\"{}\" is in a sticky directory and belongs to another user", String::from_utf8_lossy(name)),
     ))
 }

@@ -54,15 +54,7 @@ pub struct TargetSync {
 
 impl TargetSync {
     pub async fn refresh(&self) -> Result<(), odfs_rpc::RpcError> {
-        let v = self
-            .pool
-            .call(
-                self.mgmtd,
-                Transport::Quic,
-                &RequestHeader::default(),
-                &GetCluster {},
-            )
-            .await?;
+        let v = self.pool.call(self.mgmtd, Transport::Quic, &RequestHeader::default(), &GetCluster {}).await?;
         let t = v
             .targets
             .iter()
@@ -87,21 +79,14 @@ pub fn router(store: Shared, sync: TargetSync) -> Router {
     r.add::<Create, _, _>(move |h: RequestHeader, q: Create| {
         let sync = sync.clone();
         async move {
-            let first = sync
-                .store
-                .lock()
-                .expect("store lock")
-                .mutate(&h, MetaOp::Create(q.clone()));
+            let first = sync.store.lock().expect("store lock").mutate(&h, MetaOp::Create(q.clone()));
             let reply = match first {
                 Err(e) if matches!(e.code, ErrorCode::Invalid | ErrorCode::NoSpace) => {
                     if let Err(err) = sync.refresh().await {
                         warn!(error = %err, "cannot refresh targets from mgmtd");
                         return Err(e);
                     }
-                    sync.store
-                        .lock()
-                        .expect("store lock")
-                        .mutate(&h, MetaOp::Create(q))?
+                    sync.store.lock().expect("store lock").mutate(&h, MetaOp::Create(q))?
                 }
                 other => other?,
             };
@@ -143,26 +128,12 @@ pub async fn run(cfg: MetadConfig, shutdown: Shutdown) -> anyhow::Result<()> {
     let pool = Arc::new(Pool::with_endpoint(
         cred,
         endpoint.clone(),
-        PoolConfig {
-            retry_deadline: Duration::from_secs(cfg.register_timeout_secs),
-            ..PoolConfig::default()
-        },
+        PoolConfig { retry_deadline: Duration::from_secs(cfg.register_timeout_secs), ..PoolConfig::default() },
     ));
     // The root's default layout comes from mgmtd, so every metad of the job agrees on it.
-    let view = pool
-        .call(
-            cfg.mgmtd,
-            Transport::Quic,
-            &RequestHeader::default(),
-            &GetCluster {},
-        )
-        .await?;
-    std::fs::create_dir_all(&cfg.data_dir).map_err(|e| {
-        anyhow::anyhow!(
-            "cannot create metadata directory {}: {e}",
-            cfg.data_dir.display()
-        )
-    })?;
+    let view = pool.call(cfg.mgmtd, Transport::Quic, &RequestHeader::default(), &GetCluster {}).await?;
+    std::fs::create_dir_all(&cfg.data_dir)
+        .map_err(|e| anyhow::anyhow!("cannot create metadata directory {}: {e}", cfg.data_dir.display()))?;
     let opts = StoreOptions {
         shard: cfg.shard,
         sync_wal: cfg.sync_wal,
@@ -171,11 +142,7 @@ pub async fn run(cfg: MetadConfig, shutdown: Shutdown) -> anyhow::Result<()> {
     };
     let store = MetaStore::open(&cfg.data_dir, opts, view.default_layout.clone())?;
     let store: Shared = Arc::new(Mutex::new(store));
-    let sync = TargetSync {
-        pool: pool.clone(),
-        mgmtd: cfg.mgmtd,
-        store: store.clone(),
-    };
+    let sync = TargetSync { pool: pool.clone(), mgmtd: cfg.mgmtd, store: store.clone() };
     sync.refresh().await?;
     if let Some(p) = &cfg.addr_file {
         odfs_service::write_addr_file(p, &[("metad", addr)])?;
@@ -215,9 +182,7 @@ pub async fn run(cfg: MetadConfig, shutdown: Shutdown) -> anyhow::Result<()> {
             pid: std::process::id(),
         },
     };
-    let first = link
-        .register(Duration::from_secs(cfg.register_timeout_secs))
-        .await?;
+    let first = link.register(Duration::from_secs(cfg.register_timeout_secs)).await?;
     info!(%addr, shard = cfg.shard, service_id = first.service_id, "metad serving");
     link.run(first, Arc::new(Vec::new), shutdown).await;
     let _ = serve.await;

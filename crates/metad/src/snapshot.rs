@@ -45,18 +45,11 @@ pub(crate) fn write<T: Serialize>(dir: &Path, state: &T) -> Result<u64, MetaErro
     let path = dir.join(SNAPSHOT_FILE);
     let file = File::create(&tmp).map_err(|e| MetaError::io("create", &tmp, e))?;
     let mut out = BufWriter::with_capacity(1 << 20, file);
-    out.write_all(MAGIC)
-        .map_err(|e| MetaError::io("write", &tmp, e))?;
-    let summing = Summing {
-        inner: out,
-        len: 0,
-        crc: 0,
-    };
+    out.write_all(MAGIC).map_err(|e| MetaError::io("write", &tmp, e))?;
+    let summing = Summing { inner: out, len: 0, crc: 0 };
     // postcard reports an I/O failure as a serialization error; both mean "could not write".
-    let mut summing = postcard::to_io(state, summing).map_err(|e| MetaError::Encode {
-        what: "the snapshot",
-        reason: e.to_string(),
-    })?;
+    let mut summing = postcard::to_io(state, summing)
+        .map_err(|e| MetaError::Encode { what: "the snapshot", reason: e.to_string() })?;
     let mut trailer = [0u8; TRAILER];
     trailer[0..8].copy_from_slice(&summing.len.to_le_bytes());
     trailer[8..12].copy_from_slice(&summing.crc.to_le_bytes());
@@ -66,12 +59,8 @@ pub(crate) fn write<T: Serialize>(dir: &Path, state: &T) -> Result<u64, MetaErro
         .write_all(&trailer)
         .and_then(|_| summing.inner.flush())
         .map_err(|e| MetaError::io("write", &tmp, e))?;
-    let file = summing
-        .inner
-        .into_inner()
-        .map_err(|e| MetaError::io("write", &tmp, e.into_error()))?;
-    file.sync_all()
-        .map_err(|e| MetaError::io("sync", &tmp, e))?;
+    let file = summing.inner.into_inner().map_err(|e| MetaError::io("write", &tmp, e.into_error()))?;
+    file.sync_all().map_err(|e| MetaError::io("sync", &tmp, e))?;
     drop(file);
     std::fs::rename(&tmp, &path).map_err(|e| MetaError::io("rename into place", &tmp, e))?;
     sync_dir(dir)?;
@@ -86,14 +75,9 @@ pub(crate) fn read<T: DeserializeOwned>(dir: &Path) -> Result<Option<T>, MetaErr
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(MetaError::io("read", &path, e)),
     };
-    let corrupt = |reason: String| MetaError::CorruptSnapshot {
-        path: path.clone(),
-        reason,
-    };
+    let corrupt = |reason: String| MetaError::CorruptSnapshot { path: path.clone(), reason };
     if bytes.len() < MAGIC.len() + TRAILER || &bytes[..MAGIC.len()] != MAGIC {
-        return Err(corrupt(
-            "not an odfs snapshot (bad magic or too short)".into(),
-        ));
+        return Err(corrupt("not an odfs snapshot (bad magic or too short)".into()));
     }
     let (body, trailer) = bytes.split_at(bytes.len() - TRAILER);
     let payload = &body[MAGIC.len()..];
@@ -111,9 +95,7 @@ pub(crate) fn read<T: DeserializeOwned>(dir: &Path) -> Result<Option<T>, MetaErr
     if crc32c(0, payload) != u32::from_le_bytes(crc) {
         return Err(corrupt("checksum mismatch".into()));
     }
-    postcard::from_bytes(payload)
-        .map(Some)
-        .map_err(|e| corrupt(format!("cannot decode: {e}")))
+    postcard::from_bytes(payload).map(Some).map_err(|e| corrupt(format!("cannot decode: {e}")))
 }
 
 /// Removes a temporary snapshot left by a crash while writing one.

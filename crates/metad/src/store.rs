@@ -42,12 +42,7 @@ pub struct StoreOptions {
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        StoreOptions {
-            shard: 0,
-            sync_wal: false,
-            snapshot_every_bytes: 64 << 20,
-            dedup_capacity: 262_144,
-        }
+        StoreOptions { shard: 0, sync_wal: false, snapshot_every_bytes: 64 << 20, dedup_capacity: 262_144 }
     }
 }
 
@@ -77,21 +72,14 @@ struct Placement {
 
 impl Placement {
     fn new() -> Placement {
-        Placement {
-            targets: Vec::new(),
-            pools: HashMap::new(),
-            next: rand::random::<u32>() as u64,
-        }
+        Placement { targets: Vec::new(), pools: HashMap::new(), next: rand::random::<u32>() as u64 }
     }
 
     fn set(&mut self, mut targets: Vec<TargetChoice>) {
         targets.sort_by_key(|t| t.id);
         self.pools.clear();
         for t in targets.iter().filter(|t| t.online) {
-            self.pools
-                .entry(t.pool.clone())
-                .or_default()
-                .push((t.id, t.free > 0));
+            self.pools.entry(t.pool.clone()).or_default().push((t.id, t.free > 0));
         }
         self.targets = targets;
     }
@@ -101,27 +89,15 @@ impl Placement {
         dl.validate().map_err(invalid)?;
         let cands = match self.pools.get(&dl.pool) {
             Some(c) if !c.is_empty() => c,
-            _ => {
-                return Err(invalid(format!(
-                    "pool \"{}\" has no online targets",
-                    dl.pool
-                )))
-            }
+            _ => return Err(invalid(format!("pool \"{}\" has no online targets", dl.pool))),
         };
         let n = cands.len();
-        let want = if dl.stripe_count < 0 {
-            n
-        } else {
-            dl.stripe_count as usize
-        };
+        let want = if dl.stripe_count < 0 { n } else { dl.stripe_count as usize };
         // As Lustre: a file gets at most as many stripes as its pool has targets online. An
         // explicit layout asking for more is refused where it is set (setstripe), not here.
         let want = want.min(n);
         if !cands.iter().any(|&(_, free)| free) {
-            return Err(RemoteError::new(
-                ErrorCode::NoSpace,
-                format!("every target of pool \"{}\" is full", dl.pool),
-            ));
+            return Err(RemoteError::new(ErrorCode::NoSpace, format!("every target of pool \"{}\" is full", dl.pool)));
         }
         let start = match dl.start_target {
             Some(t) => cands.iter().position(|&(id, _)| id >= t).unwrap_or(0),
@@ -140,11 +116,7 @@ impl Placement {
                 }
             }
         }
-        Ok(Layout {
-            chunk_size: dl.chunk_size,
-            pool: dl.pool.clone(),
-            targets,
-        })
+        Ok(Layout { chunk_size: dl.chunk_size, pool: dl.pool.clone(), targets })
     }
 }
 
@@ -159,11 +131,7 @@ struct Dedup {
 
 impl Dedup {
     fn new(capacity: usize) -> Dedup {
-        Dedup {
-            capacity,
-            order: VecDeque::new(),
-            replies: HashMap::default(),
-        }
+        Dedup { capacity, order: VecDeque::new(), replies: HashMap::default() }
     }
 
     fn get(&self, key: DedupKey) -> Option<&MetaReply> {
@@ -254,9 +222,7 @@ enum LoggedOp {
 /// The choices a live mutation made, read from its reply, for its log record.
 fn resolved<'a>(op: &MetaOp, reply: &'a MetaReply) -> (Option<InodeId>, Option<&'a Layout>) {
     match (op, reply) {
-        (MetaOp::Create(_), MetaReply::Create(r)) if r.created => {
-            (Some(r.attr.ino), r.attr.layout.as_ref())
-        }
+        (MetaOp::Create(_), MetaReply::Create(r)) if r.created => (Some(r.attr.ino), r.attr.layout.as_ref()),
         (MetaOp::Mkdir(_) | MetaOp::Symlink(_), MetaReply::Attr(a)) => (Some(a.ino), None),
         _ => (None, None),
     }
@@ -284,14 +250,8 @@ impl MetaStore {
     /// Opens the store in `dir`, creating it if needed: loads the snapshot, replays the log
     /// after it (a torn tail is discarded) and, on first open, creates the root directory
     /// (mode 0755, owner 0:0) with `root_default` as its default layout.
-    pub fn open(
-        dir: &Path,
-        opts: StoreOptions,
-        root_default: DirLayout,
-    ) -> Result<MetaStore, MetaError> {
-        root_default
-            .validate()
-            .map_err(MetaError::InvalidRootLayout)?;
+    pub fn open(dir: &Path, opts: StoreOptions, root_default: DirLayout) -> Result<MetaStore, MetaError> {
+        root_default.validate().map_err(MetaError::InvalidRootLayout)?;
         std::fs::create_dir_all(dir).map_err(|e| MetaError::io("create directory", dir, e))?;
         snapshot::remove_leftovers(dir);
         wal::remove_leftovers(dir);
@@ -310,25 +270,18 @@ impl MetaStore {
                 }
                 (st.seq, st.ns, dedup)
             }
-            None => (
-                0,
-                Namespace::new(opts.shard),
-                Dedup::new(opts.dedup_capacity),
-            ),
+            None => (0, Namespace::new(opts.shard), Dedup::new(opts.dedup_capacity)),
         };
         let snapshot_seq = seq;
         let log = dir.join(LOG_FILE);
-        let has_log = log
-            .try_exists()
-            .map_err(|e| MetaError::io("stat", &log, e))?;
+        let has_log = log.try_exists().map_err(|e| MetaError::io("stat", &log, e))?;
         let wal = if has_log {
             let scan = wal::scan(&log, |offset, payload| {
-                let rec: Record =
-                    postcard::from_bytes(payload).map_err(|e| MetaError::CorruptLog {
-                        path: log.clone(),
-                        offset,
-                        reason: format!("undecodable record: {e}"),
-                    })?;
+                let rec: Record = postcard::from_bytes(payload).map_err(|e| MetaError::CorruptLog {
+                    path: log.clone(),
+                    offset,
+                    reason: format!("undecodable record: {e}"),
+                })?;
                 replay(&mut ns, &mut dedup, &mut seq, rec, &log, offset)
             })?;
             if scan.discarded > 0 {
@@ -338,12 +291,7 @@ impl MetaStore {
                     "discarded a torn or damaged tail of the write-ahead log"
                 );
             }
-            info!(
-                snapshot_seq,
-                records = scan.records,
-                replayed = seq - snapshot_seq,
-                "replayed the write-ahead log"
-            );
+            info!(snapshot_seq, records = scan.records, replayed = seq - snapshot_seq, "replayed the write-ahead log");
             if scan.valid_len == 0 {
                 Wal::create(dir, opts.sync_wal)?
             } else {
@@ -378,9 +326,7 @@ impl MetaStore {
 
     fn create_root(&mut self, layout: DirLayout) -> Result<(), MetaError> {
         let now = Timespec::now();
-        self.ns
-            .create_root(now, layout.clone())
-            .map_err(|e| MetaError::Failed(e.to_string()))?;
+        self.ns.create_root(now, layout.clone()).map_err(|e| MetaError::Failed(e.to_string()))?;
         self.seq += 1;
         let header = RequestHeader::default();
         self.wal.append(&RecordRef {
@@ -474,9 +420,7 @@ impl MetaStore {
             .targets
             .iter()
             .filter(|t| t.online)
-            .fold((0u64, 0u64), |(c, f), t| {
-                (c.saturating_add(t.capacity), f.saturating_add(t.free))
-            });
+            .fold((0u64, 0u64), |(c, f), t| (c.saturating_add(t.capacity), f.saturating_add(t.free)));
         let used = self.ns.inode_count();
         let total_inodes = STATFS_INODES.max(used);
         Ok(StatFsReply {
@@ -508,39 +452,22 @@ impl MetaStore {
             }
         }
         if let Some(why) = &self.failed {
-            return Err(RemoteError::new(
-                ErrorCode::Io,
-                format!("the metadata store refuses changes: {why}"),
-            ));
+            return Err(RemoteError::new(ErrorCode::Io, format!("the metadata store refuses changes: {why}")));
         }
         if h.groups.len() > MAX_GROUPS {
             return Err(RemoteError::new(
                 ErrorCode::Invalid,
-                format!(
-                    "request carries {} groups; the limit is {MAX_GROUPS}",
-                    h.groups.len()
-                ),
+                format!("request carries {} groups; the limit is {MAX_GROUPS}", h.groups.len()),
             ));
         }
         let now = Timespec::now();
         let placement = &mut self.placement;
-        let applied = self
-            .ns
-            .apply(h, now, &op, &mut Choice::default(), &mut |dl| {
-                placement.choose(dl)
-            })?;
+        let applied = self.ns.apply(h, now, &op, &mut Choice::default(), &mut |dl| placement.choose(dl))?;
         if !applied.changed {
             return Ok(applied.reply);
         }
         let (ino, layout) = resolved(&op, &applied.reply);
-        let record = RecordRef {
-            seq: self.seq + 1,
-            header: h,
-            now,
-            op: OpRef::Meta(&op),
-            ino,
-            layout,
-        };
+        let record = RecordRef { seq: self.seq + 1, header: h, now, op: OpRef::Meta(&op), ino, layout };
         if let Err(e) = self.wal.append(&record) {
             // Memory is now ahead of the log: refuse further changes until a restart
             // recovers from the log.
@@ -564,11 +491,7 @@ impl MetaStore {
 
     /// Sets the root directory's owner, group and mode (logged; no permission check).
     pub fn set_root_owner(&mut self, uid: u32, gid: u32, mode: u32) -> RpcResult<Attr> {
-        self.mutate(
-            &RequestHeader::default(),
-            MetaOp::SetRootOwner { uid, gid, mode },
-        )?
-        .into_attr()
+        self.mutate(&RequestHeader::default(), MetaOp::SetRootOwner { uid, gid, mode })?.into_attr()
     }
 
     /// Writes a snapshot of the whole state and starts a new, empty log. Called automatically
@@ -578,14 +501,8 @@ impl MetaStore {
             return Err(MetaError::Failed(why.clone()));
         }
         let started = std::time::Instant::now();
-        let bytes = snapshot::write(
-            &self.dir,
-            &StateRef {
-                seq: self.seq,
-                ns: &self.ns,
-                dedup: DedupImage(&self.dedup),
-            },
-        )?;
+        let bytes =
+            snapshot::write(&self.dir, &StateRef { seq: self.seq, ns: &self.ns, dedup: DedupImage(&self.dedup) })?;
         // The snapshot is durable; the old log's records are all at or below its sequence
         // number, so replacing the log loses nothing even if we crash midway.
         match Wal::create(&self.dir, self.opts.sync_wal) {
@@ -628,17 +545,10 @@ fn replay(
             reason: format!("record {} follows record {}", rec.seq, *seq),
         });
     }
-    let failed = |e: RemoteError| MetaError::Replay {
-        path: path.to_owned(),
-        seq: rec.seq,
-        reason: e.to_string(),
-    };
+    let failed = |e: RemoteError| MetaError::Replay { path: path.to_owned(), seq: rec.seq, reason: e.to_string() };
     match &rec.op {
         LoggedOp::Meta(op) => {
-            let mut choice = Choice {
-                ino: rec.ino,
-                layout: rec.layout,
-            };
+            let mut choice = Choice { ino: rec.ino, layout: rec.layout };
             let applied = ns
                 .apply(&rec.header, rec.now, op, &mut choice, &mut |_| {
                     Err(RemoteError::new(
@@ -664,42 +574,18 @@ mod tests {
     use super::*;
 
     fn target(id: TargetId, pool: &str, free: u64, online: bool) -> TargetChoice {
-        TargetChoice {
-            id,
-            pool: pool.into(),
-            free,
-            capacity: 100,
-            online,
-        }
+        TargetChoice { id, pool: pool.into(), free, capacity: 100, online }
     }
 
     fn dl(stripes: i32, pool: &str) -> DirLayout {
-        DirLayout {
-            stripe_count: stripes,
-            pool: pool.into(),
-            ..DirLayout::default()
-        }
+        DirLayout { stripe_count: stripes, pool: pool.into(), ..DirLayout::default() }
     }
 
     #[test]
     fn record_encodings_agree() {
-        let h = RequestHeader {
-            request_id: 7,
-            client_id: 9,
-            uid: 1,
-            gid: 2,
-            groups: vec![3, 4],
-        };
-        let op = MetaOp::Mkdir(Mkdir {
-            parent: InodeId::ROOT,
-            name: b"d".to_vec(),
-            mode: 0o755,
-        });
-        let layout = Layout {
-            chunk_size: 1 << 20,
-            pool: "p".into(),
-            targets: vec![1, 2],
-        };
+        let h = RequestHeader { request_id: 7, client_id: 9, uid: 1, gid: 2, groups: vec![3, 4] };
+        let op = MetaOp::Mkdir(Mkdir { parent: InodeId::ROOT, name: b"d".to_vec(), mode: 0o755 });
+        let layout = Layout { chunk_size: 1 << 20, pool: "p".into(), targets: vec![1, 2] };
         let bytes = postcard::to_stdvec(&RecordRef {
             seq: 5,
             header: &h,
@@ -739,10 +625,7 @@ mod tests {
         let all = p.choose(&dl(-1, "a")).unwrap();
         assert_eq!(all.targets.len(), 3);
         assert_eq!(all.targets[2], 2, "the full target comes last");
-        let start = DirLayout {
-            start_target: Some(4),
-            ..dl(2, "a")
-        };
+        let start = DirLayout { start_target: Some(4), ..dl(2, "a") };
         assert_eq!(p.choose(&start).unwrap().targets, vec![4, 1]);
         // More stripes than targets online: capped, as Lustre does.
         assert_eq!(p.choose(&dl(4, "a")).unwrap().targets.len(), 3);

@@ -27,11 +27,7 @@ const fn crc_tables() -> [[u32; 256]; 8] {
         let mut c = i as u32;
         let mut k = 0;
         while k < 8 {
-            c = if c & 1 != 0 {
-                (c >> 1) ^ 0x82F6_3B78
-            } else {
-                c >> 1
-            };
+            c = if c & 1 != 0 { (c >> 1) ^ 0x82F6_3B78 } else { c >> 1 };
             k += 1;
         }
         t[0][i] = c;
@@ -76,9 +72,7 @@ pub fn crc32c(crc: u32, data: &[u8]) -> u32 {
 
 /// fsyncs a directory so a rename or create inside it is durable.
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), MetaError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| MetaError::io("sync directory", dir, e))
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| MetaError::io("sync directory", dir, e))
 }
 
 /// Removes a temporary log left by a crash while starting a new one.
@@ -102,9 +96,7 @@ impl Wal {
         let tmp = dir.join(LOG_TMP);
         let path = dir.join(LOG_FILE);
         let mut f = File::create(&tmp).map_err(|e| MetaError::io("create", &tmp, e))?;
-        f.write_all(MAGIC)
-            .and_then(|_| f.sync_all())
-            .map_err(|e| MetaError::io("write", &tmp, e))?;
+        f.write_all(MAGIC).and_then(|_| f.sync_all()).map_err(|e| MetaError::io("write", &tmp, e))?;
         drop(f);
         std::fs::rename(&tmp, &path).map_err(|e| MetaError::io("rename into place", &tmp, e))?;
         sync_dir(dir)?;
@@ -114,26 +106,14 @@ impl Wal {
     /// Opens an existing log for appending after its first `valid_len` bytes; anything beyond
     /// (a torn tail) is cut off first.
     pub fn open(path: &Path, valid_len: u64, sync: bool) -> Result<Wal, MetaError> {
-        let file = OpenOptions::new()
-            .append(true)
-            .open(path)
-            .map_err(|e| MetaError::io("open", path, e))?;
-        let on_disk = file
-            .metadata()
-            .map_err(|e| MetaError::io("stat", path, e))?
-            .len();
+        let file = OpenOptions::new().append(true).open(path).map_err(|e| MetaError::io("open", path, e))?;
+        let on_disk = file.metadata().map_err(|e| MetaError::io("stat", path, e))?.len();
         if on_disk != valid_len {
             file.set_len(valid_len)
                 .and_then(|_| file.sync_all())
                 .map_err(|e| MetaError::io("cut the torn tail of", path, e))?;
         }
-        Ok(Wal {
-            file,
-            path: path.to_owned(),
-            len: valid_len,
-            sync,
-            buf: Vec::with_capacity(4096),
-        })
+        Ok(Wal { file, path: path.to_owned(), len: valid_len, sync, buf: Vec::with_capacity(4096) })
     }
 
     /// Bytes in the log.
@@ -150,10 +130,8 @@ impl Wal {
         let mut buf = std::mem::take(&mut self.buf);
         buf.clear();
         buf.extend_from_slice(&[0; FRAME_HEADER]);
-        let mut buf = postcard::to_extend(record, buf).map_err(|e| MetaError::Encode {
-            what: "a log record",
-            reason: e.to_string(),
-        })?;
+        let mut buf = postcard::to_extend(record, buf)
+            .map_err(|e| MetaError::Encode { what: "a log record", reason: e.to_string() })?;
         let payload = buf.len() - FRAME_HEADER;
         if payload > MAX_RECORD {
             self.buf = buf;
@@ -165,13 +143,7 @@ impl Wal {
         buf[0..4].copy_from_slice(&(payload as u32).to_le_bytes());
         let crc = crc32c(crc32c(0, &buf[0..4]), &buf[FRAME_HEADER..]);
         buf[4..8].copy_from_slice(&crc.to_le_bytes());
-        let r = self.file.write_all(&buf).and_then(|_| {
-            if self.sync {
-                self.file.sync_data()
-            } else {
-                Ok(())
-            }
-        });
+        let r = self.file.write_all(&buf).and_then(|_| if self.sync { self.file.sync_data() } else { Ok(()) });
         let n = buf.len() as u64;
         self.buf = buf;
         r.map_err(|e| MetaError::io("append to", &self.path, e))?;
@@ -205,26 +177,16 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
 
 /// Calls `each(offset, payload)` for every good frame of the log at `path`, in order, and stops
 /// at the first bad one. A missing or header-less file scans as empty.
-pub(crate) fn scan(
-    path: &Path,
-    mut each: impl FnMut(u64, &[u8]) -> Result<(), MetaError>,
-) -> Result<Scan, MetaError> {
+pub(crate) fn scan(path: &Path, mut each: impl FnMut(u64, &[u8]) -> Result<(), MetaError>) -> Result<Scan, MetaError> {
     let file = File::open(path).map_err(|e| MetaError::io("open", path, e))?;
-    let file_len = file
-        .metadata()
-        .map_err(|e| MetaError::io("stat", path, e))?
-        .len();
+    let file_len = file.metadata().map_err(|e| MetaError::io("stat", path, e))?.len();
     let mut r = BufReader::with_capacity(1 << 20, file);
     let rd = |e| MetaError::io("read", path, e);
     let mut magic = [0u8; 8];
     let n = read_full(&mut r, &mut magic).map_err(rd)?;
     if n < magic.len() {
         // A crash while the log was being created: nothing in it.
-        return Ok(Scan {
-            valid_len: 0,
-            discarded: file_len,
-            records: 0,
-        });
+        return Ok(Scan { valid_len: 0, discarded: file_len, records: 0 });
     }
     if &magic != MAGIC {
         return Err(MetaError::CorruptLog {
@@ -257,11 +219,7 @@ pub(crate) fn scan(
         off += (FRAME_HEADER + len) as u64;
         records += 1;
     }
-    Ok(Scan {
-        valid_len: off,
-        discarded: file_len.saturating_sub(off),
-        records,
-    })
+    Ok(Scan { valid_len: off, discarded: file_len.saturating_sub(off), records })
 }
 
 #[cfg(test)]
@@ -282,11 +240,7 @@ mod tests {
         for &b in &data {
             c ^= b as u32;
             for _ in 0..8 {
-                c = if c & 1 != 0 {
-                    (c >> 1) ^ 0x82F6_3B78
-                } else {
-                    c >> 1
-                };
+                c = if c & 1 != 0 { (c >> 1) ^ 0x82F6_3B78 } else { c >> 1 };
             }
         }
         assert_eq!(!c, whole);

@@ -27,10 +27,7 @@ use ErrorCode::*;
 fn root_exists_with_defaults() {
     let (_d, mut s) = fresh();
     let a = s.stat(ROOT).unwrap();
-    assert_eq!(
-        (a.kind, a.mode, a.uid, a.gid, a.nlink),
-        (FileKind::Dir, 0o755, 0, 0, 2)
-    );
+    assert_eq!((a.kind, a.mode, a.uid, a.gid, a.nlink), (FileKind::Dir, 0o755, 0, 0, 2));
     let a = s.set_root_owner(1000, 100, 0o1777).unwrap();
     assert_eq!((a.mode, a.uid, a.gid), (0o1777, 1000, 100));
 }
@@ -54,26 +51,13 @@ fn names_are_validated_before_anything_changes() {
         assert_eq!(s.link(&h, a.ino, ROOT, bad), Err(Invalid), "{bad:?}");
         assert_eq!(s.unlink(&h, ROOT, bad), Err(Invalid), "{bad:?}");
         assert_eq!(s.rmdir(&h, ROOT, bad), Err(Invalid), "{bad:?}");
-        assert_eq!(
-            s.rename(&h, ROOT, &max, ROOT, bad, 0),
-            Err(Invalid),
-            "{bad:?}"
-        );
+        assert_eq!(s.rename(&h, ROOT, &max, ROOT, bad, 0), Err(Invalid), "{bad:?}");
         assert_eq!(s.find(&h, ROOT, bad), Err(Invalid), "{bad:?}");
     }
     // Nothing changed: one entry, the root untouched apart from that create.
     assert_eq!(list(&s, ROOT, 10).len(), 1);
     assert_eq!(s.stat(a.ino).unwrap().nlink, 1);
-    let e = s
-        .mutate(
-            &h,
-            MetaOp::Mkdir(Mkdir {
-                parent: ROOT,
-                name: long,
-                mode: 0o755,
-            }),
-        )
-        .unwrap_err();
+    let e = s.mutate(&h, MetaOp::Mkdir(Mkdir { parent: ROOT, name: long, mode: 0o755 })).unwrap_err();
     assert_eq!(e.message, "name is 256 bytes; the limit is 255");
 }
 
@@ -82,10 +66,7 @@ fn create_exclusive_and_not() {
     let (_d, mut s) = open_root();
     let u = user(1000);
     let a = s.create(&u, ROOT, b"f", 0o644).unwrap();
-    assert_eq!(
-        (a.kind, a.mode, a.uid, a.gid, a.nlink, a.size),
-        (FileKind::File, 0o644, 1000, 1000, 1, 0)
-    );
+    assert_eq!((a.kind, a.mode, a.uid, a.gid, a.nlink, a.size), (FileKind::File, 0o644, 1000, 1000, 1, 0));
     let layout = a.layout.clone().expect("a file has a layout");
     assert_eq!(layout.targets.len(), 4);
     assert_eq!(s.create(&u, ROOT, b"f", 0o644), Err(Exists));
@@ -93,17 +74,9 @@ fn create_exclusive_and_not() {
     assert!(!again.created);
     assert_eq!(again.attr, a);
     // Opening an existing file this way needs write permission on it.
-    assert_eq!(
-        s.create_full(&user(1001), ROOT, b"f", 0o644, false, None)
-            .map(|_| ()),
-        Err(Access)
-    );
+    assert_eq!(s.create_full(&user(1001), ROOT, b"f", 0o644, false, None).map(|_| ()), Err(Access));
     s.mkdir(&u, ROOT, b"d", 0o755).unwrap();
-    assert_eq!(
-        s.create_full(&u, ROOT, b"d", 0o644, false, None)
-            .map(|_| ()),
-        Err(IsDir)
-    );
+    assert_eq!(s.create_full(&u, ROOT, b"d", 0o644, false, None).map(|_| ()), Err(IsDir));
     assert_eq!(s.create(&u, ROOT, b"d", 0o644), Err(Exists));
     // Parent problems.
     assert_eq!(s.create(&u, InodeId(999_999), b"x", 0o644), Err(NotFound));
@@ -133,20 +106,12 @@ fn permissions_on_parents() {
     s.create(&owner, closed.ino, b"f", 0o644).unwrap();
     assert_eq!(s.find(&other, closed.ino, b"f"), Err(Access));
     assert_eq!(s.create(&other, closed.ino, b"f", 0o644), Err(Access));
-    assert_eq!(
-        s.find(&owner, closed.ino, b"f").map(|a| a.kind),
-        Ok(FileKind::File)
-    );
+    assert_eq!(s.find(&owner, closed.ino, b"f").map(|a| a.kind), Ok(FileKind::File));
     // Root bypasses read and write bits.
     s.create(&root(), closed.ino, b"byroot", 0o644).unwrap();
     // Readdir needs read permission.
     let noread = s.mkdir(&owner, ROOT, b"noread", 0o311).unwrap();
-    let rd = ReadDir {
-        ino: noread.ino,
-        cookie: 0,
-        max_entries: 0,
-        plus: false,
-    };
+    let rd = ReadDir { ino: noread.ino, cookie: 0, max_entries: 0, plus: false };
     assert_eq!(code(s.readdir(&other, &rd)).map(|_| ()), Err(Access));
     assert_eq!(code(s.readdir(&owner, &rd)).map(|_| ()), Err(Access));
     assert!(s.readdir(&root(), &rd).is_ok());
@@ -163,9 +128,8 @@ fn access_and_open_checks() {
     let (_d, mut s) = open_root();
     let owner = user(1000);
     let f = s.create(&owner, ROOT, b"f", 0o640).unwrap();
-    let acc = |s: &MetaStore, h: &RequestHeader, mask| {
-        code(s.access(h, &odfs_proto::meta::Access { ino: f.ino, mask }))
-    };
+    let acc =
+        |s: &MetaStore, h: &RequestHeader, mask| code(s.access(h, &odfs_proto::meta::Access { ino: f.ino, mask }));
     assert_eq!(acc(&s, &owner, 6), Ok(()));
     assert_eq!(acc(&s, &owner, 1), Err(Access));
     assert_eq!(acc(&s, &user(1001), 4), Err(Access));
@@ -181,10 +145,7 @@ fn access_and_open_checks() {
     assert_eq!(open(&s, &user(1001), f.ino, true, false), Err(Access));
     assert_eq!(open(&s, &root(), ROOT, false, true), Err(IsDir));
     assert_eq!(open(&s, &root(), ROOT, true, false), Ok(ROOT));
-    assert_eq!(
-        open(&s, &root(), InodeId(12345), true, false),
-        Err(NotFound)
-    );
+    assert_eq!(open(&s, &root(), InodeId(12345), true, false), Err(NotFound));
 }
 
 #[test]
@@ -194,15 +155,7 @@ fn sticky_directories() {
     let file_owner = user(2);
     let third = user(3);
     let t = s.mkdir(&root(), ROOT, b"tmp", 0o1777).unwrap();
-    s.setattr(
-        &root(),
-        SetAttr {
-            ino: t.ino,
-            uid: Some(1),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    s.setattr(&root(), SetAttr { ino: t.ino, uid: Some(1), ..Default::default() }).unwrap();
     for n in [&b"a"[..], b"b", b"c", b"d", b"e"] {
         s.create(&file_owner, t.ino, n, 0o666).unwrap();
     }
@@ -222,14 +175,10 @@ fn sticky_directories() {
     s.rmdir(&dir_owner, t.ino, b"sub").unwrap();
     // And the third user may rename its own file over its own.
     s.create(&third, t.ino, b"mine2", 0o666).unwrap();
-    s.rename(&third, t.ino, b"mine2", t.ino, b"mine", 0)
-        .unwrap();
+    s.rename(&third, t.ino, b"mine2", t.ino, b"mine", 0).unwrap();
     let names: Vec<_> = list(&s, t.ino, 100).into_iter().map(|e| e.name).collect();
     // "mine" was replaced in place, so it keeps its original listing position.
-    assert_eq!(
-        names,
-        vec![b"mine".to_vec(), b"d2".to_vec(), b"e2".to_vec()]
-    );
+    assert_eq!(names, vec![b"mine".to_vec(), b"d2".to_vec(), b"e2".to_vec()]);
 }
 
 #[test]
@@ -269,15 +218,7 @@ fn unlink_updates_parent_times() {
     let h = user(1000);
     let d = s.mkdir(&h, ROOT, b"d", 0o755).unwrap();
     let old = Timespec { sec: 1, nsec: 0 };
-    s.setattr(
-        &h,
-        SetAttr {
-            ino: d.ino,
-            mtime: Some(SetTime::At(old)),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    s.setattr(&h, SetAttr { ino: d.ino, mtime: Some(SetTime::At(old)), ..Default::default() }).unwrap();
     s.create(&h, d.ino, b"f", 0o644).unwrap();
     let a = s.stat(d.ino).unwrap();
     assert!(a.mtime > old && a.ctime >= a.mtime);
@@ -290,24 +231,19 @@ fn link_count_limits() {
     let f = s.create(&h, ROOT, b"f", 0o644).unwrap();
     let d = s.mkdir(&h, ROOT, b"links", 0o755).unwrap();
     for i in 1..odfs_metad::namespace::MAX_LINKS {
-        s.link(&h, f.ino, d.ino, format!("l{i}").as_bytes())
-            .unwrap();
+        s.link(&h, f.ino, d.ino, format!("l{i}").as_bytes()).unwrap();
     }
     assert_eq!(s.stat(f.ino).unwrap().nlink, 65000);
     assert_eq!(s.link(&h, f.ino, d.ino, b"one-more"), Err(TooManyLinks));
     let p = s.mkdir(&h, ROOT, b"parent", 0o755).unwrap();
     for i in 2..odfs_metad::namespace::MAX_LINKS {
-        s.mkdir(&h, p.ino, format!("d{i}").as_bytes(), 0o755)
-            .unwrap();
+        s.mkdir(&h, p.ino, format!("d{i}").as_bytes(), 0o755).unwrap();
     }
     assert_eq!(s.stat(p.ino).unwrap().nlink, 65000);
     assert_eq!(s.mkdir(&h, p.ino, b"one-more", 0o755), Err(TooManyLinks));
     // Moving a directory in is refused too; files are still fine.
     s.mkdir(&h, ROOT, b"outside", 0o755).unwrap();
-    assert_eq!(
-        s.rename(&h, ROOT, b"outside", p.ino, b"in", 0),
-        Err(TooManyLinks)
-    );
+    assert_eq!(s.rename(&h, ROOT, b"outside", p.ino, b"in", 0), Err(TooManyLinks));
     s.create(&h, p.ino, b"file", 0o644).unwrap();
 }
 
@@ -320,10 +256,7 @@ fn rename_rules() {
     let f = s.create(&h, a.ino, b"f", 0o644).unwrap();
     let g = s.create(&h, b.ino, b"g", 0o644).unwrap();
     // Over an existing file: atomic replace; the replaced file's last link is returned.
-    let removed = s
-        .rename(&h, a.ino, b"f", b.ino, b"g", 0)
-        .unwrap()
-        .expect("replaced");
+    let removed = s.rename(&h, a.ino, b"f", b.ino, b"g", 0).unwrap().expect("replaced");
     assert_eq!(removed.ino, g.ino);
     assert_eq!(removed.layout, g.layout);
     assert_eq!(s.find(&h, b.ino, b"g").unwrap().ino, f.ino);
@@ -342,10 +275,7 @@ fn rename_rules() {
     assert_eq!(s.find(&h, a.ino, b"f-again").unwrap().ino, f.ino);
     // Same name onto itself.
     assert_eq!(s.rename(&h, b.ino, b"g", b.ino, b"g", 0), Ok(None));
-    assert_eq!(
-        s.rename(&h, b.ino, b"g", b.ino, b"g", RENAME_NOREPLACE),
-        Err(Exists)
-    );
+    assert_eq!(s.rename(&h, b.ino, b"g", b.ino, b"g", RENAME_NOREPLACE), Err(Exists));
     // Directories.
     let d1 = s.mkdir(&h, a.ino, b"d1", 0o755).unwrap();
     let d2 = s.mkdir(&h, b.ino, b"d2", 0o755).unwrap();
@@ -374,23 +304,13 @@ fn rename_rules() {
     assert_eq!(s.stat(b.ino).unwrap().nlink, nb - 1);
     assert_eq!(s.stat(ROOT).unwrap().nlink, 5);
     // RENAME_NOREPLACE.
-    assert_eq!(
-        s.rename(&h, ROOT, b"top", ROOT, b"a", RENAME_NOREPLACE),
-        Err(Exists)
-    );
-    s.rename(&h, ROOT, b"top", ROOT, b"top2", RENAME_NOREPLACE)
-        .unwrap();
+    assert_eq!(s.rename(&h, ROOT, b"top", ROOT, b"a", RENAME_NOREPLACE), Err(Exists));
+    s.rename(&h, ROOT, b"top", ROOT, b"top2", RENAME_NOREPLACE).unwrap();
     // RENAME_EXCHANGE: swap a file and a directory across parents.
-    assert_eq!(
-        s.rename(&h, ROOT, b"top2", a.ino, b"missing", RENAME_EXCHANGE),
-        Err(NotFound)
-    );
+    assert_eq!(s.rename(&h, ROOT, b"top2", a.ino, b"missing", RENAME_EXCHANGE), Err(NotFound));
     let (na, nr) = (s.stat(a.ino).unwrap().nlink, s.stat(ROOT).unwrap().nlink);
     let xa = s.find(&h, a.ino, b"x").unwrap();
-    assert_eq!(
-        s.rename(&h, ROOT, b"top2", a.ino, b"x", RENAME_EXCHANGE),
-        Ok(None)
-    );
+    assert_eq!(s.rename(&h, ROOT, b"top2", a.ino, b"x", RENAME_EXCHANGE), Ok(None));
     assert_eq!(s.find(&h, ROOT, b"top2").unwrap().ino, xa.ino);
     assert_eq!(s.find(&h, a.ino, b"x").unwrap().ino, d1.ino);
     assert_eq!(s.stat(a.ino).unwrap().nlink, na + 1);
@@ -408,13 +328,9 @@ fn rename_moving_a_directory_needs_write_on_it() {
     let src = s.mkdir(&other, ROOT, b"src", 0o777).unwrap();
     s.mkdir(&owner, src.ino, b"ro", 0o555).unwrap();
     // Within one parent no write on the directory itself is needed...
-    s.rename(&other, src.ino, b"ro", src.ino, b"ro2", 0)
-        .unwrap();
+    s.rename(&other, src.ino, b"ro", src.ino, b"ro2", 0).unwrap();
     // ...but its ".." changes when it moves to another parent.
-    assert_eq!(
-        s.rename(&other, src.ino, b"ro2", dst.ino, b"ro", 0),
-        Err(Access)
-    );
+    assert_eq!(s.rename(&other, src.ino, b"ro2", dst.ino, b"ro", 0), Err(Access));
 }
 
 #[test]
@@ -422,34 +338,15 @@ fn symlinks() {
     let (_d, mut s) = open_root();
     let h = user(1000);
     let l = s.symlink(&h, ROOT, b"l", b"some/where").unwrap();
-    assert_eq!(
-        (l.kind, l.mode, l.size, l.nlink),
-        (FileKind::Symlink, 0o777, 10, 1)
-    );
-    assert_eq!(
-        s.readlink(&h, &Readlink { ino: l.ino }).unwrap(),
-        b"some/where"
-    );
+    assert_eq!((l.kind, l.mode, l.size, l.nlink), (FileKind::Symlink, 0o777, 10, 1));
+    assert_eq!(s.readlink(&h, &Readlink { ino: l.ino }).unwrap(), b"some/where");
     let f = s.create(&h, ROOT, b"f", 0o644).unwrap();
-    assert_eq!(
-        code(s.readlink(&h, &Readlink { ino: f.ino })).map(|_| ()),
-        Err(Invalid)
-    );
+    assert_eq!(code(s.readlink(&h, &Readlink { ino: f.ino })).map(|_| ()), Err(Invalid));
     assert_eq!(s.symlink(&h, ROOT, b"l", b"x"), Err(Exists));
     assert_eq!(s.symlink(&h, ROOT, b"e", b""), Err(NotFound));
-    assert_eq!(
-        s.symlink(&h, ROOT, b"e", &vec![b'a'; 4096]),
-        Err(NameTooLong)
-    );
-    assert_eq!(
-        s.create_full(&h, ROOT, b"l", 0o644, false, None)
-            .map(|_| ()),
-        Err(Exists)
-    );
-    assert_eq!(
-        s.unlink(&h, ROOT, b"l").unwrap().map(|a| a.ino),
-        Some(l.ino)
-    );
+    assert_eq!(s.symlink(&h, ROOT, b"e", &vec![b'a'; 4096]), Err(NameTooLong));
+    assert_eq!(s.create_full(&h, ROOT, b"l", 0o644, false, None).map(|_| ()), Err(Exists));
+    assert_eq!(s.unlink(&h, ROOT, b"l").unwrap().map(|a| a.ino), Some(l.ino));
 }
 
 #[test]
@@ -468,29 +365,16 @@ fn chmod_chown_rules() {
     };
     // chmod: owner or root only.
     assert_eq!(s.setattr(&other, set(Some(0o777), None, None)), Err(Perm));
-    let a = s
-        .setattr(&owner, set(Some(0o100_6755), None, None))
-        .unwrap();
+    let a = s.setattr(&owner, set(Some(0o100_6755), None, None)).unwrap();
     assert_eq!(a.mode, 0o6755);
     assert!(a.ctime >= f.ctime);
-    assert_eq!(
-        s.setattr(&root(), set(Some(0o600), None, None))
-            .unwrap()
-            .mode,
-        0o600
-    );
+    assert_eq!(s.setattr(&root(), set(Some(0o600), None, None)).unwrap().mode, 0o600);
     // chown uid: root only (the owner may only "change" it to itself).
     assert_eq!(s.setattr(&owner, set(None, Some(1001), None)), Err(Perm));
-    assert_eq!(
-        s.setattr(&owner, set(None, Some(1000), None)).unwrap().uid,
-        1000
-    );
+    assert_eq!(s.setattr(&owner, set(None, Some(1000), None)).unwrap().uid, 1000);
     assert_eq!(s.setattr(&other, set(None, Some(1001), None)), Err(Perm));
     // chgrp: owner to a group it is in; anyone else refused.
-    assert_eq!(
-        s.setattr(&owner, set(None, None, Some(50))).unwrap().gid,
-        50
-    );
+    assert_eq!(s.setattr(&owner, set(None, None, Some(50))).unwrap().gid, 50);
     assert_eq!(s.setattr(&owner, set(None, None, Some(51))), Err(Perm));
     assert_eq!(s.setattr(&other, set(None, None, Some(1001))), Err(Perm));
     // chown clears set-user-id and (group-executable) set-group-id.
@@ -498,24 +382,11 @@ fn chmod_chown_rules() {
     let a = s.setattr(&owner, set(None, None, Some(1000))).unwrap();
     assert_eq!(a.mode, 0o0755);
     s.setattr(&root(), set(Some(0o6755), None, None)).unwrap();
-    assert_eq!(
-        s.setattr(&root(), set(None, Some(7), None)).unwrap().mode,
-        0o0755
-    );
+    assert_eq!(s.setattr(&root(), set(None, Some(7), None)).unwrap().mode, 0o0755);
     // Non-root chmod by the owner drops set-group-id unless it is in the file's group.
     s.setattr(&root(), set(None, Some(1000), Some(99))).unwrap();
-    assert_eq!(
-        s.setattr(&owner, set(Some(0o2755), None, None))
-            .unwrap()
-            .mode,
-        0o0755
-    );
-    assert_eq!(
-        s.setattr(&root(), set(Some(0o2755), None, None))
-            .unwrap()
-            .mode,
-        0o2755
-    );
+    assert_eq!(s.setattr(&owner, set(Some(0o2755), None, None)).unwrap().mode, 0o0755);
+    assert_eq!(s.setattr(&root(), set(Some(0o2755), None, None)).unwrap().mode, 0o2755);
 }
 
 #[test]
@@ -524,55 +395,21 @@ fn truncate_and_times() {
     let owner = user(1000);
     let other = user(1001);
     let f = s.create(&owner, ROOT, b"f", 0o644).unwrap();
-    let size = |n| SetAttr {
-        ino: f.ino,
-        size: Some(n),
-        ..Default::default()
-    };
+    let size = |n| SetAttr { ino: f.ino, size: Some(n), ..Default::default() };
     assert_eq!(s.setattr(&owner, size(100)).unwrap().size, 100);
     assert_eq!(s.setattr(&owner, size(10)).unwrap().size, 10);
     assert_eq!(s.setattr(&other, size(0)), Err(Access));
-    assert_eq!(
-        s.setattr(
-            &owner,
-            SetAttr {
-                ino: ROOT,
-                size: Some(0),
-                ..Default::default()
-            }
-        ),
-        Err(IsDir)
-    );
-    let t = Timespec {
-        sec: 1_000_000,
-        nsec: 5,
-    };
-    let explicit = SetAttr {
-        ino: f.ino,
-        atime: Some(SetTime::At(t)),
-        mtime: Some(SetTime::At(t)),
-        ..Default::default()
-    };
-    let now = SetAttr {
-        ino: f.ino,
-        atime: Some(SetTime::Now),
-        mtime: Some(SetTime::Now),
-        ..Default::default()
-    };
+    assert_eq!(s.setattr(&owner, SetAttr { ino: ROOT, size: Some(0), ..Default::default() }), Err(IsDir));
+    let t = Timespec { sec: 1_000_000, nsec: 5 };
+    let explicit =
+        SetAttr { ino: f.ino, atime: Some(SetTime::At(t)), mtime: Some(SetTime::At(t)), ..Default::default() };
+    let now = SetAttr { ino: f.ino, atime: Some(SetTime::Now), mtime: Some(SetTime::Now), ..Default::default() };
     assert_eq!(s.setattr(&other, explicit.clone()), Err(Perm));
     assert_eq!(s.setattr(&other, now.clone()), Err(Access));
     let a = s.setattr(&owner, explicit).unwrap();
     assert_eq!((a.atime, a.mtime), (t, t));
     // Write permission is enough for "now".
-    s.setattr(
-        &owner,
-        SetAttr {
-            ino: f.ino,
-            mode: Some(0o666),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    s.setattr(&owner, SetAttr { ino: f.ino, mode: Some(0o666), ..Default::default() }).unwrap();
     let a = s.setattr(&other, now).unwrap();
     assert!(a.mtime > t && a.atime > t);
 }
@@ -583,37 +420,14 @@ fn extend_size() {
     let owner = user(1000);
     let f = s.create(&owner, ROOT, b"f", 0o644).unwrap();
     let t = Timespec { sec: 77, nsec: 0 };
-    let ext = |ino, size| {
-        MetaOp::ExtendSize(ExtendSize {
-            ino,
-            size,
-            mtime: t,
-        })
-    };
-    let a = s
-        .mutate(&owner, ext(f.ino, 1000))
-        .unwrap()
-        .into_attr()
-        .unwrap();
+    let ext = |ino, size| MetaOp::ExtendSize(ExtendSize { ino, size, mtime: t });
+    let a = s.mutate(&owner, ext(f.ino, 1000)).unwrap().into_attr().unwrap();
     assert_eq!((a.size, a.mtime, a.ctime), (1000, t, t));
-    let a = s
-        .mutate(&owner, ext(f.ino, 10))
-        .unwrap()
-        .into_attr()
-        .unwrap();
+    let a = s.mutate(&owner, ext(f.ino, 10)).unwrap().into_attr().unwrap();
     assert_eq!(a.size, 1000, "extend never shrinks");
-    assert_eq!(
-        code(s.mutate(&user(1001), ext(f.ino, 5000))).map(|_| ()),
-        Err(Access)
-    );
-    assert_eq!(
-        code(s.mutate(&root(), ext(ROOT, 5))).map(|_| ()),
-        Err(IsDir)
-    );
-    assert_eq!(
-        code(s.mutate(&root(), ext(InodeId(99_999), 5))).map(|_| ()),
-        Err(NotFound)
-    );
+    assert_eq!(code(s.mutate(&user(1001), ext(f.ino, 5000))).map(|_| ()), Err(Access));
+    assert_eq!(code(s.mutate(&root(), ext(ROOT, 5))).map(|_| ()), Err(IsDir));
+    assert_eq!(code(s.mutate(&root(), ext(InodeId(99_999), 5))).map(|_| ()), Err(NotFound));
 }
 
 #[test]
@@ -622,98 +436,34 @@ fn xattrs() {
     let owner = user(1000);
     let f = s.create(&owner, ROOT, b"f", 0o644).unwrap();
     let set = |name: &[u8], value: &[u8], flags| {
-        MetaOp::SetXattr(SetXattr {
-            ino: f.ino,
-            name: name.to_vec(),
-            value: value.to_vec(),
-            flags,
-        })
+        MetaOp::SetXattr(SetXattr { ino: f.ino, name: name.to_vec(), value: value.to_vec(), flags })
     };
-    let get = |s: &MetaStore, name: &[u8]| {
-        code(s.getxattr(
-            &owner,
-            &GetXattr {
-                ino: f.ino,
-                name: name.to_vec(),
-            },
-        ))
-    };
-    let rm = |name: &[u8]| {
-        MetaOp::RemoveXattr(RemoveXattr {
-            ino: f.ino,
-            name: name.to_vec(),
-        })
-    };
+    let get = |s: &MetaStore, name: &[u8]| code(s.getxattr(&owner, &GetXattr { ino: f.ino, name: name.to_vec() }));
+    let rm = |name: &[u8]| MetaOp::RemoveXattr(RemoveXattr { ino: f.ino, name: name.to_vec() });
     assert_eq!(get(&s, b"user.a"), Err(NoData));
-    assert_eq!(
-        code(s.mutate(&owner, set(b"user.a", b"1", XATTR_REPLACE))).map(|_| ()),
-        Err(NoData)
-    );
-    s.mutate(&owner, set(b"user.a", b"1", XATTR_CREATE))
-        .unwrap();
-    assert_eq!(
-        code(s.mutate(&owner, set(b"user.a", b"2", XATTR_CREATE))).map(|_| ()),
-        Err(Exists)
-    );
-    s.mutate(&owner, set(b"user.a", b"2", XATTR_REPLACE))
-        .unwrap();
+    assert_eq!(code(s.mutate(&owner, set(b"user.a", b"1", XATTR_REPLACE))).map(|_| ()), Err(NoData));
+    s.mutate(&owner, set(b"user.a", b"1", XATTR_CREATE)).unwrap();
+    assert_eq!(code(s.mutate(&owner, set(b"user.a", b"2", XATTR_CREATE))).map(|_| ()), Err(Exists));
+    s.mutate(&owner, set(b"user.a", b"2", XATTR_REPLACE)).unwrap();
     s.mutate(&owner, set(b"user.b", b"", 0)).unwrap();
     assert_eq!(get(&s, b"user.a"), Ok(b"2".to_vec()));
     assert_eq!(get(&s, b"user.b"), Ok(vec![]));
-    assert_eq!(
-        s.listxattr(&owner, &ListXattr { ino: f.ino }).unwrap(),
-        vec![b"user.a".to_vec(), b"user.b".to_vec()]
-    );
+    assert_eq!(s.listxattr(&owner, &ListXattr { ino: f.ino }).unwrap(), vec![b"user.a".to_vec(), b"user.b".to_vec()]);
     // Limits.
-    assert_eq!(
-        code(s.mutate(&owner, set(b"", b"1", 0))).map(|_| ()),
-        Err(Range)
-    );
-    assert_eq!(
-        code(s.mutate(&owner, set(&[b'n'; 256], b"1", 0))).map(|_| ()),
-        Err(Range)
-    );
+    assert_eq!(code(s.mutate(&owner, set(b"", b"1", 0))).map(|_| ()), Err(Range));
+    assert_eq!(code(s.mutate(&owner, set(&[b'n'; 256], b"1", 0))).map(|_| ()), Err(Range));
     s.mutate(&owner, set(&[b'n'; 255], b"1", 0)).unwrap();
     let big = vec![0u8; odfs_proto::XATTR_VALUE_MAX + 1];
-    assert_eq!(
-        code(s.mutate(&owner, set(b"user.big", &big, 0))).map(|_| ()),
-        Err(Range)
-    );
+    assert_eq!(code(s.mutate(&owner, set(b"user.big", &big, 0))).map(|_| ()), Err(Range));
     s.mutate(&owner, set(b"user.big", &big[1..], 0)).unwrap();
-    assert_eq!(
-        code(s.mutate(&owner, set(b"user.c", b"1", 4))).map(|_| ()),
-        Err(Invalid)
-    );
+    assert_eq!(code(s.mutate(&owner, set(b"user.c", b"1", 4))).map(|_| ()), Err(Invalid));
     // Permissions: writing needs write access, reading read access.
-    assert_eq!(
-        code(s.mutate(&user(1001), set(b"user.c", b"1", 0))).map(|_| ()),
-        Err(Access)
-    );
-    s.setattr(
-        &owner,
-        SetAttr {
-            ino: f.ino,
-            mode: Some(0o600),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    assert_eq!(
-        code(s.getxattr(
-            &user(1001),
-            &GetXattr {
-                ino: f.ino,
-                name: b"user.a".to_vec()
-            }
-        )),
-        Err(Access)
-    );
+    assert_eq!(code(s.mutate(&user(1001), set(b"user.c", b"1", 0))).map(|_| ()), Err(Access));
+    s.setattr(&owner, SetAttr { ino: f.ino, mode: Some(0o600), ..Default::default() }).unwrap();
+    assert_eq!(code(s.getxattr(&user(1001), &GetXattr { ino: f.ino, name: b"user.a".to_vec() })), Err(Access));
     // Remove.
     s.mutate(&owner, rm(b"user.a")).unwrap();
-    assert_eq!(
-        code(s.mutate(&owner, rm(b"user.a"))).map(|_| ()),
-        Err(NoData)
-    );
+    assert_eq!(code(s.mutate(&owner, rm(b"user.a"))).map(|_| ()), Err(NoData));
     assert_eq!(get(&s, b"user.a"), Err(NoData));
 }
 
@@ -724,82 +474,36 @@ fn layouts_of_new_files() {
     let h = root();
     let f = s.create(&h, ROOT, b"f", 0o644).unwrap();
     let l = f.layout.unwrap();
-    assert_eq!(
-        (l.pool.as_str(), l.chunk_size, l.targets.len()),
-        ("default", 1 << 20, 4)
-    );
+    assert_eq!((l.pool.as_str(), l.chunk_size, l.targets.len()), ("default", 1 << 20, 4));
     let mut sorted = l.targets.clone();
     sorted.sort();
     assert_eq!(sorted, vec![1, 2, 3, 4]);
     // The rotating start spreads first targets.
     let firsts: std::collections::HashSet<_> = (0..8)
-        .map(|i| {
-            s.create(&h, ROOT, format!("r{i}").as_bytes(), 0o644)
-                .unwrap()
-                .layout
-                .unwrap()
-                .targets[0]
-        })
+        .map(|i| s.create(&h, ROOT, format!("r{i}").as_bytes(), 0o644).unwrap().layout.unwrap().targets[0])
         .collect();
     assert_eq!(firsts.len(), 4);
     // A directory default, inherited by subdirectories made later.
     let dir = s.mkdir(&h, ROOT, b"fast", 0o755).unwrap();
-    let fast = DirLayout {
-        chunk_size: 1 << 16,
-        stripe_count: -1,
-        pool: "fast".into(),
-        start_target: None,
-    };
+    let fast = DirLayout { chunk_size: 1 << 16, stripe_count: -1, pool: "fast".into(), start_target: None };
     let sdl = |ino, layout| MetaOp::SetDirLayout(SetDirLayout { ino, layout });
     s.mutate(&h, sdl(dir.ino, fast.clone())).unwrap();
-    assert_eq!(
-        s.get_dir_layout(&h, &GetDirLayout { ino: dir.ino })
-            .unwrap(),
-        fast
-    );
+    assert_eq!(s.get_dir_layout(&h, &GetDirLayout { ino: dir.ino }).unwrap(), fast);
     let sub = s.mkdir(&h, dir.ino, b"sub", 0o755).unwrap();
     let l = s.create(&h, sub.ino, b"x", 0o644).unwrap().layout.unwrap();
-    assert_eq!(
-        (l.pool.as_str(), l.chunk_size, l.targets.clone()),
-        ("fast", 1 << 16, vec![10])
-    );
+    assert_eq!((l.pool.as_str(), l.chunk_size, l.targets.clone()), ("fast", 1 << 16, vec![10]));
     // Per-file layout, with a start target.
-    let own = DirLayout {
-        chunk_size: 1 << 20,
-        stripe_count: 2,
-        pool: "default".into(),
-        start_target: Some(3),
-    };
-    let c = s
-        .create_full(&h, dir.ino, b"own", 0o644, true, Some(own))
-        .unwrap();
+    let own = DirLayout { chunk_size: 1 << 20, stripe_count: 2, pool: "default".into(), start_target: Some(3) };
+    let c = s.create_full(&h, dir.ino, b"own", 0o644, true, Some(own)).unwrap();
     assert_eq!(c.attr.layout.unwrap().targets, vec![3, 4]);
     // More stripes than the pool has online: capped at the pool's size (as Lustre).
-    let want = |n, pool: &str| DirLayout {
-        stripe_count: n,
-        pool: pool.into(),
-        ..DirLayout::default()
-    };
-    let capped = s
-        .create_full(&h, ROOT, b"wide", 0o644, true, Some(want(5, "default")))
-        .unwrap();
+    let want = |n, pool: &str| DirLayout { stripe_count: n, pool: pool.into(), ..DirLayout::default() };
+    let capped = s.create_full(&h, ROOT, b"wide", 0o644, true, Some(want(5, "default"))).unwrap();
     assert_eq!(capped.attr.layout.unwrap().targets.len(), 4);
     // Errors: unknown pool, invalid layout, no space.
-    assert_eq!(
-        s.create_full(&h, ROOT, b"e2", 0o644, true, Some(want(1, "nope")))
-            .map(|_| ()),
-        Err(Invalid)
-    );
-    assert_eq!(
-        s.create_full(&h, ROOT, b"e3", 0o644, true, Some(want(0, "default")))
-            .map(|_| ()),
-        Err(Invalid)
-    );
-    assert_eq!(
-        s.find(&h, ROOT, b"e2"),
-        Err(NotFound),
-        "a failed create leaves nothing"
-    );
+    assert_eq!(s.create_full(&h, ROOT, b"e2", 0o644, true, Some(want(1, "nope"))).map(|_| ()), Err(Invalid));
+    assert_eq!(s.create_full(&h, ROOT, b"e3", 0o644, true, Some(want(0, "default"))).map(|_| ()), Err(Invalid));
+    assert_eq!(s.find(&h, ROOT, b"e2"), Err(NotFound), "a failed create leaves nothing");
     let mut full = targets();
     for t in &mut full {
         t.free = 0;
@@ -810,18 +514,9 @@ fn layouts_of_new_files() {
     assert!(s.create_full(&h, ROOT, b"f", 0o644, false, None).is_ok());
     // SetDirLayout errors.
     let f2 = s.find(&h, ROOT, b"f").unwrap();
-    assert_eq!(
-        code(s.mutate(&h, sdl(f2.ino, fast.clone()))).map(|_| ()),
-        Err(NotDir)
-    );
-    assert_eq!(
-        code(s.mutate(&user(5), sdl(dir.ino, fast.clone()))).map(|_| ()),
-        Err(Perm)
-    );
-    let bad = DirLayout {
-        chunk_size: 1000,
-        ..fast
-    };
+    assert_eq!(code(s.mutate(&h, sdl(f2.ino, fast.clone()))).map(|_| ()), Err(NotDir));
+    assert_eq!(code(s.mutate(&user(5), sdl(dir.ino, fast.clone()))).map(|_| ()), Err(Perm));
+    let bad = DirLayout { chunk_size: 1000, ..fast };
     let e = s.mutate(&h, sdl(dir.ino, bad)).unwrap_err();
     assert_eq!(e.code, Invalid);
     assert!(e.message.contains("chunk size"), "{}", e.message);
@@ -833,35 +528,15 @@ fn setgid_directories_pass_on_their_group() {
     let mut u = user(1000);
     u.groups = vec![500];
     let d = s.mkdir(&u, ROOT, b"shared", 0o2775).unwrap();
-    assert_eq!(
-        d.mode, 0o0775,
-        "mkdir drops set-group-id from the mode it is given"
-    );
-    s.setattr(
-        &u,
-        SetAttr {
-            ino: d.ino,
-            gid: Some(500),
-            mode: Some(0o2775),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    assert_eq!(d.mode, 0o0775, "mkdir drops set-group-id from the mode it is given");
+    s.setattr(&u, SetAttr { ino: d.ino, gid: Some(500), mode: Some(0o2775), ..Default::default() }).unwrap();
     let f = s.create(&u, d.ino, b"f", 0o644).unwrap();
     assert_eq!(f.gid, 500);
     let sub = s.mkdir(&u, d.ino, b"sub", 0o755).unwrap();
     assert_eq!((sub.gid, sub.mode), (500, 0o2755));
     // A creator outside the group may not keep set-group-id on a group-executable file.
     let outsider = user(1001);
-    s.setattr(
-        &u,
-        SetAttr {
-            ino: d.ino,
-            mode: Some(0o2777),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    s.setattr(&u, SetAttr { ino: d.ino, mode: Some(0o2777), ..Default::default() }).unwrap();
     let g = s.create(&outsider, d.ino, b"g", 0o2755).unwrap();
     assert_eq!((g.gid, g.mode), (500, 0o0755));
 }
@@ -869,23 +544,10 @@ fn setgid_directories_pass_on_their_group() {
 #[test]
 fn statfs_and_shard_ids() {
     let d = tempfile::tempdir().unwrap();
-    let mut s = MetaStore::open(
-        d.path(),
-        StoreOptions {
-            shard: 3,
-            ..StoreOptions::default()
-        },
-        DirLayout::default(),
-    )
-    .unwrap();
+    let mut s =
+        MetaStore::open(d.path(), StoreOptions { shard: 3, ..StoreOptions::default() }, DirLayout::default()).unwrap();
     let mut t = targets();
-    t.push(TargetChoice {
-        id: 20,
-        pool: "default".into(),
-        free: 5,
-        capacity: 5,
-        online: false,
-    });
+    t.push(TargetChoice { id: 20, pool: "default".into(), free: 5, capacity: 5, online: false });
     s.set_targets(t);
     let f = s.create(&root(), ROOT, b"f", 0o644).unwrap();
     assert_eq!(f.ino.shard(), 3);
@@ -903,13 +565,7 @@ fn idempotent_retries_in_process() {
     let mut h = user(1000);
     h.client_id = 77;
     h.request_id = 5;
-    let op = MetaOp::Create(Create {
-        parent: ROOT,
-        name: b"f".to_vec(),
-        mode: 0o644,
-        exclusive: true,
-        layout: None,
-    });
+    let op = MetaOp::Create(Create { parent: ROOT, name: b"f".to_vec(), mode: 0o644, exclusive: true, layout: None });
     let first = s.mutate(&h, op.clone()).unwrap();
     assert_eq!(s.mutate(&h, op.clone()).unwrap(), first);
     // request id 0 means no dedup.

@@ -18,9 +18,7 @@ const NAMES: [&str; 6] = ["a", "b", "c", "d", "e", "f"];
 /// Parent directories ops address, as paths from the root.
 const DIRS: [&[&str]; 4] = [&[], &["a"], &["b"], &["a", "b"]];
 const UIDS: [u32; 3] = [0, 1000, 1001];
-const MODES: [u32; 9] = [
-    0o755, 0o777, 0o700, 0o1777, 0o2775, 0o644, 0o555, 0o000, 0o2777,
-];
+const MODES: [u32; 9] = [0o755, 0o777, 0o700, 0o1777, 0o2775, 0o644, 0o555, 0o000, 0o2777];
 const TARGET: &[u8] = b"tgt";
 
 const S_ISGID: u32 = 0o2000;
@@ -28,68 +26,16 @@ const S_ISVTX: u32 = 0o1000;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Create {
-        uid: usize,
-        dir: usize,
-        name: usize,
-        mode: usize,
-        excl: bool,
-    },
-    Mkdir {
-        uid: usize,
-        dir: usize,
-        name: usize,
-        mode: usize,
-    },
-    Unlink {
-        uid: usize,
-        dir: usize,
-        name: usize,
-    },
-    Rmdir {
-        uid: usize,
-        dir: usize,
-        name: usize,
-    },
-    Rename {
-        uid: usize,
-        dir: usize,
-        name: usize,
-        dir2: usize,
-        name2: usize,
-        flags: u32,
-    },
-    Link {
-        uid: usize,
-        dir: usize,
-        name: usize,
-        dir2: usize,
-        name2: usize,
-    },
-    Symlink {
-        uid: usize,
-        dir: usize,
-        name: usize,
-    },
-    SetSize {
-        uid: usize,
-        dir: usize,
-        name: usize,
-        size: u64,
-    },
-    Chmod {
-        uid: usize,
-        dir: usize,
-        name: usize,
-        mode: usize,
-    },
-    Chown {
-        uid: usize,
-        dir: usize,
-        name: usize,
-        owner: Option<usize>,
-        group: Option<usize>,
-    },
+    Create { uid: usize, dir: usize, name: usize, mode: usize, excl: bool },
+    Mkdir { uid: usize, dir: usize, name: usize, mode: usize },
+    Unlink { uid: usize, dir: usize, name: usize },
+    Rmdir { uid: usize, dir: usize, name: usize },
+    Rename { uid: usize, dir: usize, name: usize, dir2: usize, name2: usize, flags: u32 },
+    Link { uid: usize, dir: usize, name: usize, dir2: usize, name2: usize },
+    Symlink { uid: usize, dir: usize, name: usize },
+    SetSize { uid: usize, dir: usize, name: usize, size: u64 },
+    Chmod { uid: usize, dir: usize, name: usize, mode: usize },
+    Chown { uid: usize, dir: usize, name: usize, owner: Option<usize>, group: Option<usize> },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -132,10 +78,7 @@ fn op() -> impl Strategy<Value = Op> {
 enum Body {
     File,
     Symlink,
-    Dir {
-        entries: BTreeMap<Vec<u8>, usize>,
-        parent: usize,
-    },
+    Dir { entries: BTreeMap<Vec<u8>, usize>, parent: usize },
 }
 
 #[derive(Debug, Clone)]
@@ -185,19 +128,13 @@ const ROOT_ID: usize = 0;
 impl Model {
     fn new(root_mode: u32) -> Model {
         let root = Node {
-            body: Body::Dir {
-                entries: BTreeMap::new(),
-                parent: ROOT_ID,
-            },
+            body: Body::Dir { entries: BTreeMap::new(), parent: ROOT_ID },
             mode: root_mode,
             uid: 0,
             gid: 0,
             size: 0,
         };
-        Model {
-            nodes: HashMap::from([(ROOT_ID, root)]),
-            next: 1,
-        }
+        Model { nodes: HashMap::from([(ROOT_ID, root)]), next: 1 }
     }
 
     fn n(&self, id: usize) -> &Node {
@@ -311,16 +248,7 @@ impl Model {
         };
         let id = self.next;
         self.next += 1;
-        self.nodes.insert(
-            id,
-            Node {
-                body,
-                mode,
-                uid: w.0,
-                gid,
-                size: 0,
-            },
-        );
+        self.nodes.insert(id, Node { body, mode, uid: w.0, gid, size: 0 });
         self.entries_mut(dir).insert(name.to_vec(), id);
         id
     }
@@ -354,16 +282,7 @@ impl Model {
 
     fn mkdir(&mut self, w: Who, dir: usize, name: &[u8], mode: u32) -> Res<()> {
         self.new_entry_checks(w, dir, name)?;
-        self.add(
-            w,
-            dir,
-            name,
-            mode & 0o1777,
-            Body::Dir {
-                entries: BTreeMap::new(),
-                parent: dir,
-            },
-        );
+        self.add(w, dir, name, mode & 0o1777, Body::Dir { entries: BTreeMap::new(), parent: dir });
         Ok(())
     }
 
@@ -416,15 +335,7 @@ impl Model {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn rename(
-        &mut self,
-        w: Who,
-        od: usize,
-        name: &[u8],
-        nd: usize,
-        new: &[u8],
-        flags: u32,
-    ) -> Res<bool> {
+    fn rename(&mut self, w: Who, od: usize, name: &[u8], nd: usize, new: &[u8], flags: u32) -> Res<bool> {
         let exchange = flags == RENAME_EXCHANGE;
         self.need(w, od, 1)?;
         self.need(w, nd, 1)?;
@@ -579,10 +490,7 @@ fn model_tree(m: &Model) -> Tree {
                     (FileKind::Dir, 2 + subdirs as u32, None)
                 }
             };
-            (
-                p,
-                (kind, n.mode, n.uid, n.gid, size, nlink, first[&id].clone()),
-            )
+            (p, (kind, n.mode, n.uid, n.gid, size, nlink, first[&id].clone()))
         })
         .collect()
 }
@@ -597,18 +505,7 @@ fn store_tree(s: &MetaStore) -> Tree {
         .map(|(p, v)| {
             let a = &v.attr;
             let size = (a.kind != FileKind::Dir).then_some(a.size);
-            (
-                p.clone(),
-                (
-                    a.kind,
-                    a.mode,
-                    a.uid,
-                    a.gid,
-                    size,
-                    a.nlink,
-                    first[&a.ino].clone(),
-                ),
-            )
+            (p.clone(), (a.kind, a.mode, a.uid, a.gid, size, a.nlink, first[&a.ino].clone()))
         })
         .collect()
 }
@@ -619,15 +516,7 @@ fn store_tree(s: &MetaStore) -> Tree {
 fn store_resolve(s: &MetaStore, path: &[&str]) -> Option<InodeId> {
     let mut cur = ROOT;
     for c in path {
-        let a = s
-            .lookup(
-                &root(),
-                &Lookup {
-                    parent: cur,
-                    name: c.as_bytes().to_vec(),
-                },
-            )
-            .ok()?;
+        let a = s.lookup(&root(), &Lookup { parent: cur, name: c.as_bytes().to_vec() }).ok()?;
         if a.kind != FileKind::Dir {
             return None;
         }
@@ -637,15 +526,7 @@ fn store_resolve(s: &MetaStore, path: &[&str]) -> Option<InodeId> {
 }
 
 fn store_child(s: &MetaStore, dir: InodeId, name: &[u8]) -> Option<InodeId> {
-    s.lookup(
-        &root(),
-        &Lookup {
-            parent: dir,
-            name: name.to_vec(),
-        },
-    )
-    .ok()
-    .map(|a| a.ino)
+    s.lookup(&root(), &Lookup { parent: dir, name: name.to_vec() }).ok().map(|a| a.ino)
 }
 
 /// Applies `op` to both; returns (model outcome, store outcome) as comparable values, or None
@@ -654,192 +535,95 @@ fn run(m: &mut Model, s: &mut MetaStore, op: &Op) -> Option<(Res<String>, Res<St
     let dir_of = |m: &Model, s: &MetaStore, d: usize| -> Option<(usize, InodeId)> {
         let a = m.resolve(DIRS[d]);
         let b = store_resolve(s, DIRS[d]);
-        assert_eq!(
-            a.is_some(),
-            b.is_some(),
-            "directory {:?} resolves differently",
-            DIRS[d]
-        );
+        assert_eq!(a.is_some(), b.is_some(), "directory {:?} resolves differently", DIRS[d]);
         Some((a?, b?))
     };
     let node_of = |m: &Model, s: &MetaStore, d: usize, n: usize| -> Option<(usize, InodeId)> {
         let (md, sd) = dir_of(m, s, d)?;
         let a = m.child(md, NAMES[n].as_bytes());
         let b = store_child(s, sd, NAMES[n].as_bytes());
-        assert_eq!(
-            a.is_some(),
-            b.is_some(),
-            "{:?}/{} exists differently",
-            DIRS[d],
-            NAMES[n]
-        );
+        assert_eq!(a.is_some(), b.is_some(), "{:?}/{} exists differently", DIRS[d], NAMES[n]);
         Some((a?, b?))
     };
     let show = |r: Res<bool>| r.map(|b| b.to_string());
     let unit = |r: Res<()>| r.map(|_| String::new());
     let sunit = |r: R<Attr>| r.map(|_| String::new());
     Some(match *op {
-        Op::Create {
-            uid,
-            dir,
-            name,
-            mode,
-            excl,
-        } => {
+        Op::Create { uid, dir, name, mode, excl } => {
             let w = Who(UIDS[uid]);
             let (md, sd) = dir_of(m, s, dir)?;
             let nm = NAMES[name].as_bytes();
             (
                 show(m.create(w, md, nm, MODES[mode], excl)),
-                s.create_full(&w.header(), sd, nm, MODES[mode], excl, None)
-                    .map(|r| r.created.to_string()),
+                s.create_full(&w.header(), sd, nm, MODES[mode], excl, None).map(|r| r.created.to_string()),
             )
         }
-        Op::Mkdir {
-            uid,
-            dir,
-            name,
-            mode,
-        } => {
+        Op::Mkdir { uid, dir, name, mode } => {
             let w = Who(UIDS[uid]);
             let (md, sd) = dir_of(m, s, dir)?;
             let nm = NAMES[name].as_bytes();
-            (
-                unit(m.mkdir(w, md, nm, MODES[mode])),
-                sunit(s.mkdir(&w.header(), sd, nm, MODES[mode])),
-            )
+            (unit(m.mkdir(w, md, nm, MODES[mode])), sunit(s.mkdir(&w.header(), sd, nm, MODES[mode])))
         }
         Op::Unlink { uid, dir, name } => {
             let w = Who(UIDS[uid]);
             let (md, sd) = dir_of(m, s, dir)?;
             let nm = NAMES[name].as_bytes();
-            (
-                show(m.unlink(w, md, nm)),
-                s.unlink(&w.header(), sd, nm)
-                    .map(|r| r.is_some().to_string()),
-            )
+            (show(m.unlink(w, md, nm)), s.unlink(&w.header(), sd, nm).map(|r| r.is_some().to_string()))
         }
         Op::Rmdir { uid, dir, name } => {
             let w = Who(UIDS[uid]);
             let (md, sd) = dir_of(m, s, dir)?;
             let nm = NAMES[name].as_bytes();
-            (
-                unit(m.rmdir(w, md, nm)),
-                s.rmdir(&w.header(), sd, nm).map(|_| String::new()),
-            )
+            (unit(m.rmdir(w, md, nm)), s.rmdir(&w.header(), sd, nm).map(|_| String::new()))
         }
-        Op::Rename {
-            uid,
-            dir,
-            name,
-            dir2,
-            name2,
-            flags,
-        } => {
+        Op::Rename { uid, dir, name, dir2, name2, flags } => {
             let w = Who(UIDS[uid]);
             let (md, sd) = dir_of(m, s, dir)?;
             let (md2, sd2) = dir_of(m, s, dir2)?;
             let (a, b) = (NAMES[name].as_bytes(), NAMES[name2].as_bytes());
             (
                 show(m.rename(w, md, a, md2, b, flags)),
-                s.rename(&w.header(), sd, a, sd2, b, flags)
-                    .map(|r| r.is_some().to_string()),
+                s.rename(&w.header(), sd, a, sd2, b, flags).map(|r| r.is_some().to_string()),
             )
         }
-        Op::Link {
-            uid,
-            dir,
-            name,
-            dir2,
-            name2,
-        } => {
+        Op::Link { uid, dir, name, dir2, name2 } => {
             let w = Who(UIDS[uid]);
             let (mn, sn) = node_of(m, s, dir, name)?;
             let (md2, sd2) = dir_of(m, s, dir2)?;
             let b = NAMES[name2].as_bytes();
-            (
-                unit(m.link(w, mn, md2, b)),
-                sunit(s.link(&w.header(), sn, sd2, b)),
-            )
+            (unit(m.link(w, mn, md2, b)), sunit(s.link(&w.header(), sn, sd2, b)))
         }
         Op::Symlink { uid, dir, name } => {
             let w = Who(UIDS[uid]);
             let (md, sd) = dir_of(m, s, dir)?;
             let nm = NAMES[name].as_bytes();
-            (
-                unit(m.symlink(w, md, nm)),
-                sunit(s.symlink(&w.header(), sd, nm, TARGET)),
-            )
+            (unit(m.symlink(w, md, nm)), sunit(s.symlink(&w.header(), sd, nm, TARGET)))
         }
-        Op::SetSize {
-            uid,
-            dir,
-            name,
-            size,
-        } => {
+        Op::SetSize { uid, dir, name, size } => {
             let w = Who(UIDS[uid]);
             let (mn, sn) = node_of(m, s, dir, name)?;
-            let req = SetAttr {
-                ino: sn,
-                size: Some(size),
-                ..Default::default()
-            };
-            (
-                unit(m.set_size(w, mn, size)),
-                sunit(s.setattr(&w.header(), req)),
-            )
+            let req = SetAttr { ino: sn, size: Some(size), ..Default::default() };
+            (unit(m.set_size(w, mn, size)), sunit(s.setattr(&w.header(), req)))
         }
-        Op::Chmod {
-            uid,
-            dir,
-            name,
-            mode,
-        } => {
+        Op::Chmod { uid, dir, name, mode } => {
             let w = Who(UIDS[uid]);
             let (mn, sn) = node_of(m, s, dir, name)?;
-            let req = SetAttr {
-                ino: sn,
-                mode: Some(MODES[mode]),
-                ..Default::default()
-            };
-            (
-                unit(m.chmod(w, mn, MODES[mode])),
-                sunit(s.setattr(&w.header(), req)),
-            )
+            let req = SetAttr { ino: sn, mode: Some(MODES[mode]), ..Default::default() };
+            (unit(m.chmod(w, mn, MODES[mode])), sunit(s.setattr(&w.header(), req)))
         }
-        Op::Chown {
-            uid,
-            dir,
-            name,
-            owner,
-            group,
-        } => {
+        Op::Chown { uid, dir, name, owner, group } => {
             let w = Who(UIDS[uid]);
             let (mn, sn) = node_of(m, s, dir, name)?;
             let (o, g) = (owner.map(|i| UIDS[i]), group.map(|i| UIDS[i]));
-            let req = SetAttr {
-                ino: sn,
-                uid: o,
-                gid: g,
-                ..Default::default()
-            };
-            (
-                unit(m.chown(w, mn, o, g)),
-                sunit(s.setattr(&w.header(), req)),
-            )
+            let req = SetAttr { ino: sn, uid: o, gid: g, ..Default::default() };
+            (unit(m.chown(w, mn, o, g)), sunit(s.setattr(&w.header(), req)))
         }
     })
 }
 
 /// Mode and owner of each starting directory (a, b, a/b).
 fn skeleton() -> impl Strategy<Value = Vec<(u32, usize)>> {
-    proptest::collection::vec(
-        (
-            prop_oneof![Just(0o777u32), Just(0o1777), Just(0o755), Just(0o2777)],
-            0..UIDS.len(),
-        ),
-        3,
-    )
+    proptest::collection::vec((prop_oneof![Just(0o777u32), Just(0o1777), Just(0o755), Just(0o2777)], 0..UIDS.len()), 3)
 }
 
 proptest! {

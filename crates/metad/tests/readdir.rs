@@ -15,16 +15,7 @@ fn name(i: usize) -> Vec<u8> {
 }
 
 fn batch(s: &MetaStore, dir: InodeId, cookie: u64, max: u32) -> ReadDirReply {
-    s.readdir(
-        &root(),
-        &ReadDir {
-            ino: dir,
-            cookie,
-            max_entries: max,
-            plus: false,
-        },
-    )
-    .unwrap()
+    s.readdir(&root(), &ReadDir { ino: dir, cookie, max_entries: max, plus: false }).unwrap()
 }
 
 fn fill(s: &mut MetaStore, n: usize) -> InodeId {
@@ -70,37 +61,16 @@ fn hundred_thousand_entries_in_batches_of_a_thousand() {
     let r = batch(&s, d, cookie, 1000);
     assert!(r.entries.is_empty() && r.eof);
     // 0 means the default batch; plus fills attributes that match getattr.
-    let r = s
-        .readdir(
-            &root(),
-            &ReadDir {
-                ino: d,
-                cookie: 0,
-                max_entries: 0,
-                plus: true,
-            },
-        )
-        .unwrap();
+    let r = s.readdir(&root(), &ReadDir { ino: d, cookie: 0, max_entries: 0, plus: true }).unwrap();
     assert_eq!(r.entries.len(), 1024);
     assert!(!r.eof);
     let e = &r.entries[17];
     assert_eq!(e.attr.as_ref(), Some(&s.stat(e.ino).unwrap()));
     // Errors.
     let f = s.find(&root(), d, &name(0)).unwrap().ino;
-    let rd = |ino| ReadDir {
-        ino,
-        cookie: 0,
-        max_entries: 10,
-        plus: false,
-    };
-    assert_eq!(
-        code(s.readdir(&root(), &rd(f))).map(|_| ()),
-        Err(ErrorCode::NotDir)
-    );
-    assert_eq!(
-        code(s.readdir(&root(), &rd(InodeId(1 << 40)))).map(|_| ()),
-        Err(ErrorCode::NotFound)
-    );
+    let rd = |ino| ReadDir { ino, cookie: 0, max_entries: 10, plus: false };
+    assert_eq!(code(s.readdir(&root(), &rd(f))).map(|_| ()), Err(ErrorCode::NotDir));
+    assert_eq!(code(s.readdir(&root(), &rd(InodeId(1 << 40)))).map(|_| ()), Err(ErrorCode::NotFound));
 }
 
 /// A small deterministic generator, so the test needs no seed plumbing.
@@ -108,10 +78,7 @@ struct Lcg(u64);
 
 impl Lcg {
     fn next(&mut self, n: usize) -> usize {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         ((self.0 >> 33) as usize) % n
     }
 }
@@ -178,13 +145,7 @@ fn entries_present_throughout_appear_exactly_once_despite_changes() {
     for n in &live {
         if !touched.contains(n) {
             steady += 1;
-            assert_eq!(
-                count.get(n),
-                Some(&1),
-                "{:?} seen {:?} times",
-                n,
-                count.get(n)
-            );
+            assert_eq!(count.get(n), Some(&1), "{:?} seen {:?} times", n, count.get(n));
         }
     }
     assert!(steady > N / 2, "the test kept most names steady ({steady})");
@@ -204,10 +165,7 @@ fn exchange_keeps_both_names_in_place() {
     for n in [&b"a"[..], b"b", b"c"] {
         s.create(&h, ROOT, n, 0o644).unwrap();
     }
-    let before: Vec<_> = list(&s, ROOT, 10)
-        .into_iter()
-        .map(|e| (e.cookie, e.name))
-        .collect();
+    let before: Vec<_> = list(&s, ROOT, 10).into_iter().map(|e| (e.cookie, e.name)).collect();
     let a = s.find(&h, ROOT, b"a").unwrap().ino;
     let c = s.find(&h, ROOT, b"c").unwrap().ino;
     s.mutate(
@@ -221,10 +179,7 @@ fn exchange_keeps_both_names_in_place() {
         }),
     )
     .unwrap();
-    let after: Vec<_> = list(&s, ROOT, 10)
-        .into_iter()
-        .map(|e| (e.cookie, e.name))
-        .collect();
+    let after: Vec<_> = list(&s, ROOT, 10).into_iter().map(|e| (e.cookie, e.name)).collect();
     assert_eq!(before, after);
     assert_eq!(s.find(&h, ROOT, b"a").unwrap().ino, c);
     assert_eq!(s.find(&h, ROOT, b"c").unwrap().ino, a);

@@ -20,76 +20,30 @@ fn workload(s: &mut MetaStore, round: u32) -> usize {
     let top = format!("r{round}");
     let d = s.mkdir(&h, ROOT, top.as_bytes(), 0o777).unwrap().ino;
     for i in 0..200u32 {
-        let sub = s
-            .mkdir(&u, d, format!("d{i}").as_bytes(), 0o755)
-            .unwrap()
-            .ino;
+        let sub = s.mkdir(&u, d, format!("d{i}").as_bytes(), 0o755).unwrap().ino;
         for j in 0..5u32 {
-            let f = s
-                .create(&u, sub, format!("f{j}").as_bytes(), 0o644)
-                .unwrap();
+            let f = s.create(&u, sub, format!("f{j}").as_bytes(), 0o644).unwrap();
             if j == 0 {
                 count(s.link(&u, f.ino, d, format!("link{i}").as_bytes()).is_ok());
             }
             if j == 1 {
-                let ext = ExtendSize {
-                    ino: f.ino,
-                    size: 4096 * i as u64,
-                    mtime: Timespec {
-                        sec: i as i64,
-                        nsec: j,
-                    },
-                };
+                let ext = ExtendSize { ino: f.ino, size: 4096 * i as u64, mtime: Timespec { sec: i as i64, nsec: j } };
                 count(s.mutate(&u, MetaOp::ExtendSize(ext)).is_ok());
             }
             if j == 2 {
-                let x = SetXattr {
-                    ino: f.ino,
-                    name: b"user.k".to_vec(),
-                    value: vec![i as u8; 10],
-                    flags: 0,
-                };
+                let x = SetXattr { ino: f.ino, name: b"user.k".to_vec(), value: vec![i as u8; 10], flags: 0 };
                 count(s.mutate(&u, MetaOp::SetXattr(x)).is_ok());
             }
         }
-        count(
-            s.symlink(&u, sub, b"sym", format!("../d{i}/f0").as_bytes())
-                .is_ok(),
-        );
+        count(s.symlink(&u, sub, b"sym", format!("../d{i}/f0").as_bytes()).is_ok());
         count(s.unlink(&u, sub, b"f3").is_ok());
-        count(
-            s.rename(&u, sub, b"f4", d, format!("moved{i}").as_bytes(), 0)
-                .is_ok(),
-        );
-        count(
-            s.setattr(
-                &u,
-                SetAttr {
-                    ino: sub,
-                    mode: Some(0o750),
-                    ..Default::default()
-                },
-            )
-            .is_ok(),
-        );
+        count(s.rename(&u, sub, b"f4", d, format!("moved{i}").as_bytes(), 0).is_ok());
+        count(s.setattr(&u, SetAttr { ino: sub, mode: Some(0o750), ..Default::default() }).is_ok());
         if i % 3 == 0 {
-            count(
-                s.rename(
-                    &u,
-                    d,
-                    format!("d{i}").as_bytes(),
-                    ROOT,
-                    format!("top{round}-{i}").as_bytes(),
-                    0,
-                )
-                .is_ok(),
-            );
+            count(s.rename(&u, d, format!("d{i}").as_bytes(), ROOT, format!("top{round}-{i}").as_bytes(), 0).is_ok());
         }
         if i % 7 == 0 {
-            let x = RemoveXattr {
-                ino: s.find(&u, sub, b"f2").unwrap().ino,
-                name: b"user.k".to_vec(),
-            };
+            let x = RemoveXattr { ino: s.find(&u, sub, b"f2").unwrap().ino, name: b"user.k".to_vec() };
             count(s.mutate(&u, MetaOp::RemoveXattr(x)).is_ok());
         }
         // Failures change nothing and are not logged.
@@ -97,17 +51,8 @@ fn workload(s: &mut MetaStore, round: u32) -> usize {
         assert!(s.rmdir(&u, d, b"nope").is_err());
     }
     let empty = s.mkdir(&u, d, b"empty", 0o700).unwrap().ino;
-    let layout = DirLayout {
-        stripe_count: 2,
-        ..DirLayout::default()
-    };
-    count(
-        s.mutate(
-            &u,
-            MetaOp::SetDirLayout(SetDirLayout { ino: empty, layout }),
-        )
-        .is_ok(),
-    );
+    let layout = DirLayout { stripe_count: 2, ..DirLayout::default() };
+    count(s.mutate(&u, MetaOp::SetDirLayout(SetDirLayout { ino: empty, layout })).is_ok());
     count(s.rmdir(&u, d, b"empty").is_ok());
     ok
 }
@@ -155,10 +100,7 @@ fn snapshot_then_more_mutations() {
 #[test]
 fn automatic_snapshots_as_the_log_grows() {
     let tmp = tempfile::tempdir().unwrap();
-    let opts = StoreOptions {
-        snapshot_every_bytes: 64 << 10,
-        ..StoreOptions::default()
-    };
+    let opts = StoreOptions { snapshot_every_bytes: 64 << 10, ..StoreOptions::default() };
     let mut s = open_with(tmp.path(), opts.clone());
     workload(&mut s, 0);
     workload(&mut s, 1);
@@ -173,14 +115,10 @@ fn automatic_snapshots_as_the_log_grows() {
 #[test]
 fn synced_log_recovers_too() {
     let tmp = tempfile::tempdir().unwrap();
-    let opts = StoreOptions {
-        sync_wal: true,
-        ..StoreOptions::default()
-    };
+    let opts = StoreOptions { sync_wal: true, ..StoreOptions::default() };
     let mut s = open_with(tmp.path(), opts.clone());
     for i in 0..50 {
-        s.create(&root(), ROOT, format!("f{i}").as_bytes(), 0o644)
-            .unwrap();
+        s.create(&root(), ROOT, format!("f{i}").as_bytes(), 0o644).unwrap();
     }
     let before = dump(&s);
     drop(s);
@@ -201,9 +139,7 @@ fn garbage_or_torn_tail_is_ignored() {
     let before = dump(&s);
     drop(s);
     // Garbage after the last record.
-    let garbage: Vec<u8> = (0..1000u32)
-        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
-        .collect();
+    let garbage: Vec<u8> = (0..1000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
     append(&log, &garbage);
     let mut s = open(tmp.path());
     assert_eq!(dump(&s), before);
@@ -255,56 +191,23 @@ fn another_shard_is_refused() {
     let mut s = open(tmp.path());
     s.snapshot().unwrap();
     drop(s);
-    let opts = StoreOptions {
-        shard: 2,
-        ..StoreOptions::default()
-    };
-    let e = MetaStore::open(tmp.path(), opts, DirLayout::default())
-        .err()
-        .expect("refused");
-    assert!(
-        matches!(
-            e,
-            MetaError::ShardMismatch {
-                found: 0,
-                expected: 2,
-                ..
-            }
-        ),
-        "{e}"
-    );
+    let opts = StoreOptions { shard: 2, ..StoreOptions::default() };
+    let e = MetaStore::open(tmp.path(), opts, DirLayout::default()).err().expect("refused");
+    assert!(matches!(e, MetaError::ShardMismatch { found: 0, expected: 2, .. }), "{e}");
 }
 
 fn req(client: u64, id: u64) -> RequestHeader {
-    RequestHeader {
-        request_id: id,
-        client_id: client,
-        uid: 0,
-        gid: 0,
-        groups: vec![],
-    }
+    RequestHeader { request_id: id, client_id: client, uid: 0, gid: 0, groups: vec![] }
 }
 
 #[test]
 fn retried_requests_after_reopen_are_not_applied_twice() {
     let tmp = tempfile::tempdir().unwrap();
     let mut s = open(tmp.path());
-    let create = MetaOp::Create(Create {
-        parent: ROOT,
-        name: b"f".to_vec(),
-        mode: 0o644,
-        exclusive: true,
-        layout: None,
-    });
-    let unlink = MetaOp::Unlink(Unlink {
-        parent: ROOT,
-        name: b"g".to_vec(),
-    });
-    let mkdir = MetaOp::Mkdir(Mkdir {
-        parent: ROOT,
-        name: b"d".to_vec(),
-        mode: 0o755,
-    });
+    let create =
+        MetaOp::Create(Create { parent: ROOT, name: b"f".to_vec(), mode: 0o644, exclusive: true, layout: None });
+    let unlink = MetaOp::Unlink(Unlink { parent: ROOT, name: b"g".to_vec() });
+    let mkdir = MetaOp::Mkdir(Mkdir { parent: ROOT, name: b"d".to_vec(), mode: 0o755 });
     s.create(&root(), ROOT, b"g", 0o644).unwrap();
     let r_create = s.mutate(&req(9, 1), create.clone()).unwrap();
     let r_unlink = s.mutate(&req(9, 2), unlink.clone()).unwrap();
@@ -317,10 +220,7 @@ fn retried_requests_after_reopen_are_not_applied_twice() {
     assert_eq!(s.mutate(&req(9, 2), unlink.clone()).unwrap(), r_unlink);
     assert_eq!(dump(&s), before, "retries changed nothing");
     // Another client's identical request ids are distinct requests.
-    assert_eq!(
-        code(s.mutate(&req(10, 1), create.clone())).map(|_| ()),
-        Err(ErrorCode::Exists)
-    );
+    assert_eq!(code(s.mutate(&req(10, 1), create.clone())).map(|_| ()), Err(ErrorCode::Exists));
     // Through a snapshot, too.
     let r_mkdir = s.mutate(&req(9, 3), mkdir.clone()).unwrap();
     s.snapshot().unwrap();
@@ -335,18 +235,9 @@ fn retried_requests_after_reopen_are_not_applied_twice() {
 #[test]
 fn dedup_table_is_bounded() {
     let tmp = tempfile::tempdir().unwrap();
-    let opts = StoreOptions {
-        dedup_capacity: 3,
-        ..StoreOptions::default()
-    };
+    let opts = StoreOptions { dedup_capacity: 3, ..StoreOptions::default() };
     let mut s = open_with(tmp.path(), opts.clone());
-    let mk = |i: u32| {
-        MetaOp::Mkdir(Mkdir {
-            parent: ROOT,
-            name: format!("d{i}").into_bytes(),
-            mode: 0o755,
-        })
-    };
+    let mk = |i: u32| MetaOp::Mkdir(Mkdir { parent: ROOT, name: format!("d{i}").into_bytes(), mode: 0o755 });
     for i in 0..5 {
         s.mutate(&req(1, i as u64 + 1), mk(i)).unwrap();
     }
@@ -356,10 +247,7 @@ fn dedup_table_is_bounded() {
     for i in 2..5 {
         assert!(s.mutate(&req(1, i as u64 + 1), mk(i)).is_ok());
     }
-    assert_eq!(
-        code(s.mutate(&req(1, 1), mk(0))).map(|_| ()),
-        Err(ErrorCode::Exists)
-    );
+    assert_eq!(code(s.mutate(&req(1, 1), mk(0))).map(|_| ()), Err(ErrorCode::Exists));
 }
 
 #[test]
@@ -369,9 +257,7 @@ fn replayed_state_matches_in_every_detail_of_a_create() {
     // Layout choice depends on targets and a rotating counter: replay must not re-choose.
     let mut seen = Vec::new();
     for i in 0..20 {
-        let a = s
-            .create(&root(), ROOT, format!("f{i}").as_bytes(), 0o644)
-            .unwrap();
+        let a = s.create(&root(), ROOT, format!("f{i}").as_bytes(), 0o644).unwrap();
         seen.push(a);
     }
     drop(s);

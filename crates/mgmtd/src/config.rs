@@ -43,14 +43,9 @@ impl Default for MgmtdConfig {
 
 impl MgmtdConfig {
     pub fn validate(&self) -> anyhow::Result<()> {
-        self.default_layout
-            .validate()
-            .map_err(|e| anyhow::anyhow!("default_layout: {e}"))?;
+        self.default_layout.validate().map_err(|e| anyhow::anyhow!("default_layout: {e}"))?;
         anyhow::ensure!(self.heartbeat_ms >= 10, "heartbeat_ms must be at least 10");
-        anyhow::ensure!(
-            self.offline_after_missed >= 1,
-            "offline_after_missed must be at least 1"
-        );
+        anyhow::ensure!(self.offline_after_missed >= 1, "offline_after_missed must be at least 1");
         Ok(())
     }
 }
@@ -65,9 +60,6 @@ mod tests {
         let back: MgmtdConfig = toml::from_str(&text).unwrap();
         assert_eq!(back, MgmtdConfig::default());
         back.validate().unwrap();
-        assert!(
-            toml::from_str::<MgmtdConfig>("no_such_key = 1").is_err(),
-            "unknown keys are errors"
-        );
+        assert!(toml::from_str::<MgmtdConfig>("no_such_key = 1").is_err(), "unknown keys are errors");
     }
 }

@@ -17,18 +17,12 @@ struct Args {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if args.print_default_config {
-        print!(
-            "{}",
-            toml::to_string_pretty(&odfs_mgmtd::MgmtdConfig::default())?
-        );
+        print!("{}", toml::to_string_pretty(&odfs_mgmtd::MgmtdConfig::default())?);
         return Ok(());
     }
     let cfg: odfs_mgmtd::MgmtdConfig = odfs_service::load_config(args.config.as_deref())?;
     odfs_service::init_logging("info");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async {
         let (_tx, rx) = odfs_service::shutdown_channel();
         odfs_mgmtd::run(cfg, rx).await

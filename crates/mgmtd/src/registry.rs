@@ -116,10 +116,7 @@ impl Registry {
         );
         st.version += 1;
         self.update_state(&mut st);
-        RegisterReply {
-            service_id: id,
-            heartbeat_ms: self.heartbeat_ms(),
-        }
+        RegisterReply { service_id: id, heartbeat_ms: self.heartbeat_ms() }
     }
 
     pub fn heartbeat(&self, hb: Heartbeat) -> HeartbeatReply {
@@ -162,20 +159,11 @@ impl Registry {
             .collect();
         storage_nodes.sort();
         storage_nodes.dedup();
-        let metas = st
-            .services
-            .values()
-            .filter(|s| s.info.kind == ServiceKind::Meta && self.online(s))
-            .count();
-        if storage_nodes.len() as u32 >= self.expect_storage_nodes
-            && metas as u32 >= self.expect_meta
-        {
+        let metas = st.services.values().filter(|s| s.info.kind == ServiceKind::Meta && self.online(s)).count();
+        if storage_nodes.len() as u32 >= self.expect_storage_nodes && metas as u32 >= self.expect_meta {
             st.state = FsState::Ready;
             st.version += 1;
-            info!(
-                storage_nodes = storage_nodes.len(),
-                metas, "filesystem ready"
-            );
+            info!(storage_nodes = storage_nodes.len(), metas, "filesystem ready");
         }
     }
 

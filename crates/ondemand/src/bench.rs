@@ -115,16 +115,7 @@ async fn odfs_seq_write(cfg: &ClientConfig, o: &BenchOptions) -> Result<()> {
         let (size, io) = (o.file_size, o.io_size);
         tasks.push(tokio::spawn(async move {
             let client = Client::connect(cfg).await?;
-            let (_, h) = client
-                .create_open(
-                    &ctx,
-                    dir.ino,
-                    format!("c{c}").as_bytes(),
-                    0o644,
-                    false,
-                    None,
-                )
-                .await?;
+            let (_, h) = client.create_open(&ctx, dir.ino, format!("c{c}").as_bytes(), 0o644, false, None).await?;
             let mut buf = vec![0u8; io];
             fill_pattern(&mut buf, c as u64);
             let mut off = 0;
@@ -153,9 +144,7 @@ async fn odfs_seq_read(cfg: &ClientConfig, o: &BenchOptions) -> Result<()> {
         let (size, io) = (o.file_size, o.io_size);
         tasks.push(tokio::spawn(async move {
             let client = Client::connect(cfg).await?;
-            let a = client
-                .resolve(&ctx, &format!("/bench/seq/c{c}"), true)
-                .await?;
+            let a = client.resolve(&ctx, &format!("/bench/seq/c{c}"), true).await?;
             let h = client.open(&ctx, a.ino, true, false, false).await?;
             let mut off = 0;
             loop {
@@ -196,9 +185,7 @@ async fn odfs_md(cfg: &ClientConfig, o: &BenchOptions, op: MdOp, dirs: &[InodeId
                 let name = format!("f{t}.{i}");
                 match op {
                     MdOp::Create => {
-                        client
-                            .create(&ctx, dir, name.as_bytes(), 0o644, true, None)
-                            .await?;
+                        client.create(&ctx, dir, name.as_bytes(), 0o644, true, None).await?;
                     }
                     MdOp::Stat => {
                         client.lookup(&ctx, dir, name.as_bytes()).await?;
@@ -236,8 +223,7 @@ fn plain_seq_write(dir: &Path, o: &BenchOptions) -> Result<()> {
                 })
             })
             .collect();
-        hs.into_iter()
-            .try_for_each(|h| h.join().expect("writer thread"))
+        hs.into_iter().try_for_each(|h| h.join().expect("writer thread"))
     })
 }
 
@@ -262,8 +248,7 @@ fn plain_seq_read(dir: &Path, o: &BenchOptions) -> Result<()> {
                 })
             })
             .collect();
-        hs.into_iter()
-            .try_for_each(|h| h.join().expect("reader thread"))
+        hs.into_iter().try_for_each(|h| h.join().expect("reader thread"))
     })
 }
 
@@ -278,10 +263,7 @@ fn plain_md(dir: &Path, o: &BenchOptions, op: MdOp) -> Result<()> {
                         let p = d.join(format!("f{t}.{i}"));
                         match op {
                             MdOp::Create => {
-                                std::fs::OpenOptions::new()
-                                    .write(true)
-                                    .create_new(true)
-                                    .open(&p)?;
+                                std::fs::OpenOptions::new().write(true).create_new(true).open(&p)?;
                             }
                             MdOp::Stat => {
                                 std::fs::metadata(&p)?;
@@ -293,8 +275,7 @@ fn plain_md(dir: &Path, o: &BenchOptions, op: MdOp) -> Result<()> {
                 })
             })
             .collect();
-        hs.into_iter()
-            .try_for_each(|h| h.join().expect("md thread"))
+        hs.into_iter().try_for_each(|h| h.join().expect("md thread"))
     })
 }
 
@@ -307,20 +288,14 @@ fn time<T>(pids: &[u32], f: impl FnOnce() -> Result<T>) -> Result<(f64, f64)> {
 
 /// Runs every phase; prints progress to stderr. The local filesystem is stopped at the end.
 pub fn run(o: &BenchOptions) -> Result<(Vec<Phase>, bool)> {
-    std::fs::create_dir_all(&o.root)
-        .with_context(|| format!("cannot create {}", o.root.display()))?;
+    std::fs::create_dir_all(&o.root).with_context(|| format!("cannot create {}", o.root.display()))?;
     let root = o.root.canonicalize()?;
     let fsroot = root.join("fs");
     let plain = root.join("plain");
     let _ = local::down(&fsroot);
     let _ = std::fs::remove_dir_all(&fsroot);
     let _ = std::fs::remove_dir_all(&plain);
-    let up = UpOptions {
-        root: fsroot.clone(),
-        nodes: o.nodes,
-        bulk: o.transport,
-        ..UpOptions::default()
-    };
+    let up = UpOptions { root: fsroot.clone(), nodes: o.nodes, bulk: o.transport, ..UpOptions::default() };
     let state = local::up(&up)?;
     let pids: Vec<u32> = state.procs.iter().map(|p| p.pid).collect();
     let result = run_phases(o, &fsroot, &plain, &pids);
@@ -332,36 +307,17 @@ pub fn run(o: &BenchOptions) -> Result<(Vec<Phase>, bool)> {
     result
 }
 
-fn run_phases(
-    o: &BenchOptions,
-    fsroot: &Path,
-    plain: &Path,
-    pids: &[u32],
-) -> Result<(Vec<Phase>, bool)> {
+fn run_phases(o: &BenchOptions, fsroot: &Path, plain: &Path, pids: &[u32]) -> Result<(Vec<Phase>, bool)> {
     let cfg = ClientConfig::load(&local::client_config_path(fsroot))?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let mib = (o.clients as u64 * o.file_size) as f64 / (1 << 20) as f64;
     let ops = (o.threads * o.files_per_thread) as f64;
     let mut phases = Vec::new();
     let mut dropped = true;
 
-    eprintln!(
-        "bench: sequential write, {} clients x {} MiB",
-        o.clients,
-        o.file_size >> 20
-    );
+    eprintln!("bench: sequential write, {} clients x {} MiB", o.clients, o.file_size >> 20);
     let (t, c) = time(pids, || rt.block_on(odfs_seq_write(&cfg, o)))?;
-    let mut p = Phase {
-        name: "seq write",
-        unit: "MiB/s",
-        odfs: mib / t,
-        plain: None,
-        odfs_cpu: c,
-        plain_cpu: None,
-    };
+    let mut p = Phase { name: "seq write", unit: "MiB/s", odfs: mib / t, plain: None, odfs_cpu: c, plain_cpu: None };
     if !o.skip_plain {
         let (t, c) = time(&[], || plain_seq_write(&plain.join("seq"), o))?;
         p.plain = Some(mib / t);
@@ -372,14 +328,7 @@ fn run_phases(
     eprintln!("bench: sequential read (page cache dropped)");
     dropped &= drop_caches();
     let (t, c) = time(pids, || rt.block_on(odfs_seq_read(&cfg, o)))?;
-    let mut p = Phase {
-        name: "seq read",
-        unit: "MiB/s",
-        odfs: mib / t,
-        plain: None,
-        odfs_cpu: c,
-        plain_cpu: None,
-    };
+    let mut p = Phase { name: "seq read", unit: "MiB/s", odfs: mib / t, plain: None, odfs_cpu: c, plain_cpu: None };
     if !o.skip_plain {
         dropped &= drop_caches();
         let (t, c) = time(&[], || plain_seq_read(&plain.join("seq"), o))?;
@@ -393,33 +342,14 @@ fn run_phases(
         let ctx = Ctx::current();
         let mut v = Vec::new();
         for t in 0..o.threads {
-            v.push(
-                client
-                    .mkdir_all(&ctx, &format!("/bench/md/t{t}"), 0o755)
-                    .await?
-                    .ino,
-            );
+            v.push(client.mkdir_all(&ctx, &format!("/bench/md/t{t}"), 0o755).await?.ino);
         }
         anyhow::Ok(v)
     })?;
-    for (name, op) in [
-        ("create", MdOp::Create),
-        ("stat", MdOp::Stat),
-        ("unlink", MdOp::Unlink),
-    ] {
-        eprintln!(
-            "bench: {name}, {} threads x {} files",
-            o.threads, o.files_per_thread
-        );
+    for (name, op) in [("create", MdOp::Create), ("stat", MdOp::Stat), ("unlink", MdOp::Unlink)] {
+        eprintln!("bench: {name}, {} threads x {} files", o.threads, o.files_per_thread);
         let (t, c) = time(pids, || rt.block_on(odfs_md(&cfg, o, op, &dirs)))?;
-        let mut p = Phase {
-            name,
-            unit: "ops/s",
-            odfs: ops / t,
-            plain: None,
-            odfs_cpu: c,
-            plain_cpu: None,
-        };
+        let mut p = Phase { name, unit: "ops/s", odfs: ops / t, plain: None, odfs_cpu: c, plain_cpu: None };
         if !o.skip_plain {
             let (t, c) = time(&[], || plain_md(&plain.join("md"), o, op))?;
             p.plain = Some(ops / t);
@@ -433,20 +363,12 @@ fn run_phases(
 
 /// Renders results as a Markdown table.
 pub fn render(phases: &[Phase]) -> String {
-    let mut s = String::from("| phase | odfs | plain dir | ratio | odfs CPU-s | plain CPU-s |\n|---|---|---|---|---|---|\n");
+    let mut s =
+        String::from("| phase | odfs | plain dir | ratio | odfs CPU-s | plain CPU-s |\n|---|---|---|---|---|---|\n");
     for p in phases {
-        let plain = p
-            .plain
-            .map(|v| format!("{v:.0} {}", p.unit))
-            .unwrap_or_else(|| "-".into());
-        let ratio = p
-            .ratio()
-            .map(|r| format!("{r:.2}x"))
-            .unwrap_or_else(|| "-".into());
-        let pc = p
-            .plain_cpu
-            .map(|v| format!("{v:.1}"))
-            .unwrap_or_else(|| "-".into());
+        let plain = p.plain.map(|v| format!("{v:.0} {}", p.unit)).unwrap_or_else(|| "-".into());
+        let ratio = p.ratio().map(|r| format!("{r:.2}x")).unwrap_or_else(|| "-".into());
+        let pc = p.plain_cpu.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
         s.push_str(&format!(
             "| {} | {:.0} {} | {plain} | {ratio} | {:.1} | {pc} |\n",
             p.name, p.odfs, p.unit, p.odfs_cpu

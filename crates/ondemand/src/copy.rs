@@ -49,12 +49,7 @@ fn join(loc: &Location, name: &str) -> Location {
 
 fn base_name(loc: &Location) -> Option<String> {
     match loc {
-        Location::Odfs(p) => p
-            .trim_end_matches('/')
-            .rsplit('/')
-            .next()
-            .filter(|s| !s.is_empty())
-            .map(String::from),
+        Location::Odfs(p) => p.trim_end_matches('/').rsplit('/').next().filter(|s| !s.is_empty()).map(String::from),
         Location::Local(p) => p.file_name().map(|n| n.to_string_lossy().into_owned()),
     }
 }
@@ -69,12 +64,7 @@ struct Stat {
 async fn stat(client: &Client, ctx: &Ctx, loc: &Location) -> Result<Option<Stat>> {
     match loc {
         Location::Odfs(p) => match client.resolve(ctx, p, true).await {
-            Ok(a) => Ok(Some(Stat {
-                kind: a.kind,
-                mode: a.mode,
-                mtime: a.mtime,
-                size: a.size,
-            })),
+            Ok(a) => Ok(Some(Stat { kind: a.kind, mode: a.mode, mtime: a.mtime, size: a.size })),
             Err(e) if e.code() == ErrorCode::NotFound => Ok(None),
             Err(e) => Err(e).with_context(|| format!("odfs:{p}")),
         },
@@ -87,16 +77,8 @@ async fn stat(client: &Client, ctx: &Ctx, loc: &Location) -> Result<Option<Stat>
                 } else {
                     FileKind::File
                 };
-                let mtime = Timespec {
-                    sec: m.mtime(),
-                    nsec: m.mtime_nsec() as u32,
-                };
-                Ok(Some(Stat {
-                    kind,
-                    mode: m.permissions().mode() & 0o7777,
-                    mtime,
-                    size: m.len(),
-                }))
+                let mtime = Timespec { sec: m.mtime(), nsec: m.mtime_nsec() as u32 };
+                Ok(Some(Stat { kind, mode: m.permissions().mode() & 0o7777, mtime, size: m.len() }))
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e).with_context(|| format!("{}", p.display())),
@@ -115,12 +97,7 @@ async fn list(client: &Client, ctx: &Ctx, loc: &Location) -> Result<Vec<(String,
                     let a = e.attr?;
                     Some((
                         String::from_utf8_lossy(&e.name).into_owned(),
-                        Stat {
-                            kind: a.kind,
-                            mode: a.mode,
-                            mtime: a.mtime,
-                            size: a.size,
-                        },
+                        Stat { kind: a.kind, mode: a.mode, mtime: a.mtime, size: a.size },
                     ))
                 })
                 .collect())
@@ -147,9 +124,7 @@ pub async fn copy(client: &Client, src: &str, dst: &str, opts: &CopyOptions) -> 
     if matches!((&src, &dst), (Location::Local(_), Location::Local(_))) {
         bail!("one side of odfs cp must be inside odfs (odfs:/path)");
     }
-    let Some(top) = stat(client, &ctx, &src).await? else {
-        bail!("{src:?}: no such file or directory")
-    };
+    let Some(top) = stat(client, &ctx, &src).await? else { bail!("{src:?}: no such file or directory") };
     if top.kind == FileKind::Dir && !opts.recursive {
         bail!("{src:?} is a directory (use -r)");
     }
@@ -162,14 +137,7 @@ pub async fn copy(client: &Client, src: &str, dst: &str, opts: &CopyOptions) -> 
     // Walk the source breadth-first: directories in creation order, then files.
     let mut dirs = Vec::new();
     let mut files = Vec::new();
-    let mut queue = vec![Item {
-        src,
-        dst,
-        kind: top.kind,
-        mode: top.mode,
-        mtime: top.mtime,
-        size: top.size,
-    }];
+    let mut queue = vec![Item { src, dst, kind: top.kind, mode: top.mode, mtime: top.mtime, size: top.size }];
     while let Some(it) = queue.pop() {
         if it.kind == FileKind::Dir {
             for (name, s) in list(client, &ctx, &it.src).await? {
@@ -197,17 +165,11 @@ pub async fn copy(client: &Client, src: &str, dst: &str, opts: &CopyOptions) -> 
     let sem = Arc::new(tokio::sync::Semaphore::new(opts.parallel.max(1)));
     let mut tasks = tokio::task::JoinSet::new();
     for f in files {
-        let permit = sem
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("semaphore never closes");
+        let permit = sem.clone().acquire_owned().await.expect("semaphore never closes");
         let client = client.clone();
         let ctx = ctx.clone();
         tasks.spawn(async move {
-            let r = copy_item(&client, &ctx, &f)
-                .await
-                .with_context(|| format!("{:?} -> {:?}", f.src, f.dst));
+            let r = copy_item(&client, &ctx, &f).await.with_context(|| format!("{:?} -> {:?}", f.src, f.dst));
             drop(permit);
             r.map(|n| (f.kind, n))
         });
@@ -241,32 +203,19 @@ async fn make_dir(client: &Client, ctx: &Ctx, loc: &Location, mode: u32) -> Resu
         Location::Odfs(p) => {
             client.mkdir_all(ctx, p, mode | 0o700).await?;
         }
-        Location::Local(p) => {
-            std::fs::create_dir_all(p).with_context(|| format!("cannot create {}", p.display()))?
-        }
+        Location::Local(p) => std::fs::create_dir_all(p).with_context(|| format!("cannot create {}", p.display()))?,
     }
     Ok(())
 }
 
-async fn set_times(
-    client: &Client,
-    ctx: &Ctx,
-    loc: &Location,
-    mode: u32,
-    mtime: Timespec,
-) -> Result<()> {
+async fn set_times(client: &Client, ctx: &Ctx, loc: &Location, mode: u32, mtime: Timespec) -> Result<()> {
     match loc {
         Location::Odfs(p) => {
             let a = client.resolve(ctx, p, false).await?;
             client
                 .setattr(
                     ctx,
-                    SetAttr {
-                        ino: a.ino,
-                        mode: Some(mode),
-                        mtime: Some(SetTime::At(mtime)),
-                        ..Default::default()
-                    },
+                    SetAttr { ino: a.ino, mode: Some(mode), mtime: Some(SetTime::At(mtime)), ..Default::default() },
                 )
                 .await?;
         }
@@ -278,13 +227,7 @@ async fn set_times(
 fn set_local_times(p: &Path, mode: u32, mtime: Timespec) -> Result<()> {
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))?;
     let ts = nix::sys::time::TimeSpec::new(mtime.sec, mtime.nsec as i64);
-    nix::sys::stat::utimensat(
-        None,
-        p,
-        &ts,
-        &ts,
-        nix::sys::stat::UtimensatFlags::NoFollowSymlink,
-    )?;
+    nix::sys::stat::utimensat(None, p, &ts, &ts, nix::sys::stat::UtimensatFlags::NoFollowSymlink)?;
     Ok(())
 }
 
@@ -312,9 +255,7 @@ async fn copy_item(client: &Client, ctx: &Ctx, it: &Item) -> Result<u64> {
         (Location::Local(s), Location::Odfs(d)) => {
             let mut f = tokio::fs::File::open(s).await?;
             let (parent, name) = client.resolve_parent(ctx, d).await?;
-            let (_, h) = client
-                .create_open(ctx, parent.ino, &name, it.mode | 0o200, false, None)
-                .await?;
+            let (_, h) = client.create_open(ctx, parent.ino, &name, it.mode | 0o200, false, None).await?;
             h.truncate(0).await?;
             let mut buf = vec![0u8; PIECE];
             let mut off = 0u64;
@@ -373,16 +314,12 @@ impl Sink {
     async fn open(client: &Client, ctx: &Ctx, dst: &Location, mode: u32) -> Result<Sink> {
         Ok(match dst {
             Location::Local(p) => Sink::Local(
-                tokio::fs::File::create(p)
-                    .await
-                    .with_context(|| format!("cannot create {}", p.display()))?,
+                tokio::fs::File::create(p).await.with_context(|| format!("cannot create {}", p.display()))?,
                 p.clone(),
             ),
             Location::Odfs(p) => {
                 let (parent, name) = client.resolve_parent(ctx, p).await?;
-                let (_, h) = client
-                    .create_open(ctx, parent.ino, &name, mode | 0o200, false, None)
-                    .await?;
+                let (_, h) = client.create_open(ctx, parent.ino, &name, mode | 0o200, false, None).await?;
                 h.truncate(0).await?;
                 Sink::Odfs(h)
             }
@@ -402,9 +339,7 @@ impl Sink {
     async fn finish(self, _len: u64) -> Result<()> {
         match self {
             Sink::Local(mut f, p) => {
-                f.flush()
-                    .await
-                    .with_context(|| format!("cannot write {}", p.display()))?;
+                f.flush().await.with_context(|| format!("cannot write {}", p.display()))?;
             }
             Sink::Odfs(h) => h.close().await?,
         }

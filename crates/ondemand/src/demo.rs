@@ -77,17 +77,9 @@ pub fn run(o: &DemoOptions) -> Result<()> {
     let _ = std::fs::remove_dir_all(&src);
     let _ = std::fs::remove_dir_all(&out);
 
-    println!(
-        "1/5 starting a {}-node odfs on this machine under {}",
-        o.nodes,
-        fsroot.display()
-    );
+    println!("1/5 starting a {}-node odfs on this machine under {}", o.nodes, fsroot.display());
     let t = Instant::now();
-    let state = local::up(&UpOptions {
-        root: fsroot.clone(),
-        nodes: o.nodes,
-        ..UpOptions::default()
-    })?;
+    let state = local::up(&UpOptions { root: fsroot.clone(), nodes: o.nodes, ..UpOptions::default() })?;
     println!(
         "    ready in {:.2} s: mgmtd + metad on node 0, stored on {} nodes ({} processes)",
         t.elapsed().as_secs_f64(),
@@ -96,35 +88,16 @@ pub fn run(o: &DemoOptions) -> Result<()> {
     );
 
     let result = (|| -> Result<()> {
-        println!(
-            "2/5 generating a {} MiB dataset in {}",
-            o.dataset_mib,
-            src.display()
-        );
+        println!("2/5 generating a {} MiB dataset in {}", o.dataset_mib, src.display());
         let bytes = generate_dataset(&src, o.dataset_mib)?;
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?;
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
         let cfg = ClientConfig::load(&local::client_config_path(&fsroot))?;
-        let opts = CopyOptions {
-            recursive: true,
-            parallel: 16,
-        };
+        let opts = CopyOptions { recursive: true, parallel: 16 };
         rt.block_on(async {
             let client = Client::connect(cfg).await?;
-            println!(
-                "3/5 copying it in: odfs cp -r {} odfs:/dataset",
-                src.display()
-            );
+            println!("3/5 copying it in: odfs cp -r {} odfs:/dataset", src.display());
             let t = Instant::now();
-            let s = copy::copy(
-                &client,
-                src.to_str().context("path")?,
-                "odfs:/dataset",
-                &opts,
-            )
-            .await?;
+            let s = copy::copy(&client, src.to_str().context("path")?, "odfs:/dataset", &opts).await?;
             let secs = t.elapsed().as_secs_f64();
             println!(
                 "    {} files, {} dirs, {:.1} MiB in {:.2} s ({:.0} MiB/s)",
@@ -136,13 +109,7 @@ pub fn run(o: &DemoOptions) -> Result<()> {
             );
             println!("4/5 copying it back out and comparing sha256 of every file");
             let t = Instant::now();
-            let s = copy::copy(
-                &client,
-                "odfs:/dataset",
-                out.to_str().context("path")?,
-                &opts,
-            )
-            .await?;
+            let s = copy::copy(&client, "odfs:/dataset", out.to_str().context("path")?, &opts).await?;
             let secs = t.elapsed().as_secs_f64();
             println!(
                 "    {} files, {:.1} MiB in {:.2} s ({:.0} MiB/s)",
@@ -156,18 +123,10 @@ pub fn run(o: &DemoOptions) -> Result<()> {
         let a = checksums(&src)?;
         let b = checksums(&out)?;
         if a != b {
-            let diff: Vec<_> = a
-                .iter()
-                .filter(|(k, v)| b.get(*k) != Some(v))
-                .map(|(k, _)| k.clone())
-                .take(5)
-                .collect();
+            let diff: Vec<_> = a.iter().filter(|(k, v)| b.get(*k) != Some(v)).map(|(k, _)| k.clone()).take(5).collect();
             bail!("dataset differs after the round trip: {diff:?}");
         }
-        anyhow::ensure!(
-            out.join("empty-dir").is_dir(),
-            "empty directory was not copied"
-        );
+        anyhow::ensure!(out.join("empty-dir").is_dir(), "empty directory was not copied");
         anyhow::ensure!(
             std::fs::read_link(out.join("latest"))? == Path::new("shard00/part0"),
             "symlink was not copied"

@@ -24,9 +24,7 @@ pub fn config_path(fs: Option<&Path>) -> Result<PathBuf> {
 pub async fn connect(fs: Option<&Path>) -> Result<Client> {
     let p = config_path(fs)?;
     let cfg = ClientConfig::load(&p).with_context(|| format!("cannot load {}", p.display()))?;
-    Client::connect(cfg)
-        .await
-        .with_context(|| format!("cannot reach the filesystem of {}", p.display()))
+    Client::connect(cfg).await.with_context(|| format!("cannot reach the filesystem of {}", p.display()))
 }
 
 /// A path inside odfs (`odfs:/a/b`) or on the local machine.

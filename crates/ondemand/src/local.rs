@@ -89,9 +89,7 @@ impl LocalState {
     pub fn load(root: &Path) -> Result<Option<LocalState>> {
         let p = state_path(root);
         match std::fs::read_to_string(&p) {
-            Ok(t) => Ok(Some(
-                toml::from_str(&t).with_context(|| format!("{} is damaged", p.display()))?,
-            )),
+            Ok(t) => Ok(Some(toml::from_str(&t).with_context(|| format!("{} is damaged", p.display()))?)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e).with_context(|| format!("cannot read {}", p.display())),
         }
@@ -106,11 +104,7 @@ impl LocalState {
     }
 
     pub fn live_pids(&self) -> Vec<u32> {
-        self.procs
-            .iter()
-            .map(|p| p.pid)
-            .filter(|&p| procs::is_ours(p))
-            .collect()
+        self.procs.iter().map(|p| p.pid).filter(|&p| procs::is_ours(p)).collect()
     }
 }
 
@@ -130,10 +124,7 @@ impl RootLock {
             .with_context(|| format!("cannot open {}", p.display()))?;
         // SAFETY: the fd is valid for the life of `f`.
         if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            bail!(
-                "another odfs command is working on {} right now",
-                root.display()
-            );
+            bail!("another odfs command is working on {} right now", root.display());
         }
         Ok(RootLock { _file: f })
     }
@@ -149,8 +140,7 @@ fn free_port(udp: bool) -> Result<u16> {
 }
 
 fn write_toml<T: Serialize>(path: &Path, v: &T) -> Result<()> {
-    std::fs::write(path, toml::to_string_pretty(v)?)
-        .with_context(|| format!("cannot write {}", path.display()))
+    std::fs::write(path, toml::to_string_pretty(v)?).with_context(|| format!("cannot write {}", path.display()))
 }
 
 fn log_tail(path: &Path, lines: usize) -> String {
@@ -163,10 +153,7 @@ fn log_tail(path: &Path, lines: usize) -> String {
 /// stopped again and the error says why.
 pub fn up(opts: &UpOptions) -> Result<LocalState> {
     anyhow::ensure!(opts.nodes >= 1, "--nodes must be at least 1");
-    anyhow::ensure!(
-        opts.targets_per_node >= 1,
-        "--targets-per-node must be at least 1"
-    );
+    anyhow::ensure!(opts.targets_per_node >= 1, "--targets-per-node must be at least 1");
     let layout = DirLayout {
         chunk_size: opts.chunk_size,
         stripe_count: opts.stripe_count,
@@ -174,8 +161,7 @@ pub fn up(opts: &UpOptions) -> Result<LocalState> {
         start_target: None,
     };
     layout.validate().map_err(|e| anyhow::anyhow!(e))?;
-    std::fs::create_dir_all(&opts.root)
-        .with_context(|| format!("cannot create {}", opts.root.display()))?;
+    std::fs::create_dir_all(&opts.root).with_context(|| format!("cannot create {}", opts.root.display()))?;
     let root = opts.root.canonicalize()?;
     let _lock = RootLock::take(&root)?;
     if let Some(st) = LocalState::load(&root)? {
@@ -201,14 +187,8 @@ pub fn up(opts: &UpOptions) -> Result<LocalState> {
         }
     };
     SiteKey::load(&site_key)?;
-    let job_id = opts
-        .job_id
-        .clone()
-        .unwrap_or_else(|| format!("local-{:08x}", rand::random::<u32>()));
-    let job = JobSection {
-        id: job_id.clone(),
-        site_key: site_key.clone(),
-    };
+    let job_id = opts.job_id.clone().unwrap_or_else(|| format!("local-{:08x}", rand::random::<u32>()));
+    let job = JobSection { id: job_id.clone(), site_key: site_key.clone() };
     let lo = |port: u16| -> SocketAddr { SocketAddr::from(([127, 0, 0, 1], port)) };
     let mgmtd_addr = lo(free_port(true)?);
 
@@ -225,12 +205,7 @@ pub fn up(opts: &UpOptions) -> Result<LocalState> {
         ..MgmtdConfig::default()
     };
     write_toml(&n0.join("mgmtd.toml"), &mcfg)?;
-    plan.push((
-        "mgmtd".into(),
-        0,
-        n0.join("mgmtd.toml"),
-        n0.join("mgmtd.log"),
-    ));
+    plan.push(("mgmtd".into(), 0, n0.join("mgmtd.toml"), n0.join("mgmtd.log")));
     let meta_cfg = MetadConfig {
         job: job.clone(),
         listen: lo(free_port(true)?),
@@ -241,12 +216,7 @@ pub fn up(opts: &UpOptions) -> Result<LocalState> {
         ..MetadConfig::default()
     };
     write_toml(&n0.join("metad.toml"), &meta_cfg)?;
-    plan.push((
-        "metad".into(),
-        0,
-        n0.join("metad.toml"),
-        n0.join("metad.log"),
-    ));
+    plan.push(("metad".into(), 0, n0.join("metad.toml"), n0.join("metad.log")));
     for k in 0..opts.nodes {
         let nd = node_dir(&root, k);
         std::fs::create_dir_all(&nd)?;
@@ -269,19 +239,10 @@ pub fn up(opts: &UpOptions) -> Result<LocalState> {
             ..StoredConfig::default()
         };
         write_toml(&nd.join("stored.toml"), &scfg)?;
-        plan.push((
-            "stored".into(),
-            k,
-            nd.join("stored.toml"),
-            nd.join("stored.log"),
-        ));
+        plan.push(("stored".into(), k, nd.join("stored.toml"), nd.join("stored.log")));
     }
 
-    let mut state = LocalState {
-        job_id: job_id.clone(),
-        nodes: opts.nodes,
-        procs: Vec::new(),
-    };
+    let mut state = LocalState { job_id: job_id.clone(), nodes: opts.nodes, procs: Vec::new() };
     let started = (|| -> Result<()> {
         for (service, node, config, log) in &plan {
             let bin = procs::binary(&format!("odfs-{service}"))?;
@@ -301,35 +262,24 @@ pub fn up(opts: &UpOptions) -> Result<LocalState> {
         let pids: Vec<u32> = state.procs.iter().map(|p| p.pid).collect();
         procs::stop_all(&pids, Duration::from_secs(2));
         let _ = std::fs::remove_file(state_path(&root));
-        return Err(e.context(format!(
-            "odfs local up on {} failed; everything it started was stopped",
-            root.display()
-        )));
+        return Err(e.context(format!("odfs local up on {} failed; everything it started was stopped", root.display())));
     }
-    let ccfg = ClientConfig {
-        job,
-        mgmtd: mgmtd_addr,
-        bulk_transport: opts.bulk,
-        ..ClientConfig::default()
-    };
+    let ccfg = ClientConfig { job, mgmtd: mgmtd_addr, bulk_transport: opts.bulk, ..ClientConfig::default() };
     write_toml(&client_config_path(&root), &ccfg)?;
     Ok(state)
 }
 
-fn wait_ready(
-    job: &JobSection,
-    mgmtd: SocketAddr,
-    state: &LocalState,
-    timeout: Duration,
-) -> Result<()> {
+fn wait_ready(job: &JobSection, mgmtd: SocketAddr, state: &LocalState, timeout: Duration) -> Result<()> {
     let cred = job.credential()?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async {
         let pool = Pool::new(
             cred,
-            PoolConfig { call_timeout: Duration::from_secs(2), retry_deadline: Duration::from_millis(1), conns_per_peer: 1 },
+            PoolConfig {
+                call_timeout: Duration::from_secs(2),
+                retry_deadline: Duration::from_millis(1),
+                conns_per_peer: 1,
+            },
         )?;
         let start = Instant::now();
         loop {
@@ -347,7 +297,8 @@ fn wait_ready(
             let last = match pool.call(mgmtd, Transport::Quic, &RequestHeader::default(), &GetCluster {}).await {
                 Ok(v) if v.state == FsState::Ready => return Ok(()),
                 Ok(v) => {
-                    let storage = v.services.iter().filter(|s| s.kind == odfs_proto::mgmt::ServiceKind::Storage).count();
+                    let storage =
+                        v.services.iter().filter(|s| s.kind == odfs_proto::mgmt::ServiceKind::Storage).count();
                     let meta = v.services.iter().filter(|s| s.kind == odfs_proto::mgmt::ServiceKind::Meta).count();
                     format!(
                         "{storage} of {} storage nodes and {meta} of {} metadata services registered",
@@ -382,17 +333,13 @@ pub fn down(root: &Path) -> Result<DownReport> {
     let live = state.live_pids().len();
     let killed = procs::stop_all(&pids, Duration::from_secs(3));
     std::fs::remove_file(state_path(root))?;
-    Ok(DownReport {
-        stopped: live,
-        killed,
-    })
+    Ok(DownReport { stopped: live, killed })
 }
 
 /// Restarts one daemon of a running local filesystem (after a crash, or to test recovery).
 pub fn restart(root: &Path, service: &str, node: u32) -> Result<u32> {
     let _lock = RootLock::take(root)?;
-    let mut state =
-        LocalState::load(root)?.with_context(|| format!("nothing runs on {}", root.display()))?;
+    let mut state = LocalState::load(root)?.with_context(|| format!("nothing runs on {}", root.display()))?;
     let entry = state
         .procs
         .iter_mut()

@@ -8,11 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Parser)]
-#[command(
-    name = "odfs",
-    about = "odfs: an on-demand, job-private parallel filesystem",
-    version
-)]
+#[command(name = "odfs", about = "odfs: an on-demand, job-private parallel filesystem", version)]
 struct Cli {
     /// Client config of the filesystem to use (written by `odfs local up` as ROOT/odfs.toml).
     #[arg(long, global = true, env = "ODFS_FS")]
@@ -141,10 +137,7 @@ enum LocalCmd {
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?)
+    Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
 }
 
 fn main() {
@@ -208,11 +201,7 @@ fn real_main() -> Result<()> {
                 );
             }
         }
-        Cmd::Local(LocalCmd::Restart {
-            root,
-            service,
-            node,
-        }) => {
+        Cmd::Local(LocalCmd::Restart { root, service, node }) => {
             let pid = local::restart(&root, &service, node)?;
             println!("restarted {service} on node {node} (pid {pid})");
         }
@@ -224,56 +213,23 @@ fn real_main() -> Result<()> {
             })?;
             print!("{}", status::render(&view)?);
         }
-        Cmd::Cp {
-            recursive,
-            parallel,
-            src,
-            dst,
-        } => {
+        Cmd::Cp { recursive, parallel, src, dst } => {
             let rt = runtime()?;
             let s = rt.block_on(async {
                 let client = fsref::connect(cli.fs.as_deref()).await?;
-                copy::copy(
-                    &client,
-                    &src,
-                    &dst,
-                    &copy::CopyOptions {
-                        recursive,
-                        parallel,
-                    },
-                )
-                .await
+                copy::copy(&client, &src, &dst, &copy::CopyOptions { recursive, parallel }).await
             })?;
-            println!(
-                "copied {} files, {} directories, {} bytes",
-                s.files, s.dirs, s.bytes
-            );
+            println!("copied {} files, {} directories, {} bytes", s.files, s.dirs, s.bytes);
         }
         Cmd::Keygen { out } => {
             if let Some(d) = out.parent() {
-                std::fs::create_dir_all(d)
-                    .with_context(|| format!("cannot create {}", d.display()))?;
+                std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
             }
             SiteKey::generate().write_new(&out)?;
-            println!(
-                "wrote site key {} (mode 0600); copy it to every node of the site",
-                out.display()
-            );
+            println!("wrote site key {} (mode 0600); copy it to every node of the site", out.display());
         }
-        Cmd::Demo {
-            root,
-            nodes,
-            dataset_mib,
-            keep,
-            no_bench,
-        } => {
-            demo::run(&demo::DemoOptions {
-                root,
-                nodes,
-                dataset_mib,
-                keep,
-                bench: !no_bench,
-            })?;
+        Cmd::Demo { root, nodes, dataset_mib, keep, no_bench } => {
+            demo::run(&demo::DemoOptions { root, nodes, dataset_mib, keep, bench: !no_bench })?;
         }
         Cmd::Bench(a) => {
             let o = bench::BenchOptions {

@@ -21,11 +21,7 @@ pub fn human_bytes(b: u64) -> String {
 
 pub fn render(v: &ClusterView) -> Result<String> {
     let mut s = String::new();
-    let storage = v
-        .services
-        .iter()
-        .filter(|x| x.kind == ServiceKind::Storage)
-        .count();
+    let storage = v.services.iter().filter(|x| x.kind == ServiceKind::Storage).count();
     writeln!(
         s,
         "job {}  state {:?}  storage services {}/{}  meta {}/{}",
@@ -33,16 +29,10 @@ pub fn render(v: &ClusterView) -> Result<String> {
         v.state,
         storage,
         v.expected_storage_nodes,
-        v.services
-            .iter()
-            .filter(|x| x.kind == ServiceKind::Meta)
-            .count(),
+        v.services.iter().filter(|x| x.kind == ServiceKind::Meta).count(),
         v.expected_meta
     )?;
-    writeln!(
-        s,
-        "\nSERVICE  ID  NODE  HOST        ADDRESS                 STATE    LAST SEEN"
-    )?;
+    writeln!(s, "\nSERVICE  ID  NODE  HOST        ADDRESS                 STATE    LAST SEEN")?;
     for x in &v.services {
         let kind = match x.kind {
             ServiceKind::Meta => "metad",
@@ -61,10 +51,7 @@ pub fn render(v: &ClusterView) -> Result<String> {
             x.last_seen_ms
         )?;
     }
-    writeln!(
-        s,
-        "\nTARGET  NODE  POOL        SIZE        FREE        STATE"
-    )?;
+    writeln!(s, "\nTARGET  NODE  POOL        SIZE        FREE        STATE")?;
     for t in &v.targets {
         writeln!(
             s,

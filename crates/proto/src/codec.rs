@@ -42,14 +42,7 @@ impl FrameHead {
         }
         let call_id = u64::from_le_bytes(frame[1..9].try_into().unwrap());
         let method = u16::from_le_bytes(frame[9..11].try_into().unwrap());
-        Ok((
-            FrameHead {
-                kind,
-                call_id,
-                method,
-            },
-            &frame[FRAME_FIXED..],
-        ))
+        Ok((FrameHead { kind, call_id, method }, &frame[FRAME_FIXED..]))
     }
 }
 
@@ -76,11 +69,7 @@ fn append<T: Serialize>(buf: Vec<u8>, value: &T) -> Result<Vec<u8>, ProtoError> 
 }
 
 /// Encodes a whole request frame, length prefix included.
-pub fn encode_request<R: Rpc>(
-    call_id: u64,
-    header: &RequestHeader,
-    req: &R,
-) -> Result<Vec<u8>, ProtoError> {
+pub fn encode_request<R: Rpc>(call_id: u64, header: &RequestHeader, req: &R) -> Result<Vec<u8>, ProtoError> {
     let buf = start_frame(KIND_REQUEST, call_id, R::METHOD, 64);
     let buf = append(buf, header)?;
     finish_frame(append(buf, req)?)
@@ -88,11 +77,7 @@ pub fn encode_request<R: Rpc>(
 
 /// Encodes a whole reply frame, serialising the reply straight into the frame buffer (chunk
 /// data is copied once, not twice).
-pub fn encode_reply<T: Serialize>(
-    call_id: u64,
-    method: u16,
-    result: &Result<T, RemoteError>,
-) -> Vec<u8> {
+pub fn encode_reply<T: Serialize>(call_id: u64, method: u16, result: &Result<T, RemoteError>) -> Vec<u8> {
     match result {
         Ok(v) => match postcard::to_extend(v, start_frame(KIND_REPLY_OK, call_id, method, 64))
             .map_err(ProtoError::from)
@@ -135,8 +120,7 @@ pub fn decode_header(body: &[u8]) -> Result<(RequestHeader, &[u8]), ProtoError> 
 pub fn decode_reply<T: DeserializeOwned>(kind: u8, body: &[u8]) -> Result<T, RemoteError> {
     match kind {
         KIND_REPLY_OK => postcard::from_bytes(body).map_err(|e| ProtoError::from(e).into()),
-        KIND_REPLY_ERR => Err(postcard::from_bytes::<RemoteError>(body)
-            .unwrap_or_else(|e| ProtoError::from(e).into())),
+        KIND_REPLY_ERR => Err(postcard::from_bytes::<RemoteError>(body).unwrap_or_else(|e| ProtoError::from(e).into())),
         k => Err(ProtoError::BadKind(k).into()),
     }
 }
@@ -149,29 +133,13 @@ mod tests {
 
     #[test]
     fn request_round_trip() {
-        let h = RequestHeader {
-            request_id: 7,
-            client_id: 9,
-            uid: 1000,
-            gid: 100,
-            groups: vec![4, 5],
-        };
-        let req = Lookup {
-            parent: crate::InodeId::ROOT,
-            name: b"x".to_vec(),
-        };
+        let h = RequestHeader { request_id: 7, client_id: 9, uid: 1000, gid: 100, groups: vec![4, 5] };
+        let req = Lookup { parent: crate::InodeId::ROOT, name: b"x".to_vec() };
         let frame = encode_request(42, &h, &req).unwrap();
         let len = u32::from_le_bytes(frame[..4].try_into().unwrap()) as usize;
         assert_eq!(len, frame.len() - 4);
         let (head, body) = FrameHead::parse(&frame[4..]).unwrap();
-        assert_eq!(
-            head,
-            FrameHead {
-                kind: KIND_REQUEST,
-                call_id: 42,
-                method: 100
-            }
-        );
+        assert_eq!(head, FrameHead { kind: KIND_REQUEST, call_id: 42, method: 100 });
         let (h2, r2): (RequestHeader, Lookup) = decode_request(body).unwrap();
         assert_eq!(h2, h);
         assert_eq!(r2, req);
@@ -182,23 +150,13 @@ mod tests {
         let r: Result<Attr, RemoteError> = Err(RemoteError::new(ErrorCode::NotEmpty, "d"));
         let frame = encode_reply(5, 100, &r);
         let (head, body) = FrameHead::parse(&frame[4..]).unwrap();
-        assert_eq!(
-            head,
-            FrameHead {
-                kind: KIND_REPLY_ERR,
-                call_id: 5,
-                method: 100
-            }
-        );
+        assert_eq!(head, FrameHead { kind: KIND_REPLY_ERR, call_id: 5, method: 100 });
         let got = decode_reply::<Attr>(head.kind, body).unwrap_err();
         assert_eq!(got.code, ErrorCode::NotEmpty);
         let ok: Result<Vec<u8>, RemoteError> = Ok(vec![7; 1000]);
         let frame = encode_reply(6, 201, &ok);
         let (head, body) = FrameHead::parse(&frame[4..]).unwrap();
-        assert_eq!(
-            decode_reply::<Vec<u8>>(head.kind, body).unwrap(),
-            vec![7; 1000]
-        );
+        assert_eq!(decode_reply::<Vec<u8>>(head.kind, body).unwrap(), vec![7; 1000]);
     }
 
     #[test]
@@ -213,12 +171,7 @@ mod tests {
 
     #[test]
     fn method_ids_are_unique() {
-        let mut all: Vec<u16> = [
-            crate::mgmt::METHOD_IDS,
-            crate::meta::METHOD_IDS,
-            crate::storage::METHOD_IDS,
-        ]
-        .concat();
+        let mut all: Vec<u16> = [crate::mgmt::METHOD_IDS, crate::meta::METHOD_IDS, crate::storage::METHOD_IDS].concat();
         let n = all.len();
         all.sort();
         all.dedup();

@@ -100,19 +100,13 @@ pub struct RemoteError {
 
 impl RemoteError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        RemoteError {
-            code,
-            message: message.into(),
-        }
+        RemoteError { code, message: message.into() }
     }
 }
 
 impl From<ErrorCode> for RemoteError {
     fn from(code: ErrorCode) -> Self {
-        RemoteError {
-            code,
-            message: String::new(),
-        }
+        RemoteError { code, message: String::new() }
     }
 }
 

@@ -68,9 +68,7 @@ impl DirLayout {
 
 pub fn validate_chunk_size(chunk_size: u32) -> Result<(), String> {
     if !chunk_size.is_power_of_two() || !(MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&chunk_size) {
-        return Err(format!(
-            "chunk size {chunk_size} is invalid: it must be a power of two between 64 KiB and 1 GiB"
-        ));
+        return Err(format!("chunk size {chunk_size} is invalid: it must be a power of two between 64 KiB and 1 GiB"));
     }
     Ok(())
 }
@@ -142,11 +140,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn layout(cs: u32, n: u32) -> Layout {
-        Layout {
-            chunk_size: cs,
-            pool: "p".into(),
-            targets: (1..=n).collect(),
-        }
+        Layout { chunk_size: cs, pool: "p".into(), targets: (1..=n).collect() }
     }
 
     #[test]

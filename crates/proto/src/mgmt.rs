@@ -137,12 +137,7 @@ impl ClusterView {
             .max_by_key(|s| (s.online, s.id))
     }
     pub fn meta_shards(&self) -> u16 {
-        self.services
-            .iter()
-            .filter(|s| s.kind == ServiceKind::Meta)
-            .filter_map(|s| s.shard)
-            .max()
-            .map_or(0, |m| m + 1)
+        self.services.iter().filter(|s| s.kind == ServiceKind::Meta).filter_map(|s| s.shard).max().map_or(0, |m| m + 1)
     }
 }
 

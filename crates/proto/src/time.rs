@@ -4,9 +4,7 @@ use serde::{Deserialize, Serialize};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Seconds and nanoseconds since the Unix epoch.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
 pub struct Timespec {
     pub sec: i64,
     pub nsec: u32,
@@ -21,10 +19,7 @@ impl Timespec {
 impl From<SystemTime> for Timespec {
     fn from(t: SystemTime) -> Self {
         match t.duration_since(UNIX_EPOCH) {
-            Ok(d) => Timespec {
-                sec: d.as_secs() as i64,
-                nsec: d.subsec_nanos(),
-            },
+            Ok(d) => Timespec { sec: d.as_secs() as i64, nsec: d.subsec_nanos() },
             Err(e) => {
                 let d = e.duration();
                 let mut sec = -(d.as_secs() as i64);

@@ -27,13 +27,7 @@ struct Inner {
 impl Inner {
     fn fail_all(&self, why: &str) {
         self.closed.store(true, Ordering::Release);
-        let waiters: Vec<Waiter> = self
-            .pending
-            .lock()
-            .expect("pending lock")
-            .drain()
-            .map(|(_, w)| w)
-            .collect();
+        let waiters: Vec<Waiter> = self.pending.lock().expect("pending lock").drain().map(|(_, w)| w).collect();
         for w in waiters {
             let _ = w.send(Err(RpcError::Closed(format!("{} ({why})", self.label))));
         }
@@ -47,9 +41,7 @@ pub struct Conn {
 }
 
 /// Reads one frame (without its length prefix). `Ok(None)` at a clean end of stream.
-pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
-    r: &mut R,
-) -> Result<Option<Vec<u8>>, RpcError> {
+pub(crate) async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Vec<u8>>, RpcError> {
     let mut len = [0u8; 4];
     match r.read_exact(&mut len).await {
         Ok(_) => {}
@@ -135,11 +127,7 @@ impl Conn {
                 if head.kind == KIND_REQUEST {
                     break "peer sent a request on a client stream".to_string();
                 }
-                let waiter = inner
-                    .pending
-                    .lock()
-                    .expect("pending lock")
-                    .remove(&head.call_id);
+                let waiter = inner.pending.lock().expect("pending lock").remove(&head.call_id);
                 if let Some(w) = waiter {
                     let _ = w.send(Ok((head.kind, body.to_vec())));
                 }
@@ -165,40 +153,23 @@ impl Conn {
     }
 
     /// Sends one request and waits for its reply, at most `timeout`.
-    pub async fn call<R: Rpc>(
-        &self,
-        header: &RequestHeader,
-        req: &R,
-        timeout: Duration,
-    ) -> Result<R::Reply, RpcError> {
+    pub async fn call<R: Rpc>(&self, header: &RequestHeader, req: &R, timeout: Duration) -> Result<R::Reply, RpcError> {
         if self.is_closed() {
             return Err(RpcError::Closed(self.inner.label.clone()));
         }
         let call_id = self.inner.next_call.fetch_add(1, Ordering::Relaxed);
         let frame = codec::encode_request(call_id, header, req)?;
         let (tx, rx) = oneshot::channel();
-        self.inner
-            .pending
-            .lock()
-            .expect("pending lock")
-            .insert(call_id, tx);
+        self.inner.pending.lock().expect("pending lock").insert(call_id, tx);
         if self.inner.tx.send(frame).is_err() {
-            self.inner
-                .pending
-                .lock()
-                .expect("pending lock")
-                .remove(&call_id);
+            self.inner.pending.lock().expect("pending lock").remove(&call_id);
             return Err(RpcError::Closed(self.inner.label.clone()));
         }
         let reply = match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(r)) => r?,
             Ok(Err(_)) => return Err(RpcError::Closed(self.inner.label.clone())),
             Err(_) => {
-                self.inner
-                    .pending
-                    .lock()
-                    .expect("pending lock")
-                    .remove(&call_id);
+                self.inner.pending.lock().expect("pending lock").remove(&call_id);
                 return Err(RpcError::Timeout {
                     method: R::NAME,
                     addr: self.inner.label.clone(),

@@ -47,21 +47,16 @@ impl SiteKey {
             .create_new(true)
             .mode(0o600)
             .open(path)
-            .map_err(|e| {
-                RpcError::Credential(format!("cannot create site key {}: {e}", path.display()))
-            })?;
+            .map_err(|e| RpcError::Credential(format!("cannot create site key {}: {e}", path.display())))?;
         writeln!(f, "{}", hex::encode(self.0))
             .and_then(|_| f.sync_all())
-            .map_err(|e| {
-                RpcError::Credential(format!("cannot write site key {}: {e}", path.display()))
-            })
+            .map_err(|e| RpcError::Credential(format!("cannot write site key {}: {e}", path.display())))
     }
 
     /// Loads a key file. The file must not be readable or writable by group or others.
     pub fn load(path: &Path) -> Result<SiteKey, RpcError> {
-        let meta = fs::metadata(path).map_err(|e| {
-            RpcError::Credential(format!("cannot read site key {}: {e}", path.display()))
-        })?;
+        let meta = fs::metadata(path)
+            .map_err(|e| RpcError::Credential(format!("cannot read site key {}: {e}", path.display())))?;
         if meta.permissions().mode() & 0o077 != 0 {
             return Err(RpcError::Credential(format!(
                 "site key {} has mode {:o}; it must be readable by its owner only (chmod 600)",
@@ -78,17 +73,13 @@ impl SiteKey {
                 meta.uid()
             )));
         }
-        let text = fs::read_to_string(path).map_err(|e| {
-            RpcError::Credential(format!("cannot read site key {}: {e}", path.display()))
-        })?;
+        let text = fs::read_to_string(path)
+            .map_err(|e| RpcError::Credential(format!("cannot read site key {}: {e}", path.display())))?;
         let bytes = hex::decode(text.trim())
             .map_err(|_| RpcError::Credential(format!("site key {} is not hex", path.display())))?;
-        let arr: [u8; SITE_KEY_LEN] = bytes.try_into().map_err(|_| {
-            RpcError::Credential(format!(
-                "site key {} must hold {SITE_KEY_LEN} bytes",
-                path.display()
-            ))
-        })?;
+        let arr: [u8; SITE_KEY_LEN] = bytes
+            .try_into()
+            .map_err(|_| RpcError::Credential(format!("site key {} must hold {SITE_KEY_LEN} bytes", path.display())))?;
         Ok(SiteKey(arr))
     }
 }
@@ -110,9 +101,8 @@ impl std::fmt::Debug for JobCredential {
 }
 
 /// PKCS#8 v1 prefix of an Ed25519 private key; the 32-byte seed follows.
-const ED25519_PKCS8_PREFIX: [u8; 16] = [
-    0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20,
-];
+const ED25519_PKCS8_PREFIX: [u8; 16] =
+    [0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20];
 
 impl JobCredential {
     /// Derives the job's credential. Deterministic: the same site key and job id give the same
@@ -123,8 +113,7 @@ impl JobCredential {
         }
         let hk = Hkdf::<Sha256>::new(Some(b"odfs-job-credential-v1"), &site.0);
         let mut okm = [0u8; 96];
-        hk.expand(job_id.as_bytes(), &mut okm)
-            .map_err(|_| RpcError::Credential("key derivation failed".into()))?;
+        hk.expand(job_id.as_bytes(), &mut okm).map_err(|_| RpcError::Credential("key derivation failed".into()))?;
         let mut key_pkcs8 = ED25519_PKCS8_PREFIX.to_vec();
         key_pkcs8.extend_from_slice(&okm[..32]);
         let mut bulk_key = [0u8; 32];
@@ -138,23 +127,13 @@ impl JobCredential {
         let mut params = rcgen::CertificateParams::new(vec!["odfs".to_string()])
             .map_err(|e| RpcError::Credential(format!("certificate parameters: {e}")))?;
         params.distinguished_name = rcgen::DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, format!("odfs job {job_id}"));
+        params.distinguished_name.push(rcgen::DnType::CommonName, format!("odfs job {job_id}"));
         // Fixed validity and serial keep the certificate identical on every node.
         params.not_before = rcgen::date_time_ymd(2000, 1, 1);
         params.not_after = rcgen::date_time_ymd(4000, 1, 1);
         params.serial_number = Some(rcgen::SerialNumber::from_slice(&[1]));
-        let cert = params
-            .self_signed(&kp)
-            .map_err(|e| RpcError::Credential(format!("certificate: {e}")))?;
-        Ok(JobCredential {
-            job_id: job_id.to_string(),
-            cert: cert.der().clone(),
-            key_pkcs8,
-            bulk_key,
-            reset_key,
-        })
+        let cert = params.self_signed(&kp).map_err(|e| RpcError::Credential(format!("certificate: {e}")))?;
+        Ok(JobCredential { job_id: job_id.to_string(), cert: cert.der().clone(), key_pkcs8, bulk_key, reset_key })
     }
 
     pub fn cert(&self) -> &CertificateDer<'static> {
@@ -198,10 +177,7 @@ mod tests {
         let p = dir.path().join("site.key");
         SiteKey::generate().write_new(&p).unwrap();
         assert!(SiteKey::load(&p).is_ok());
-        assert!(
-            SiteKey::generate().write_new(&p).is_err(),
-            "must not overwrite"
-        );
+        assert!(SiteKey::generate().write_new(&p).is_err(), "must not overwrite");
         fs::set_permissions(&p, fs::Permissions::from_mode(0o644)).unwrap();
         let e = SiteKey::load(&p).unwrap_err().to_string();
         assert!(e.contains("owner only"), "{e}");

@@ -13,11 +13,7 @@ pub enum RpcError {
     #[error("connection to {0} closed")]
     Closed(String),
     #[error("request {method} to {addr} timed out after {secs} s")]
-    Timeout {
-        method: &'static str,
-        addr: String,
-        secs: u64,
-    },
+    Timeout { method: &'static str, addr: String, secs: u64 },
     #[error("protocol error: {0}")]
     Proto(#[from] ProtoError),
     #[error("credential: {0}")]
@@ -32,10 +28,7 @@ impl RpcError {
     pub fn retryable(&self) -> bool {
         match self {
             RpcError::Remote(e) => matches!(e.code, ErrorCode::Busy | ErrorCode::Unavailable),
-            RpcError::Connect { .. }
-            | RpcError::Closed(_)
-            | RpcError::Timeout { .. }
-            | RpcError::Io(_) => true,
+            RpcError::Connect { .. } | RpcError::Closed(_) | RpcError::Timeout { .. } | RpcError::Io(_) => true,
             RpcError::Proto(_) | RpcError::Credential(_) => false,
         }
     }

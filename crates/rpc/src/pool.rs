@@ -47,11 +47,7 @@ pub struct PoolConfig {
 
 impl Default for PoolConfig {
     fn default() -> Self {
-        PoolConfig {
-            call_timeout: Duration::from_secs(60),
-            retry_deadline: Duration::from_secs(30),
-            conns_per_peer: 2,
-        }
+        PoolConfig { call_timeout: Duration::from_secs(60), retry_deadline: Duration::from_secs(30), conns_per_peer: 2 }
     }
 }
 
@@ -74,13 +70,7 @@ impl Pool {
 
     /// A pool that connects out through an existing endpoint (a daemon's own).
     pub fn with_endpoint(cred: JobCredential, quic: QuicEndpoint, cfg: PoolConfig) -> Pool {
-        Pool {
-            cred,
-            quic,
-            slots: Mutex::new(HashMap::new()),
-            next: AtomicUsize::new(0),
-            cfg,
-        }
+        Pool { cred, quic, slots: Mutex::new(HashMap::new()), next: AtomicUsize::new(0), cfg }
     }
 
     pub fn config(&self) -> &PoolConfig {
@@ -137,13 +127,7 @@ impl Pool {
 
     /// Drops every connection.
     pub fn close_all(&self) {
-        let slots: Vec<Slot> = self
-            .slots
-            .lock()
-            .expect("pool lock")
-            .drain()
-            .map(|(_, s)| s)
-            .collect();
+        let slots: Vec<Slot> = self.slots.lock().expect("pool lock").drain().map(|(_, s)| s).collect();
         for s in slots {
             if let Ok(g) = s.try_lock() {
                 if let Some(c) = g.as_ref() {

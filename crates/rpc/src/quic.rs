@@ -37,9 +37,7 @@ impl JobCertVerifier {
         if presented.as_ref() == self.expected.as_ref() {
             Ok(())
         } else {
-            Err(rustls::Error::General(
-                "peer does not hold this job's credential".into(),
-            ))
+            Err(rustls::Error::General("peer does not hold this job's credential".into()))
         }
     }
 }
@@ -53,8 +51,7 @@ impl ServerCertVerifier for JobCertVerifier {
         _ocsp: &[u8],
         _now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        self.check(end_entity)
-            .map(|_| ServerCertVerified::assertion())
+        self.check(end_entity).map(|_| ServerCertVerified::assertion())
     }
 
     fn verify_tls12_signature(
@@ -72,12 +69,7 @@ impl ServerCertVerifier for JobCertVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
@@ -96,8 +88,7 @@ impl ClientCertVerifier for JobCertVerifier {
         _intermediates: &[CertificateDer<'_>],
         _now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        self.check(end_entity)
-            .map(|_| ClientCertVerified::assertion())
+        self.check(end_entity).map(|_| ClientCertVerified::assertion())
     }
 
     fn verify_tls12_signature(
@@ -115,12 +106,7 @@ impl ClientCertVerifier for JobCertVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
@@ -136,11 +122,7 @@ fn transport_config() -> quinn::TransportConfig {
     t.receive_window((64u32 << 20).into());
     t.send_window(64 << 20);
     t.keep_alive_interval(Some(Duration::from_secs(2)));
-    t.max_idle_timeout(Some(
-        Duration::from_secs(10)
-            .try_into()
-            .expect("10 s is a valid idle timeout"),
-    ));
+    t.max_idle_timeout(Some(Duration::from_secs(10).try_into().expect("10 s is a valid idle timeout")));
     t
 }
 
@@ -157,10 +139,7 @@ fn endpoint_config(cred: &JobCredential) -> quinn::EndpointConfig {
 
 fn server_config(cred: &JobCredential) -> Result<quinn::ServerConfig, RpcError> {
     let provider = provider();
-    let verifier = Arc::new(JobCertVerifier {
-        expected: cred.cert().clone(),
-        provider: provider.clone(),
-    });
+    let verifier = Arc::new(JobCertVerifier { expected: cred.cert().clone(), provider: provider.clone() });
     let mut tls = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(cred_err)?
@@ -176,10 +155,7 @@ fn server_config(cred: &JobCredential) -> Result<quinn::ServerConfig, RpcError> 
 
 fn client_config(cred: &JobCredential) -> Result<quinn::ClientConfig, RpcError> {
     let provider = provider();
-    let verifier = Arc::new(JobCertVerifier {
-        expected: cred.cert().clone(),
-        provider: provider.clone(),
-    });
+    let verifier = Arc::new(JobCertVerifier { expected: cred.cert().clone(), provider: provider.clone() });
     let mut tls = rustls::ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(cred_err)?
@@ -195,26 +171,16 @@ fn client_config(cred: &JobCredential) -> Result<quinn::ClientConfig, RpcError> 
 }
 
 fn bind_socket(addr: SocketAddr) -> Result<std::net::UdpSocket, RpcError> {
-    let domain = if addr.is_ipv4() {
-        socket2::Domain::IPV4
-    } else {
-        socket2::Domain::IPV6
-    };
+    let domain = if addr.is_ipv4() { socket2::Domain::IPV4 } else { socket2::Domain::IPV6 };
     let sock = socket2::Socket::new(domain, socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
     // Larger socket buffers matter on real networks; the kernel caps them at rmem_max/wmem_max.
     let _ = sock.set_recv_buffer_size(8 << 20);
     let _ = sock.set_send_buffer_size(8 << 20);
     sock.bind(&addr.into()).map_err(|e| {
         if e.kind() == std::io::ErrorKind::AddrInUse {
-            RpcError::Connect {
-                addr,
-                reason: format!("UDP port {} is already in use", addr.port()),
-            }
+            RpcError::Connect { addr, reason: format!("UDP port {} is already in use", addr.port()) }
         } else {
-            RpcError::Connect {
-                addr,
-                reason: format!("cannot bind: {e}"),
-            }
+            RpcError::Connect { addr, reason: format!("cannot bind: {e}") }
         }
     })?;
     Ok(sock.into())
@@ -230,8 +196,7 @@ impl QuicEndpoint {
     /// An endpoint for outgoing connections only.
     pub fn client(cred: &JobCredential, bind: SocketAddr) -> Result<QuicEndpoint, RpcError> {
         let sock = bind_socket(bind)?;
-        let runtime = quinn::default_runtime()
-            .ok_or_else(|| RpcError::Credential("no async runtime".into()))?;
+        let runtime = quinn::default_runtime().ok_or_else(|| RpcError::Credential("no async runtime".into()))?;
         let mut endpoint = quinn::Endpoint::new(endpoint_config(cred), None, sock, runtime)?;
         endpoint.set_default_client_config(client_config(cred)?);
         Ok(QuicEndpoint { endpoint })
@@ -240,14 +205,8 @@ impl QuicEndpoint {
     /// An endpoint that accepts connections on `bind` and also connects out.
     pub fn server(cred: &JobCredential, bind: SocketAddr) -> Result<QuicEndpoint, RpcError> {
         let sock = bind_socket(bind)?;
-        let runtime = quinn::default_runtime()
-            .ok_or_else(|| RpcError::Credential("no async runtime".into()))?;
-        let mut endpoint = quinn::Endpoint::new(
-            endpoint_config(cred),
-            Some(server_config(cred)?),
-            sock,
-            runtime,
-        )?;
+        let runtime = quinn::default_runtime().ok_or_else(|| RpcError::Credential("no async runtime".into()))?;
+        let mut endpoint = quinn::Endpoint::new(endpoint_config(cred), Some(server_config(cred)?), sock, runtime)?;
         endpoint.set_default_client_config(client_config(cred)?);
         Ok(QuicEndpoint { endpoint })
     }
@@ -259,20 +218,9 @@ impl QuicEndpoint {
     /// Connects to `addr` and opens the stream that carries requests.
     pub async fn connect(&self, addr: SocketAddr) -> Result<Conn, RpcError> {
         let connecting =
-            self.endpoint
-                .connect(addr, SERVER_NAME)
-                .map_err(|e| RpcError::Connect {
-                    addr,
-                    reason: e.to_string(),
-                })?;
-        let conn = connecting.await.map_err(|e| RpcError::Connect {
-            addr,
-            reason: e.to_string(),
-        })?;
-        let (send, recv) = conn.open_bi().await.map_err(|e| RpcError::Connect {
-            addr,
-            reason: e.to_string(),
-        })?;
+            self.endpoint.connect(addr, SERVER_NAME).map_err(|e| RpcError::Connect { addr, reason: e.to_string() })?;
+        let conn = connecting.await.map_err(|e| RpcError::Connect { addr, reason: e.to_string() })?;
+        let (send, recv) = conn.open_bi().await.map_err(|e| RpcError::Connect { addr, reason: e.to_string() })?;
         let label = format!("quic {addr}");
         let c = Conn::new(recv, send, label);
         c.hold(conn);
@@ -302,9 +250,7 @@ impl QuicEndpoint {
                     match conn.accept_bi().await {
                         Ok((send, recv)) => {
                             let router = router.clone();
-                            tokio::spawn(async move {
-                                crate::router::serve_stream(router, recv, send).await
-                            });
+                            tokio::spawn(async move { crate::router::serve_stream(router, recv, send).await });
                         }
                         Err(e) => {
                             debug!(peer = %remote, error = %e, "QUIC connection ended");

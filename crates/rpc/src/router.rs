@@ -65,10 +65,7 @@ impl Router {
         match self.handlers.get(&method) {
             Some((_, h)) => h(call_id, body),
             None => {
-                let e: RpcResult<()> = Err(RemoteError::new(
-                    ErrorCode::BadMethod,
-                    format!("unknown method {method}"),
-                ));
+                let e: RpcResult<()> = Err(RemoteError::new(ErrorCode::BadMethod, format!("unknown method {method}")));
                 Box::pin(async move { codec::encode_reply(call_id, method, &e) })
             }
         }
@@ -103,9 +100,7 @@ where
             warn!("closing stream: peer sent a reply frame");
             break;
         }
-        let FrameHead {
-            call_id, method, ..
-        } = head;
+        let FrameHead { call_id, method, .. } = head;
         let fut = router.dispatch(call_id, method, body);
         let tx = tx.clone();
         tokio::spawn(async move {

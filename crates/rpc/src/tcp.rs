@@ -64,13 +64,9 @@ async fn client_handshake(s: &mut TcpStream, key: &[u8; 32]) -> Result<(), Strin
     if !verify(key, b"server", &nc, &ns, &tag) {
         return Err("server does not hold this job's credential".into());
     }
-    s.write_all(&mac(key, b"client", &ns, &nc))
-        .await
-        .map_err(|e| e.to_string())?;
+    s.write_all(&mac(key, b"client", &ns, &nc)).await.map_err(|e| e.to_string())?;
     let mut ok = [0u8; 1];
-    s.read_exact(&mut ok)
-        .await
-        .map_err(|_| "server refused this job's credential".to_string())?;
+    s.read_exact(&mut ok).await.map_err(|_| "server refused this job's credential".to_string())?;
     if ok[0] != 1 {
         return Err("server refused the handshake".into());
     }
@@ -79,17 +75,13 @@ async fn client_handshake(s: &mut TcpStream, key: &[u8; 32]) -> Result<(), Strin
 
 async fn server_handshake(s: &mut TcpStream, key: &[u8; 32]) -> Result<(), String> {
     let mut hello = [0u8; 44];
-    s.read_exact(&mut hello)
-        .await
-        .map_err(|e| format!("short hello: {e}"))?;
+    s.read_exact(&mut hello).await.map_err(|e| format!("short hello: {e}"))?;
     if &hello[..8] != MAGIC {
         return Err("not an odfs bulk client".into());
     }
     let version = u32::from_le_bytes(hello[8..12].try_into().expect("4 bytes"));
     if version != PROTOCOL_VERSION {
-        return Err(format!(
-            "protocol version {version}, expected {PROTOCOL_VERSION}"
-        ));
+        return Err(format!("protocol version {version}, expected {PROTOCOL_VERSION}"));
     }
     let nc: [u8; 32] = hello[12..].try_into().expect("32 bytes");
     let ns = nonce();
@@ -98,9 +90,7 @@ async fn server_handshake(s: &mut TcpStream, key: &[u8; 32]) -> Result<(), Strin
     reply.extend_from_slice(&mac(key, b"server", &nc, &ns));
     s.write_all(&reply).await.map_err(|e| e.to_string())?;
     let mut tag = [0u8; 32];
-    s.read_exact(&mut tag)
-        .await
-        .map_err(|e| format!("short proof: {e}"))?;
+    s.read_exact(&mut tag).await.map_err(|e| format!("short proof: {e}"))?;
     if !verify(key, b"client", &ns, &nc, &tag) {
         return Err("client does not hold this job's credential".into());
     }
@@ -112,21 +102,12 @@ async fn server_handshake(s: &mut TcpStream, key: &[u8; 32]) -> Result<(), Strin
 pub async fn connect(cred: &JobCredential, addr: SocketAddr) -> Result<Conn, RpcError> {
     let mut s = tokio::time::timeout(HANDSHAKE_TIMEOUT, TcpStream::connect(addr))
         .await
-        .map_err(|_| RpcError::Connect {
-            addr,
-            reason: "connect timed out".into(),
-        })?
-        .map_err(|e| RpcError::Connect {
-            addr,
-            reason: e.to_string(),
-        })?;
+        .map_err(|_| RpcError::Connect { addr, reason: "connect timed out".into() })?
+        .map_err(|e| RpcError::Connect { addr, reason: e.to_string() })?;
     s.set_nodelay(true)?;
     tokio::time::timeout(HANDSHAKE_TIMEOUT, client_handshake(&mut s, cred.bulk_key()))
         .await
-        .map_err(|_| RpcError::Connect {
-            addr,
-            reason: "handshake timed out".into(),
-        })?
+        .map_err(|_| RpcError::Connect { addr, reason: "handshake timed out".into() })?
         .map_err(|reason| RpcError::Connect { addr, reason })?;
     let (r, w) = s.into_split();
     Ok(Conn::new(r, w, format!("tcp {addr}")))
@@ -136,26 +117,15 @@ pub async fn connect(cred: &JobCredential, addr: SocketAddr) -> Result<Conn, Rpc
 pub async fn bind(addr: SocketAddr) -> Result<TcpListener, RpcError> {
     TcpListener::bind(addr).await.map_err(|e| {
         if e.kind() == std::io::ErrorKind::AddrInUse {
-            RpcError::Connect {
-                addr,
-                reason: format!("TCP port {} is already in use", addr.port()),
-            }
+            RpcError::Connect { addr, reason: format!("TCP port {} is already in use", addr.port()) }
         } else {
-            RpcError::Connect {
-                addr,
-                reason: format!("cannot bind: {e}"),
-            }
+            RpcError::Connect { addr, reason: format!("cannot bind: {e}") }
         }
     })
 }
 
 /// Serves authenticated bulk streams until shutdown.
-pub async fn serve(
-    listener: TcpListener,
-    cred: JobCredential,
-    router: Arc<Router>,
-    mut shutdown: Shutdown,
-) {
+pub async fn serve(listener: TcpListener, cred: JobCredential, router: Arc<Router>, mut shutdown: Shutdown) {
     let key = *cred.bulk_key();
     loop {
         let accepted = tokio::select! {

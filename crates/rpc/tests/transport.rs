@@ -15,12 +15,7 @@ fn router() -> Arc<Router> {
         if req.target == 0 {
             return Err(RemoteError::new(ErrorCode::NotFound, "no target 0"));
         }
-        Ok(TargetSpace {
-            capacity: req.target as u64,
-            free: h.uid as u64,
-            inodes_total: 0,
-            inodes_free: 0,
-        })
+        Ok(TargetSpace { capacity: req.target as u64, free: h.uid as u64, inodes_total: 0, inodes_free: 0 })
     });
     Arc::new(r)
 }
@@ -41,24 +36,14 @@ async fn start(cred: &JobCredential) -> Server {
         let rx = rx.clone();
         async move { ep.serve(r, rx).await }
     });
-    let l = odfs_rpc::tcp::bind("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    let l = odfs_rpc::tcp::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
     let tcp = l.local_addr().unwrap();
     tokio::spawn(odfs_rpc::tcp::serve(l, cred.clone(), r, rx));
-    Server {
-        quic,
-        tcp,
-        _stop: stop,
-    }
+    Server { quic, tcp, _stop: stop }
 }
 
 fn quick() -> PoolConfig {
-    PoolConfig {
-        call_timeout: Duration::from_secs(5),
-        retry_deadline: Duration::from_millis(300),
-        conns_per_peer: 1,
-    }
+    PoolConfig { call_timeout: Duration::from_secs(5), retry_deadline: Duration::from_millis(300), conns_per_peer: 1 }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -72,10 +57,7 @@ async fn calls_succeed_and_multiplex_on_both_transports() {
         for i in 1..=500u32 {
             let pool = pool.clone();
             tasks.push(tokio::spawn(async move {
-                let h = RequestHeader {
-                    uid: i,
-                    ..Default::default()
-                };
+                let h = RequestHeader { uid: i, ..Default::default() };
                 pool.call(addr, t, &h, &StatTarget { target: i }).await
             }));
         }
@@ -85,10 +67,7 @@ async fn calls_succeed_and_multiplex_on_both_transports() {
             assert_eq!(got.free, i as u64 + 1);
         }
         let h = RequestHeader::default();
-        let e = pool
-            .call(addr, t, &h, &StatTarget { target: 0 })
-            .await
-            .unwrap_err();
+        let e = pool.call(addr, t, &h, &StatTarget { target: 0 }).await.unwrap_err();
         assert_eq!(e.to_remote().code, ErrorCode::NotFound);
     }
 }
@@ -105,25 +84,16 @@ async fn other_jobs_credential_is_refused() {
     for other in intruders {
         let pool = Pool::new(other, quick()).unwrap();
         let h = RequestHeader::default();
-        let e = pool
-            .call(srv.quic, Transport::Quic, &h, &StatTarget { target: 3 })
-            .await
-            .unwrap_err();
+        let e = pool.call(srv.quic, Transport::Quic, &h, &StatTarget { target: 3 }).await.unwrap_err();
         assert!(matches!(e, odfs_rpc::RpcError::Connect { .. }), "quic: {e}");
-        let e = pool
-            .call(srv.tcp, Transport::Tcp, &h, &StatTarget { target: 3 })
-            .await
-            .unwrap_err();
+        let e = pool.call(srv.tcp, Transport::Tcp, &h, &StatTarget { target: 3 }).await.unwrap_err();
         assert!(matches!(e, odfs_rpc::RpcError::Connect { .. }), "tcp: {e}");
     }
     // A raw TCP peer with no credential gets nothing served.
     let mut s = tokio::net::TcpStream::connect(srv.tcp).await.unwrap();
     s.write_all(b"GET / HTTP/1.0\r\n\r\n").await.unwrap();
     let mut buf = Vec::new();
-    let n = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf))
-        .await
-        .unwrap()
-        .unwrap_or(0);
+    let n = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf)).await.unwrap().unwrap_or(0);
     assert_eq!(n, 0, "server answered an unauthenticated peer: {buf:?}");
 }
 
@@ -138,14 +108,8 @@ async fn malformed_frames_close_the_stream_but_not_the_server() {
     let mut raw = tokio::net::TcpStream::connect(srv.tcp).await.unwrap();
     raw.write_all(&[0xff; 64]).await.unwrap();
     drop(raw);
-    let h = RequestHeader {
-        uid: 5,
-        ..Default::default()
-    };
-    let got = conn
-        .call(&h, &StatTarget { target: 9 }, Duration::from_secs(5))
-        .await
-        .unwrap();
+    let h = RequestHeader { uid: 5, ..Default::default() };
+    let got = conn.call(&h, &StatTarget { target: 9 }, Duration::from_secs(5)).await.unwrap();
     assert_eq!(got.capacity, 9);
     // Unknown method and undecodable body get error replies, not a crash.
     let got = pool
@@ -153,10 +117,7 @@ async fn malformed_frames_close_the_stream_but_not_the_server() {
             srv.quic,
             Transport::Quic,
             &h,
-            &odfs_proto::storage::SyncChunk {
-                target: 1,
-                ino: odfs_proto::InodeId::ROOT,
-            },
+            &odfs_proto::storage::SyncChunk { target: 1, ino: odfs_proto::InodeId::ROOT },
         )
         .await
         .unwrap_err();

@@ -16,10 +16,7 @@ pub struct JobSection {
 
 impl Default for JobSection {
     fn default() -> Self {
-        JobSection {
-            id: "local".into(),
-            site_key: PathBuf::from("/etc/odfs/site.key"),
-        }
+        JobSection { id: "local".into(), site_key: PathBuf::from("/etc/odfs/site.key") }
     }
 }
 
@@ -33,10 +30,7 @@ impl JobSection {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Read { path: PathBuf, source: std::io::Error },
     #[error("config {path}: {message}")]
     Parse { path: PathBuf, message: String },
 }
@@ -46,12 +40,7 @@ pub fn load_config<T: DeserializeOwned + Default>(path: Option<&Path>) -> Result
     let Some(path) = path else {
         return Ok(T::default());
     };
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.into(),
-        source,
-    })?;
-    toml::from_str(&text).map_err(|e| ConfigError::Parse {
-        path: path.into(),
-        message: e.to_string().trim().replace('\n', " "),
-    })
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+    toml::from_str(&text)
+        .map_err(|e| ConfigError::Parse { path: path.into(), message: e.to_string().trim().replace('\n', " ") })
 }

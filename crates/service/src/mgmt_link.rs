@@ -27,11 +27,7 @@ impl MgmtLink {
     pub async fn register(&self, deadline: Duration) -> Result<RegisterReply, RpcError> {
         let start = std::time::Instant::now();
         loop {
-            match self
-                .pool
-                .call(self.mgmtd, Transport::Quic, &Self::header(), &self.register)
-                .await
-            {
+            match self.pool.call(self.mgmtd, Transport::Quic, &Self::header(), &self.register).await {
                 Ok(r) => return Ok(r),
                 Err(e) if e.retryable() && start.elapsed() < deadline => {
                     warn!(error = %e, "mgmtd not reachable yet");
@@ -51,15 +47,8 @@ impl MgmtLink {
                 _ = tokio::time::sleep(every) => {}
                 _ = shutdown.changed() => break,
             }
-            let hb = Heartbeat {
-                service_id: id,
-                targets: probe(),
-            };
-            match self
-                .pool
-                .call(self.mgmtd, Transport::Quic, &Self::header(), &hb)
-                .await
-            {
+            let hb = Heartbeat { service_id: id, targets: probe() };
+            match self.pool.call(self.mgmtd, Transport::Quic, &Self::header(), &hb).await {
                 Ok(r) if r.known => {}
                 Ok(_) => {
                     info!("mgmtd does not know this service; registering again");
@@ -69,11 +58,7 @@ impl MgmtLink {
                             t.space = *s;
                         }
                     }
-                    if let Ok(r) = self
-                        .pool
-                        .call(self.mgmtd, Transport::Quic, &Self::header(), &reg)
-                        .await
-                    {
+                    if let Ok(r) = self.pool.call(self.mgmtd, Transport::Quic, &Self::header(), &reg).await {
                         id = r.service_id;
                         every = Duration::from_millis(r.heartbeat_ms.max(50));
                     }

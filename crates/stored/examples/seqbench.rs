@@ -21,10 +21,7 @@ const OP: usize = 1 << 20;
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), BoxErr> {
     let mut args = std::env::args().skip(1);
-    let dir = PathBuf::from(
-        args.next()
-            .ok_or("usage: seqbench DIR [GIB] [QUEUE_DEPTH]")?,
-    );
+    let dir = PathBuf::from(args.next().ok_or("usage: seqbench DIR [GIB] [QUEUE_DEPTH]")?);
     let gib: u64 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(1);
     let qd: u64 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(1);
     let ops = gib * 1024;
@@ -37,13 +34,7 @@ async fn main() -> Result<(), BoxErr> {
     };
     for backend in backends {
         let path = dir.join(format!("bench-{backend:?}"));
-        let store = ChunkStore::open(
-            &[TargetConfig {
-                id: 1,
-                path: path.clone(),
-            }],
-            backend,
-        )?;
+        let store = ChunkStore::open(&[TargetConfig { id: 1, path: path.clone() }], backend)?;
         let ino = InodeId(1);
 
         let t = Instant::now();

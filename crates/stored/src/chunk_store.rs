@@ -67,12 +67,7 @@ pub struct StoreOptions {
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        StoreOptions {
-            backend: IoBackend::Auto,
-            fd_cache: 4096,
-            ring_max_ops: 32,
-            ring_max_bytes: 8 << 20,
-        }
+        StoreOptions { backend: IoBackend::Auto, fd_cache: 4096, ring_max_ops: 32, ring_max_bytes: 8 << 20 }
     }
 }
 
@@ -104,9 +99,7 @@ enum Engine {
 
 impl Target {
     fn chunk_path(&self, ino: InodeId) -> PathBuf {
-        self.chunks
-            .join(format!("{:02x}", ino.0 & 0xff))
-            .join(format!("{:016x}", ino.0))
+        self.chunks.join(format!("{:02x}", ino.0 & 0xff)).join(format!("{:016x}", ino.0))
     }
 
     fn err(&self, op: &'static str, ino: InodeId, e: io::Error) -> StoreError {
@@ -126,29 +119,17 @@ impl std::fmt::Debug for ChunkStore {
 impl ChunkStore {
     /// Opens `targets` with default options and the given backend. See [`ChunkStore::open_with`].
     pub fn open(targets: &[TargetConfig], backend: IoBackend) -> Result<ChunkStore, StoreError> {
-        Self::open_with(
-            targets,
-            StoreOptions {
-                backend,
-                ..StoreOptions::default()
-            },
-        )
+        Self::open_with(targets, StoreOptions { backend, ..StoreOptions::default() })
     }
 
     /// Opens `targets`: creates each directory (its parent must exist) and its `chunks/` tree,
     /// proves it writable, records the target id in `target.id` (refusing a directory that
     /// belongs to another target), and starts the I/O backend.
-    pub fn open_with(
-        targets: &[TargetConfig],
-        opts: StoreOptions,
-    ) -> Result<ChunkStore, StoreError> {
+    pub fn open_with(targets: &[TargetConfig], opts: StoreOptions) -> Result<ChunkStore, StoreError> {
         for (i, t) in targets.iter().enumerate() {
             for u in &targets[..i] {
                 if u.id == t.id {
-                    return Err(StoreError::Config(format!(
-                        "target {} is listed twice",
-                        t.id
-                    )));
+                    return Err(StoreError::Config(format!("target {} is listed twice", t.id)));
                 }
                 if u.path == t.path {
                     return Err(StoreError::Config(format!(
@@ -163,16 +144,9 @@ impl ChunkStore {
         for t in targets {
             prepare_dir(t)?;
         }
-        let limits = uring::Limits {
-            max_ops: opts.ring_max_ops,
-            max_bytes: opts.ring_max_bytes,
-        };
+        let limits = uring::Limits { max_ops: opts.ring_max_ops, max_bytes: opts.ring_max_bytes };
         let rings = choose_rings(opts.backend, || start_rings(targets, limits))?;
-        let backend_name = if rings.is_some() {
-            "io_uring"
-        } else {
-            "syscall"
-        };
+        let backend_name = if rings.is_some() { "io_uring" } else { "syscall" };
         let mut rings = rings.map(Vec::into_iter);
         let targets = targets
             .iter()
@@ -187,18 +161,8 @@ impl ChunkStore {
             })
             .collect();
         let fd_cap = opts.fd_cache.min(nofile_limit() / 2).max(1);
-        info!(
-            backend = backend_name,
-            fd_cache = fd_cap,
-            "chunk store opened"
-        );
-        Ok(ChunkStore {
-            inner: Arc::new(Inner {
-                targets,
-                fds: FdCache::new(fd_cap),
-                backend_name,
-            }),
-        })
+        info!(backend = backend_name, fd_cache = fd_cap, "chunk store opened");
+        Ok(ChunkStore { inner: Arc::new(Inner { targets, fds: FdCache::new(fd_cap), backend_name }) })
     }
 
     /// "io_uring" or "syscall".
@@ -218,11 +182,7 @@ impl ChunkStore {
     }
 
     fn target(&self, id: TargetId) -> Result<&Target, StoreError> {
-        self.inner
-            .targets
-            .iter()
-            .find(|t| t.id == id)
-            .ok_or(StoreError::UnknownTarget(id))
+        self.inner.targets.iter().find(|t| t.id == id).ok_or(StoreError::UnknownTarget(id))
     }
 
     /// Writes `data` at `offset` of the chunk file, creating it (sparse below `offset`) when
@@ -260,13 +220,7 @@ impl ChunkStore {
 
     /// Reads up to `len` bytes at `offset`. Short where the chunk file ends; empty when the chunk
     /// file does not exist (a hole in the file, not an error). Holes inside the file read as zeros.
-    pub async fn read(
-        &self,
-        target: TargetId,
-        ino: InodeId,
-        offset: u64,
-        len: u32,
-    ) -> Result<Vec<u8>, StoreError> {
+    pub async fn read(&self, target: TargetId, ino: InodeId, offset: u64, len: u32) -> Result<Vec<u8>, StoreError> {
         let t = self.target(target)?;
         let len = len as usize;
         check_range("read", offset, len)?;
@@ -285,20 +239,13 @@ impl ChunkStore {
 
     /// Sets the chunk file's length: shrinking drops data, growing adds a hole. A missing file is
     /// left missing for `len == 0` and created sparse otherwise.
-    pub async fn truncate(
-        &self,
-        target: TargetId,
-        ino: InodeId,
-        len: u64,
-    ) -> Result<(), StoreError> {
+    pub async fn truncate(&self, target: TargetId, ino: InodeId, len: u64) -> Result<(), StoreError> {
         let t = self.target(target)?;
         check_range("truncate", len, 0)?;
         let Some(file) = self.file(t, ino, len > 0).await? else {
             return Ok(());
         };
-        blocking(move || file.set_len(len))
-            .await
-            .map_err(|e| t.err("truncate", ino, e))
+        blocking(move || file.set_len(len)).await.map_err(|e| t.err("truncate", ino, e))
     }
 
     /// fdatasyncs the chunk file; a missing file has nothing to sync.
@@ -310,12 +257,7 @@ impl ChunkStore {
         }
     }
 
-    async fn fsync_file(
-        &self,
-        t: &Target,
-        ino: InodeId,
-        file: Arc<File>,
-    ) -> Result<(), StoreError> {
+    async fn fsync_file(&self, t: &Target, ino: InodeId, file: Arc<File>) -> Result<(), StoreError> {
         let r = match &t.engine {
             Engine::Uring(ring) => ring.fsync(file).await,
             Engine::Syscall => syscall::fsync(file).await,
@@ -342,11 +284,7 @@ impl ChunkStore {
     }
 
     /// Length of the chunk file, or `None` when it does not exist.
-    pub async fn stat_chunk(
-        &self,
-        target: TargetId,
-        ino: InodeId,
-    ) -> Result<Option<u64>, StoreError> {
+    pub async fn stat_chunk(&self, target: TargetId, ino: InodeId) -> Result<Option<u64>, StoreError> {
         let t = self.target(target)?;
         let path = t.chunk_path(ino);
         blocking(move || match fs::metadata(&path) {
@@ -377,12 +315,7 @@ impl ChunkStore {
     }
 
     /// The open chunk file, from the cache or opened now; `None` when missing and not `create`.
-    async fn file(
-        &self,
-        t: &Target,
-        ino: InodeId,
-        create: bool,
-    ) -> Result<Option<Arc<File>>, StoreError> {
+    async fn file(&self, t: &Target, ino: InodeId, create: bool) -> Result<Option<Arc<File>>, StoreError> {
         let key: ChunkKey = (t.id, ino);
         let miss = match self.inner.fds.get(key) {
             Ok(f) => return Ok(Some(f)),
@@ -396,14 +329,8 @@ impl ChunkStore {
                 Ok(Some(f)) => return Ok(Some(self.inner.fds.insert(key, Arc::new(f), miss))),
                 Ok(None) => return Ok(None),
                 // Out of descriptors: close the colder half of the cache and try once more.
-                Err(e)
-                    if !shrunk
-                        && matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE)) =>
-                {
-                    warn!(
-                        "out of file descriptors opening {}; shrinking the cache",
-                        path.display()
-                    );
+                Err(e) if !shrunk && matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE)) => {
+                    warn!("out of file descriptors opening {}; shrinking the cache", path.display());
                     self.inner.fds.shrink();
                     shrunk = true;
                 }
@@ -417,11 +344,7 @@ impl ChunkStore {
 /// file offset (an io_uring offset of -1 would even mean "the current position").
 fn check_range(what: &'static str, offset: u64, len: usize) -> Result<(), StoreError> {
     if len > MAX_OP_BYTES {
-        return Err(StoreError::TooLarge {
-            what,
-            len: len as u64,
-            max: MAX_OP_BYTES as u64,
-        });
+        return Err(StoreError::TooLarge { what, len: len as u64, max: MAX_OP_BYTES as u64 });
     }
     match offset.checked_add(len as u64) {
         Some(end) if end <= i64::MAX as u64 => Ok(()),
@@ -433,15 +356,7 @@ fn check_range(what: &'static str, offset: u64, len: usize) -> Result<(), StoreE
 
 /// Opens a chunk file read-write; `None` when it is missing and `create` is false.
 fn open_chunk(path: &Path, create: bool) -> io::Result<Option<File>> {
-    let open = || {
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(create)
-            .truncate(false)
-            .mode(0o644)
-            .open(path)
-    };
+    let open = || OpenOptions::new().read(true).write(true).create(create).truncate(false).mode(0o644).open(path);
     match open() {
         Ok(f) => Ok(Some(f)),
         Err(e) if e.kind() == io::ErrorKind::NotFound && !create => Ok(None),
@@ -487,18 +402,12 @@ fn start_rings(targets: &[TargetConfig], limits: uring::Limits) -> io::Result<Ve
         Ring::start("probe", limits)?;
         return Ok(Vec::new());
     }
-    targets
-        .iter()
-        .map(|t| Ring::start(&t.id.to_string(), limits))
-        .collect()
+    targets.iter().map(|t| Ring::start(&t.id.to_string(), limits)).collect()
 }
 
 /// The soft limit on open descriptors (the cache takes at most half of it).
 fn nofile_limit() -> usize {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit writes only into the struct it is given.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
         return 1024;
@@ -516,19 +425,13 @@ fn cfg_err(path: &Path, what: &str, e: impl std::fmt::Display) -> StoreError {
 fn prepare_dir(t: &TargetConfig) -> Result<(), StoreError> {
     let root = &t.path;
     if root.as_os_str().is_empty() {
-        return Err(StoreError::Config(format!(
-            "target {} has an empty path",
-            t.id
-        )));
+        return Err(StoreError::Config(format!("target {} has an empty path", t.id)));
     }
     match fs::metadata(root) {
         Ok(m) if m.is_dir() => {}
         Ok(_) => return Err(cfg_err(root, "not a directory", "exists as a file")),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            fs::DirBuilder::new()
-                .mode(0o755)
-                .create(root)
-                .map_err(|e| cfg_err(root, "cannot create it", e))?;
+            fs::DirBuilder::new().mode(0o755).create(root).map_err(|e| cfg_err(root, "cannot create it", e))?;
         }
         Err(e) => return Err(cfg_err(root, "cannot access it", e)),
     }
@@ -542,12 +445,7 @@ fn prepare_dir(t: &TargetConfig) -> Result<(), StoreError> {
     // only an actual write and unlink prove the target usable.
     let probe = chunks.join(".write-probe");
     let r = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o644)
-            .open(&probe)?;
+        let mut f = OpenOptions::new().write(true).create(true).truncate(true).mode(0o644).open(&probe)?;
         f.write_all(b"odfs")?;
         f.sync_data()?;
         fs::remove_file(&probe)
@@ -560,13 +458,8 @@ fn claim_id(t: &TargetConfig) -> Result<(), StoreError> {
     let path = t.path.join(TARGET_ID_FILE);
     match fs::read_to_string(&path) {
         Ok(s) => {
-            let owner: TargetId = s.trim().parse().map_err(|_| {
-                cfg_err(
-                    &path,
-                    "does not hold a target id",
-                    format!("{:?}", s.trim()),
-                )
-            })?;
+            let owner: TargetId =
+                s.trim().parse().map_err(|_| cfg_err(&path, "does not hold a target id", format!("{:?}", s.trim())))?;
             if owner != t.id {
                 return Err(StoreError::Config(format!(
                     "target directory {} belongs to target {owner} (per {}), not to target {}; \
@@ -582,12 +475,7 @@ fn claim_id(t: &TargetConfig) -> Result<(), StoreError> {
             // Write a temporary and rename it, so a crash never leaves an empty or partial id.
             let tmp = t.path.join(format!("{TARGET_ID_FILE}.tmp"));
             let r = (|| {
-                let mut f = OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .mode(0o644)
-                    .open(&tmp)?;
+                let mut f = OpenOptions::new().write(true).create(true).truncate(true).mode(0o644).open(&tmp)?;
                 f.write_all(format!("{}\n", t.id).as_bytes())?;
                 f.sync_all()?;
                 fs::rename(&tmp, &path)?;
@@ -606,19 +494,10 @@ mod tests {
     #[test]
     fn ranges_past_the_largest_offset_are_refused() {
         assert!(check_range("write", 0, MAX_OP_BYTES).is_ok());
-        assert!(matches!(
-            check_range("read", 0, MAX_OP_BYTES + 1),
-            Err(StoreError::TooLarge { .. })
-        ));
+        assert!(matches!(check_range("read", 0, MAX_OP_BYTES + 1), Err(StoreError::TooLarge { .. })));
         assert!(check_range("write", i64::MAX as u64 - 10, 10).is_ok());
-        assert!(matches!(
-            check_range("write", i64::MAX as u64 - 10, 11),
-            Err(StoreError::Invalid(_))
-        ));
-        assert!(matches!(
-            check_range("read", u64::MAX, 1),
-            Err(StoreError::Invalid(_))
-        ));
+        assert!(matches!(check_range("write", i64::MAX as u64 - 10, 11), Err(StoreError::Invalid(_))));
+        assert!(matches!(check_range("read", u64::MAX, 1), Err(StoreError::Invalid(_))));
     }
 
     #[test]
@@ -630,40 +509,20 @@ mod tests {
     #[test]
     fn auto_falls_back_and_uring_refuses_when_io_uring_is_missing() {
         let unavailable = || Err(io::Error::from_raw_os_error(libc::ENOSYS));
-        assert!(matches!(
-            choose_rings(IoBackend::Auto, unavailable),
-            Ok(None)
-        ));
-        assert!(matches!(
-            choose_rings(IoBackend::Syscall, || panic!("not tried")),
-            Ok(None)
-        ));
+        assert!(matches!(choose_rings(IoBackend::Auto, unavailable), Ok(None)));
+        assert!(matches!(choose_rings(IoBackend::Syscall, || panic!("not tried")), Ok(None)));
         let Err(e) = choose_rings(IoBackend::Uring, unavailable) else {
             panic!("uring must fail without io_uring");
         };
         let msg = e.to_string();
         assert!(matches!(e, StoreError::Config(_)), "{e:?}");
-        assert!(
-            msg.contains("io_uring cannot be set up") && msg.contains("(os error 38)"),
-            "{msg}"
-        );
-        assert!(matches!(
-            choose_rings(IoBackend::Auto, || Ok(Vec::new())),
-            Ok(Some(_))
-        ));
+        assert!(msg.contains("io_uring cannot be set up") && msg.contains("(os error 38)"), "{msg}");
+        assert!(matches!(choose_rings(IoBackend::Auto, || Ok(Vec::new())), Ok(Some(_))));
     }
 
     #[test]
     fn chunk_path_fans_out_by_low_byte() {
-        let t = Target {
-            id: 1,
-            root: "/t".into(),
-            chunks: "/t/chunks".into(),
-            engine: Engine::Syscall,
-        };
-        assert_eq!(
-            t.chunk_path(InodeId(0x0001_0000_0000_12ab)),
-            PathBuf::from("/t/chunks/ab/00010000000012ab")
-        );
+        let t = Target { id: 1, root: "/t".into(), chunks: "/t/chunks".into(), engine: Engine::Syscall };
+        assert_eq!(t.chunk_path(InodeId(0x0001_0000_0000_12ab)), PathBuf::from("/t/chunks/ab/00010000000012ab"));
     }
 }

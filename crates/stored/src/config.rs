@@ -53,11 +53,7 @@ impl Default for StoredConfig {
             addr_file: None,
             mgmtd: "127.0.0.1:7700".parse().expect("valid address"),
             node: 0,
-            targets: vec![TargetSection {
-                id: 1,
-                path: PathBuf::from("/var/lib/odfs/target1"),
-                pool: default_pool(),
-            }],
+            targets: vec![TargetSection { id: 1, path: PathBuf::from("/var/lib/odfs/target1"), pool: default_pool() }],
             io_backend: "auto".into(),
             register_timeout_secs: 30,
         }
@@ -71,13 +67,7 @@ mod tests {
     #[test]
     fn printed_defaults_parse_back() {
         let text = toml::to_string_pretty(&StoredConfig::default()).unwrap();
-        assert_eq!(
-            toml::from_str::<StoredConfig>(&text).unwrap(),
-            StoredConfig::default()
-        );
-        assert!(
-            toml::from_str::<StoredConfig>("[[targets]]\npath = \"/x\"").is_err(),
-            "a target needs an id"
-        );
+        assert_eq!(toml::from_str::<StoredConfig>(&text).unwrap(), StoredConfig::default());
+        assert!(toml::from_str::<StoredConfig>("[[targets]]\npath = \"/x\"").is_err(), "a target needs an id");
     }
 }

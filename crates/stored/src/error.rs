@@ -15,11 +15,7 @@ pub enum StoreError {
     UnknownTarget(TargetId),
     /// A system call failed; `op` names what was being done to `path`.
     #[error("{op} {}: {source}", path.display())]
-    Io {
-        op: &'static str,
-        path: PathBuf,
-        source: io::Error,
-    },
+    Io { op: &'static str, path: PathBuf, source: io::Error },
     /// The target's file system is full (ENOSPC or EDQUOT). Data acknowledged earlier is intact.
     #[error("no space left on device writing {}", path.display())]
     NoSpace { path: PathBuf },
@@ -29,11 +25,7 @@ pub enum StoreError {
     Config(String),
     /// One request asked to move more bytes than a single operation may carry.
     #[error("{what} of {len} bytes exceeds the per-request limit of {max} bytes")]
-    TooLarge {
-        what: &'static str,
-        len: u64,
-        max: u64,
-    },
+    TooLarge { what: &'static str, len: u64, max: u64 },
     /// The request's arguments cannot be served (an offset past the largest file offset).
     #[error("invalid request: {0}")]
     Invalid(String),
@@ -98,11 +90,7 @@ mod tests {
             assert!(matches!(e, StoreError::NoSpace { .. }), "{e:?}");
             let r = RemoteError::from(e);
             assert_eq!(r.code, ErrorCode::NoSpace);
-            assert!(
-                r.message.contains("/t/chunks/01/0000000000000001"),
-                "{}",
-                r.message
-            );
+            assert!(r.message.contains("/t/chunks/01/0000000000000001"), "{}", r.message);
         }
     }
 
@@ -127,11 +115,7 @@ mod tests {
         let r = RemoteError::from(StoreError::UnknownTarget(7));
         assert_eq!(r.code, ErrorCode::Invalid);
         assert_eq!(r.message, "unknown target 7");
-        let r = RemoteError::from(StoreError::TooLarge {
-            what: "read",
-            len: 1 << 30,
-            max: 16 << 20,
-        });
+        let r = RemoteError::from(StoreError::TooLarge { what: "read", len: 1 << 30, max: 16 << 20 });
         assert_eq!(r.code, ErrorCode::Range);
     }
 }

@@ -46,12 +46,7 @@ impl FdCache {
     pub(crate) fn new(capacity: usize) -> FdCache {
         FdCache {
             capacity: capacity.max(1),
-            inner: Mutex::new(Inner {
-                map: HashMap::new(),
-                order: BTreeMap::new(),
-                tick: 0,
-                generation: 0,
-            }),
+            inner: Mutex::new(Inner { map: HashMap::new(), order: BTreeMap::new(), tick: 0, generation: 0 }),
         }
     }
 
@@ -74,9 +69,7 @@ impl FdCache {
                 inner.order.insert(tick, key);
                 Ok(e.file.clone())
             }
-            None => Err(Miss {
-                generation: inner.generation,
-            }),
+            None => Err(Miss { generation: inner.generation }),
         }
     }
 
@@ -101,13 +94,7 @@ impl FdCache {
         inner.tick += 1;
         let tick = inner.tick;
         inner.order.insert(tick, key);
-        inner.map.insert(
-            key,
-            Entry {
-                file: file.clone(),
-                tick,
-            },
-        );
+        inner.map.insert(key, Entry { file: file.clone(), tick });
         file
     }
 

@@ -19,11 +19,7 @@ pub fn router(store: ChunkStore) -> Router {
     let s = store.clone();
     r.add::<WriteChunk, _, _>(move |_h, q: WriteChunk| {
         let s = s.clone();
-        async move {
-            s.write(q.target, q.ino, q.offset, q.data, q.sync)
-                .await
-                .map_err(RemoteError::from)
-        }
+        async move { s.write(q.target, q.ino, q.offset, q.data, q.sync).await.map_err(RemoteError::from) }
     });
     let s = store.clone();
     r.add::<ReadChunk, _, _>(move |_h, q: ReadChunk| {
@@ -40,11 +36,7 @@ pub fn router(store: ChunkStore) -> Router {
     let s = store.clone();
     r.add::<TruncateChunk, _, _>(move |_h, q: TruncateChunk| {
         let s = s.clone();
-        async move {
-            s.truncate(q.target, q.ino, q.len)
-                .await
-                .map_err(RemoteError::from)
-        }
+        async move { s.truncate(q.target, q.ino, q.len).await.map_err(RemoteError::from) }
     });
     let s = store.clone();
     r.add::<SyncChunk, _, _>(move |_h, q: SyncChunk| {
@@ -64,11 +56,7 @@ pub fn router(store: ChunkStore) -> Router {
     let s = store;
     r.add::<StatChunk, _, _>(move |_h, q: StatChunk| {
         let s = s.clone();
-        async move {
-            s.stat_chunk(q.target, q.ino)
-                .await
-                .map_err(RemoteError::from)
-        }
+        async move { s.stat_chunk(q.target, q.ino).await.map_err(RemoteError::from) }
     });
     r
 }
@@ -86,20 +74,10 @@ fn backend(name: &str) -> anyhow::Result<IoBackend> {
 pub async fn run(cfg: StoredConfig, shutdown: Shutdown) -> anyhow::Result<()> {
     anyhow::ensure!(!cfg.targets.is_empty(), "no targets configured");
     let cred = cfg.job.credential()?;
-    let targets: Vec<TargetConfig> = cfg
-        .targets
-        .iter()
-        .map(|t| TargetConfig {
-            id: t.id,
-            path: t.path.clone(),
-        })
-        .collect();
+    let targets: Vec<TargetConfig> =
+        cfg.targets.iter().map(|t| TargetConfig { id: t.id, path: t.path.clone() }).collect();
     let store = ChunkStore::open(&targets, backend(&cfg.io_backend)?)?;
-    info!(
-        backend = store.backend_name(),
-        targets = targets.len(),
-        "chunk store open"
-    );
+    info!(backend = store.backend_name(), targets = targets.len(), "chunk store open");
     let endpoint = QuicEndpoint::server(&cred, cfg.listen)?;
     let addr = endpoint.local_addr()?;
     let bulk = match cfg.bulk_listen {
@@ -121,30 +99,16 @@ pub async fn run(cfg: StoredConfig, shutdown: Shutdown) -> anyhow::Result<()> {
         let sd = shutdown.clone();
         async move { ep.serve(router, sd).await }
     });
-    let bulk_task = bulk.map(|l| {
-        tokio::spawn(odfs_rpc::tcp::serve(
-            l,
-            cred.clone(),
-            router.clone(),
-            shutdown.clone(),
-        ))
-    });
+    let bulk_task = bulk.map(|l| tokio::spawn(odfs_rpc::tcp::serve(l, cred.clone(), router.clone(), shutdown.clone())));
 
     let mut offers = Vec::new();
     for t in &cfg.targets {
-        offers.push(TargetOffer {
-            id: t.id,
-            pool: t.pool.clone(),
-            space: store.space(t.id)?,
-        });
+        offers.push(TargetOffer { id: t.id, pool: t.pool.clone(), space: store.space(t.id)? });
     }
     let pool = Arc::new(Pool::with_endpoint(
         cred,
         endpoint.clone(),
-        PoolConfig {
-            retry_deadline: Duration::from_secs(2),
-            ..PoolConfig::default()
-        },
+        PoolConfig { retry_deadline: Duration::from_secs(2), ..PoolConfig::default() },
     ));
     let link = MgmtLink {
         pool,
@@ -160,17 +124,11 @@ pub async fn run(cfg: StoredConfig, shutdown: Shutdown) -> anyhow::Result<()> {
             pid: std::process::id(),
         },
     };
-    let first = link
-        .register(Duration::from_secs(cfg.register_timeout_secs))
-        .await?;
+    let first = link.register(Duration::from_secs(cfg.register_timeout_secs)).await?;
     info!(%addr, bulk = ?bulk_addr, service_id = first.service_id, "stored serving");
     let probe_store = store.clone();
     let ids: Vec<u32> = cfg.targets.iter().map(|t| t.id).collect();
-    let probe = Arc::new(move || {
-        ids.iter()
-            .filter_map(|&id| probe_store.space(id).ok().map(|s| (id, s)))
-            .collect()
-    });
+    let probe = Arc::new(move || ids.iter().filter_map(|&id| probe_store.space(id).ok().map(|s| (id, s))).collect());
     link.run(first, probe, shutdown.clone()).await;
     let _ = quic_task.await;
     if let Some(t) = bulk_task {

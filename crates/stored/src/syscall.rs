@@ -22,12 +22,7 @@ where
 }
 
 /// Writes all of `data` at `offset` (completing short writes), then fdatasyncs when `sync`.
-pub(crate) async fn write(
-    file: Arc<File>,
-    offset: u64,
-    data: Vec<u8>,
-    sync: bool,
-) -> io::Result<usize> {
+pub(crate) async fn write(file: Arc<File>, offset: u64, data: Vec<u8>, sync: bool) -> io::Result<usize> {
     blocking(move || {
         // write_all_at loops over short writes and EINTR; a write that stops at ENOSPC returns
         // the error with the bytes before it written, never touching bytes outside the range.

@@ -46,34 +46,25 @@ pub(crate) struct Ring {
 impl Ring {
     /// Sets up a ring and starts its thread, or says why io_uring cannot be used here.
     pub(crate) fn start(name: &str, limits: Limits) -> io::Result<Ring> {
-        let limits = Limits {
-            max_ops: limits.max_ops.max(1),
-            max_bytes: limits.max_bytes.max(1),
-        };
+        let limits = Limits { max_ops: limits.max_ops.max(1), max_bytes: limits.max_bytes.max(1) };
         let wake = Arc::new(eventfd()?);
         let (tx, rx) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let thread_wake = wake.clone();
         // The ring is created on its own thread, which is the only one ever to submit to it.
-        let thread = std::thread::Builder::new()
-            .name(format!("uring-{name}"))
-            .spawn(move || {
-                let ring = match setup(limits) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
-                };
-                let _ = ready_tx.send(Ok(()));
-                Worker::new(ring, rx, thread_wake, limits).run();
-            })?;
+        let thread = std::thread::Builder::new().name(format!("uring-{name}")).spawn(move || {
+            let ring = match setup(limits) {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            let _ = ready_tx.send(Ok(()));
+            Worker::new(ring, rx, thread_wake, limits).run();
+        })?;
         match ready_rx.recv() {
-            Ok(Ok(())) => Ok(Ring {
-                tx: Some(tx),
-                wake,
-                thread: Some(thread),
-            }),
+            Ok(Ok(())) => Ok(Ring { tx: Some(tx), wake, thread: Some(thread) }),
             Ok(Err(e)) => {
                 let _ = thread.join();
                 Err(e)
@@ -93,59 +84,23 @@ impl Ring {
     }
 
     /// Writes all of `data` at `offset`, then fdatasyncs when `sync`.
-    pub(crate) async fn write(
-        &self,
-        file: Arc<File>,
-        offset: u64,
-        data: Vec<u8>,
-        sync: bool,
-    ) -> io::Result<usize> {
+    pub(crate) async fn write(&self, file: Arc<File>, offset: u64, data: Vec<u8>, sync: bool) -> io::Result<usize> {
         let (reply, rx) = oneshot::channel();
-        self.send(Op {
-            file,
-            offset,
-            retries: 0,
-            work: Work::Write {
-                data,
-                done: 0,
-                sync,
-                syncing: false,
-                reply,
-            },
-        })?;
+        self.send(Op { file, offset, retries: 0, work: Work::Write { data, done: 0, sync, syncing: false, reply } })?;
         rx.await.map_err(|_| stopped())?
     }
 
     /// Reads up to `len` bytes at `offset`; fewer only where the file ends.
-    pub(crate) async fn read(
-        &self,
-        file: Arc<File>,
-        offset: u64,
-        len: usize,
-    ) -> io::Result<Vec<u8>> {
+    pub(crate) async fn read(&self, file: Arc<File>, offset: u64, len: usize) -> io::Result<Vec<u8>> {
         let (reply, rx) = oneshot::channel();
-        self.send(Op {
-            file,
-            offset,
-            retries: 0,
-            work: Work::Read {
-                buf: vec![0u8; len],
-                filled: 0,
-                reply,
-            },
-        })?;
+        self.send(Op { file, offset, retries: 0, work: Work::Read { buf: vec![0u8; len], filled: 0, reply } })?;
         rx.await.map_err(|_| stopped())?
     }
 
     /// fdatasync.
     pub(crate) async fn fsync(&self, file: Arc<File>) -> io::Result<()> {
         let (reply, rx) = oneshot::channel();
-        self.send(Op {
-            file,
-            offset: 0,
-            retries: 0,
-            work: Work::Fsync { reply },
-        })?;
+        self.send(Op { file, offset: 0, retries: 0, work: Work::Fsync { reply } })?;
         rx.await.map_err(|_| stopped())?
     }
 }
@@ -183,8 +138,7 @@ fn setup(limits: Limits) -> io::Result<IoUring> {
     // Room for every in-flight operation plus the wake poll, so a push never finds the
     // submission queue full.
     let entries = (limits.max_ops + 1).next_power_of_two().max(8) as u32;
-    let ring = IoUring::new(entries)
-        .map_err(|e| io::Error::new(e.kind(), format!("io_uring_setup: {e}")))?;
+    let ring = IoUring::new(entries).map_err(|e| io::Error::new(e.kind(), format!("io_uring_setup: {e}")))?;
     let mut probe = io_uring::Probe::new();
     ring.submitter()
         .register_probe(&mut probe)
@@ -252,26 +206,17 @@ impl Op {
     fn entry(&mut self, user_data: u64) -> squeue::Entry {
         let fd = types::Fd(self.file.as_raw_fd());
         let e = match &mut self.work {
-            Work::Write {
-                data,
-                done,
-                syncing: false,
-                ..
-            } => {
+            Work::Write { data, done, syncing: false, .. } => {
                 let rest = &data[*done..];
                 // Lengths fit u32: the store caps one operation at MAX_OP_BYTES.
-                opcode::Write::new(fd, rest.as_ptr(), rest.len() as u32)
-                    .offset(self.offset + *done as u64)
-                    .build()
+                opcode::Write::new(fd, rest.as_ptr(), rest.len() as u32).offset(self.offset + *done as u64).build()
             }
-            Work::Write { syncing: true, .. } | Work::Fsync { .. } => opcode::Fsync::new(fd)
-                .flags(types::FsyncFlags::DATASYNC)
-                .build(),
+            Work::Write { syncing: true, .. } | Work::Fsync { .. } => {
+                opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build()
+            }
             Work::Read { buf, filled, .. } => {
                 let rest = &mut buf[*filled..];
-                opcode::Read::new(fd, rest.as_mut_ptr(), rest.len() as u32)
-                    .offset(self.offset + *filled as u64)
-                    .build()
+                opcode::Read::new(fd, rest.as_mut_ptr(), rest.len() as u32).offset(self.offset + *filled as u64).build()
             }
         };
         e.user_data(user_data)
@@ -291,20 +236,11 @@ impl Op {
         let n = res as usize;
         match &mut self.work {
             Work::Write { syncing: true, .. } | Work::Fsync { .. } => Step::Done(Ok(())),
-            Work::Write {
-                data,
-                done,
-                sync,
-                syncing,
-                ..
-            } => {
+            Work::Write { data, done, sync, syncing, .. } => {
                 if n == 0 {
                     // A regular file never accepts zero bytes of a non-empty write without an
                     // error; looping would spin forever.
-                    return Step::Done(Err(io::Error::new(
-                        io::ErrorKind::WriteZero,
-                        "write accepted no bytes",
-                    )));
+                    return Step::Done(Err(io::Error::new(io::ErrorKind::WriteZero, "write accepted no bytes")));
                 }
                 *done += n;
                 if *done < data.len() {
@@ -338,11 +274,7 @@ impl Op {
             Work::Write { data, reply, .. } => {
                 let _ = reply.send(r.map(|()| data.len()));
             }
-            Work::Read {
-                mut buf,
-                filled,
-                reply,
-            } => {
+            Work::Read { mut buf, filled, reply } => {
                 buf.truncate(filled);
                 let _ = reply.send(r.map(|()| buf));
             }
@@ -416,11 +348,7 @@ impl Worker {
             rx,
             wake,
             limits,
-            slots: Slots {
-                slots: Vec::with_capacity(limits.max_ops),
-                free: Vec::new(),
-                len: 0,
-            },
+            slots: Slots { slots: Vec::with_capacity(limits.max_ops), free: Vec::new(), len: 0 },
             bytes: 0,
             waiting: None,
             open: true,
@@ -434,9 +362,8 @@ impl Worker {
         loop {
             self.admit();
             if self.open && !self.poll_armed {
-                let e = opcode::PollAdd::new(types::Fd(self.wake.as_raw_fd()), libc::POLLIN as u32)
-                    .build()
-                    .user_data(WAKE);
+                let e =
+                    opcode::PollAdd::new(types::Fd(self.wake.as_raw_fd()), libc::POLLIN as u32).build().user_data(WAKE);
                 match self.push(&e) {
                     Ok(()) => self.poll_armed = true,
                     Err(e) => error!("io_uring: cannot arm the wake poll: {e}"),
@@ -483,8 +410,7 @@ impl Worker {
             };
             let need = op.bytes();
             // An operation larger than the whole budget still goes, alone.
-            let full =
-                self.slots.len >= self.limits.max_ops || self.bytes + need > self.limits.max_bytes;
+            let full = self.slots.len >= self.limits.max_ops || self.bytes + need > self.limits.max_bytes;
             if self.slots.len > 0 && full {
                 self.waiting = Some(op);
                 break;

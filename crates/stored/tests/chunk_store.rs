@@ -51,10 +51,7 @@ fn apply(model: &mut Vec<u8>, offset: usize, data: &[u8]) {
 async fn read_all(store: &ChunkStore, ino: InodeId) -> Vec<u8> {
     let mut out = Vec::new();
     loop {
-        let piece = store
-            .read(T, ino, out.len() as u64, 4 << 20)
-            .await
-            .expect("read");
+        let piece = store.read(T, ino, out.len() as u64, 4 << 20).await.expect("read");
         if piece.is_empty() {
             return out;
         }
@@ -109,25 +106,14 @@ async fn round_trip_odd_offsets(backend: IoBackend) {
     ];
     for (i, &(off, len)) in writes.iter().enumerate() {
         let data = pattern(i as u64, len);
-        let n = store
-            .write(T, ino, off as u64, data.clone(), false)
-            .await
-            .expect("write");
+        let n = store.write(T, ino, off as u64, data.clone(), false).await.expect("write");
         assert_eq!(n as usize, len, "write {i} reports every byte");
         apply(&mut model, off, &data);
     }
-    assert_eq!(
-        store.stat_chunk(T, ino).await.unwrap(),
-        Some(model.len() as u64)
-    );
+    assert_eq!(store.stat_chunk(T, ino).await.unwrap(), Some(model.len() as u64));
     assert!(read_all(&store, ino).await == model, "whole chunk matches");
     // Reads at odd offsets and lengths, including one running past the end.
-    for &(off, len) in &[
-        (1usize, 1u32),
-        (4094, 5),
-        ((1 << 20) + 6, 3 << 20),
-        (model.len() - 3, 100),
-    ] {
+    for &(off, len) in &[(1usize, 1u32), (4094, 5), ((1 << 20) + 6, 3 << 20), (model.len() - 3, 100)] {
         let got = store.read(T, ino, off as u64, len).await.expect("read");
         let end = (off + len as usize).min(model.len());
         assert!(got == model[off..end], "read at {off} len {len}");
@@ -151,16 +137,7 @@ async fn concurrent_writers_one_chunk(backend: IoBackend) {
             // interleave in time.
             for p in 0..REGION / PIECE {
                 let off = w * REGION + p * PIECE;
-                let n = s
-                    .write(
-                        T,
-                        ino,
-                        off as u64,
-                        pattern((w * 1000 + p) as u64, PIECE),
-                        false,
-                    )
-                    .await
-                    .expect("write");
+                let n = s.write(T, ino, off as u64, pattern((w * 1000 + p) as u64, PIECE), false).await.expect("write");
                 assert_eq!(n as usize, PIECE);
             }
         }));
@@ -171,11 +148,7 @@ async fn concurrent_writers_one_chunk(backend: IoBackend) {
     let mut model = Vec::new();
     for w in 0..16usize {
         for p in 0..REGION / PIECE {
-            apply(
-                &mut model,
-                w * REGION + p * PIECE,
-                &pattern((w * 1000 + p) as u64, PIECE),
-            );
+            apply(&mut model, w * REGION + p * PIECE, &pattern((w * 1000 + p) as u64, PIECE));
         }
     }
     assert!(read_all(&store, ino).await == model);
@@ -192,15 +165,7 @@ async fn concurrent_writers_many_chunks(backend: IoBackend) {
         tasks.push(tokio::spawn(async move {
             for c in 0..CHUNKS {
                 let off = w * LEN as u64;
-                s.write(
-                    T,
-                    InodeId(1000 + c),
-                    off,
-                    pattern(w * 100 + c, LEN),
-                    w % 5 == 0,
-                )
-                .await
-                .expect("write");
+                s.write(T, InodeId(1000 + c), off, pattern(w * 100 + c, LEN), w % 5 == 0).await.expect("write");
             }
         }));
     }
@@ -212,10 +177,7 @@ async fn concurrent_writers_many_chunks(backend: IoBackend) {
         for w in 0..16u64 {
             apply(&mut model, w as usize * LEN, &pattern(w * 100 + c, LEN));
         }
-        assert!(
-            read_all(&store, InodeId(1000 + c)).await == model,
-            "chunk {c}"
-        );
+        assert!(read_all(&store, InodeId(1000 + c)).await == model, "chunk {c}");
     }
 }
 
@@ -226,42 +188,20 @@ async fn holes_read_as_zeros_or_short(backend: IoBackend) {
     // A missing chunk file is a hole: empty, not an error.
     assert_eq!(store.read(T, ino, 0, 4096).await.unwrap(), Vec::<u8>::new());
     assert_eq!(store.stat_chunk(T, ino).await.unwrap(), None);
-    assert!(
-        !store.chunk_path(T, ino).unwrap().exists(),
-        "reads create nothing"
-    );
+    assert!(!store.chunk_path(T, ino).unwrap().exists(), "reads create nothing");
 
     let off = 1u64 << 20;
-    store
-        .write(T, ino, off, b"0123456789".to_vec(), false)
-        .await
-        .unwrap();
+    store.write(T, ino, off, b"0123456789".to_vec(), false).await.unwrap();
     assert_eq!(store.stat_chunk(T, ino).await.unwrap(), Some(off + 10));
     assert_eq!(store.read(T, ino, 0, 100).await.unwrap(), vec![0u8; 100]);
-    assert_eq!(
-        store.read(T, ino, off - 3, 6).await.unwrap(),
-        [&[0u8; 3][..], b"012"].concat()
-    );
-    assert_eq!(
-        store.read(T, ino, off + 5, 100).await.unwrap(),
-        b"56789".to_vec()
-    );
-    assert_eq!(
-        store.read(T, ino, off + 10, 100).await.unwrap(),
-        Vec::<u8>::new()
-    );
-    assert_eq!(
-        store.read(T, ino, off * 4, 100).await.unwrap(),
-        Vec::<u8>::new()
-    );
+    assert_eq!(store.read(T, ino, off - 3, 6).await.unwrap(), [&[0u8; 3][..], b"012"].concat());
+    assert_eq!(store.read(T, ino, off + 5, 100).await.unwrap(), b"56789".to_vec());
+    assert_eq!(store.read(T, ino, off + 10, 100).await.unwrap(), Vec::<u8>::new());
+    assert_eq!(store.read(T, ino, off * 4, 100).await.unwrap(), Vec::<u8>::new());
     assert_eq!(store.read(T, ino, 0, 0).await.unwrap(), Vec::<u8>::new());
     // The hole takes no space on disk.
     let meta = std::fs::metadata(store.chunk_path(T, ino).unwrap()).unwrap();
-    assert!(
-        meta.blocks() * 512 < 64 << 10,
-        "sparse: {} blocks",
-        meta.blocks()
-    );
+    assert!(meta.blocks() * 512 < 64 << 10, "sparse: {} blocks", meta.blocks());
 }
 
 async fn truncate_up_and_down(backend: IoBackend) {
@@ -280,10 +220,7 @@ async fn truncate_up_and_down(backend: IoBackend) {
     let all = read_all(&store, ino).await;
     assert_eq!(all.len(), 1 << 20);
     assert!(all[..10_000] == data[..10_000]);
-    assert!(
-        all[10_000..].iter().all(|&b| b == 0),
-        "grown part is a hole"
-    );
+    assert!(all[10_000..].iter().all(|&b| b == 0), "grown part is a hole");
 
     // Missing file: length 0 leaves it missing, a length creates it sparse.
     let other = InodeId(10);
@@ -291,10 +228,7 @@ async fn truncate_up_and_down(backend: IoBackend) {
     assert_eq!(store.stat_chunk(T, other).await.unwrap(), None);
     store.truncate(T, other, 5000).await.unwrap();
     assert_eq!(store.stat_chunk(T, other).await.unwrap(), Some(5000));
-    assert_eq!(
-        store.read(T, other, 0, 8000).await.unwrap(),
-        vec![0u8; 5000]
-    );
+    assert_eq!(store.read(T, other, 0, 8000).await.unwrap(), vec![0u8; 5000]);
     store.truncate(T, other, 0).await.unwrap();
     assert_eq!(store.stat_chunk(T, other).await.unwrap(), Some(0));
 }
@@ -314,10 +248,7 @@ async fn remove_is_idempotent_and_closes(backend: IoBackend) {
     let store = open(&dir, backend);
     let ino = InodeId(11);
     let path = store.chunk_path(T, ino).unwrap();
-    store
-        .write(T, ino, 0, pattern(1, 5000), true)
-        .await
-        .unwrap();
+    store.write(T, ino, 0, pattern(1, 5000), true).await.unwrap();
     assert_eq!(store.read(T, ino, 0, 10).await.unwrap().len(), 10);
 
     store.remove(T, ino).await.unwrap();
@@ -339,15 +270,9 @@ async fn sync_and_sync_writes(backend: IoBackend) {
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir, backend);
     let ino = InodeId(13);
-    store
-        .sync(T, ino)
-        .await
-        .expect("sync of a missing chunk is fine");
+    store.sync(T, ino).await.expect("sync of a missing chunk is fine");
     assert_eq!(store.stat_chunk(T, ino).await.unwrap(), None);
-    store
-        .write(T, ino, 3, pattern(13, 300_000), true)
-        .await
-        .unwrap();
+    store.write(T, ino, 3, pattern(13, 300_000), true).await.unwrap();
     store.write(T, ino, 0, Vec::new(), true).await.unwrap();
     store.sync(T, ino).await.unwrap();
     let mut model = Vec::new();
@@ -361,40 +286,19 @@ async fn unknown_target_is_refused(backend: IoBackend) {
     let ino = InodeId(1);
     let e = store.write(99, ino, 0, vec![1], false).await.unwrap_err();
     assert!(matches!(e, StoreError::UnknownTarget(99)), "{e:?}");
-    assert!(matches!(
-        store.read(99, ino, 0, 1).await,
-        Err(StoreError::UnknownTarget(99))
-    ));
-    assert!(matches!(
-        store.truncate(99, ino, 0).await,
-        Err(StoreError::UnknownTarget(99))
-    ));
-    assert!(matches!(
-        store.sync(99, ino).await,
-        Err(StoreError::UnknownTarget(99))
-    ));
-    assert!(matches!(
-        store.remove(99, ino).await,
-        Err(StoreError::UnknownTarget(99))
-    ));
-    assert!(matches!(
-        store.stat_chunk(99, ino).await,
-        Err(StoreError::UnknownTarget(99))
-    ));
-    assert!(matches!(
-        store.space(99),
-        Err(StoreError::UnknownTarget(99))
-    ));
+    assert!(matches!(store.read(99, ino, 0, 1).await, Err(StoreError::UnknownTarget(99))));
+    assert!(matches!(store.truncate(99, ino, 0).await, Err(StoreError::UnknownTarget(99))));
+    assert!(matches!(store.sync(99, ino).await, Err(StoreError::UnknownTarget(99))));
+    assert!(matches!(store.remove(99, ino).await, Err(StoreError::UnknownTarget(99))));
+    assert!(matches!(store.stat_chunk(99, ino).await, Err(StoreError::UnknownTarget(99))));
+    assert!(matches!(store.space(99), Err(StoreError::UnknownTarget(99))));
     assert_eq!(store.chunk_path(99, ino), None);
     let r = RemoteError::from(e);
     assert_eq!(r.code, ErrorCode::Invalid);
     // Oversized and out-of-range requests are refused before any I/O.
     let e = store.read(T, ino, 0, u32::MAX).await.unwrap_err();
     assert_eq!(RemoteError::from(e).code, ErrorCode::Range);
-    let e = store
-        .write(T, ino, u64::MAX - 1, vec![1; 4], false)
-        .await
-        .unwrap_err();
+    let e = store.write(T, ino, u64::MAX - 1, vec![1; 4], false).await.unwrap_err();
     assert!(matches!(e, StoreError::Invalid(_)), "{e:?}");
     assert_eq!(store.stat_chunk(T, ino).await.unwrap(), None);
 }
@@ -402,16 +306,8 @@ async fn unknown_target_is_refused(backend: IoBackend) {
 async fn small_fd_cache_keeps_data_right(backend: IoBackend) {
     let dir = tempfile::tempdir().unwrap();
     let store = ChunkStore::open_with(
-        &[TargetConfig {
-            id: T,
-            path: dir.path().join("t1"),
-        }],
-        StoreOptions {
-            backend,
-            fd_cache: 3,
-            ring_max_ops: 4,
-            ring_max_bytes: 256 << 10,
-        },
+        &[TargetConfig { id: T, path: dir.path().join("t1") }],
+        StoreOptions { backend, fd_cache: 3, ring_max_ops: 4, ring_max_bytes: 256 << 10 },
     )
     .unwrap();
     // Many more chunks than cached descriptors, touched in turn by concurrent tasks, so files
@@ -423,15 +319,7 @@ async fn small_fd_cache_keeps_data_right(backend: IoBackend) {
             for round in 0..4u64 {
                 for c in 0..20u64 {
                     let off = (round * 8 + w) * 1000;
-                    s.write(
-                        T,
-                        InodeId(c),
-                        off,
-                        pattern(c * 7919 + round * 8 + w, 1000),
-                        false,
-                    )
-                    .await
-                    .unwrap();
+                    s.write(T, InodeId(c), off, pattern(c * 7919 + round * 8 + w, 1000), false).await.unwrap();
                 }
             }
         }));
@@ -442,11 +330,7 @@ async fn small_fd_cache_keeps_data_right(backend: IoBackend) {
     for c in 0..20u64 {
         let mut model = Vec::new();
         for slot in 0..32u64 {
-            apply(
-                &mut model,
-                slot as usize * 1000,
-                &pattern(c * 7919 + slot, 1000),
-            );
+            apply(&mut model, slot as usize * 1000, &pattern(c * 7919 + slot, 1000));
         }
         assert!(read_all(&store, InodeId(c)).await == model, "chunk {c}");
     }
@@ -461,15 +345,7 @@ async fn abandoned_requests_do_not_disturb(backend: IoBackend) {
     for i in 0..24u64 {
         let s = store.clone();
         tasks.push(tokio::spawn(async move {
-            let _ = s
-                .write(
-                    T,
-                    InodeId(50 + i % 3),
-                    i << 22,
-                    vec![i as u8; 4 << 20],
-                    i % 4 == 0,
-                )
-                .await;
+            let _ = s.write(T, InodeId(50 + i % 3), i << 22, vec![i as u8; 4 << 20], i % 4 == 0).await;
             let _ = s.read(T, InodeId(50 + i % 3), 0, 4 << 20).await;
         }));
     }
@@ -496,13 +372,7 @@ struct Tmpfs {
 impl Tmpfs {
     fn mount(opts: &str) -> Tmpfs {
         let dir = tempfile::tempdir().unwrap();
-        if let Err(e) = mount(
-            Some("tmpfs"),
-            dir.path(),
-            Some("tmpfs"),
-            MsFlags::empty(),
-            Some(opts),
-        ) {
+        if let Err(e) = mount(Some("tmpfs"), dir.path(), Some("tmpfs"), MsFlags::empty(), Some(opts)) {
             panic!(
                 "mounting a tmpfs ({opts}) at {} failed: {e}. This test needs root \
                  (CAP_SYS_ADMIN) and tmpfs support to make a small or read-only file system",
@@ -517,14 +387,8 @@ impl Tmpfs {
     }
 
     fn remount_read_only(&self) {
-        mount(
-            None::<&str>,
-            self.path(),
-            None::<&str>,
-            MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
-            None::<&str>,
-        )
-        .expect("remount read-only");
+        mount(None::<&str>, self.path(), None::<&str>, MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY, None::<&str>)
+            .expect("remount read-only");
     }
 }
 
@@ -575,22 +439,11 @@ async fn full_disk_keeps_acknowledged_data(backend: IoBackend) {
 
     // More failing writes: into a new chunk, and into existing chunks past their end.
     for c in 0..4u64 {
-        let e = store
-            .write(
-                T,
-                InodeId(200 + c),
-                ends[c as usize],
-                pattern(c, 200_000),
-                true,
-            )
-            .await
-            .unwrap_err();
+        let e = store.write(T, InodeId(200 + c), ends[c as usize], pattern(c, 200_000), true).await.unwrap_err();
         assert!(matches!(e, StoreError::NoSpace { .. }), "{e:?}");
     }
     assert!(matches!(
-        store
-            .write(T, InodeId(300), 0, pattern(9, 200_000), false)
-            .await,
+        store.write(T, InodeId(300), 0, pattern(9, 200_000), false).await,
         Err(StoreError::NoSpace { .. })
     ));
 
@@ -603,10 +456,7 @@ async fn full_disk_keeps_acknowledged_data(backend: IoBackend) {
     // Freeing space makes the target usable again.
     store.remove(T, InodeId(200)).await.unwrap();
     store.remove(T, InodeId(300)).await.unwrap();
-    store
-        .write(T, InodeId(301), 0, pattern(301, 100_000), true)
-        .await
-        .unwrap();
+    store.write(T, InodeId(301), 0, pattern(301, 100_000), true).await.unwrap();
     assert!(store.read(T, InodeId(301), 0, 100_000).await.unwrap() == pattern(301, 100_000));
     drop(store);
 }
@@ -615,21 +465,11 @@ async fn full_disk_keeps_acknowledged_data(backend: IoBackend) {
 fn missing_parent_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("no/such/parent/t1");
-    let e = ChunkStore::open(
-        &[TargetConfig {
-            id: T,
-            path: path.clone(),
-        }],
-        IoBackend::Syscall,
-    )
-    .unwrap_err();
+    let e = ChunkStore::open(&[TargetConfig { id: T, path: path.clone() }], IoBackend::Syscall).unwrap_err();
     let msg = e.to_string();
     assert!(matches!(e, StoreError::Config(_)), "{e:?}");
     assert!(msg.contains(&path.display().to_string()), "{msg}");
-    assert!(
-        !path.exists() && !dir.path().join("no").exists(),
-        "nothing created"
-    );
+    assert!(!path.exists() && !dir.path().join("no").exists(), "nothing created");
 }
 
 #[test]
@@ -637,14 +477,7 @@ fn target_path_that_is_a_file_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t1");
     std::fs::write(&path, b"x").unwrap();
-    let e = ChunkStore::open(
-        &[TargetConfig {
-            id: T,
-            path: path.clone(),
-        }],
-        IoBackend::Syscall,
-    )
-    .unwrap_err();
+    let e = ChunkStore::open(&[TargetConfig { id: T, path: path.clone() }], IoBackend::Syscall).unwrap_err();
     assert!(e.to_string().contains(&path.display().to_string()), "{e}");
 }
 
@@ -653,14 +486,7 @@ fn read_only_file_system_is_a_clear_error() {
     // A new target directory on a read-only file system.
     let ro = Tmpfs::mount("size=1m,ro");
     let path = ro.path().join("t1");
-    let e = ChunkStore::open(
-        &[TargetConfig {
-            id: T,
-            path: path.clone(),
-        }],
-        IoBackend::Syscall,
-    )
-    .unwrap_err();
+    let e = ChunkStore::open(&[TargetConfig { id: T, path: path.clone() }], IoBackend::Syscall).unwrap_err();
     let msg = e.to_string();
     assert!(msg.contains(&path.display().to_string()), "{msg}");
     assert!(msg.contains("Read-only"), "{msg}");
@@ -670,14 +496,7 @@ fn read_only_file_system_is_a_clear_error() {
     let path = fs.path().join("t1");
     drop(open_at(path.clone(), IoBackend::Syscall));
     fs.remount_read_only();
-    let e = ChunkStore::open(
-        &[TargetConfig {
-            id: T,
-            path: path.clone(),
-        }],
-        IoBackend::Syscall,
-    )
-    .unwrap_err();
+    let e = ChunkStore::open(&[TargetConfig { id: T, path: path.clone() }], IoBackend::Syscall).unwrap_err();
     let msg = e.to_string();
     assert!(msg.contains(&path.display().to_string()), "{msg}");
     assert!(msg.contains("not writable"), "{msg}");
@@ -688,59 +507,29 @@ async fn target_id_is_claimed_and_checked() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t1");
     let store = open_at(path.clone(), IoBackend::Uring);
-    store
-        .write(T, InodeId(1), 0, b"kept".to_vec(), true)
-        .await
-        .unwrap();
+    store.write(T, InodeId(1), 0, b"kept".to_vec(), true).await.unwrap();
     drop(store);
-    assert_eq!(
-        std::fs::read_to_string(path.join("target.id"))
-            .unwrap()
-            .trim(),
-        "1"
-    );
+    assert_eq!(std::fs::read_to_string(path.join("target.id")).unwrap().trim(), "1");
 
-    let e = ChunkStore::open(
-        &[TargetConfig {
-            id: 2,
-            path: path.clone(),
-        }],
-        IoBackend::Uring,
-    )
-    .unwrap_err();
+    let e = ChunkStore::open(&[TargetConfig { id: 2, path: path.clone() }], IoBackend::Uring).unwrap_err();
     let msg = e.to_string();
     assert!(matches!(e, StoreError::Config(_)), "{e:?}");
-    assert!(
-        msg.contains("belongs to target 1") && msg.contains("not to target 2"),
-        "{msg}"
-    );
+    assert!(msg.contains("belongs to target 1") && msg.contains("not to target 2"), "{msg}");
     assert!(msg.contains(&path.display().to_string()), "{msg}");
 
     // The rightful target reopens it with its data.
     let store = open_at(path, IoBackend::Syscall);
-    assert_eq!(
-        store.read(T, InodeId(1), 0, 100).await.unwrap(),
-        b"kept".to_vec()
-    );
+    assert_eq!(store.read(T, InodeId(1), 0, 100).await.unwrap(), b"kept".to_vec());
 }
 
 #[test]
 fn duplicate_targets_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let a = TargetConfig {
-        id: 1,
-        path: dir.path().join("a"),
-    };
-    let b = TargetConfig {
-        id: 1,
-        path: dir.path().join("b"),
-    };
+    let a = TargetConfig { id: 1, path: dir.path().join("a") };
+    let b = TargetConfig { id: 1, path: dir.path().join("b") };
     let e = ChunkStore::open(&[a.clone(), b], IoBackend::Syscall).unwrap_err();
     assert!(e.to_string().contains("listed twice"), "{e}");
-    let c = TargetConfig {
-        id: 2,
-        path: dir.path().join("a"),
-    };
+    let c = TargetConfig { id: 2, path: dir.path().join("a") };
     let e = ChunkStore::open(&[a, c], IoBackend::Syscall).unwrap_err();
     assert!(e.to_string().contains("share the directory"), "{e}");
 }
@@ -748,33 +537,20 @@ fn duplicate_targets_are_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_targets_are_separate() {
     let dir = tempfile::tempdir().unwrap();
-    let targets: Vec<TargetConfig> = (1..=3)
-        .map(|id| TargetConfig {
-            id,
-            path: dir.path().join(format!("t{id}")),
-        })
-        .collect();
+    let targets: Vec<TargetConfig> =
+        (1..=3).map(|id| TargetConfig { id, path: dir.path().join(format!("t{id}")) }).collect();
     let store = ChunkStore::open(&targets, IoBackend::Auto).unwrap();
     // io_uring works on this kind of machine, so Auto must pick it.
     assert_eq!(store.backend_name(), "io_uring");
     assert_eq!(store.targets(), vec![1, 2, 3]);
     let ino = InodeId(42);
     for id in 1..=3u32 {
-        store
-            .write(id, ino, 0, vec![id as u8; 10], false)
-            .await
-            .unwrap();
+        store.write(id, ino, 0, vec![id as u8; 10], false).await.unwrap();
     }
     for id in 1..=3u32 {
-        assert_eq!(
-            store.read(id, ino, 0, 100).await.unwrap(),
-            vec![id as u8; 10]
-        );
+        assert_eq!(store.read(id, ino, 0, 100).await.unwrap(), vec![id as u8; 10]);
         let p = store.chunk_path(id, ino).unwrap();
-        assert_eq!(
-            p,
-            dir.path().join(format!("t{id}/chunks/2a/000000000000002a"))
-        );
+        assert_eq!(p, dir.path().join(format!("t{id}/chunks/2a/000000000000002a")));
         assert!(p.exists());
     }
     store.remove(2, ino).await.unwrap();
@@ -807,19 +583,9 @@ mod model {
 
     #[derive(Debug, Clone)]
     enum Op {
-        Write {
-            off: u64,
-            len: usize,
-            seed: u64,
-            sync: bool,
-        },
-        Read {
-            off: u64,
-            len: u32,
-        },
-        Truncate {
-            len: u64,
-        },
+        Write { off: u64, len: usize, seed: u64, sync: bool },
+        Read { off: u64, len: u32 },
+        Truncate { len: u64 },
         Remove,
         Sync,
     }
@@ -842,12 +608,7 @@ mod model {
         let mut model: Option<Vec<u8>> = None;
         for op in ops {
             match op {
-                Op::Write {
-                    off,
-                    len,
-                    seed,
-                    sync,
-                } => {
+                Op::Write { off, len, seed, sync } => {
                     let data = pattern(seed, len);
                     store.write(T, ino, off, data.clone(), sync).await.unwrap();
                     apply(model.get_or_insert_with(Vec::new), off as usize, &data);

@@ -14,21 +14,9 @@ pub const ROOT: InodeId = InodeId::ROOT;
 /// Four online targets with space in the default pool, one more in pool "fast".
 pub fn targets() -> Vec<TargetChoice> {
     let mut t: Vec<TargetChoice> = (1..=4)
-        .map(|id| TargetChoice {
-            id,
-            pool: "default".into(),
-            free: 1 << 30,
-            capacity: 1 << 31,
-            online: true,
-        })
+        .map(|id| TargetChoice { id, pool: "default".into(), free: 1 << 30, capacity: 1 << 31, online: true })
         .collect();
-    t.push(TargetChoice {
-        id: 10,
-        pool: "fast".into(),
-        free: 1 << 20,
-        capacity: 1 << 21,
-        online: true,
-    });
+    t.push(TargetChoice { id: 10, pool: "fast".into(), free: 1 << 20, capacity: 1 << 21, online: true });
     t
 }
 
@@ -49,13 +37,7 @@ pub fn open(dir: &Path) -> MetaStore {
 
 /// A caller whose group is its uid, with no request id (no dedup).
 pub fn user(uid: u32) -> RequestHeader {
-    RequestHeader {
-        request_id: 0,
-        client_id: 1,
-        uid,
-        gid: uid,
-        groups: vec![],
-    }
+    RequestHeader { request_id: 0, client_id: 1, uid, gid: uid, groups: vec![] }
 }
 
 pub fn root() -> RequestHeader {
@@ -69,8 +51,7 @@ pub trait Ops {
     fn store(&mut self) -> &mut MetaStore;
 
     fn create(&mut self, h: &RequestHeader, parent: InodeId, name: &[u8], mode: u32) -> R<Attr> {
-        self.create_full(h, parent, name, mode, true, None)
-            .map(|r| r.attr)
+        self.create_full(h, parent, name, mode, true, None).map(|r| r.attr)
     }
     fn create_full(
         &mut self,
@@ -81,40 +62,19 @@ pub trait Ops {
         exclusive: bool,
         layout: Option<DirLayout>,
     ) -> R<CreateReply> {
-        let op = MetaOp::Create(Create {
-            parent,
-            name: name.to_vec(),
-            mode,
-            exclusive,
-            layout,
-        });
+        let op = MetaOp::Create(Create { parent, name: name.to_vec(), mode, exclusive, layout });
         code(self.store().mutate(h, op).and_then(|r| r.into_create()))
     }
     fn mkdir(&mut self, h: &RequestHeader, parent: InodeId, name: &[u8], mode: u32) -> R<Attr> {
-        let op = MetaOp::Mkdir(Mkdir {
-            parent,
-            name: name.to_vec(),
-            mode,
-        });
+        let op = MetaOp::Mkdir(Mkdir { parent, name: name.to_vec(), mode });
         code(self.store().mutate(h, op).and_then(|r| r.into_attr()))
     }
     fn unlink(&mut self, h: &RequestHeader, parent: InodeId, name: &[u8]) -> R<Option<Attr>> {
-        let op = MetaOp::Unlink(Unlink {
-            parent,
-            name: name.to_vec(),
-        });
-        code(
-            self.store()
-                .mutate(h, op)
-                .and_then(|r| r.into_unlink())
-                .map(|u| u.removed),
-        )
+        let op = MetaOp::Unlink(Unlink { parent, name: name.to_vec() });
+        code(self.store().mutate(h, op).and_then(|r| r.into_unlink()).map(|u| u.removed))
     }
     fn rmdir(&mut self, h: &RequestHeader, parent: InodeId, name: &[u8]) -> R<()> {
-        let op = MetaOp::Rmdir(Rmdir {
-            parent,
-            name: name.to_vec(),
-        });
+        let op = MetaOp::Rmdir(Rmdir { parent, name: name.to_vec() });
         code(self.store().mutate(h, op).and_then(|r| r.into_unit()))
     }
     #[allow(clippy::too_many_arguments)]
@@ -127,63 +87,22 @@ pub trait Ops {
         new_name: &[u8],
         flags: u32,
     ) -> R<Option<Attr>> {
-        let op = MetaOp::Rename(Rename {
-            parent,
-            name: name.to_vec(),
-            new_parent,
-            new_name: new_name.to_vec(),
-            flags,
-        });
-        code(
-            self.store()
-                .mutate(h, op)
-                .and_then(|r| r.into_rename())
-                .map(|r| r.removed),
-        )
+        let op = MetaOp::Rename(Rename { parent, name: name.to_vec(), new_parent, new_name: new_name.to_vec(), flags });
+        code(self.store().mutate(h, op).and_then(|r| r.into_rename()).map(|r| r.removed))
     }
-    fn symlink(
-        &mut self,
-        h: &RequestHeader,
-        parent: InodeId,
-        name: &[u8],
-        target: &[u8],
-    ) -> R<Attr> {
-        let op = MetaOp::Symlink(Symlink {
-            parent,
-            name: name.to_vec(),
-            target: target.to_vec(),
-        });
+    fn symlink(&mut self, h: &RequestHeader, parent: InodeId, name: &[u8], target: &[u8]) -> R<Attr> {
+        let op = MetaOp::Symlink(Symlink { parent, name: name.to_vec(), target: target.to_vec() });
         code(self.store().mutate(h, op).and_then(|r| r.into_attr()))
     }
-    fn link(
-        &mut self,
-        h: &RequestHeader,
-        ino: InodeId,
-        new_parent: InodeId,
-        new_name: &[u8],
-    ) -> R<Attr> {
-        let op = MetaOp::Link(Link {
-            ino,
-            new_parent,
-            new_name: new_name.to_vec(),
-        });
+    fn link(&mut self, h: &RequestHeader, ino: InodeId, new_parent: InodeId, new_name: &[u8]) -> R<Attr> {
+        let op = MetaOp::Link(Link { ino, new_parent, new_name: new_name.to_vec() });
         code(self.store().mutate(h, op).and_then(|r| r.into_attr()))
     }
     fn setattr(&mut self, h: &RequestHeader, req: SetAttr) -> R<Attr> {
-        code(
-            self.store()
-                .mutate(h, MetaOp::SetAttr(req))
-                .and_then(|r| r.into_attr()),
-        )
+        code(self.store().mutate(h, MetaOp::SetAttr(req)).and_then(|r| r.into_attr()))
     }
     fn find(&mut self, h: &RequestHeader, parent: InodeId, name: &[u8]) -> R<Attr> {
-        code(self.store().lookup(
-            h,
-            &Lookup {
-                parent,
-                name: name.to_vec(),
-            },
-        ))
+        code(self.store().lookup(h, &Lookup { parent, name: name.to_vec() }))
     }
     fn stat(&mut self, ino: InodeId) -> R<Attr> {
         code(self.store().getattr(&root(), &GetAttr { ino }))
@@ -235,38 +154,20 @@ pub fn dump(s: &MetaStore) -> BTreeMap<Vec<Vec<u8>>, Seen> {
 
 fn seen(s: &MetaStore, cookie: u64, attr: Attr) -> Seen {
     let h = root();
-    let target = (attr.kind == FileKind::Symlink).then(|| {
-        s.readlink(&h, &Readlink { ino: attr.ino })
-            .expect("readlink")
-    });
+    let target =
+        (attr.kind == FileKind::Symlink).then(|| s.readlink(&h, &Readlink { ino: attr.ino }).expect("readlink"));
     let xattrs = s
         .listxattr(&h, &ListXattr { ino: attr.ino })
         .expect("listxattr")
         .into_iter()
         .map(|n| {
-            let v = s
-                .getxattr(
-                    &h,
-                    &GetXattr {
-                        ino: attr.ino,
-                        name: n.clone(),
-                    },
-                )
-                .expect("getxattr");
+            let v = s.getxattr(&h, &GetXattr { ino: attr.ino, name: n.clone() }).expect("getxattr");
             (n, v)
         })
         .collect();
-    let dir_layout = (attr.kind == FileKind::Dir).then(|| {
-        s.get_dir_layout(&h, &GetDirLayout { ino: attr.ino })
-            .expect("dir layout")
-    });
-    Seen {
-        cookie,
-        attr,
-        target,
-        xattrs,
-        dir_layout,
-    }
+    let dir_layout = (attr.kind == FileKind::Dir)
+        .then(|| s.get_dir_layout(&h, &GetDirLayout { ino: attr.ino }).expect("dir layout"));
+    Seen { cookie, attr, target, xattrs, dir_layout }
 }
 
 /// A whole directory listing (readdirplus, as root), following cookies.
@@ -274,17 +175,7 @@ pub fn list(s: &MetaStore, dir: InodeId, batch: u32) -> Vec<DirEntry> {
     let mut out = Vec::new();
     let mut cookie = 0;
     loop {
-        let r = s
-            .readdir(
-                &root(),
-                &ReadDir {
-                    ino: dir,
-                    cookie,
-                    max_entries: batch,
-                    plus: true,
-                },
-            )
-            .expect("readdir");
+        let r = s.readdir(&root(), &ReadDir { ino: dir, cookie, max_entries: batch, plus: true }).expect("readdir");
         if let Some(last) = r.entries.last() {
             cookie = last.cookie;
         }
