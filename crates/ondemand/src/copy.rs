@@ -21,6 +21,8 @@ pub struct CopyOptions {
     pub recursive: bool,
     /// Files copied at once.
     pub parallel: usize,
+    /// Show a progress bar (on a terminal).
+    pub progress: bool,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -162,6 +164,20 @@ pub async fn copy(client: &Client, src: &str, dst: &str, opts: &CopyOptions) -> 
     }
     // Largest first so a big file does not start last.
     files.sort_by_key(|f| std::cmp::Reverse(f.size));
+    let total: u64 = files.iter().map(|f| f.size).sum();
+    let bar = if opts.progress {
+        let b = indicatif::ProgressBar::new(total);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bytes}/{total_bytes} {wide_bar} {binary_bytes_per_sec} eta {eta} {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let nfiles = files.len();
     let sem = Arc::new(tokio::sync::Semaphore::new(opts.parallel.max(1)));
     let mut tasks = tokio::task::JoinSet::new();
     for f in files {
@@ -180,6 +196,8 @@ pub async fn copy(client: &Client, src: &str, dst: &str, opts: &CopyOptions) -> 
             Ok((_, n)) => {
                 stats.files += 1;
                 stats.bytes += n;
+                bar.inc(n);
+                bar.set_message(format!("{}/{nfiles} files", stats.files));
             }
             Err(e) => {
                 if first_err.is_none() {
@@ -188,6 +206,7 @@ pub async fn copy(client: &Client, src: &str, dst: &str, opts: &CopyOptions) -> 
             }
         }
     }
+    bar.finish_and_clear();
     if let Some(e) = first_err {
         return Err(e);
     }

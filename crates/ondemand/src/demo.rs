@@ -92,7 +92,7 @@ pub fn run(o: &DemoOptions) -> Result<()> {
         let bytes = generate_dataset(&src, o.dataset_mib)?;
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
         let cfg = ClientConfig::load(&local::client_config_path(&fsroot))?;
-        let opts = CopyOptions { recursive: true, parallel: 16 };
+        let opts = CopyOptions { recursive: true, parallel: 16, progress: false };
         rt.block_on(async {
             let client = Client::connect(cfg).await?;
             println!("3/5 copying it in: odfs cp -r {} odfs:/dataset", src.display());

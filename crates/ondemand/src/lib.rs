@@ -9,5 +9,6 @@ pub mod copy;
 pub mod demo;
 pub mod fsref;
 pub mod local;
+pub mod mount;
 pub mod procs;
 pub mod status;

@@ -4,7 +4,7 @@
 //! Owns the layout of ROOT (configs, logs, data, `odfs.toml`, `local.state.toml`) and the life
 //! cycle of the processes it starts. It must not leave a process behind on failure.
 
-use crate::procs;
+use crate::{mount, procs};
 use anyhow::{bail, Context, Result};
 use odfs_client::ClientConfig;
 use odfs_metad::config::MetadConfig;
@@ -34,6 +34,8 @@ pub struct UpOptions {
     pub site_key: Option<PathBuf>,
     pub timeout: Duration,
     pub io_backend: String,
+    /// Where to mount the filesystem (None: no mount).
+    pub mount: Option<PathBuf>,
 }
 
 impl Default for UpOptions {
@@ -50,6 +52,7 @@ impl Default for UpOptions {
             site_key: None,
             timeout: Duration::from_secs(30),
             io_backend: "auto".into(),
+            mount: None,
         }
     }
 }
@@ -71,6 +74,9 @@ pub struct LocalState {
     pub job_id: String,
     pub nodes: u32,
     pub procs: Vec<ProcEntry>,
+    /// FUSE mount points made by `up`.
+    #[serde(default)]
+    pub mounts: Vec<PathBuf>,
 }
 
 pub fn state_path(root: &Path) -> PathBuf {
@@ -174,6 +180,17 @@ pub fn up(opts: &UpOptions) -> Result<LocalState> {
                 root.display()
             );
         }
+        // Left behind by processes that died: a dead mount fails every access under it.
+        for m in &st.mounts {
+            for line in mount::unmount(m)? {
+                eprintln!("odfs: cleaning up after a previous run: {line}");
+            }
+        }
+    }
+    if let Some(mp) = &opts.mount {
+        for line in mount::unmount(mp)? {
+            eprintln!("odfs: cleaning up a stale mount: {line}");
+        }
     }
 
     let site_key = match &opts.site_key {
@@ -242,7 +259,7 @@ pub fn up(opts: &UpOptions) -> Result<LocalState> {
         plan.push(("stored".into(), k, nd.join("stored.toml"), nd.join("stored.log")));
     }
 
-    let mut state = LocalState { job_id: job_id.clone(), nodes: opts.nodes, procs: Vec::new() };
+    let mut state = LocalState { job_id: job_id.clone(), nodes: opts.nodes, procs: Vec::new(), mounts: Vec::new() };
     let started = (|| -> Result<()> {
         for (service, node, config, log) in &plan {
             let bin = procs::binary(&format!("odfs-{service}"))?;
@@ -258,15 +275,40 @@ pub fn up(opts: &UpOptions) -> Result<LocalState> {
         state.save(&root)?;
         wait_ready(&job, mgmtd_addr, &state, opts.timeout)
     })();
+    let started = started.and_then(|()| {
+        let ccfg = ClientConfig { job, mgmtd: mgmtd_addr, bulk_transport: opts.bulk, ..ClientConfig::default() };
+        write_toml(&client_config_path(&root), &ccfg)?;
+        match &opts.mount {
+            Some(mp) => start_mount(&root, mp, &mut state, opts.timeout),
+            None => Ok(()),
+        }
+    });
     if let Err(e) = started {
+        for m in &state.mounts {
+            let _ = mount::unmount(m);
+        }
         let pids: Vec<u32> = state.procs.iter().map(|p| p.pid).collect();
         procs::stop_all(&pids, Duration::from_secs(2));
         let _ = std::fs::remove_file(state_path(&root));
         return Err(e.context(format!("odfs local up on {} failed; everything it started was stopped", root.display())));
     }
-    let ccfg = ClientConfig { job, mgmtd: mgmtd_addr, bulk_transport: opts.bulk, ..ClientConfig::default() };
-    write_toml(&client_config_path(&root), &ccfg)?;
     Ok(state)
+}
+
+/// Starts `odfs-fuse` for node 0 and waits until the mount is there.
+fn start_mount(root: &Path, mp: &Path, state: &mut LocalState, timeout: Duration) -> Result<()> {
+    std::fs::create_dir_all(mp).with_context(|| format!("cannot create mount point {}", mp.display()))?;
+    let mp = mp.canonicalize()?;
+    let bin = procs::binary("odfs-fuse")?;
+    let cfg = client_config_path(root);
+    let log = node_dir(root, 0).join("fuse.log");
+    let args = [std::ffi::OsStr::new("--fs"), cfg.as_os_str(), std::ffi::OsStr::new("--mountpoint"), mp.as_os_str()];
+    let pid = procs::spawn_detached(&bin, &args, &log)?;
+    state.procs.push(ProcEntry { service: "fuse".into(), node: 0, pid, config: cfg, log: log.clone() });
+    state.mounts.push(mp.clone());
+    state.save(root)?;
+    mount::wait_mounted(&mp, timeout, || procs::is_ours(pid))
+        .with_context(|| format!("mounting {}; last log lines of {}:\n{}", mp.display(), log.display(), log_tail(&log, 5)))
 }
 
 fn wait_ready(job: &JobSection, mgmtd: SocketAddr, state: &LocalState, timeout: Duration) -> Result<()> {
@@ -320,6 +362,8 @@ fn wait_ready(job: &JobSection, mgmtd: SocketAddr, state: &LocalState, timeout: 
 pub struct DownReport {
     pub stopped: usize,
     pub killed: Vec<u32>,
+    /// One line per unmount step taken.
+    pub unmount_steps: Vec<String>,
 }
 
 /// Stops everything `up` started on ROOT. Safe to run twice.
@@ -329,11 +373,17 @@ pub fn down(root: &Path) -> Result<DownReport> {
     let Some(state) = LocalState::load(root)? else {
         return Ok(DownReport::default());
     };
+    // Unmount first: a FUSE daemon stopped under its mount leaves a dead mount behind
+    // ("Transport endpoint is not connected"); `mount::unmount` never waits on a stuck daemon.
+    let mut unmount_steps = Vec::new();
+    for m in &state.mounts {
+        unmount_steps.extend(mount::unmount(m)?);
+    }
     let pids: Vec<u32> = state.procs.iter().map(|p| p.pid).collect();
     let live = state.live_pids().len();
     let killed = procs::stop_all(&pids, Duration::from_secs(3));
     std::fs::remove_file(state_path(root))?;
-    Ok(DownReport { stopped: live, killed })
+    Ok(DownReport { stopped: live, killed, unmount_steps })
 }
 
 /// Restarts one daemon of a running local filesystem (after a crash, or to test recovery).
@@ -345,6 +395,7 @@ pub fn restart(root: &Path, service: &str, node: u32) -> Result<u32> {
         .iter_mut()
         .find(|p| p.service == service && p.node == node)
         .with_context(|| format!("no {service} on node {node}"))?;
+    anyhow::ensure!(service != "fuse", "restart the mount with `odfs local down` and `odfs local up`");
     procs::stop_all(&[entry.pid], Duration::from_secs(3));
     let bin = procs::binary(&format!("odfs-{service}"))?;
     entry.pid = procs::spawn_daemon(&bin, &entry.config, &entry.log)?;

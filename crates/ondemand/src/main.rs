@@ -91,9 +91,12 @@ enum LocalCmd {
         root: PathBuf,
         #[arg(long, default_value_t = 4)]
         nodes: u32,
-        /// Do not mount (the only mode until odfs-fuse is installed).
-        #[arg(long)]
+        /// Do not mount the filesystem.
+        #[arg(long, conflicts_with = "mount")]
         no_mount: bool,
+        /// Mount point (default ROOT/mnt).
+        #[arg(long)]
+        mount: Option<PathBuf>,
         #[arg(long, default_value_t = 1)]
         targets_per_node: u32,
         /// Default stripe count (-1 = every target).
@@ -155,6 +158,7 @@ fn real_main() -> Result<()> {
             root,
             nodes,
             no_mount,
+            mount,
             targets_per_node,
             stripe_count,
             chunk_size,
@@ -165,9 +169,6 @@ fn real_main() -> Result<()> {
             timeout,
             io_backend,
         }) => {
-            if !no_mount {
-                eprintln!("odfs: note: mounting is not available in this build; starting without a mount (--no-mount)");
-            }
             let opts = local::UpOptions {
                 root: root.clone(),
                 nodes,
@@ -180,8 +181,12 @@ fn real_main() -> Result<()> {
                 site_key,
                 timeout: Duration::from_secs(timeout),
                 io_backend,
+                mount: if no_mount { None } else { Some(mount.unwrap_or_else(|| root.join("mnt"))) },
             };
             let st = local::up(&opts)?;
+            for m in &st.mounts {
+                println!("mounted at {}", m.display());
+            }
             println!(
                 "odfs job {} ready: {} nodes, {} processes; client config {}",
                 st.job_id,
@@ -192,6 +197,9 @@ fn real_main() -> Result<()> {
         }
         Cmd::Local(LocalCmd::Down { root }) => {
             let r = local::down(&root)?;
+            for step in &r.unmount_steps {
+                println!("odfs local down: {step}");
+            }
             if r.killed.is_empty() {
                 println!("odfs local down: stopped {} processes", r.stopped);
             } else {
@@ -217,7 +225,7 @@ fn real_main() -> Result<()> {
             let rt = runtime()?;
             let s = rt.block_on(async {
                 let client = fsref::connect(cli.fs.as_deref()).await?;
-                copy::copy(&client, &src, &dst, &copy::CopyOptions { recursive, parallel }).await
+                copy::copy(&client, &src, &dst, &copy::CopyOptions { recursive, parallel, progress: std::io::IsTerminal::is_terminal(&std::io::stderr()) }).await
             })?;
             println!("copied {} files, {} directories, {} bytes", s.files, s.dirs, s.bytes);
         }

@@ -12,25 +12,23 @@ pub fn bin_dir() -> Result<PathBuf> {
         return Ok(PathBuf::from(d));
     }
     let exe = std::env::current_exe().context("cannot find this executable")?;
-    Ok(exe
-        .parent()
-        .context("executable has no directory")?
-        .to_path_buf())
+    Ok(exe.parent().context("executable has no directory")?.to_path_buf())
 }
 
 /// Path of one of the odfs binaries, checked to exist.
 pub fn binary(name: &str) -> Result<PathBuf> {
     let p = bin_dir()?.join(name);
-    anyhow::ensure!(
-        p.is_file(),
-        "{} not found (build the workspace, or set ODFS_BIN_DIR)",
-        p.display()
-    );
+    anyhow::ensure!(p.is_file(), "{} not found (build the workspace, or set ODFS_BIN_DIR)", p.display());
     Ok(p)
 }
 
 /// Starts `bin --config cfg` in its own session, output appended to `log`. Returns its pid.
 pub fn spawn_daemon(bin: &Path, cfg: &Path, log: &Path) -> Result<u32> {
+    spawn_detached(bin, &[std::ffi::OsStr::new("--config"), cfg.as_os_str()], log)
+}
+
+/// Starts `bin args…` in its own session, output appended to `log`. Returns its pid.
+pub fn spawn_detached(bin: &Path, args: &[&std::ffi::OsStr], log: &Path) -> Result<u32> {
     use std::os::unix::process::CommandExt;
     let out = std::fs::OpenOptions::new()
         .create(true)
@@ -39,11 +37,7 @@ pub fn spawn_daemon(bin: &Path, cfg: &Path, log: &Path) -> Result<u32> {
         .with_context(|| format!("cannot open log {}", log.display()))?;
     let err = out.try_clone()?;
     let mut cmd = Command::new(bin);
-    cmd.arg("--config")
-        .arg(cfg)
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err);
+    cmd.args(args).stdin(Stdio::null()).stdout(out).stderr(err);
     // SAFETY: setsid is async-signal-safe; the daemon must not die with this tool's terminal.
     unsafe {
         cmd.pre_exec(|| {
@@ -51,9 +45,7 @@ pub fn spawn_daemon(bin: &Path, cfg: &Path, log: &Path) -> Result<u32> {
             Ok(())
         });
     }
-    let child = cmd
-        .spawn()
-        .with_context(|| format!("cannot start {}", bin.display()))?;
+    let child = cmd.spawn().with_context(|| format!("cannot start {}", bin.display()))?;
     let pid = child.id();
     // The child is reaped by a thread so it never lingers as a zombie while this tool runs.
     std::thread::spawn(move || {
@@ -72,19 +64,12 @@ pub fn is_ours(pid: u32) -> bool {
         return false;
     };
     // A zombie has exited; only its parent's wait is missing.
-    let state = stat
-        .rsplit(')')
-        .next()
-        .and_then(|s| s.split_whitespace().next())
-        .unwrap_or("");
+    let state = stat.rsplit(')').next().and_then(|s| s.split_whitespace().next()).unwrap_or("");
     if state == "Z" || state == "X" {
         return false;
     }
     let first = cmdline.split(|&b| b == 0).next().unwrap_or(&[]);
-    let name = Path::new(std::str::from_utf8(first).unwrap_or(""))
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or("");
+    let name = Path::new(std::str::from_utf8(first).unwrap_or("")).file_name().and_then(|n| n.to_str()).unwrap_or("");
     name.starts_with("odfs-")
 }
 
@@ -92,10 +77,7 @@ pub fn is_ours(pid: u32) -> bool {
 pub fn stop_all(pids: &[u32], grace: Duration) -> Vec<u32> {
     let live: Vec<u32> = pids.iter().copied().filter(|&p| is_ours(p)).collect();
     for &p in &live {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(p as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p as i32), nix::sys::signal::Signal::SIGTERM);
     }
     let start = Instant::now();
     while start.elapsed() < grace && live.iter().any(|&p| is_ours(p)) {
@@ -104,10 +86,7 @@ pub fn stop_all(pids: &[u32], grace: Duration) -> Vec<u32> {
     let mut killed = Vec::new();
     for &p in &live {
         if is_ours(p) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(p as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p as i32), nix::sys::signal::Signal::SIGKILL);
             killed.push(p);
         }
     }
@@ -123,19 +102,9 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return 0.0;
     };
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
     // After the command name: state is field 3, utime 14 and stime 15 (1-based).
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     (ticks(11) + ticks(12)) / hz.max(1.0)
