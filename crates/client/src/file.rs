@@ -50,6 +50,8 @@ pub struct InodeData {
     pub ino: InodeId,
     pub layout: Layout,
     ws: tokio::sync::Mutex<WriteState>,
+    /// Held by `drain` while it waits for the writes it took.
+    drain_lock: tokio::sync::Mutex<()>,
     /// First error of a background write, reported once by the next call.
     error: Mutex<Option<ClientError>>,
     ra: Mutex<ReadAhead>,
@@ -65,6 +67,7 @@ impl InodeData {
             ino,
             layout,
             ws: tokio::sync::Mutex::new(WriteState::default()),
+            drain_lock: tokio::sync::Mutex::new(()),
             error: Mutex::new(None),
             ra: Mutex::new(ReadAhead::default()),
             opens: AtomicUsize::new(0),
@@ -196,6 +199,10 @@ impl InodeData {
 
     /// Waits for every write of this inode to reach stored.
     pub(crate) async fn drain(self: &Arc<Self>, client: &Client) -> Result<()> {
+        // One drain at a time: a drain takes the writes in flight out of `inflight`, so a
+        // concurrent one (parallel reads of one file, as FUSE sends them) would find nothing to
+        // wait for and read before those writes landed.
+        let _one = self.drain_lock.lock().await;
         let handles = {
             let mut ws = self.ws.lock().await;
             self.send_buf(client, &mut ws).await;
@@ -230,8 +237,14 @@ impl InodeData {
         }
         if ws.size_dirty {
             let req = ExtendSize { ino: self.ino, size: ws.size, mtime: ws.mtime };
-            let attr = client.meta(ctx, self.ino.shard(), &req).await?;
-            client.cache_attr(&attr);
+            match client.meta(ctx, self.ino.shard(), &req).await {
+                Ok(attr) => client.cache_attr(&attr),
+                // The last name went away while the file is open here: there is no size left to
+                // publish, and the data stays readable through the open handles (POSIX lets an
+                // unlinked file be written, fsynced and closed without error).
+                Err(e) if e.code() == odfs_proto::ErrorCode::NotFound => {}
+                Err(e) => return Err(e),
+            }
             ws.size_dirty = false;
             *self.size_hint.lock().expect("size lock") = (ws.size, false);
         }

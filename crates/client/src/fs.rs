@@ -320,14 +320,14 @@ impl Client {
     async fn reclaim(&self, removed: Option<Attr>) {
         let Some(attr) = removed else { return };
         let Some(layout) = attr.layout else { return };
-        // A file whose published size is 0 has no data worth a round trip to every target
-        // (bytes of a writer that died before publishing its size stay until the wipe).
-        if attr.size == 0 {
-            return;
-        }
         let open_here = self.inner.inodes.lock().expect("inodes lock").get(&attr.ino).cloned();
         match open_here {
+            // Removed at the last close here, whatever the published size: an open file may
+            // still be written after its last name went away (temporary files).
             Some(d) => d.mark_unlinked(),
+            // A file whose published size is 0 has no data worth a round trip to every target
+            // (bytes of a writer that died before publishing its size stay until the wipe).
+            None if attr.size == 0 => {}
             None => self.remove_chunks(&layout, attr.ino).await,
         }
     }

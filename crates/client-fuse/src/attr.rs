@@ -1,0 +1,174 @@
+//! Translation between odfs's types and FUSE's: attributes, file kinds, times, names, statfs,
+//! and the caller's identity. Pure functions; no state and no I/O beyond /proc for groups.
+
+use fuser::{FileAttr, FileType, INodeNo, TimeOrNow};
+use odfs_client::Ctx;
+use odfs_proto::meta::{Attr, FileKind, SetTime, StatFsReply};
+use odfs_proto::Timespec;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+
+/// `st_blksize` of inodes without a layout (directories, symbolic links): the default chunk size,
+/// so tools that size their buffers from it move whole chunks.
+pub const DEFAULT_BLKSIZE: u32 = 1 << 20;
+/// Block size reported by statfs (`f_bsize` and `f_frsize`).
+pub const STATFS_BSIZE: u32 = 4096;
+/// Longest name reported by statfs (metad's limit).
+pub const NAMELEN: u32 = odfs_proto::NAME_MAX as u32;
+
+/// The FUSE file type of an odfs inode kind.
+pub fn file_type(kind: FileKind) -> FileType {
+    match kind {
+        FileKind::File => FileType::RegularFile,
+        FileKind::Dir => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+    }
+}
+
+/// FUSE attributes of an odfs inode. The FUSE inode number is the odfs inode id.
+pub fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino.0),
+        size: a.size,
+        // odfs does not track allocation (sparse regions included): report the size, rounded
+        // up, so `du` and `ls -s` show what a dense file of that size would use.
+        blocks: a.size.div_ceil(512),
+        atime: a.atime.into(),
+        mtime: a.mtime.into(),
+        ctime: a.ctime.into(),
+        crtime: a.ctime.into(),
+        kind: file_type(a.kind),
+        perm: (a.mode & 0o7777) as u16,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: 0,
+        blksize: a.layout.as_ref().map_or(DEFAULT_BLKSIZE, |l| l.chunk_size),
+        flags: 0,
+    }
+}
+
+/// A time to set, as odfs's protocol carries it.
+pub fn set_time(t: TimeOrNow) -> SetTime {
+    match t {
+        TimeOrNow::Now => SetTime::Now,
+        TimeOrNow::SpecificTime(t) => SetTime::At(Timespec::from(t)),
+    }
+}
+
+/// A name as the raw bytes odfs uses.
+pub fn name_bytes(name: &OsStr) -> Vec<u8> {
+    name.as_bytes().to_vec()
+}
+
+/// statfs numbers in FUSE's units: (blocks, bfree, bavail, files, ffree).
+pub fn statfs_blocks(s: &StatFsReply) -> (u64, u64, u64, u64, u64) {
+    let bs = STATFS_BSIZE as u64;
+    let free = s.free_bytes / bs;
+    (s.total_bytes / bs, free, free, s.total_inodes, s.free_inodes)
+}
+
+/// The caller of a request: uid and gid from the kernel, supplementary groups from
+/// /proc/<pid>/status (empty if the process is gone or the request has no pid).
+pub fn caller(uid: u32, gid: u32, pid: u32) -> Ctx {
+    Ctx { uid, gid, groups: groups_of(pid) }
+}
+
+fn groups_of(pid: u32) -> Vec<u32> {
+    if pid == 0 {
+        return Vec::new();
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/status")) {
+        Ok(text) => parse_groups(&text),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The supplementary groups of a /proc/<pid>/status text ("Groups:" line).
+pub fn parse_groups(status: &str) -> Vec<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .map(|g| g.split_whitespace().filter_map(|n| n.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// The NUL-terminated list `listxattr` returns.
+pub fn xattr_list(names: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(names.iter().map(|n| n.len() + 1).sum());
+    for n in names {
+        out.extend_from_slice(n);
+        out.push(0);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use odfs_proto::{InodeId, Layout};
+    use std::time::{Duration, UNIX_EPOCH};
+
+    fn attr(kind: FileKind, size: u64, layout: Option<Layout>) -> Attr {
+        Attr {
+            ino: InodeId(0x0001_0000_0000_0042),
+            kind,
+            mode: 0o4755,
+            nlink: 3,
+            uid: 1000,
+            gid: 100,
+            size,
+            atime: Timespec { sec: 10, nsec: 5 },
+            mtime: Timespec { sec: 20, nsec: 6 },
+            ctime: Timespec { sec: 30, nsec: 7 },
+            layout,
+        }
+    }
+
+    #[test]
+    fn attributes_translate_field_by_field() {
+        let l = Layout { chunk_size: 65536, pool: "default".into(), targets: vec![1, 2] };
+        let f = file_attr(&attr(FileKind::File, 1025, Some(l)));
+        assert_eq!(f.ino, INodeNo(0x0001_0000_0000_0042));
+        assert_eq!(f.kind, FileType::RegularFile);
+        assert_eq!(f.perm, 0o4755);
+        assert_eq!((f.nlink, f.uid, f.gid, f.size), (3, 1000, 100, 1025));
+        assert_eq!(f.blocks, 3);
+        assert_eq!(f.blksize, 65536);
+        assert_eq!(f.atime, UNIX_EPOCH + Duration::new(10, 5));
+        assert_eq!(f.mtime, UNIX_EPOCH + Duration::new(20, 6));
+        assert_eq!(f.ctime, UNIX_EPOCH + Duration::new(30, 7));
+        let d = file_attr(&attr(FileKind::Dir, 4096, None));
+        assert_eq!((d.kind, d.blocks, d.blksize), (FileType::Directory, 8, DEFAULT_BLKSIZE));
+        assert_eq!(file_attr(&attr(FileKind::Symlink, 0, None)).blocks, 0);
+    }
+
+    #[test]
+    fn groups_come_from_the_status_line() {
+        let text = "Name:\tbash\nUid:\t1000\t1000\t1000\t1000\nGroups:\t4 24 27 1000 \nVmPeak:\t1 kB\n";
+        assert_eq!(parse_groups(text), vec![4, 24, 27, 1000]);
+        assert_eq!(parse_groups("Groups:\t\n"), Vec::<u32>::new());
+        assert_eq!(parse_groups("Name:\tx\n"), Vec::<u32>::new());
+        let me = caller(1, 2, std::process::id());
+        assert_eq!((me.uid, me.gid), (1, 2));
+        assert!(caller(1, 2, 0).groups.is_empty());
+    }
+
+    #[test]
+    fn xattr_lists_and_statfs_units() {
+        assert_eq!(xattr_list(&[b"user.a".to_vec(), b"user.bc".to_vec()]), b"user.a\0user.bc\0".to_vec());
+        assert!(xattr_list(&[]).is_empty());
+        let s = StatFsReply {
+            total_bytes: 10 * 4096 + 100,
+            free_bytes: 4 * 4096,
+            total_inodes: 50,
+            free_inodes: 40,
+            used_inodes: 10,
+            block_size: 4096,
+        };
+        assert_eq!(statfs_blocks(&s), (10, 4, 4, 50, 40));
+        let t = UNIX_EPOCH + Duration::new(5, 9);
+        assert_eq!(set_time(TimeOrNow::SpecificTime(t)), SetTime::At(Timespec { sec: 5, nsec: 9 }));
+        assert_eq!(set_time(TimeOrNow::Now), SetTime::Now);
+    }
+}

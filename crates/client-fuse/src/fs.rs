@@ -1,0 +1,875 @@
+//! `OdfsFuse`: fuser's `Filesystem` over an odfs `Client`.
+//!
+//! Every callback translates its arguments, spawns a task on the adapter's tokio runtime that
+//! owns the `Reply*` object, calls the client library and replies with the result or with
+//! `errno()` of the error. fuser's threads only parse and spawn; they never wait for the
+//! network. All filesystem behaviour (permissions, caching, striping, write-behind,
+//! consistency) is the client library's and metad's; this module owns only what FUSE itself
+//! needs: the file-handle table, the ".." inode numbers, reply TTLs, and the kernel settings
+//! negotiated at init.
+
+use crate::attr::{
+    caller, file_attr, file_type, name_bytes, set_time, statfs_blocks, xattr_list, NAMELEN, STATFS_BSIZE,
+};
+use crate::handles::{Handles, OpenFile, Parents};
+use crate::FuseError;
+use fuser::{
+    AccessFlags, BsdFileFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags,
+    KernelConfig, LockOwner, Notifier, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use odfs_client::{Client, Ctx};
+use odfs_proto::meta::{Attr, SetAttr, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_CREATE, XATTR_REPLACE};
+use odfs_proto::{ErrorCode, InodeId};
+use std::ffi::OsStr;
+use std::future::Future;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime};
+use tracing::{debug, info, warn};
+
+/// How long the kernel may trust a name or attributes it got from us. Short, so that changes
+/// made on other nodes show within a second (the client library adds its own 1 s cache).
+pub const TTL: Duration = Duration::from_secs(1);
+/// Largest write request: one default chunk.
+pub const MAX_WRITE: u32 = 1 << 20;
+/// Kernel read-ahead asked for at init (the kernel may cap it; see `mount::tune_readahead`).
+pub const MAX_READAHEAD: u32 = 1 << 20;
+/// Entries asked of metad per readdir request. fuser does not pass the kernel's buffer size
+/// to the callback; glibc sizes its buffer from the directory's `st_blksize` (1 MiB here) and
+/// the kernel then asks for up to 1 MiB, room for thousands of entries. Entries that do not
+/// fit a smaller buffer are asked again from their cookie by the next request.
+const READDIR_BATCH: u32 = 1024;
+/// The same for readdirplus, whose entries carry attributes (about 160 bytes each).
+const READDIRPLUS_BATCH: u32 = 256;
+/// The extended attribute holding file capabilities.
+const FILE_CAPS: &[u8] = b"security.capability";
+/// Offset of the "." entry, and of ".." (client cookies are shifted past them).
+const DOT_OFFSET: u64 = 1;
+const DOTDOT_OFFSET: u64 = 2;
+
+/// State shared by the callbacks, the tasks they spawn and the mount runner.
+pub struct Shared {
+    /// The client library: everything the filesystem does.
+    pub client: Client,
+    /// The adapter's runtime, where every request runs.
+    pub rt: tokio::runtime::Handle,
+    /// Open files by FUSE file handle.
+    pub handles: Handles,
+    /// Parents of directories, for "..".
+    pub parents: Parents,
+    /// Set once the session exists (the notifier comes from it).
+    notifier: OnceLock<Notifier>,
+}
+
+impl Shared {
+    /// Lets the kernel be told to drop cached attributes.
+    pub fn set_notifier(&self, n: Notifier) {
+        let _ = self.notifier.set(n);
+    }
+
+    /// Makes the kernel ask for attributes again before it trusts a size. Called at open:
+    /// metad's answer to the open is fresh (close-to-open), the kernel's cached size may be up
+    /// to `TTL` old, and the kernel clips reads to its cached size.
+    fn invalidate_kernel_attrs(&self, ino: InodeId) {
+        if let Some(n) = self.notifier.get() {
+            // The kernel may already have dropped the inode (ENOENT): nothing to invalidate.
+            if let Err(e) = n.inval_inode(INodeNo(ino.0), -1, 0) {
+                debug!(%ino, error = %e, "attribute invalidation not delivered");
+            }
+        }
+    }
+
+    /// Publishes the data of every open file (written data and sizes reach stored and metad),
+    /// leaving the files open. Used before unmounting on SIGTERM.
+    pub async fn flush_all(&self) {
+        // Read-only handles hold nothing to publish (and their owner may not write).
+        let files: Vec<_> = self.handles.all().into_iter().filter(|f| f.writable).collect();
+        let n = files.len();
+        let results = futures::future::join_all(files.iter().map(|f| f.handle.flush())).await;
+        for (f, r) in files.iter().zip(results) {
+            if let Err(e) = r {
+                warn!(ino = %f.handle.ino(), error = %e, "flushing an open file failed");
+            }
+        }
+        if n > 0 {
+            info!(files = n, "flushed open files");
+        }
+    }
+
+    /// Closes every file still open (the session ended without releasing them).
+    pub async fn close_all(&self) {
+        let files = self.handles.take_all();
+        if !files.is_empty() {
+            info!(files = files.len(), "closing files left open when the session ended");
+        }
+        futures::future::join_all(files.into_iter().map(close_file)).await;
+    }
+}
+
+/// Closes a file taken out of the handle table. If a request still holds it, that request's
+/// drop of the last reference flushes and releases it (`FileHandle`'s drop).
+async fn close_file(f: Arc<OpenFile>) {
+    if let Ok(f) = Arc::try_unwrap(f) {
+        let ino = f.handle.ino();
+        if let Err(e) = f.handle.close().await {
+            warn!(%ino, error = %e, "close failed");
+        }
+    }
+}
+
+/// The FUSE filesystem: cheap handle over [`Shared`].
+pub struct OdfsFuse {
+    shared: Arc<Shared>,
+}
+
+/// The reply types' common error method (fuser has no trait for it).
+trait ErrorReply: Send + 'static {
+    fn fail(self, errno: Errno);
+}
+
+macro_rules! error_reply {
+    ($($t:ty),* $(,)?) => {
+        $(impl ErrorReply for $t {
+            fn fail(self, errno: Errno) {
+                self.error(errno)
+            }
+        })*
+    };
+}
+
+error_reply!(
+    ReplyEntry,
+    ReplyAttr,
+    ReplyData,
+    ReplyEmpty,
+    ReplyOpen,
+    ReplyWrite,
+    ReplyStatfs,
+    ReplyCreate,
+    ReplyDirectory,
+    ReplyDirectoryPlus,
+    ReplyXattr,
+);
+
+type OpResult<T> = Result<T, FuseError>;
+
+fn ino(i: INodeNo) -> InodeId {
+    InodeId(i.0)
+}
+
+fn ctx_of(req: &Request) -> Ctx {
+    caller(req.uid(), req.gid(), req.pid())
+}
+
+/// For requests that name an inode the kernel got from a cached name: if metad no longer knows
+/// it (removed, or replaced by a rename on another node), the client library's cached
+/// attributes of it are dropped (its cached names then miss too) and the kernel gets ESTALE,
+/// on which it looks the path up again and retries (open, stat) instead of failing with ENOENT.
+fn gone(s: &Shared, i: InodeId, e: odfs_client::ClientError) -> FuseError {
+    if e.code() == ErrorCode::NotFound {
+        s.client.invalidate(i);
+        FuseError::Errno(libc::ESTALE)
+    } else {
+        FuseError::Client(e)
+    }
+}
+
+fn entry(reply: ReplyEntry, a: &Attr) {
+    reply.entry(&TTL, &file_attr(a), Generation(0));
+}
+
+impl OdfsFuse {
+    /// A filesystem over `client`, running its requests on `rt`.
+    pub fn new(client: Client, rt: tokio::runtime::Handle) -> OdfsFuse {
+        OdfsFuse {
+            shared: Arc::new(Shared {
+                client,
+                rt,
+                handles: Handles::default(),
+                parents: Parents::default(),
+                notifier: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// The state the mount runner needs after the filesystem moves into the session.
+    pub fn shared(&self) -> Arc<Shared> {
+        self.shared.clone()
+    }
+
+    /// Runs `work` as a task and replies with `done` on success or the error's errno.
+    fn spawn<R: ErrorReply, T: Send + 'static>(
+        &self,
+        op: &'static str,
+        reply: R,
+        work: impl Future<Output = OpResult<T>> + Send + 'static,
+        done: impl FnOnce(R, T) + Send + 'static,
+    ) {
+        self.shared.rt.spawn(async move {
+            match work.await {
+                Ok(v) => done(reply, v),
+                Err(e) => {
+                    let errno = e.errno();
+                    if errno == libc::EIO {
+                        warn!(op, error = %e, "request failed");
+                    } else {
+                        debug!(op, errno, error = %e, "request refused");
+                    }
+                    reply.fail(Errno::from_i32(errno));
+                }
+            }
+        });
+    }
+
+    /// The open file behind a FUSE file handle; `None` after replying EBADF.
+    fn open_file<R: ErrorReply>(&self, fh: FileHandle, reply: R) -> Option<(Arc<OpenFile>, R)> {
+        match self.shared.handles.get(fh.0) {
+            Some(f) => Some((f, reply)),
+            None => {
+                reply.fail(Errno::EBADF);
+                None
+            }
+        }
+    }
+}
+
+/// Attributes of `ino`, answered for open files even once metad has forgotten the inode (the
+/// last name went away while the file stays open, as POSIX allows).
+async fn getattr_any(s: &Shared, ctx: &Ctx, i: InodeId, fh: Option<u64>) -> OpResult<Attr> {
+    let open = fh.and_then(|fh| s.handles.get(fh));
+    let r = match &open {
+        Some(f) => f.handle.getattr().await,
+        None => s.client.getattr(ctx, i).await,
+    };
+    match r {
+        Ok(a) => Ok(a),
+        Err(e) if e.code() == ErrorCode::NotFound => match open.or_else(|| s.handles.by_ino(i.0)) {
+            Some(f) => {
+                let mut a = f.attr.clone();
+                a.nlink = 0;
+                a.size = f.handle.size().await;
+                Ok(a)
+            }
+            None => Err(gone(s, i, e)),
+        },
+        Err(e) => Err(e.into()),
+    }
+}
+
+impl Filesystem for OdfsFuse {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        if let Err(max) = config.set_max_write(MAX_WRITE) {
+            warn!(asked = MAX_WRITE, max, "kernel caps the write size");
+            let _ = config.set_max_write(max);
+        }
+        if let Err(max) = config.set_max_readahead(MAX_READAHEAD) {
+            // The kernel offers its current read-ahead as the maximum (128 KiB by default);
+            // the mount runner raises it through sysfs after mounting.
+            debug!(asked = MAX_READAHEAD, max, "kernel caps read-ahead at init");
+            let _ = config.set_max_readahead(max);
+        }
+        // Readdirplus: the kernel chooses per directory (AUTO) between plain listings and
+        // listings with attributes, saving a lookup per entry for `ls -l`-style walks.
+        // Atomic O_TRUNC: open(O_TRUNC) arrives as one open request instead of open + setattr.
+        // Parallel dirops: lookups and creates in one directory run concurrently (metad
+        // serialises what must be serialised).
+        // Not asked: writeback cache (the kernel would hold written data and sizes, outside the
+        // client library's close-to-open accounting), POSIX locks (left to the kernel, node-local).
+        for cap in [
+            InitFlags::FUSE_DO_READDIRPLUS,
+            InitFlags::FUSE_READDIRPLUS_AUTO,
+            InitFlags::FUSE_ATOMIC_O_TRUNC,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+        ] {
+            if let Err(missing) = config.add_capabilities(cap) {
+                info!(capability = ?missing, "kernel does not offer this FUSE capability");
+            }
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let (s, ctx, name) = (self.shared.clone(), ctx_of(req), name_bytes(name));
+        self.spawn(
+            "lookup",
+            reply,
+            async move {
+                let a = s.client.lookup(&ctx, ino(parent), &name).await?;
+                if a.kind == odfs_proto::meta::FileKind::Dir {
+                    s.parents.record(a.ino.0, parent.0);
+                }
+                Ok(a)
+            },
+            |reply, a| entry(reply, &a),
+        );
+    }
+
+    fn forget(&self, _req: &Request, i: INodeNo, _nlookup: u64) {
+        // The kernel dropped the inode; it looks it up again before any further use.
+        self.shared.parents.forget(i.0);
+    }
+
+    fn getattr(&self, req: &Request, i: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        let (s, ctx) = (self.shared.clone(), ctx_of(req));
+        self.spawn(
+            "getattr",
+            reply,
+            async move { getattr_any(&s, &ctx, ino(i), fh.map(|f| f.0)).await },
+            |reply, a| reply.attr(&TTL, &file_attr(&a)),
+        );
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        i: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let (s, ctx) = (self.shared.clone(), ctx_of(req));
+        self.spawn(
+            "setattr",
+            reply,
+            async move {
+                let mut size = size;
+                // ftruncate (and O_TRUNC without atomic truncation) names the handle: truncate
+                // through it so the open file's write-behind and size stay in step.
+                if let (Some(n), Some(f)) = (size, fh.and_then(|f| s.handles.get(f.0))) {
+                    f.handle.truncate(n).await?;
+                    size = None;
+                }
+                let req = SetAttr {
+                    ino: ino(i),
+                    mode: mode.map(|m| m & 0o7777),
+                    uid,
+                    gid,
+                    size,
+                    atime: atime.map(set_time),
+                    mtime: mtime.map(set_time),
+                };
+                s.client.setattr(&ctx, req).await.map_err(|e| gone(&s, ino(i), e))
+            },
+            |reply, a| reply.attr(&TTL, &file_attr(&a)),
+        );
+    }
+
+    fn readlink(&self, req: &Request, i: INodeNo, reply: ReplyData) {
+        let (s, ctx) = (self.shared.clone(), ctx_of(req));
+        self.spawn(
+            "readlink",
+            reply,
+            async move { s.client.readlink(&ctx, ino(i)).await.map_err(|e| gone(&s, ino(i), e)) },
+            |reply, t| reply.data(&t),
+        );
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        // odfs stores regular files, directories and symbolic links only; mknod(2) answers
+        // EPERM for node types a filesystem does not support.
+        let kind = mode & libc::S_IFMT;
+        if kind != 0 && kind != libc::S_IFREG {
+            reply.error(Errno::EPERM);
+            return;
+        }
+        let (s, ctx, name) = (self.shared.clone(), ctx_of(req), name_bytes(name));
+        self.spawn(
+            "mknod",
+            reply,
+            async move { Ok(s.client.create(&ctx, ino(parent), &name, mode & 0o7777, true, None).await?.attr) },
+            |reply, a| entry(reply, &a),
+        );
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
+        let (s, ctx, name) = (self.shared.clone(), ctx_of(req), name_bytes(name));
+        self.spawn(
+            "mkdir",
+            reply,
+            async move {
+                let a = s.client.mkdir(&ctx, ino(parent), &name, mode & 0o7777).await?;
+                s.parents.record(a.ino.0, parent.0);
+                Ok(a)
+            },
+            |reply, a| entry(reply, &a),
+        );
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (s, ctx, name) = (self.shared.clone(), ctx_of(req), name_bytes(name));
+        self.spawn(
+            "unlink",
+            reply,
+            async move { Ok(s.client.unlink(&ctx, ino(parent), &name).await?) },
+            |reply, ()| reply.ok(),
+        );
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (s, ctx, name) = (self.shared.clone(), ctx_of(req), name_bytes(name));
+        self.spawn("rmdir", reply, async move { Ok(s.client.rmdir(&ctx, ino(parent), &name).await?) }, |reply, ()| {
+            reply.ok()
+        });
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let (s, ctx, name) = (self.shared.clone(), ctx_of(req), name_bytes(link_name));
+        let target = target.as_os_str().as_bytes().to_vec();
+        self.spawn(
+            "symlink",
+            reply,
+            async move { Ok(s.client.symlink(&ctx, ino(parent), &name, &target).await?) },
+            |reply, a| entry(reply, &a),
+        );
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let known = RenameFlags::RENAME_NOREPLACE | RenameFlags::RENAME_EXCHANGE;
+        if !(flags - known).is_empty() {
+            // RENAME_WHITEOUT is for overlay filesystems' upper layers; odfs has no whiteouts.
+            reply.error(Errno::EINVAL);
+            return;
+        }
+        let mut pflags = 0;
+        if flags.contains(RenameFlags::RENAME_NOREPLACE) {
+            pflags |= RENAME_NOREPLACE;
+        }
+        if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            pflags |= RENAME_EXCHANGE;
+        }
+        let (s, ctx) = (self.shared.clone(), ctx_of(req));
+        let (name, newname) = (name_bytes(name), name_bytes(newname));
+        self.spawn(
+            "rename",
+            reply,
+            async move { Ok(s.client.rename(&ctx, ino(parent), &name, ino(newparent), &newname, pflags).await?) },
+            |reply, ()| reply.ok(),
+        );
+    }
+
+    fn link(&self, req: &Request, i: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let (s, ctx, name) = (self.shared.clone(), ctx_of(req), name_bytes(newname));
+        self.spawn(
+            "link",
+            reply,
+            async move { Ok(s.client.link(&ctx, ino(i), ino(newparent), &name).await?) },
+            |reply, a| entry(reply, &a),
+        );
+    }
+
+    fn open(&self, req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let acc = flags.acc_mode();
+        let read = acc != OpenAccMode::O_WRONLY;
+        let write = acc != OpenAccMode::O_RDONLY;
+        let truncate = flags.0 & libc::O_TRUNC != 0;
+        let append = flags.0 & libc::O_APPEND != 0;
+        let (s, ctx) = (self.shared.clone(), ctx_of(req));
+        self.spawn(
+            "open",
+            reply,
+            async move {
+                let handle =
+                    s.client.open(&ctx, ino(i), read, write, truncate).await.map_err(|e| gone(&s, ino(i), e))?;
+                // Served from the client's cache filled by the open (one round trip after O_TRUNC).
+                let attr = handle.getattr().await?;
+                let fh = s.handles.insert(OpenFile { handle, writable: write, append, attr });
+                s.invalidate_kernel_attrs(ino(i));
+                Ok(fh)
+            },
+            // No FOPEN_KEEP_CACHE: the kernel drops its cached pages at every open, which is
+            // what makes close-to-open hold for data read through the page cache.
+            |reply, fh| reply.opened(FileHandle(fh), FopenFlags::empty()),
+        );
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let Some((f, reply)) = self.open_file(fh, reply) else { return };
+        self.spawn("read", reply, async move { Ok(f.handle.read(offset, size).await?) }, |reply, d| reply.data(&d));
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let Some((f, reply)) = self.open_file(fh, reply) else { return };
+        let data = data.to_vec();
+        self.spawn(
+            "write",
+            reply,
+            async move {
+                // O_APPEND: the end of the file as this process sees it (its own unflushed
+                // writes included). The kernel runs one write per inode at a time, so appends
+                // through different descriptors of this mount do not interleave.
+                let offset = if f.append { f.handle.size().await } else { offset };
+                Ok(f.handle.write(offset, &data).await?)
+            },
+            |reply, n| reply.written(n as u32),
+        );
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        let Some((f, reply)) = self.open_file(fh, reply) else { return };
+        if !f.writable {
+            // Nothing of this handle to publish; the inode's data state is shared with this
+            // process's writers, whose own close publishes their writes (with their identity).
+            reply.ok();
+            return;
+        }
+        self.spawn("flush", reply, async move { Ok(f.handle.flush().await?) }, |reply, ()| reply.ok());
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let file = self.shared.handles.remove(fh.0);
+        self.spawn(
+            "release",
+            reply,
+            async move {
+                if let Some(f) = file {
+                    close_file(f).await;
+                }
+                Ok(())
+            },
+            |reply, ()| reply.ok(),
+        );
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        // fdatasync does the same: odfs has no metadata to skip that fsync would write (the
+        // size is part of what must be durable for the data to be readable).
+        let Some((f, reply)) = self.open_file(fh, reply) else { return };
+        self.spawn("fsync", reply, async move { Ok(f.handle.fsync().await?) }, |reply, ()| reply.ok());
+    }
+
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // Listings are stateless (offsets map to metad's stable cookies), so no handle is kept.
+        reply.opened(FileHandle(0), FopenFlags::empty());
+    }
+
+    fn readdir(&self, req: &Request, i: INodeNo, _fh: FileHandle, offset: u64, reply: ReplyDirectory) {
+        let (s, ctx) = (self.shared.clone(), ctx_of(req));
+        let parent = INodeNo(self.shared.parents.parent_of(i.0));
+        self.spawn(
+            "readdir",
+            reply,
+            async move {
+                let cookie = offset.saturating_sub(DOTDOT_OFFSET);
+                Ok(s.client.readdir(&ctx, ino(i), cookie, READDIR_BATCH, false).await?)
+            },
+            move |mut reply, r| {
+                // Offsets: "." 1, ".." 2, the entry with client cookie c at c + 2 (metad's
+                // cookies start at 1), so an offset always resumes right after its entry.
+                if offset < DOT_OFFSET && reply.add(i, DOT_OFFSET, fuser::FileType::Directory, ".") {
+                    return reply.ok();
+                }
+                if offset < DOTDOT_OFFSET && reply.add(parent, DOTDOT_OFFSET, fuser::FileType::Directory, "..") {
+                    return reply.ok();
+                }
+                for e in r.entries {
+                    let off = e.cookie + DOTDOT_OFFSET;
+                    if reply.add(INodeNo(e.ino.0), off, file_type(e.kind), OsStr::from_bytes(&e.name)) {
+                        break;
+                    }
+                }
+                reply.ok()
+            },
+        );
+    }
+
+    fn readdirplus(&self, req: &Request, i: INodeNo, _fh: FileHandle, offset: u64, reply: ReplyDirectoryPlus) {
+        let (s, ctx) = (self.shared.clone(), ctx_of(req));
+        let parent = self.shared.parents.parent_of(i.0);
+        let s2 = self.shared.clone();
+        self.spawn(
+            "readdirplus",
+            reply,
+            async move {
+                // A listing cannot be retried by the kernel: errors go out as they are (a
+                // removed directory answers ENOENT, as Linux does).
+                let me = if offset < DOTDOT_OFFSET { Some(s.client.getattr(&ctx, ino(i)).await?) } else { None };
+                let cookie = offset.saturating_sub(DOTDOT_OFFSET);
+                let r = s.client.readdir(&ctx, ino(i), cookie, READDIRPLUS_BATCH, true).await?;
+                if r.entries.iter().any(|e| e.attr.is_none()) {
+                    return Err(FuseError::Errno(libc::EIO));
+                }
+                Ok((me, r))
+            },
+            move |mut reply, (me, r)| {
+                if let Some(me) = me {
+                    let me = file_attr(&me);
+                    if offset < DOT_OFFSET && reply.add(i, DOT_OFFSET, ".", &TTL, &me, Generation(0)) {
+                        return reply.ok();
+                    }
+                    // The kernel takes no attributes from "." and ".." entries, only the inode
+                    // number that readdir shows; fuser takes that number from the attributes.
+                    let up = fuser::FileAttr { ino: INodeNo(parent), ..me };
+                    if reply.add(INodeNo(parent), DOTDOT_OFFSET, "..", &TTL, &up, Generation(0)) {
+                        return reply.ok();
+                    }
+                }
+                for e in r.entries {
+                    let Some(a) = &e.attr else { break };
+                    let off = e.cookie + DOTDOT_OFFSET;
+                    let fa = file_attr(a);
+                    if reply.add(INodeNo(e.ino.0), off, OsStr::from_bytes(&e.name), &TTL, &fa, Generation(0)) {
+                        break;
+                    }
+                    if fa.kind == fuser::FileType::Directory {
+                        s2.parents.record(e.ino.0, i.0);
+                    }
+                }
+                reply.ok()
+            },
+        );
+    }
+
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        // metad logs every namespace change before acknowledging it: nothing is pending.
+        reply.ok();
+    }
+
+    fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let (s, ctx) = (self.shared.clone(), ctx_of(req));
+        self.spawn("statfs", reply, async move { Ok(s.client.statfs(&ctx).await?) }, |reply, st| {
+            let (blocks, bfree, bavail, files, ffree) = statfs_blocks(&st);
+            reply.statfs(blocks, bfree, bavail, files, ffree, STATFS_BSIZE, NAMELEN, STATFS_BSIZE)
+        });
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        i: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        if name.as_bytes() == FILE_CAPS {
+            // File capabilities are ignored by exec on a nosuid mount; refusing them keeps the
+            // answer of getxattr (which never asks metad for them) true.
+            reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+            return;
+        }
+        let mut pflags = 0;
+        if flags & libc::XATTR_CREATE != 0 {
+            pflags |= XATTR_CREATE;
+        }
+        if flags & libc::XATTR_REPLACE != 0 {
+            pflags |= XATTR_REPLACE;
+        }
+        let (s, ctx, name, value) = (self.shared.clone(), ctx_of(req), name_bytes(name), value.to_vec());
+        self.spawn(
+            "setxattr",
+            reply,
+            async move { s.client.setxattr(&ctx, ino(i), &name, &value, pflags).await.map_err(|e| gone(&s, ino(i), e)) },
+            |reply, ()| reply.ok(),
+        );
+    }
+
+    fn getxattr(&self, req: &Request, i: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        if name.as_bytes() == FILE_CAPS {
+            // Asked by the kernel before every write(2) (to drop capabilities of a modified
+            // file). File capabilities have no effect on this nosuid mount and cannot be set
+            // (see setxattr): answer without a metad round trip.
+            reply.error(Errno::from_i32(libc::ENODATA));
+            return;
+        }
+        let (s, ctx, name) = (self.shared.clone(), ctx_of(req), name_bytes(name));
+        self.spawn(
+            "getxattr",
+            reply,
+            async move { s.client.getxattr(&ctx, ino(i), &name).await.map_err(|e| gone(&s, ino(i), e)) },
+            move |reply, v| sized_reply(reply, size, &v),
+        );
+    }
+
+    fn listxattr(&self, req: &Request, i: INodeNo, size: u32, reply: ReplyXattr) {
+        let (s, ctx) = (self.shared.clone(), ctx_of(req));
+        self.spawn(
+            "listxattr",
+            reply,
+            async move { s.client.listxattr(&ctx, ino(i)).await.map_err(|e| gone(&s, ino(i), e)) },
+            move |reply, names| sized_reply(reply, size, &xattr_list(&names)),
+        );
+    }
+
+    fn removexattr(&self, req: &Request, i: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (s, ctx, name) = (self.shared.clone(), ctx_of(req), name_bytes(name));
+        self.spawn(
+            "removexattr",
+            reply,
+            async move { s.client.removexattr(&ctx, ino(i), &name).await.map_err(|e| gone(&s, ino(i), e)) },
+            |reply, ()| reply.ok(),
+        );
+    }
+
+    fn access(&self, req: &Request, i: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        // Only called without default_permissions; kept so such a mount still checks at metad.
+        let (s, ctx) = (self.shared.clone(), ctx_of(req));
+        let mask = (mask.bits() & 7) as u32;
+        self.spawn(
+            "access",
+            reply,
+            async move { s.client.access(&ctx, ino(i), mask).await.map_err(|e| gone(&s, ino(i), e)) },
+            |reply, ()| reply.ok(),
+        );
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let exclusive = flags & libc::O_EXCL != 0;
+        let truncate = flags & libc::O_TRUNC != 0;
+        let append = flags & libc::O_APPEND != 0;
+        let (s, ctx, name) = (self.shared.clone(), ctx_of(req), name_bytes(name));
+        self.spawn(
+            "create",
+            reply,
+            async move {
+                let (r, handle) =
+                    s.client.create_open(&ctx, ino(parent), &name, mode & 0o7777, exclusive, None).await?;
+                let mut attr = r.attr;
+                // The name appeared (another node) between the kernel's lookup and this create:
+                // the existing file was opened, and O_TRUNC still applies to it.
+                if !r.created && truncate {
+                    handle.truncate(0).await?;
+                    attr = handle.getattr().await?;
+                }
+                let fh = s.handles.insert(OpenFile { handle, writable: true, append, attr: attr.clone() });
+                Ok((fh, attr))
+            },
+            |reply, (fh, a)| reply.created(&TTL, &file_attr(&a), Generation(0), FileHandle(fh), FopenFlags::empty()),
+        );
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        // odfs files have no ioctls. ENOTTY is the answer of a file without them; isatty(3),
+        // which many runtimes call at every open, asks through here (fuser's default would log
+        // a warning each time).
+        reply.error(Errno::from_i32(libc::ENOTTY));
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        // Mode 0 (allocate, extend the size) only: odfs does not reserve space, so allocating
+        // means making the size cover the range. Punching holes, collapsing, zeroing ranges and
+        // keeping the size are not supported.
+        if mode != 0 {
+            reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+            return;
+        }
+        let Some((f, reply)) = self.open_file(fh, reply) else { return };
+        self.spawn(
+            "fallocate",
+            reply,
+            async move {
+                let end = offset.checked_add(length).ok_or(FuseError::Errno(libc::EFBIG))?;
+                if end > f.handle.size().await {
+                    f.handle.truncate(end).await?;
+                }
+                Ok(())
+            },
+            |reply, ()| reply.ok(),
+        );
+    }
+}
+
+/// Replies to getxattr/listxattr: the size for a size-0 probe, ERANGE when the caller's buffer
+/// is too small, the bytes otherwise.
+fn sized_reply(reply: ReplyXattr, size: u32, bytes: &[u8]) {
+    if size == 0 {
+        reply.size(bytes.len() as u32);
+    } else if bytes.len() > size as usize {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(bytes);
+    }
+}

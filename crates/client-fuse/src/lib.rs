@@ -1,0 +1,24 @@
+//! The odfs FUSE mount: a thin adapter from the kernel's FUSE requests to the odfs client
+//! library (`odfs-client`).
+//!
+//! Owns: translating FUSE requests and replies (inode numbers are odfs inode ids, generation
+//! 0), the table of open file handles, reply TTLs, the kernel settings negotiated at mount, the
+//! mount options, and the life of one mount (connect, mount, serve, flush and unmount on
+//! SIGTERM). It must not implement filesystem behaviour: permissions, caching, striping,
+//! write-behind and consistency belong to the client library and metad.
+//!
+//! Consistency through the mount is the library's close-to-open model, plus the kernel's caches:
+//! names and attributes are trusted for 1 s (`fs::TTL`), the page cache is dropped at every
+//! open, and the kernel is told to refetch attributes at every open. There is no writeback
+//! cache: every write(2) reaches the client library before it returns, so the library's
+//! write-behind and error reporting stay the only buffering.
+
+pub mod attr;
+pub mod error;
+pub mod fs;
+pub mod handles;
+pub mod mount;
+
+pub use error::FuseError;
+pub use fs::OdfsFuse;
+pub use mount::{run, MountArgs};

@@ -1,0 +1,885 @@
+//! End-to-end tests of the FUSE mount: a real filesystem (`odfs local up --no-mount`), the
+//! `odfs-fuse` binary mounted on a temporary directory, and plain std::fs / libc calls on the
+//! mount. Where it matters, what went in through the mount is read back through the client
+//! library (another "node") and the other way round, so bytes are checked at odfs, not only in
+//! the kernel's page cache.
+//!
+//! Needs root and /dev/fuse; without the device the tests fail and say so.
+
+use odfs_client::{Client, Ctx};
+use odfs_proto::InodeId;
+use odfs_tests::*;
+use std::collections::HashSet;
+use std::ffi::{CStr, CString};
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::IntoRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const CHUNK: usize = 65536;
+
+/// One line of /proc/self/mountinfo.
+struct MountLine {
+    minor: u32,
+    fstype: String,
+    source: String,
+    options: String,
+}
+
+fn mount_line(path: &Path) -> Option<MountLine> {
+    let text = fs::read_to_string("/proc/self/mountinfo").expect("read mountinfo");
+    text.lines().rev().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        let f: Vec<&str> = left.split(' ').collect();
+        if Path::new(&f.get(4)?.replace("\\040", " ")) != path {
+            return None;
+        }
+        let r: Vec<&str> = right.split(' ').collect();
+        Some(MountLine {
+            minor: f.get(2)?.split(':').nth(1)?.parse().ok()?,
+            fstype: r.first()?.to_string(),
+            source: r.get(1)?.to_string(),
+            options: r.get(2).unwrap_or(&"").to_string(),
+        })
+    })
+}
+
+fn odfs_fuse_bin() -> PathBuf {
+    let bin = bin_dir().join("odfs-fuse");
+    assert!(bin.is_file(), "{} is missing: build it first (cargo build -p odfs-client-fuse)", bin.display());
+    bin
+}
+
+/// `odfs-fuse` mounted for the life of the guard; drop unmounts (fusermount3 -u, else a lazy
+/// umount) and makes sure the process is gone.
+struct FuseMount {
+    child: Child,
+    path: PathBuf,
+    log: PathBuf,
+}
+
+impl FuseMount {
+    fn start(fs: &LocalFs) -> FuseMount {
+        Self::start_with(fs, &[])
+    }
+
+    fn start_with(fs: &LocalFs, extra: &[&str]) -> FuseMount {
+        assert!(
+            Path::new("/dev/fuse").exists(),
+            "/dev/fuse is missing: these tests mount a FUSE filesystem and need the fuse kernel module \
+             (modprobe fuse) and, in a container, the device (--device /dev/fuse)"
+        );
+        let path = fs.root().join("mnt");
+        fs::create_dir_all(&path).expect("mount point");
+        let path = path.canonicalize().expect("canonical mount point");
+        let log = fs.root().join("fuse.log");
+        let out = File::create(&log).expect("fuse log");
+        let child = Command::new(odfs_fuse_bin())
+            .arg("--fs")
+            .arg(fs.config_path())
+            .arg("--mountpoint")
+            .arg(&path)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("log fd"))
+            .stderr(out)
+            .spawn()
+            .expect("start odfs-fuse");
+        let mut m = FuseMount { child, path, log };
+        let start = Instant::now();
+        loop {
+            if let Some(l) = mount_line(&m.path) {
+                if l.fstype == "fuse.odfs" {
+                    return m;
+                }
+            }
+            if let Ok(Some(st)) = m.child.try_wait() {
+                panic!("odfs-fuse exited ({st}) before mounting:\n{}", m.log_text());
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{} was not mounted as fuse.odfs within 10 s:\n{}",
+                m.path.display(),
+                m.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn p(&self, rel: &str) -> PathBuf {
+        self.path.join(rel)
+    }
+
+    /// Waits (bounded) for the process to exit and returns its status.
+    fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for FuseMount {
+    fn drop(&mut self) {
+        if mount_line(&self.path).is_some_and(|l| l.fstype.starts_with("fuse")) {
+            let ok = Command::new("fusermount3").arg("-u").arg(&self.path).status().is_ok_and(|s| s.success());
+            if !ok {
+                let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+            }
+        }
+        if self.wait_exit(Duration::from_secs(5)).is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else {
+                out.push(e.path().to_string_lossy().into_owned());
+            }
+        }
+    }
+    out
+}
+
+fn errno<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
+    r.expect_err("expected an error").raw_os_error().expect("an OS error")
+}
+
+fn cpath(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).expect("no NUL in path")
+}
+
+/// Fails with the first differing offset instead of printing megabytes.
+fn assert_bytes(got: &[u8], want: &[u8], what: &str) {
+    if got != want {
+        let at = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
+        panic!("{what}: {} bytes read, {} expected; first difference at offset {at}", got.len(), want.len());
+    }
+}
+
+/// Every (name, inode) of a directory, read with getdents64(2) and a buffer of `bufsize` bytes.
+fn getdents(dir: &Path, bufsize: usize) -> Vec<(String, u64)> {
+    let file = File::open(dir).expect("open directory");
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+    let mut buf = vec![0u8; bufsize];
+    let mut out = Vec::new();
+    loop {
+        // SAFETY: a valid descriptor and a buffer of `bufsize` bytes.
+        let n = unsafe { libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), bufsize) };
+        assert!(n >= 0, "getdents64: {}", std::io::Error::last_os_error());
+        if n == 0 {
+            return out;
+        }
+        let mut at = 0;
+        while at < n as usize {
+            // struct linux_dirent64: u64 ino, i64 off, u16 reclen, u8 type, NUL-terminated name.
+            let ino = u64::from_ne_bytes(buf[at..at + 8].try_into().unwrap());
+            let reclen = u16::from_ne_bytes(buf[at + 16..at + 18].try_into().unwrap()) as usize;
+            let name = CStr::from_bytes_until_nul(&buf[at + 19..at + reclen]).expect("NUL-terminated name");
+            out.push((name.to_string_lossy().into_owned(), ino));
+            at += reclen;
+        }
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
+}
+
+/// Reads a whole file through the client library (a second client: another node).
+async fn lib_read(c: &Client, path: &str) -> Vec<u8> {
+    let ctx = Ctx::root();
+    let a = c.resolve(&ctx, path, true).await.expect("resolve");
+    let h = c.open(&ctx, a.ino, true, false, false).await.expect("open");
+    let mut out = Vec::new();
+    loop {
+        let d = h.read(out.len() as u64, 4 << 20).await.expect("read");
+        if d.is_empty() {
+            break;
+        }
+        out.extend_from_slice(&d);
+    }
+    h.close().await.expect("close");
+    out
+}
+
+async fn lib_write(c: &Client, name: &str, data: &[u8]) {
+    let (_, h) = c.create_open(&Ctx::root(), InodeId::ROOT, name.as_bytes(), 0o644, false, None).await.expect("create");
+    h.truncate(0).await.expect("truncate");
+    h.write(0, data).await.expect("write");
+    h.close().await.expect("close");
+}
+
+#[test]
+fn mount_shows_as_fuse_odfs_and_data_round_trips() {
+    let fs = LocalFs::up(2, &["--chunk-size", "65536", "--stripe-count", "2"]);
+    let m = FuseMount::start(&fs);
+    let rt = runtime();
+    let c = rt.block_on(fs.client());
+
+    // The mount as the system sees it.
+    let line = mount_line(&m.path).expect("mounted");
+    assert_eq!(line.fstype, "fuse.odfs");
+    assert!(line.source.starts_with("odfs:"), "source {}", line.source);
+    assert!(line.options.contains("default_permissions"), "options {}", line.options);
+    assert!(!line.options.contains("allow_other"), "allow_other without --allow-other: {}", line.options);
+    let ra = fs::read_to_string(format!("/sys/class/bdi/0:{}/read_ahead_kb", line.minor)).expect("bdi read-ahead");
+    assert_eq!(ra.trim(), "1024");
+
+    // 8 MiB across 128 chunks of 64 KiB, in and back out, and at odfs through the library.
+    let big = pattern(8 << 20, 1);
+    fs::write(m.p("big"), &big).unwrap();
+    assert_bytes(&fs::read(m.p("big")).unwrap(), &big, "8 MiB through the mount");
+    let st = fs::metadata(m.p("big")).unwrap();
+    assert_eq!((st.len(), st.blocks(), st.blksize()), (8 << 20, (8 << 20) / 512, CHUNK as u64));
+    assert_bytes(&rt.block_on(lib_read(&c, "/big")), &big, "8 MiB read by another client");
+
+    // Written by another client, read through the mount (close-to-open) -- also after the
+    // kernel cached the old size: the open makes it ask again.
+    let v1 = pattern(100_000, 2);
+    rt.block_on(lib_write(&c, "other", &v1));
+    assert_bytes(&fs::read(m.p("other")).unwrap(), &v1, "written elsewhere, read through the mount");
+    assert_eq!(fs::metadata(m.p("other")).unwrap().len(), 100_000);
+    let v2 = pattern(300_000, 3);
+    rt.block_on(lib_write(&c, "other", &v2));
+    assert_bytes(&fs::read(m.p("other")).unwrap(), &v2, "rewritten elsewhere within the attribute TTL");
+    // Replaced elsewhere (new file renamed over the name) while the kernel still trusts the
+    // name: the open finds the old inode gone and the kernel looks the name up again.
+    let old_ino = fs::metadata(m.p("other")).unwrap().ino();
+    let v3 = pattern(5000, 8);
+    rt.block_on(async {
+        lib_write(&c, "other.tmp", &v3).await;
+        c.rename(&Ctx::root(), InodeId::ROOT, b"other.tmp", InodeId::ROOT, b"other", 0).await.unwrap();
+    });
+    assert_bytes(&fs::read(m.p("other")).unwrap(), &v3, "replaced elsewhere within the entry TTL");
+    assert_ne!(fs::metadata(m.p("other")).unwrap().ino(), old_ino);
+
+    // Odd offsets across chunk boundaries (pwrite/pread), holes between them read as zeros.
+    let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(m.p("odd")).unwrap();
+    let a = pattern(3, 4);
+    let b = pattern(70_001, 5);
+    f.write_all_at(&a, CHUNK as u64 - 1).unwrap();
+    f.write_all_at(&b, 2 * CHUNK as u64 - 7).unwrap();
+    let end = 2 * CHUNK - 7 + b.len();
+    let mut want = vec![0u8; end];
+    want[CHUNK - 1..CHUNK + 2].copy_from_slice(&a);
+    want[2 * CHUNK - 7..].copy_from_slice(&b);
+    let mut got = vec![0u8; end];
+    f.read_exact_at(&mut got, 0).unwrap();
+    assert_bytes(&got, &want, "pread of the whole odd-offset file");
+    let mut mid = vec![0u8; 12_345];
+    f.read_exact_at(&mut mid, 2 * CHUNK as u64 - 1001).unwrap();
+    assert_bytes(&mid, &want[2 * CHUNK - 1001..2 * CHUNK - 1001 + 12_345], "pread at an odd offset");
+    let mut past = [7u8; 10];
+    assert_eq!(f.read_at(&mut past, end as u64).unwrap(), 0, "read at end of file");
+    drop(f);
+    assert_bytes(&rt.block_on(lib_read(&c, "/odd")), &want, "odd offsets at odfs");
+
+    // Sparse: seek far past the end and write; everything before reads as zeros.
+    let mut f = File::create(m.p("sparse")).unwrap();
+    let far = 10 * CHUNK as u64 + 123;
+    f.seek(SeekFrom::Start(far)).unwrap();
+    f.write_all(b"end").unwrap();
+    drop(f);
+    let s = fs::read(m.p("sparse")).unwrap();
+    assert_eq!(s.len() as u64, far + 3);
+    assert!(s[..far as usize].iter().all(|&x| x == 0), "hole must read as zeros");
+    assert_eq!(&s[far as usize..], b"end");
+
+    // Truncate down and up (path and descriptor).
+    let t = pattern(5000, 6);
+    fs::write(m.p("trunc"), &t).unwrap();
+    let f = OpenOptions::new().write(true).open(m.p("trunc")).unwrap();
+    f.set_len(1000).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 1000);
+    f.set_len(3 * CHUNK as u64).unwrap();
+    drop(f);
+    let got = fs::read(m.p("trunc")).unwrap();
+    assert_eq!(got.len(), 3 * CHUNK);
+    assert_bytes(&got[..1000], &t[..1000], "kept prefix after truncate down");
+    assert!(got[1000..].iter().all(|&x| x == 0), "truncate up must read as zeros");
+    // SAFETY: a valid path.
+    assert_eq!(unsafe { libc::truncate(cpath(&m.p("trunc")).as_ptr(), 10) }, 0);
+    assert_bytes(&fs::read(m.p("trunc")).unwrap(), &t[..10], "path truncate");
+
+    // fallocate mode 0 extends; other modes are refused.
+    let f = OpenOptions::new().read(true).write(true).open(m.p("trunc")).unwrap();
+    // SAFETY: a valid descriptor.
+    assert_eq!(unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), 0, 0, 200_000) }, 0);
+    assert_eq!(f.metadata().unwrap().len(), 200_000);
+    // SAFETY: a valid descriptor.
+    let r = unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), libc::FALLOC_FL_PUNCH_HOLE | 1, 0, 10) };
+    assert_eq!(r, -1);
+    assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EOPNOTSUPP));
+    drop(f);
+
+    // fsync publishes data and size while the file stays open.
+    let mut f = File::create(m.p("synced")).unwrap();
+    let d = pattern(3 * CHUNK + 17, 7);
+    f.write_all(&d).unwrap();
+    f.sync_all().unwrap();
+    assert_bytes(&rt.block_on(lib_read(&c, "/synced")), &d, "fsynced data seen by another client before close");
+    f.write_all(b"more").unwrap();
+    f.sync_data().unwrap();
+    assert_eq!(rt.block_on(lib_read(&c, "/synced")).len(), d.len() + 4);
+    drop(f);
+}
+
+#[test]
+fn reads_right_after_writes_see_them() {
+    // Pages the kernel holds (fully written ones) split one pread(2) into several reads sent in
+    // parallel; each must see every write acknowledged before it, not only the first read to
+    // wait for the writes still in flight.
+    let fs = LocalFs::up(2, &["--chunk-size", "65536", "--stripe-count", "2"]);
+    let m = FuseMount::start(&fs);
+    for round in 0..100u64 {
+        let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(m.p("rw")).unwrap();
+        let a = pattern(3, round);
+        let b = pattern(70_001 + round as usize, round + 1000);
+        let at_a = CHUNK - 1 + (round as usize % 3) * CHUNK;
+        let at_b = at_a + CHUNK - 6;
+        f.write_all_at(&a, at_a as u64).unwrap();
+        f.write_all_at(&b, at_b as u64).unwrap();
+        let mut want = vec![0u8; at_b + b.len()];
+        want[at_a..at_a + 3].copy_from_slice(&a);
+        want[at_b..].copy_from_slice(&b);
+        let mut got = vec![0u8; want.len()];
+        f.read_exact_at(&mut got, 0).unwrap();
+        assert_bytes(&got, &want, &format!("round {round}"));
+    }
+}
+
+#[test]
+fn open_flags_and_open_unlinked_files() {
+    let fs = LocalFs::up(1, &["--chunk-size", "65536"]);
+    let m = FuseMount::start(&fs);
+
+    // O_CREAT|O_EXCL on an existing name.
+    fs::write(m.p("x"), b"first").unwrap();
+    assert_eq!(errno(OpenOptions::new().write(true).create_new(true).open(m.p("x"))), libc::EEXIST);
+    let mut f = OpenOptions::new().write(true).create_new(true).open(m.p("fresh")).unwrap();
+    f.write_all(b"new").unwrap();
+    drop(f);
+    assert_eq!(fs::read(m.p("fresh")).unwrap(), b"new");
+
+    // O_TRUNC empties the file before writing.
+    fs::write(m.p("t"), pattern(100_000, 1)).unwrap();
+    let mut f = OpenOptions::new().write(true).truncate(true).open(m.p("t")).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 0);
+    f.write_all(b"abc").unwrap();
+    drop(f);
+    assert_eq!(fs::read(m.p("t")).unwrap(), b"abc");
+
+    // O_APPEND from two descriptors: every write lands at the end, none overwrites another.
+    fs::write(m.p("log"), b"start;").unwrap();
+    let mut a = OpenOptions::new().append(true).open(m.p("log")).unwrap();
+    let mut b = OpenOptions::new().append(true).open(m.p("log")).unwrap();
+    a.write_all(b"a1;").unwrap();
+    b.write_all(b"b1;").unwrap();
+    a.write_all(b"a2;").unwrap();
+    b.write_all(&[b'b'; 70_000]).unwrap();
+    a.write_all(b";a3").unwrap();
+    drop((a, b));
+    let mut want = b"start;a1;b1;a2;".to_vec();
+    want.extend_from_slice(&[b'b'; 70_000]);
+    want.extend_from_slice(b";a3");
+    assert_bytes(&fs::read(m.p("log")).unwrap(), &want, "appends from two descriptors");
+    // Appended to by another client while the kernel still holds the old size: an O_APPEND
+    // write still lands at the real end of the file.
+    let rt = runtime();
+    let c = rt.block_on(fs.client());
+    assert_eq!(fs::metadata(m.p("log")).unwrap().len(), want.len() as u64);
+    rt.block_on(async {
+        let a = c.resolve(&Ctx::root(), "/log", true).await.unwrap();
+        let h = c.open(&Ctx::root(), a.ino, false, true, false).await.unwrap();
+        h.write(a.size, b";elsewhere").await.unwrap();
+        h.close().await.unwrap();
+    });
+    let mut a = OpenOptions::new().append(true).open(m.p("log")).unwrap();
+    a.write_all(b";here").unwrap();
+    drop(a);
+    want.extend_from_slice(b";elsewhere;here");
+    assert_bytes(&rt.block_on(lib_read(&c, "/log")), &want, "append after another client appended");
+
+    // Unlinked while open: the name is gone, the open descriptor still reads and stats.
+    let data = pattern(200_000, 2);
+    fs::write(m.p("gone"), &data).unwrap();
+    let mut f = File::open(m.p("gone")).unwrap();
+    fs::remove_file(m.p("gone")).unwrap();
+    assert_eq!(errno(fs::metadata(m.p("gone"))), libc::ENOENT);
+    // Past the kernel's attribute TTL, so reads and fstat go back to the daemon.
+    std::thread::sleep(Duration::from_millis(2100));
+    let st = f.metadata().unwrap();
+    assert_eq!((st.len(), st.nlink()), (200_000, 0));
+    let mut got = Vec::new();
+    f.read_to_end(&mut got).unwrap();
+    assert_bytes(&got, &data, "read through a descriptor of an unlinked file");
+    drop(f);
+    assert_eq!(errno(File::open(m.p("gone"))), libc::ENOENT);
+
+    // The temporary-file pattern: create, unlink, then write, fsync, read back and close, all
+    // without error (Python's tempfile.TemporaryFile does this on filesystems without O_TMPFILE).
+    let mut f = OpenOptions::new().read(true).write(true).create_new(true).open(m.p("tmp")).unwrap();
+    let chunk_name = format!("{:016x}", f.metadata().unwrap().ino());
+    fs::remove_file(m.p("tmp")).unwrap();
+    let scratch = pattern(3 * CHUNK + 5, 3);
+    f.write_all(&scratch).unwrap();
+    f.sync_all().unwrap();
+    let mut got = vec![0u8; scratch.len()];
+    f.read_exact_at(&mut got, 0).unwrap();
+    assert_bytes(&got, &scratch, "read back from an unlinked scratch file");
+    let fd = f.into_raw_fd();
+    // SAFETY: closing the descriptor we own, to see close(2)'s own result.
+    assert_eq!(unsafe { libc::close(fd) }, 0, "close of an unlinked written file: {}", std::io::Error::last_os_error());
+    // Its chunks went with the last close: nothing of it is left on the targets.
+    let start = Instant::now();
+    while let Some(p) = walk(&fs.node_dir(0)).into_iter().find(|p| p.ends_with(&chunk_name)) {
+        assert!(start.elapsed() < Duration::from_secs(5), "chunk file {p} left behind after the last close");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn namespace_operations_through_the_mount() {
+    let fs = LocalFs::up(1, &[]);
+    let m = FuseMount::start(&fs);
+
+    // mkdir / rmdir and their errors.
+    fs::create_dir(m.p("d")).unwrap();
+    assert_eq!(errno(fs::create_dir(m.p("d"))), libc::EEXIST);
+    fs::write(m.p("d/f"), b"in d").unwrap();
+    assert_eq!(errno(fs::remove_dir(m.p("d"))), libc::ENOTEMPTY);
+    assert_eq!(errno(fs::remove_dir(m.p("d/f"))), libc::ENOTDIR);
+    assert_eq!(errno(fs::remove_file(m.p("d"))), libc::EISDIR);
+    assert_eq!(errno(fs::remove_dir(m.p("nothing"))), libc::ENOENT);
+    assert_eq!(errno(fs::create_dir(m.p("d/f/sub"))), libc::ENOTDIR);
+    fs::create_dir(m.p("empty")).unwrap();
+    fs::remove_dir(m.p("empty")).unwrap();
+    assert_eq!(errno(fs::metadata(m.p("empty"))), libc::ENOENT);
+
+    // mknod: regular files only.
+    // SAFETY: valid paths; plain mknod(2).
+    assert_eq!(unsafe { libc::mknod(cpath(&m.p("fifo")).as_ptr(), libc::S_IFIFO | 0o644, 0) }, -1);
+    assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EPERM));
+    assert_eq!(errno(fs::metadata(m.p("fifo"))), libc::ENOENT);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::mknod(cpath(&m.p("node")).as_ptr(), libc::S_IFREG | 0o600, 0) }, 0);
+    let st = fs::metadata(m.p("node")).unwrap();
+    assert_eq!((st.mode() & libc::S_IFMT, st.mode() & 0o7777, st.len()), (libc::S_IFREG, 0o600, 0));
+
+    // rename: replace a file, across directories, a whole directory, and the flags.
+    fs::write(m.p("src"), b"source").unwrap();
+    fs::write(m.p("dst"), b"old destination").unwrap();
+    let src_ino = fs::metadata(m.p("src")).unwrap().ino();
+    fs::rename(m.p("src"), m.p("dst")).unwrap();
+    assert_eq!(fs::read(m.p("dst")).unwrap(), b"source");
+    assert_eq!(fs::metadata(m.p("dst")).unwrap().ino(), src_ino);
+    assert_eq!(errno(fs::metadata(m.p("src"))), libc::ENOENT);
+    fs::create_dir(m.p("e")).unwrap();
+    fs::rename(m.p("dst"), m.p("e/moved")).unwrap();
+    assert_eq!(fs::read(m.p("e/moved")).unwrap(), b"source");
+    fs::rename(m.p("d"), m.p("e/d2")).unwrap();
+    assert_eq!(fs::read(m.p("e/d2/f")).unwrap(), b"in d");
+    assert_eq!(errno(fs::metadata(m.p("d"))), libc::ENOENT);
+    fs::create_dir(m.p("full")).unwrap();
+    fs::write(m.p("full/x"), b"x").unwrap();
+    assert_eq!(errno(fs::rename(m.p("e/d2"), m.p("full"))), libc::ENOTEMPTY);
+    fs::write(m.p("p"), b"P").unwrap();
+    fs::write(m.p("q"), b"Q").unwrap();
+    let renameat2 = |a: &str, b: &str, flags: u32| {
+        // SAFETY: valid paths; plain renameat2(2).
+        let r = unsafe {
+            libc::renameat2(libc::AT_FDCWD, cpath(&m.p(a)).as_ptr(), libc::AT_FDCWD, cpath(&m.p(b)).as_ptr(), flags)
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    assert_eq!(errno(renameat2("p", "q", libc::RENAME_NOREPLACE)), libc::EEXIST);
+    renameat2("p", "q", libc::RENAME_EXCHANGE).unwrap();
+    assert_eq!((fs::read(m.p("p")).unwrap(), fs::read(m.p("q")).unwrap()), (b"Q".to_vec(), b"P".to_vec()));
+    renameat2("p", "r", libc::RENAME_NOREPLACE).unwrap();
+    assert_eq!(fs::read(m.p("r")).unwrap(), b"Q");
+
+    // Hard links: counts on every name, data shared, survives the first name.
+    fs::write(m.p("h1"), b"linked").unwrap();
+    fs::hard_link(m.p("h1"), m.p("e/h2")).unwrap();
+    let (a, b) = (fs::metadata(m.p("h1")).unwrap(), fs::metadata(m.p("e/h2")).unwrap());
+    assert_eq!((a.nlink(), b.nlink(), a.ino()), (2, 2, b.ino()));
+    fs::hard_link(m.p("h1"), m.p("h3")).unwrap();
+    assert_eq!(fs::metadata(m.p("e/h2")).unwrap().nlink(), 3);
+    fs::remove_file(m.p("h1")).unwrap();
+    assert_eq!(fs::metadata(m.p("h3")).unwrap().nlink(), 2);
+    assert_eq!(fs::read(m.p("e/h2")).unwrap(), b"linked");
+    assert_eq!(errno(fs::hard_link(m.p("e"), m.p("elink"))), libc::EPERM);
+    assert_eq!(errno(fs::hard_link(m.p("h3"), m.p("e/h2"))), libc::EEXIST);
+
+    // Symbolic links: target kept verbatim, followed on open, dangling ones fail.
+    std::os::unix::fs::symlink("e/h2", m.p("sym")).unwrap();
+    assert_eq!(fs::read_link(m.p("sym")).unwrap(), Path::new("e/h2"));
+    assert!(fs::symlink_metadata(m.p("sym")).unwrap().file_type().is_symlink());
+    assert_eq!(fs::symlink_metadata(m.p("sym")).unwrap().len(), 4);
+    assert_eq!(fs::read(m.p("sym")).unwrap(), b"linked");
+    std::os::unix::fs::symlink("/absolutely/nowhere", m.p("dangling")).unwrap();
+    assert_eq!(errno(fs::read(m.p("dangling"))), libc::ENOENT);
+    assert_eq!(errno(std::os::unix::fs::symlink("x", m.p("sym"))), libc::EEXIST);
+
+    // Names: 255 bytes fine, 256 too long for every kind of call.
+    let ok = "n".repeat(255);
+    fs::write(m.p(&ok), b"long name").unwrap();
+    assert_eq!(fs::read(m.p(&ok)).unwrap(), b"long name");
+    assert!(fs::read_dir(&m.path).unwrap().any(|e| e.unwrap().file_name().len() == 255));
+    let long = "n".repeat(256);
+    assert_eq!(errno(fs::write(m.p(&long), b"x")), libc::ENAMETOOLONG);
+    assert_eq!(errno(fs::create_dir(m.p(&long))), libc::ENAMETOOLONG);
+    assert_eq!(errno(fs::metadata(m.p(&long))), libc::ENAMETOOLONG);
+
+    // chmod.
+    fs::set_permissions(m.p("r"), fs::Permissions::from_mode(0o640)).unwrap();
+    assert_eq!(fs::metadata(m.p("r")).unwrap().mode() & 0o7777, 0o640);
+    fs::set_permissions(m.p("e"), fs::Permissions::from_mode(0o1750)).unwrap();
+    let st = fs::metadata(m.p("e")).unwrap();
+    assert_eq!((st.mode() & 0o7777, st.mode() & libc::S_IFMT), (0o1750, libc::S_IFDIR));
+    // chown (as root).
+    // SAFETY: a valid path.
+    assert_eq!(unsafe { libc::chown(cpath(&m.p("r")).as_ptr(), 1234, 5678) }, 0);
+    let st = fs::metadata(m.p("r")).unwrap();
+    assert_eq!((st.uid(), st.gid()), (1234, 5678));
+
+    // utimens: exact times, then "now".
+    let times = [
+        libc::timespec { tv_sec: 1_000_000_000, tv_nsec: 123_456_789 },
+        libc::timespec { tv_sec: 1_200_000_000, tv_nsec: 987_654_321 },
+    ];
+    // SAFETY: a valid path and two timespecs.
+    assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, cpath(&m.p("r")).as_ptr(), times.as_ptr(), 0) }, 0);
+    let st = fs::metadata(m.p("r")).unwrap();
+    assert_eq!((st.atime(), st.atime_nsec()), (1_000_000_000, 123_456_789));
+    assert_eq!((st.mtime(), st.mtime_nsec()), (1_200_000_000, 987_654_321));
+    let now = [
+        libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
+        libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW },
+    ];
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, cpath(&m.p("r")).as_ptr(), now.as_ptr(), 0) }, 0);
+    let st = fs::metadata(m.p("r")).unwrap();
+    let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    assert!((st.mtime() - wall).abs() <= 5, "mtime {} is not now ({wall})", st.mtime());
+    assert_eq!((st.atime(), st.atime_nsec()), (1_000_000_000, 123_456_789), "UTIME_OMIT kept atime");
+}
+
+fn setxattr(p: &Path, name: &str, value: &[u8], flags: i32) -> std::io::Result<()> {
+    let n = CString::new(name).unwrap();
+    // SAFETY: valid path, name and value buffer.
+    let r = unsafe { libc::setxattr(cpath(p).as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), flags) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// getxattr with a buffer of `size` bytes (0 = size probe): the returned length and bytes.
+fn getxattr(p: &Path, name: &str, size: usize) -> std::io::Result<(usize, Vec<u8>)> {
+    let n = CString::new(name).unwrap();
+    let mut buf = vec![0u8; size];
+    // SAFETY: valid path and name; the buffer holds `size` bytes.
+    let r = unsafe { libc::getxattr(cpath(p).as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), size) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    buf.truncate(if size == 0 { 0 } else { r as usize });
+    Ok((r as usize, buf))
+}
+
+fn listxattr(p: &Path, size: usize) -> std::io::Result<(usize, Vec<u8>)> {
+    let mut buf = vec![0u8; size];
+    // SAFETY: a valid path; the buffer holds `size` bytes.
+    let r = unsafe { libc::listxattr(cpath(p).as_ptr(), buf.as_mut_ptr().cast(), size) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    buf.truncate(if size == 0 { 0 } else { r as usize });
+    Ok((r as usize, buf))
+}
+
+#[test]
+fn xattrs_statfs_and_df() {
+    let fs = LocalFs::up(2, &[]);
+    let m = FuseMount::start(&fs);
+    let f = m.p("file");
+    fs::write(&f, b"x").unwrap();
+
+    setxattr(&f, "user.color", b"blue", 0).unwrap();
+    setxattr(&f, "user.empty", b"", 0).unwrap();
+    assert_eq!(getxattr(&f, "user.color", 0).unwrap().0, 4, "size probe");
+    assert_eq!(errno(getxattr(&f, "user.color", 3)), libc::ERANGE);
+    assert_eq!(getxattr(&f, "user.color", 64).unwrap(), (4, b"blue".to_vec()));
+    assert_eq!(getxattr(&f, "user.empty", 8).unwrap(), (0, Vec::new()));
+    assert_eq!(errno(getxattr(&f, "user.none", 8)), libc::ENODATA);
+    assert_eq!(errno(setxattr(&f, "user.color", b"red", libc::XATTR_CREATE)), libc::EEXIST);
+    assert_eq!(errno(setxattr(&f, "user.none", b"red", libc::XATTR_REPLACE)), libc::ENODATA);
+    setxattr(&f, "user.color", b"green", libc::XATTR_REPLACE).unwrap();
+    assert_eq!(getxattr(&f, "user.color", 64).unwrap().1, b"green");
+    let (len, _) = listxattr(&f, 0).unwrap();
+    assert_eq!(errno(listxattr(&f, len - 1)), libc::ERANGE);
+    let (_, names) = listxattr(&f, len).unwrap();
+    let mut names: Vec<&[u8]> = names.split(|&b| b == 0).filter(|n| !n.is_empty()).collect();
+    names.sort();
+    assert_eq!(names, vec![&b"user.color"[..], b"user.empty"]);
+    let n = CString::new("user.color").unwrap();
+    // SAFETY: valid path and name.
+    assert_eq!(unsafe { libc::removexattr(cpath(&f).as_ptr(), n.as_ptr()) }, 0);
+    assert_eq!(errno(getxattr(&f, "user.color", 64)), libc::ENODATA);
+    // File capabilities: refused (inert on this nosuid mount), and never there.
+    // (A well-formed vfs_cap_data revision 2, CAP_NET_BIND_SERVICE permitted: the kernel checks
+    // the format before asking the filesystem.)
+    let caps = [0, 0, 0, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    assert_eq!(errno(setxattr(&f, "security.capability", &caps, 0)), libc::EOPNOTSUPP);
+    assert_eq!(errno(getxattr(&f, "security.capability", 64)), libc::ENODATA);
+    // On a directory too.
+    fs::create_dir(m.p("dir")).unwrap();
+    setxattr(&m.p("dir"), "user.d", b"1", 0).unwrap();
+    assert_eq!(getxattr(&m.p("dir"), "user.d", 8).unwrap().1, b"1");
+
+    // statvfs: real numbers from the targets and metad.
+    // SAFETY: statvfs is plain old data; all zeros is a valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid path and an out-parameter of the right type.
+    assert_eq!(unsafe { libc::statvfs(cpath(&m.path).as_ptr(), &mut st) }, 0);
+    assert_eq!((st.f_bsize, st.f_frsize, st.f_namemax), (4096, 4096, 255));
+    assert!(
+        st.f_blocks > 0 && st.f_bfree > 0 && st.f_bavail > 0,
+        "blocks {st_blocks:?}",
+        st_blocks = (st.f_blocks, st.f_bfree)
+    );
+    assert!(st.f_bfree <= st.f_blocks);
+    assert!(st.f_files > 0 && st.f_ffree > 0 && st.f_ffree < st.f_files, "inodes {} free {}", st.f_files, st.f_ffree);
+
+    // df(1) on the mount.
+    let out = Command::new("df").arg("-P").arg(&m.path).output().expect("run df");
+    assert!(out.status.success(), "df failed: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let row: Vec<&str> = text.lines().nth(1).expect("df row").split_whitespace().collect();
+    assert!(row[0].starts_with("odfs:"), "df source: {text}");
+    let kblocks: u64 = row[1].parse().expect("df size");
+    assert_eq!(kblocks, st.f_blocks * 4, "df size in KiB");
+    assert_eq!(Path::new(row[5]), m.path.as_path());
+}
+
+#[test]
+fn ten_thousand_entries_are_listed_exactly_once() {
+    let fs = LocalFs::up(1, &[]);
+    let m = FuseMount::start(&fs);
+    let rt = runtime();
+    let c = rt.block_on(fs.client());
+    fs::create_dir(m.p("many")).unwrap();
+    let n = 10_000;
+    // Created through another client, in parallel (fast); listed through the mount.
+    rt.block_on(async {
+        let ctx = Ctx::root();
+        let dir = c.resolve(&ctx, "/many", true).await.unwrap();
+        let mut tasks = Vec::new();
+        for t in 0..16 {
+            let (c, ctx) = (c.clone(), ctx.clone());
+            tasks.push(tokio::spawn(async move {
+                for i in (t..n).step_by(16) {
+                    c.create(&ctx, dir.ino, format!("entry-{i:05}").as_bytes(), 0o644, true, None).await.unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+
+    // getdents64 with a small (4 KiB) buffer, so most batches do not fit and the listing
+    // resumes from offsets over and over: ".", ".." and every entry exactly once.
+    let listing = getdents(&m.p("many"), 4096);
+    let names: Vec<String> = listing.iter().map(|(n, _)| n.clone()).collect();
+    let inos: std::collections::HashMap<String, u64> = listing.into_iter().collect();
+    assert_eq!(names.len(), n + 2, "entries returned by readdir");
+    let set: HashSet<&String> = names.iter().collect();
+    assert_eq!(set.len(), names.len(), "some entry was listed twice");
+    assert!(set.contains(&".".to_string()) && set.contains(&"..".to_string()));
+    for i in 0..n {
+        assert!(set.contains(&format!("entry-{i:05}")), "entry-{i:05} missing");
+    }
+    assert_eq!(inos["."], fs::metadata(m.p("many")).unwrap().ino());
+    assert_eq!(inos[".."], fs::metadata(&m.path).unwrap().ino(), "\"..\" of /many is the root");
+    assert_eq!(inos["entry-04242"], fs::metadata(m.p("many/entry-04242")).unwrap().ino());
+
+    // std's read_dir (a second listing, after the kernel has the entries) agrees.
+    let listed: HashSet<String> =
+        fs::read_dir(m.p("many")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(listed.len(), n);
+}
+
+#[test]
+fn sigterm_flushes_open_files_and_unmounts() {
+    let fs = LocalFs::up(1, &[]);
+    let mut m = FuseMount::start(&fs);
+    let rt = runtime();
+    let c = rt.block_on(fs.client());
+    let data = pattern(5 * CHUNK + 3, 9);
+    let mut f = File::create(m.p("open-at-term")).unwrap();
+    f.write_all(&data).unwrap();
+    // SAFETY: plain kill(2) of our child.
+    assert_eq!(unsafe { libc::kill(m.child.id() as i32, libc::SIGTERM) }, 0);
+    // The open file keeps the mount busy: it is flushed (another client sees the data while
+    // the file is still open here) and the mount is detached.
+    let start = Instant::now();
+    loop {
+        let seen = rt.block_on(async {
+            let ctx = Ctx::root();
+            match c.resolve(&ctx, "/open-at-term", true).await {
+                Ok(a) if a.size == data.len() as u64 => Some(lib_read(&c, "/open-at-term").await),
+                _ => None,
+            }
+        });
+        if let Some(got) = seen {
+            assert_bytes(&got, &data, "data flushed at SIGTERM");
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "data not published after SIGTERM:\n{}", m.log_text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let start = Instant::now();
+    while mount_line(&m.path).is_some_and(|l| l.fstype == "fuse.odfs") {
+        assert!(start.elapsed() < Duration::from_secs(10), "mount still attached after SIGTERM:\n{}", m.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The last user lets go: the daemon serves the close, then exits cleanly.
+    f.write_all(b"tail").unwrap();
+    drop(f);
+    let st =
+        m.wait_exit(Duration::from_secs(10)).unwrap_or_else(|| panic!("odfs-fuse still running:\n{}", m.log_text()));
+    assert!(st.success(), "odfs-fuse exit status {st}:\n{}", m.log_text());
+    let mut want = data.clone();
+    want.extend_from_slice(b"tail");
+    assert_bytes(&rt.block_on(lib_read(&c, "/open-at-term")), &want, "written after detaching, closed");
+
+    // Unmounted from outside (fusermount3 -u): the daemon exits cleanly too.
+    let mut m2 = FuseMount::start(&fs);
+    assert_eq!(fs::read(m2.p("open-at-term")).unwrap().len(), want.len());
+    let st = Command::new("fusermount3").arg("-u").arg(&m2.path).status().expect("run fusermount3");
+    assert!(st.success(), "fusermount3 -u failed");
+    let st = m2.wait_exit(Duration::from_secs(10)).expect("odfs-fuse exits after fusermount3 -u");
+    assert!(st.success(), "exit status {st}:\n{}", m2.log_text());
+}
+
+#[test]
+fn startup_errors_are_one_line_and_exit_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("odfs.toml");
+    fs::write(&cfg, "mgmtd = \"127.0.0.1:1\"\n").unwrap();
+    let file = dir.path().join("plain-file");
+    fs::write(&file, b"").unwrap();
+    let run = |fs_toml: &Path, mp: &Path| {
+        let out = Command::new(odfs_fuse_bin()).arg("--fs").arg(fs_toml).arg("--mountpoint").arg(mp).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(err.lines().count(), 1, "one line on stderr: {err}");
+        (out.status.code(), err.trim_end().to_string())
+    };
+    let (code, msg) = run(&dir.path().join("missing.toml"), dir.path());
+    assert_eq!(code, Some(1));
+    assert!(msg.starts_with("odfs-fuse: cannot read config") && msg.contains("missing.toml"), "{msg}");
+    let (code, msg) = run(&cfg, &dir.path().join("nowhere"));
+    assert_eq!(code, Some(1));
+    assert!(msg.contains("mount point") && msg.contains("does not exist"), "{msg}");
+    let (code, msg) = run(&cfg, &file);
+    assert_eq!(code, Some(1));
+    assert!(msg.contains("is not a directory"), "{msg}");
+}
+
+/// Runs `cmd` as `uid`/`gid` with exactly the supplementary `groups`.
+fn as_user(uid: u32, gid: u32, groups: &[u32], cmd: &str, args: &[&Path]) -> std::process::Output {
+    use std::os::unix::process::CommandExt;
+    let groups: Vec<libc::gid_t> = groups.to_vec();
+    let mut c = Command::new(cmd);
+    c.args(args);
+    // SAFETY: only async-signal-safe libc calls between fork and exec.
+    unsafe {
+        c.pre_exec(move || {
+            if libc::setgroups(groups.len(), groups.as_ptr()) != 0 || libc::setgid(gid) != 0 || libc::setuid(uid) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    c.output().expect("run as user")
+}
+
+#[test]
+fn allow_other_serves_other_users_with_their_own_identity() {
+    let fs = LocalFs::up(1, &[]);
+    let m = FuseMount::start_with(&fs, &["--allow-other"]);
+    assert!(mount_line(&m.path).unwrap().options.contains("allow_other"));
+
+    // As root: a home for uid 1000, a file for group 5000 only, a file for root only.
+    fs::create_dir(m.p("home")).unwrap();
+    // SAFETY: valid paths.
+    assert_eq!(unsafe { libc::chown(cpath(&m.p("home")).as_ptr(), 1000, 1000) }, 0);
+    fs::write(m.p("group-file"), b"for group 5000").unwrap();
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::chown(cpath(&m.p("group-file")).as_ptr(), 0, 5000) }, 0);
+    fs::set_permissions(m.p("group-file"), fs::Permissions::from_mode(0o640)).unwrap();
+    fs::write(m.p("root-only"), b"secret").unwrap();
+    fs::set_permissions(m.p("root-only"), fs::Permissions::from_mode(0o600)).unwrap();
+
+    // A supplementary group grants access (the kernel checks, and metad checks again with the
+    // groups read from /proc/<pid>/status).
+    let out = as_user(1000, 1000, &[5000], "cat", &[&m.p("group-file")]);
+    assert!(out.status.success(), "cat as 1000 in group 5000: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.stdout, b"for group 5000");
+    let out = as_user(1000, 1000, &[6000], "cat", &[&m.p("group-file")]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = as_user(1000, 1000, &[], "cat", &[&m.p("root-only")]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // New files belong to their creator; the root directory (0755, root's) refuses them.
+    let out = as_user(1000, 1000, &[], "touch", &[&m.p("home/mine")]);
+    assert!(out.status.success(), "touch in own home: {}", String::from_utf8_lossy(&out.stderr));
+    let st = fs::metadata(m.p("home/mine")).unwrap();
+    assert_eq!((st.uid(), st.gid()), (1000, 1000));
+    let out = as_user(1000, 1000, &[], "touch", &[&m.p("not-mine")]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(errno(fs::metadata(m.p("not-mine"))), libc::ENOENT);
+}
