@@ -50,6 +50,8 @@ pub struct TargetSync {
     pub pool: Arc<Pool>,
     pub mgmtd: std::net::SocketAddr,
     pub store: Shared,
+    /// mgmtd reported the filesystem ready in the last refresh: every expected target is known.
+    pub ready: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl TargetSync {
@@ -67,6 +69,7 @@ impl TargetSync {
             })
             .collect();
         self.store.lock().expect("store lock").set_targets(t);
+        self.ready.store(v.state != odfs_proto::mgmt::FsState::Forming, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 }
@@ -79,6 +82,13 @@ pub fn router(store: Shared, sync: TargetSync) -> Router {
     r.add::<Create, _, _>(move |h: RequestHeader, q: Create| {
         let sync = sync.clone();
         async move {
+            // Until mgmtd has reported every expected target, a layout would be chosen from a
+            // partial list: look again first.
+            if !sync.ready.load(std::sync::atomic::Ordering::Acquire) {
+                if let Err(err) = sync.refresh().await {
+                    warn!(error = %err, "cannot refresh targets from mgmtd");
+                }
+            }
             let first = sync.store.lock().expect("store lock").mutate(&h, MetaOp::Create(q.clone()));
             let reply = match first {
                 Err(e) if matches!(e.code, ErrorCode::Invalid | ErrorCode::NoSpace) => {
@@ -142,7 +152,7 @@ pub async fn run(cfg: MetadConfig, shutdown: Shutdown) -> anyhow::Result<()> {
     };
     let store = MetaStore::open(&cfg.data_dir, opts, view.default_layout.clone())?;
     let store: Shared = Arc::new(Mutex::new(store));
-    let sync = TargetSync { pool: pool.clone(), mgmtd: cfg.mgmtd, store: store.clone() };
+    let sync = TargetSync { pool: pool.clone(), mgmtd: cfg.mgmtd, store: store.clone(), ready: Default::default() };
     sync.refresh().await?;
     if let Some(p) = &cfg.addr_file {
         odfs_service::write_addr_file(p, &[("metad", addr)])?;

@@ -1,0 +1,118 @@
+//! Mount life cycle through `odfs local up` / `odfs local down`: the mount appears, teardown
+//! never hangs (also with a dead or stopped odfs-fuse, or dead daemons), and a mount left
+//! behind is cleaned by the next `up` or `down`.
+
+use odfs_tests::*;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+fn mounted(p: &Path) -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(p.to_str().unwrap()) && l.contains(" - fuse.odfs "))
+}
+
+fn up(dir: &Path) -> String {
+    assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing: these tests need FUSE (modprobe fuse)");
+    odfs_ok(&["local", "up", "--root", dir.to_str().unwrap(), "--nodes", "2"])
+}
+
+fn pids(dir: &Path, service: Option<&str>) -> Vec<u32> {
+    let v: toml::Value = toml::from_str(&std::fs::read_to_string(dir.join("local.state.toml")).unwrap()).unwrap();
+    v["procs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| service.is_none_or(|s| p["service"].as_str() == Some(s)))
+        .map(|p| p["pid"].as_integer().unwrap() as u32)
+        .collect()
+}
+
+/// `odfs local down`, which must finish within 5 s and leave no mount and no process.
+fn down_within_5s(dir: &Path, all: &[u32]) -> String {
+    let t = Instant::now();
+    let out = odfs_ok(&["local", "down", "--root", dir.to_str().unwrap()]);
+    assert!(t.elapsed() < Duration::from_secs(5), "down took {:?}: {out}", t.elapsed());
+    assert!(!mounted(&dir.join("mnt")), "still mounted after down: {out}");
+    for &p in all {
+        assert!(!alive(p), "pid {p} alive after down");
+    }
+    out
+}
+
+#[test]
+fn up_mounts_and_down_unmounts() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = up(dir.path());
+    let mnt = dir.path().join("mnt");
+    assert!(mounted(&mnt), "{out}");
+    // Data written through the mount is the filesystem's.
+    let data = pattern(3 << 20, 5);
+    std::fs::write(mnt.join("f"), &data).unwrap();
+    assert_eq!(std::fs::read(mnt.join("f")).unwrap(), data);
+    let procs = std::fs::read_to_string("/proc/mounts").unwrap();
+    assert!(procs.lines().any(|l| l.contains(mnt.to_str().unwrap()) && l.contains("fuse.odfs")), "{procs}");
+    let all = pids(dir.path(), None);
+    assert_eq!(all.len(), 5, "mgmtd, metad, 2 stored, odfs-fuse");
+    down_within_5s(dir.path(), &all);
+}
+
+#[test]
+fn down_after_kill9_of_fuse_or_of_every_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    up(dir.path());
+    let all = pids(dir.path(), None);
+    for p in pids(dir.path(), Some("fuse")) {
+        // SAFETY: plain kill(2).
+        unsafe { libc::kill(p as i32, libc::SIGKILL) };
+        assert!(wait_gone(p, Duration::from_secs(5)));
+    }
+    // The dead mount fails with ENOTCONN until down cleans it.
+    // (ENOTCONN, "Transport endpoint is not connected", or ECONNABORTED, by kernel version).
+    let e = std::fs::metadata(dir.path().join("mnt/x")).unwrap_err();
+    assert!(matches!(e.raw_os_error(), Some(libc::ENOTCONN) | Some(libc::ECONNABORTED)), "{e}");
+    down_within_5s(dir.path(), &all);
+
+    up(dir.path());
+    let all = pids(dir.path(), None);
+    for s in ["mgmtd", "metad", "stored"] {
+        for p in pids(dir.path(), Some(s)) {
+            // SAFETY: plain kill(2).
+            unsafe { libc::kill(p as i32, libc::SIGKILL) };
+        }
+    }
+    down_within_5s(dir.path(), &all);
+}
+
+#[test]
+fn down_does_not_hang_on_a_stopped_fuse_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    up(dir.path());
+    let all = pids(dir.path(), None);
+    let fuse = pids(dir.path(), Some("fuse"))[0];
+    // A daemon that never answers: every request to the mount would block.
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(fuse as i32, libc::SIGSTOP) };
+    let out = down_within_5s(dir.path(), &all);
+    assert!(out.contains("abort") || out.contains("unmounted"), "{out}");
+}
+
+#[test]
+fn next_up_cleans_a_mount_left_by_a_dead_run() {
+    let dir = tempfile::tempdir().unwrap();
+    up(dir.path());
+    for p in pids(dir.path(), None) {
+        // SAFETY: plain kill(2).
+        unsafe { libc::kill(p as i32, libc::SIGKILL) };
+        wait_gone(p, Duration::from_secs(5));
+    }
+    assert!(mounted(&dir.path().join("mnt")), "the dead mount stays until cleaned");
+    let out = odfs(&["local", "up", "--root", dir.path().to_str().unwrap(), "--nodes", "2"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let data = b"fresh".to_vec();
+    std::fs::write(dir.path().join("mnt/g"), &data).unwrap();
+    assert_eq!(std::fs::read(dir.path().join("mnt/g")).unwrap(), data);
+    let all = pids(dir.path(), None);
+    down_within_5s(dir.path(), &all);
+}
