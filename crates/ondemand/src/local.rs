@@ -307,8 +307,9 @@ fn start_mount(root: &Path, mp: &Path, state: &mut LocalState, timeout: Duration
     state.procs.push(ProcEntry { service: "fuse".into(), node: 0, pid, config: cfg, log: log.clone() });
     state.mounts.push(mp.clone());
     state.save(root)?;
-    mount::wait_mounted(&mp, timeout, || procs::is_ours(pid))
-        .with_context(|| format!("mounting {}; last log lines of {}:\n{}", mp.display(), log.display(), log_tail(&log, 5)))
+    mount::wait_mounted(&mp, timeout, || procs::is_ours(pid)).with_context(|| {
+        format!("mounting {}; last log lines of {}:\n{}", mp.display(), log.display(), log_tail(&log, 5))
+    })
 }
 
 fn wait_ready(job: &JobSection, mgmtd: SocketAddr, state: &LocalState, timeout: Duration) -> Result<()> {

@@ -225,7 +225,17 @@ fn real_main() -> Result<()> {
             let rt = runtime()?;
             let s = rt.block_on(async {
                 let client = fsref::connect(cli.fs.as_deref()).await?;
-                copy::copy(&client, &src, &dst, &copy::CopyOptions { recursive, parallel, progress: std::io::IsTerminal::is_terminal(&std::io::stderr()) }).await
+                copy::copy(
+                    &client,
+                    &src,
+                    &dst,
+                    &copy::CopyOptions {
+                        recursive,
+                        parallel,
+                        progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+                    },
+                )
+                .await
             })?;
             println!("copied {} files, {} directories, {} bytes", s.files, s.dirs, s.bytes);
         }
