@@ -110,7 +110,7 @@ impl LocalState {
     }
 
     pub fn live_pids(&self) -> Vec<u32> {
-        self.procs.iter().map(|p| p.pid).filter(|&p| procs::is_ours(p)).collect()
+        self.procs.iter().filter(|p| procs::runs(p.pid, &p.config)).map(|p| p.pid).collect()
     }
 }
 
@@ -287,7 +287,7 @@ pub fn up(opts: &UpOptions) -> Result<LocalState> {
         for m in &state.mounts {
             let _ = mount::unmount(m);
         }
-        let pids: Vec<u32> = state.procs.iter().map(|p| p.pid).collect();
+        let pids: Vec<(u32, &Path)> = state.procs.iter().map(|p| (p.pid, p.config.as_path())).collect();
         procs::stop_all(&pids, Duration::from_secs(2));
         let _ = std::fs::remove_file(state_path(&root));
         return Err(e.context(format!("odfs local up on {} failed; everything it started was stopped", root.display())));
@@ -307,7 +307,8 @@ fn start_mount(root: &Path, mp: &Path, state: &mut LocalState, timeout: Duration
     state.procs.push(ProcEntry { service: "fuse".into(), node: 0, pid, config: cfg, log: log.clone() });
     state.mounts.push(mp.clone());
     state.save(root)?;
-    mount::wait_mounted(&mp, timeout, || procs::is_ours(pid)).with_context(|| {
+    let marker = client_config_path(root);
+    mount::wait_mounted(&mp, timeout, || procs::runs(pid, &marker)).with_context(|| {
         format!("mounting {}; last log lines of {}:\n{}", mp.display(), log.display(), log_tail(&log, 5))
     })
 }
@@ -327,7 +328,7 @@ fn wait_ready(job: &JobSection, mgmtd: SocketAddr, state: &LocalState, timeout: 
         let start = Instant::now();
         loop {
             for p in &state.procs {
-                if !procs::is_ours(p.pid) {
+                if !procs::runs(p.pid, &p.config) {
                     bail!(
                         "{} on node {} exited during start-up; last log lines of {}:\n{}",
                         p.service,
@@ -380,7 +381,7 @@ pub fn down(root: &Path) -> Result<DownReport> {
     for m in &state.mounts {
         unmount_steps.extend(mount::unmount(m)?);
     }
-    let pids: Vec<u32> = state.procs.iter().map(|p| p.pid).collect();
+    let pids: Vec<(u32, &Path)> = state.procs.iter().map(|p| (p.pid, p.config.as_path())).collect();
     let live = state.live_pids().len();
     let killed = procs::stop_all(&pids, Duration::from_secs(3));
     std::fs::remove_file(state_path(root))?;
@@ -397,7 +398,7 @@ pub fn restart(root: &Path, service: &str, node: u32) -> Result<u32> {
         .find(|p| p.service == service && p.node == node)
         .with_context(|| format!("no {service} on node {node}"))?;
     anyhow::ensure!(service != "fuse", "restart the mount with `odfs local down` and `odfs local up`");
-    procs::stop_all(&[entry.pid], Duration::from_secs(3));
+    procs::stop_all(&[(entry.pid, &entry.config)], Duration::from_secs(3));
     let bin = procs::binary(&format!("odfs-{service}"))?;
     entry.pid = procs::spawn_daemon(&bin, &entry.config, &entry.log)?;
     let pid = entry.pid;

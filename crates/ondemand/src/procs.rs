@@ -55,46 +55,46 @@ pub fn spawn_detached(bin: &Path, args: &[&std::ffi::OsStr], log: &Path) -> Resu
     Ok(pid)
 }
 
-/// True if `pid` is alive and runs one of the odfs binaries (guards against reused pids).
-pub fn is_ours(pid: u32) -> bool {
-    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-        return false;
-    };
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
+/// True if `pid` is alive, runs one of the odfs binaries, and has `marker` (its config path,
+/// unique per filesystem) among its arguments — so a recycled pid is never taken for ours.
+pub fn runs(pid: u32, marker: &Path) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
     // A zombie has exited; only its parent's wait is missing.
     let state = stat.rsplit(')').next().and_then(|s| s.split_whitespace().next()).unwrap_or("");
     if state == "Z" || state == "X" {
         return false;
     }
-    let first = cmdline.split(|&b| b == 0).next().unwrap_or(&[]);
+    let mut args = cmdline.split(|&b| b == 0);
+    let first = args.next().unwrap_or(&[]);
     let name = Path::new(std::str::from_utf8(first).unwrap_or("")).file_name().and_then(|n| n.to_str()).unwrap_or("");
-    name.starts_with("odfs-")
+    let marker = marker.as_os_str().as_encoded_bytes();
+    name.starts_with("odfs-") && args.any(|a| a == marker)
 }
 
-/// Stops `pids`: SIGTERM, wait up to `grace`, then SIGKILL what is left. Returns the pids killed.
-pub fn stop_all(pids: &[u32], grace: Duration) -> Vec<u32> {
-    let live: Vec<u32> = pids.iter().copied().filter(|&p| is_ours(p)).collect();
-    for &p in &live {
+/// Stops processes (pid, marker): SIGTERM, wait up to `grace`, then SIGKILL what is left.
+/// Returns the pids killed.
+pub fn stop_all(procs: &[(u32, &Path)], grace: Duration) -> Vec<u32> {
+    let live: Vec<(u32, &Path)> = procs.iter().copied().filter(|&(p, m)| runs(p, m)).collect();
+    for &(p, _) in &live {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p as i32), nix::sys::signal::Signal::SIGTERM);
     }
     let start = Instant::now();
-    while start.elapsed() < grace && live.iter().any(|&p| is_ours(p)) {
+    while start.elapsed() < grace && live.iter().any(|&(p, m)| runs(p, m)) {
         std::thread::sleep(Duration::from_millis(20));
     }
     let mut killed = Vec::new();
-    for &p in &live {
-        if is_ours(p) {
+    for &(p, m) in &live {
+        if runs(p, m) {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p as i32), nix::sys::signal::Signal::SIGKILL);
-            killed.push(p);
+            killed.push((p, m));
         }
     }
     let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(2) && killed.iter().any(|&p| is_ours(p)) {
+    while start.elapsed() < Duration::from_secs(2) && killed.iter().any(|&(p, m)| runs(p, m)) {
         std::thread::sleep(Duration::from_millis(10));
     }
-    killed
+    killed.into_iter().map(|(p, _)| p).collect()
 }
 
 /// CPU seconds (user + system) a process has used so far.

@@ -5,9 +5,11 @@
 //! registration + heartbeat link to mgmtd. It holds no filesystem logic.
 
 pub mod config;
+pub mod daemon;
 pub mod mgmt_link;
 pub mod runtime;
 
 pub use config::{load_config, JobSection};
+pub use daemon::daemon_main;
 pub use mgmt_link::MgmtLink;
 pub use runtime::{hostname, init_logging, shutdown_channel, write_addr_file};

@@ -11,6 +11,9 @@ pub fn init_logging(default_level: &str) {
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false).try_init();
 }
 
+/// The receiving end of the shutdown signal.
+pub type ShutdownRx = watch::Receiver<bool>;
+
 /// A shutdown channel that fires on SIGTERM or SIGINT.
 pub fn shutdown_channel() -> (watch::Sender<bool>, watch::Receiver<bool>) {
     let (tx, rx) = watch::channel(false);

@@ -1,0 +1,60 @@
+//! The body every daemon binary shares: `--config FILE` / `--print-default-config`, logging, a
+//! two-worker runtime, and a run function that ends on SIGTERM or SIGINT.
+
+use clap::Parser;
+use serde::{de::DeserializeOwned, Serialize};
+use std::future::Future;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+struct DaemonArgs {
+    /// TOML config file (defaults apply to anything it leaves out).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Print the default config and exit.
+    #[arg(long)]
+    print_default_config: bool,
+}
+
+/// Runs a daemon: parses the common flags for `name`, loads its config `C` and calls `run`
+/// until shutdown. Any error is printed as one line (with its causes) and exits with status 1.
+pub fn daemon_main<C, F, Fut, E>(name: &'static str, about: &'static str, run: F)
+where
+    C: Default + Serialize + DeserializeOwned,
+    F: FnOnce(C, crate::runtime::ShutdownRx) -> Fut,
+    Fut: Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    let cmd =
+        <DaemonArgs as clap::CommandFactory>::command().name(name).about(about).version(env!("CARGO_PKG_VERSION"));
+    let args = match <DaemonArgs as clap::FromArgMatches>::from_arg_matches(&cmd.get_matches()) {
+        Ok(a) => a,
+        Err(e) => e.exit(),
+    };
+    let fail = |msg: String| -> ! {
+        eprintln!("{name}: {msg}");
+        std::process::exit(1)
+    };
+    if args.print_default_config {
+        match toml::to_string_pretty(&C::default()) {
+            Ok(t) => print!("{t}"),
+            Err(e) => fail(e.to_string()),
+        }
+        return;
+    }
+    let cfg: C = crate::load_config(args.config.as_deref()).unwrap_or_else(|e| fail(e.to_string()));
+    crate::init_logging("info");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| fail(format!("cannot start the async runtime: {e}")));
+    let result = rt.block_on(async {
+        let (_tx, rx) = crate::shutdown_channel();
+        run(cfg, rx).await
+    });
+    if let Err(e) = result {
+        tracing::error!(error = %format!("{e:#}"), "exiting");
+        fail(format!("{e:#}"));
+    }
+}
