@@ -116,7 +116,16 @@ pub fn run(args: &MountArgs) -> Result<(), FuseError> {
     tune_readahead(&mountpoint);
     rt.spawn(stop_on_signal(signals, shared.clone(), session.unmount_callable(), mountpoint.clone()));
 
-    let served = session.run();
+    let served = match session.run() {
+        // The kernel ended the connection rather than closing it: reading /dev/fuse fails with
+        // ECONNABORTED instead of ENODEV (seen when a lazily detached mount is torn down at its
+        // last close; fuser only takes ENODEV as the end). Either way the mount is gone.
+        Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => {
+            warn!(mountpoint = %mountpoint.display(), "the kernel aborted the FUSE connection");
+            Ok(())
+        }
+        other => other,
+    };
     info!(mountpoint = %mountpoint.display(), "session ended");
     rt.block_on(shared.close_all());
     client.shutdown();
