@@ -76,22 +76,6 @@ async fn gigabyte_file_is_striped_evenly_and_reads_back_identical() {
     }
 }
 
-fn walk_files(dir: &std::path::Path) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let e = e.unwrap();
-            if e.file_type().unwrap().is_dir() {
-                stack.push(e.path());
-            } else {
-                out.push(e.path().to_string_lossy().into_owned());
-            }
-        }
-    }
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespace_operations_and_their_errors() {
     let fs = LocalFs::up(2, &[]);

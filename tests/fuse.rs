@@ -146,23 +146,6 @@ impl Drop for FuseMount {
     }
 }
 
-/// Every file under `dir`.
-fn walk(dir: &Path) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in fs::read_dir(&d).unwrap() {
-            let e = e.unwrap();
-            if e.file_type().unwrap().is_dir() {
-                stack.push(e.path());
-            } else {
-                out.push(e.path().to_string_lossy().into_owned());
-            }
-        }
-    }
-    out
-}
-
 fn errno<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
     r.expect_err("expected an error").raw_os_error().expect("an OS error")
 }
@@ -455,7 +438,7 @@ fn open_flags_and_open_unlinked_files() {
     assert_eq!(unsafe { libc::close(fd) }, 0, "close of an unlinked written file: {}", std::io::Error::last_os_error());
     // Its chunks went with the last close: nothing of it is left on the targets.
     let start = Instant::now();
-    while let Some(p) = walk(&fs.node_dir(0)).into_iter().find(|p| p.ends_with(&chunk_name)) {
+    while let Some(p) = walk_files(&fs.node_dir(0)).into_iter().find(|p| p.ends_with(&chunk_name)) {
         assert!(start.elapsed() < Duration::from_secs(5), "chunk file {p} left behind after the last close");
         std::thread::sleep(Duration::from_millis(20));
     }

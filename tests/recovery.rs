@@ -74,26 +74,28 @@ async fn verify(fs: &LocalFs, ok: &BTreeMap<String, String>) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metad_kill9_loses_nothing_acknowledged() {
-    let fs = LocalFs::up(2, &[]);
+/// Runs the storm, `kill -9`s `service` on `node` after 1.5 s, restarts it 0.3 s later, lets the
+/// storm go on for 1.5 s more, and checks every acknowledged file.
+async fn kill9_during_storm(fs: &LocalFs, service: &str, node: u32) -> BTreeMap<String, String> {
     let stop = Arc::new(AtomicBool::new(false));
-    let storm_fut = {
-        let stop = stop.clone();
-        let fs = &fs;
-        async move { storm(fs, stop).await }
-    };
     let chaos = async {
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        fs.kill9("metad", 0);
+        fs.kill9(service, node);
         tokio::time::sleep(Duration::from_millis(300)).await;
-        fs.restart("metad", 0);
+        fs.restart(service, node);
         tokio::time::sleep(Duration::from_millis(1500)).await;
         stop.store(true, Ordering::Relaxed);
     };
-    let ((ok, failed), ()) = tokio::join!(storm_fut, chaos);
+    let ((ok, failed), ()) = tokio::join!(storm(fs, stop.clone()), chaos);
     assert!(ok.len() > 50, "storm made too little progress: {} ok, {failed} failed", ok.len());
-    verify(&fs, &ok).await;
+    verify(fs, &ok).await;
+    ok
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metad_kill9_loses_nothing_acknowledged() {
+    let fs = LocalFs::up(2, &[]);
+    let ok = kill9_during_storm(&fs, "metad", 0).await;
     // And once more after a clean restart (snapshot + log).
     fs.kill9("metad", 0);
     fs.restart("metad", 0);
@@ -103,21 +105,5 @@ async fn metad_kill9_loses_nothing_acknowledged() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stored_kill9_loses_nothing_acknowledged() {
     let fs = LocalFs::up(2, &["--stripe-count", "2", "--chunk-size", "65536"]);
-    let stop = Arc::new(AtomicBool::new(false));
-    let storm_fut = {
-        let stop = stop.clone();
-        let fs = &fs;
-        async move { storm(fs, stop).await }
-    };
-    let chaos = async {
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        fs.kill9("stored", 1);
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        fs.restart("stored", 1);
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        stop.store(true, Ordering::Relaxed);
-    };
-    let ((ok, failed), ()) = tokio::join!(storm_fut, chaos);
-    assert!(ok.len() > 50, "storm made too little progress: {} ok, {failed} failed", ok.len());
-    verify(&fs, &ok).await;
+    kill9_during_storm(&fs, "stored", 1).await;
 }

@@ -197,3 +197,20 @@ impl Drop for TmpfsMount {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
 }
+
+/// Every regular file below `dir` (recursively), as path strings.
+pub fn walk_files(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else {
+                out.push(e.path().to_string_lossy().into_owned());
+            }
+        }
+    }
+    out
+}

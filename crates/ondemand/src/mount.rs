@@ -98,6 +98,14 @@ fn umount2(path: &Path, flags: libc::c_int) -> std::io::Result<()> {
     }
 }
 
+/// Mounts the FUSE control filesystem if it is not there (it holds the abort files).
+fn ensure_fusectl() {
+    let dir = Path::new("/sys/fs/fuse/connections");
+    if mount_at(dir).is_none() {
+        let _ = std::process::Command::new("mount").args(["-t", "fusectl", "fusectl"]).arg(dir).status();
+    }
+}
+
 /// Takes the mount at `path` down, escalating: unmount; abort the FUSE connection and unmount;
 /// lazy unmount. Returns what it did, one line per step; an error only if the mount is still
 /// there after every step.
@@ -114,6 +122,7 @@ pub fn unmount(path: &Path) -> Result<Vec<String>> {
         None => did.push(format!("unmount of {} did not return within 2 s", path.display())),
     }
     if m.fstype.starts_with("fuse") {
+        ensure_fusectl();
         let abort = format!("/sys/fs/fuse/connections/{}/abort", m.minor);
         match std::fs::write(&abort, "1") {
             Ok(()) => did.push(format!("aborted FUSE connection {}", m.minor)),
