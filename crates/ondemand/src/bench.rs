@@ -103,31 +103,17 @@ impl CpuMeter {
     }
 }
 
-async fn odfs_seq_write(cfg: &ClientConfig, o: &BenchOptions) -> Result<()> {
-    let ctx = Ctx::current();
-    let client = Client::connect(cfg.clone()).await?;
-    let dir = client.mkdir_all(&ctx, "/bench/seq", 0o755).await?;
-    drop(client);
+/// Runs `work(client, ctx, c)` for every client index `c`, each with its own connection, and
+/// waits for all of them.
+async fn per_client<F, Fut>(cfg: &ClientConfig, clients: usize, work: F) -> Result<()>
+where
+    F: Fn(Client, Ctx, usize) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<()>> + Send + 'static,
+{
     let mut tasks = Vec::new();
-    for c in 0..o.clients {
-        let cfg = cfg.clone();
-        let ctx = ctx.clone();
-        let (size, io) = (o.file_size, o.io_size);
-        tasks.push(tokio::spawn(async move {
-            let client = Client::connect(cfg).await?;
-            let (_, h) = client.create_open(&ctx, dir.ino, format!("c{c}").as_bytes(), 0o644, false, None).await?;
-            let mut buf = vec![0u8; io];
-            fill_pattern(&mut buf, c as u64);
-            let mut off = 0;
-            while off < size {
-                let n = (size - off).min(io as u64) as usize;
-                h.write(off, &buf[..n]).await?;
-                off += n as u64;
-            }
-            h.fsync().await?;
-            h.close().await?;
-            anyhow::Ok(())
-        }));
+    for c in 0..clients {
+        let (cfg, work) = (cfg.clone(), work.clone());
+        tasks.push(tokio::spawn(async move { work(Client::connect(cfg).await?, Ctx::current(), c).await }));
     }
     for t in tasks {
         t.await??;
@@ -135,34 +121,46 @@ async fn odfs_seq_write(cfg: &ClientConfig, o: &BenchOptions) -> Result<()> {
     Ok(())
 }
 
+async fn odfs_seq_write(cfg: &ClientConfig, o: &BenchOptions) -> Result<()> {
+    let client = Client::connect(cfg.clone()).await?;
+    let dir = client.mkdir_all(&Ctx::current(), "/bench/seq", 0o755).await?;
+    drop(client);
+    let (size, io) = (o.file_size, o.io_size);
+    per_client(cfg, o.clients, move |client, ctx, c| async move {
+        let (_, h) = client.create_open(&ctx, dir.ino, format!("c{c}").as_bytes(), 0o644, false, None).await?;
+        let mut buf = vec![0u8; io];
+        fill_pattern(&mut buf, c as u64);
+        let mut off = 0;
+        while off < size {
+            let n = (size - off).min(io as u64) as usize;
+            h.write(off, &buf[..n]).await?;
+            off += n as u64;
+        }
+        h.fsync().await?;
+        h.close().await?;
+        Ok(())
+    })
+    .await
+}
+
 async fn odfs_seq_read(cfg: &ClientConfig, o: &BenchOptions) -> Result<()> {
-    let ctx = Ctx::current();
-    let mut tasks = Vec::new();
-    for c in 0..o.clients {
-        let cfg = cfg.clone();
-        let ctx = ctx.clone();
-        let (size, io) = (o.file_size, o.io_size);
-        tasks.push(tokio::spawn(async move {
-            let client = Client::connect(cfg).await?;
-            let a = client.resolve(&ctx, &format!("/bench/seq/c{c}"), true).await?;
-            let h = client.open(&ctx, a.ino, true, false, false).await?;
-            let mut off = 0;
-            loop {
-                let d = h.read(off, io as u32).await?;
-                if d.is_empty() {
-                    break;
-                }
-                off += d.len() as u64;
+    let (size, io) = (o.file_size, o.io_size);
+    per_client(cfg, o.clients, move |client, ctx, c| async move {
+        let a = client.resolve(&ctx, &format!("/bench/seq/c{c}"), true).await?;
+        let h = client.open(&ctx, a.ino, true, false, false).await?;
+        let mut off = 0;
+        loop {
+            let d = h.read(off, io as u32).await?;
+            if d.is_empty() {
+                break;
             }
-            h.close().await?;
-            anyhow::ensure!(off == size, "client {c} read {off} bytes of {size}");
-            anyhow::Ok(())
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    Ok(())
+            off += d.len() as u64;
+        }
+        h.close().await?;
+        anyhow::ensure!(off == size, "client {c} read {off} bytes of {size}");
+        Ok(())
+    })
+    .await
 }
 
 #[derive(Clone, Copy)]
