@@ -14,153 +14,12 @@ use std::ffi::{CStr, CString};
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::IntoRawFd;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const CHUNK: usize = 65536;
-
-/// One line of /proc/self/mountinfo.
-struct MountLine {
-    minor: u32,
-    fstype: String,
-    source: String,
-    options: String,
-}
-
-fn mount_line(path: &Path) -> Option<MountLine> {
-    let text = fs::read_to_string("/proc/self/mountinfo").expect("read mountinfo");
-    text.lines().rev().find_map(|l| {
-        let (left, right) = l.split_once(" - ")?;
-        let f: Vec<&str> = left.split(' ').collect();
-        if Path::new(&f.get(4)?.replace("\\040", " ")) != path {
-            return None;
-        }
-        let r: Vec<&str> = right.split(' ').collect();
-        Some(MountLine {
-            minor: f.get(2)?.split(':').nth(1)?.parse().ok()?,
-            fstype: r.first()?.to_string(),
-            source: r.get(1)?.to_string(),
-            options: r.get(2).unwrap_or(&"").to_string(),
-        })
-    })
-}
-
-fn odfs_fuse_bin() -> PathBuf {
-    let bin = bin_dir().join("odfs-fuse");
-    assert!(bin.is_file(), "{} is missing: build it first (cargo build -p odfs-client-fuse)", bin.display());
-    bin
-}
-
-/// `odfs-fuse` mounted for the life of the guard; drop unmounts (fusermount3 -u, else a lazy
-/// umount) and makes sure the process is gone.
-struct FuseMount {
-    child: Child,
-    path: PathBuf,
-    log: PathBuf,
-}
-
-impl FuseMount {
-    fn start(fs: &LocalFs) -> FuseMount {
-        Self::start_with(fs, &[])
-    }
-
-    fn start_with(fs: &LocalFs, extra: &[&str]) -> FuseMount {
-        assert!(
-            Path::new("/dev/fuse").exists(),
-            "/dev/fuse is missing: these tests mount a FUSE filesystem and need the fuse kernel module \
-             (modprobe fuse) and, in a container, the device (--device /dev/fuse)"
-        );
-        let path = fs.root().join("mnt");
-        fs::create_dir_all(&path).expect("mount point");
-        let path = path.canonicalize().expect("canonical mount point");
-        let log = fs.root().join("fuse.log");
-        let out = File::create(&log).expect("fuse log");
-        let child = Command::new(odfs_fuse_bin())
-            .arg("--fs")
-            .arg(fs.config_path())
-            .arg("--mountpoint")
-            .arg(&path)
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().expect("log fd"))
-            .stderr(out)
-            .spawn()
-            .expect("start odfs-fuse");
-        let mut m = FuseMount { child, path, log };
-        let start = Instant::now();
-        loop {
-            if let Some(l) = mount_line(&m.path) {
-                if l.fstype == "fuse.odfs" {
-                    return m;
-                }
-            }
-            if let Ok(Some(st)) = m.child.try_wait() {
-                panic!("odfs-fuse exited ({st}) before mounting:\n{}", m.log_text());
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "{} was not mounted as fuse.odfs within 10 s:\n{}",
-                m.path.display(),
-                m.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn log_text(&self) -> String {
-        fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn p(&self, rel: &str) -> PathBuf {
-        self.path.join(rel)
-    }
-
-    /// Waits (bounded) for the process to exit and returns its status.
-    fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
-        let start = Instant::now();
-        while start.elapsed() < limit {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                return Some(st);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
-    }
-}
-
-impl Drop for FuseMount {
-    fn drop(&mut self) {
-        if mount_line(&self.path).is_some_and(|l| l.fstype.starts_with("fuse")) {
-            let ok = Command::new("fusermount3").arg("-u").arg(&self.path).status().is_ok_and(|s| s.success());
-            if !ok {
-                let _ = Command::new("umount").arg("-l").arg(&self.path).status();
-            }
-        }
-        if self.wait_exit(Duration::from_secs(5)).is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn errno<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
-    r.expect_err("expected an error").raw_os_error().expect("an OS error")
-}
-
-fn cpath(p: &Path) -> CString {
-    CString::new(p.as_os_str().as_bytes()).expect("no NUL in path")
-}
-
-/// Fails with the first differing offset instead of printing megabytes.
-fn assert_bytes(got: &[u8], want: &[u8], what: &str) {
-    if got != want {
-        let at = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
-        panic!("{what}: {} bytes read, {} expected; first difference at offset {at}", got.len(), want.len());
-    }
-}
 
 /// Every (name, inode) of a directory, read with getdents64(2) and a buffer of `bufsize` bytes.
 fn getdents(dir: &Path, bufsize: usize) -> Vec<(String, u64)> {
@@ -675,13 +534,13 @@ fn xattrs_statfs_and_df() {
 }
 
 #[test]
-fn ten_thousand_entries_are_listed_exactly_once() {
+fn a_hundred_thousand_entries_are_listed_exactly_once() {
     let fs = LocalFs::up(1, &[]);
     let m = FuseMount::start(&fs);
     let rt = runtime();
     let c = rt.block_on(fs.client());
     fs::create_dir(m.p("many")).unwrap();
-    let n = 10_000;
+    let n = 100_000;
     // Created through another client, in parallel (fast); listed through the mount.
     rt.block_on(async {
         let ctx = Ctx::root();
@@ -691,7 +550,7 @@ fn ten_thousand_entries_are_listed_exactly_once() {
             let (c, ctx) = (c.clone(), ctx.clone());
             tasks.push(tokio::spawn(async move {
                 for i in (t..n).step_by(16) {
-                    c.create(&ctx, dir.ino, format!("entry-{i:05}").as_bytes(), 0o644, true, None).await.unwrap();
+                    c.create(&ctx, dir.ino, format!("entry-{i:06}").as_bytes(), 0o644, true, None).await.unwrap();
                 }
             }));
         }
@@ -710,11 +569,11 @@ fn ten_thousand_entries_are_listed_exactly_once() {
     assert_eq!(set.len(), names.len(), "some entry was listed twice");
     assert!(set.contains(&".".to_string()) && set.contains(&"..".to_string()));
     for i in 0..n {
-        assert!(set.contains(&format!("entry-{i:05}")), "entry-{i:05} missing");
+        assert!(set.contains(&format!("entry-{i:06}")), "entry-{i:06} missing");
     }
     assert_eq!(inos["."], fs::metadata(m.p("many")).unwrap().ino());
     assert_eq!(inos[".."], fs::metadata(&m.path).unwrap().ino(), "\"..\" of /many is the root");
-    assert_eq!(inos["entry-04242"], fs::metadata(m.p("many/entry-04242")).unwrap().ino());
+    assert_eq!(inos["entry-042424"], fs::metadata(m.p("many/entry-042424")).unwrap().ino());
 
     // std's read_dir (a second listing, after the kernel has the entries) agrees.
     let listed: HashSet<String> =
@@ -799,24 +658,6 @@ fn startup_errors_are_one_line_and_exit_1() {
     assert!(msg.contains("is not a directory"), "{msg}");
 }
 
-/// Runs `cmd` as `uid`/`gid` with exactly the supplementary `groups`.
-fn as_user(uid: u32, gid: u32, groups: &[u32], cmd: &str, args: &[&Path]) -> std::process::Output {
-    use std::os::unix::process::CommandExt;
-    let groups: Vec<libc::gid_t> = groups.to_vec();
-    let mut c = Command::new(cmd);
-    c.args(args);
-    // SAFETY: only async-signal-safe libc calls between fork and exec.
-    unsafe {
-        c.pre_exec(move || {
-            if libc::setgroups(groups.len(), groups.as_ptr()) != 0 || libc::setgid(gid) != 0 || libc::setuid(uid) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    c.output().expect("run as user")
-}
-
 #[test]
 fn allow_other_serves_other_users_with_their_own_identity() {
     let fs = LocalFs::up(1, &[]);
@@ -865,4 +706,239 @@ fn allow_other_serves_other_users_with_their_own_identity() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(errno(fs::metadata(m.p("not-mine"))), libc::ENOENT);
+}
+
+#[test]
+fn mmap_shared_writes_are_read_by_other_processes_and_nodes_after_msync() {
+    let fs = LocalFs::up(2, &["--chunk-size", "65536", "--stripe-count", "2"]);
+    let m = FuseMount::start(&fs);
+    let rt = runtime();
+    let c = rt.block_on(fs.client());
+    let len = 3 * CHUNK + 1234;
+    let data = pattern(len, 77);
+    let path = m.p("mapped");
+    let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+    f.set_len(len as u64).unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    // SAFETY: a mapping of `len` bytes of an open file of that size, unmapped below.
+    unsafe {
+        let p = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
+        assert_ne!(p, libc::MAP_FAILED, "mmap MAP_SHARED: {}", std::io::Error::last_os_error());
+        std::ptr::copy_nonoverlapping(data.as_ptr(), p as *mut u8, len);
+        assert_eq!(libc::msync(p, len, libc::MS_SYNC), 0, "msync: {}", std::io::Error::last_os_error());
+
+        // Another process on this node.
+        let out = Command::new("sha256sum").arg(&path).output().expect("run sha256sum");
+        assert!(out.status.success());
+        assert_eq!(String::from_utf8_lossy(&out.stdout).split(' ').next().unwrap(), sha256(&data));
+        // Another node: msync made the data durable at stored, with the size at metad.
+        assert_bytes(&rt.block_on(lib_read(&c, "/mapped")), &data, "mapped writes seen by another client");
+
+        // A second shared mapping in a child process sees a change made through write(2).
+        f.write_at(b"PATCHED", 5).unwrap();
+        let out = Command::new("python3")
+            .arg("-c")
+            .arg("import mmap,sys\nf=open(sys.argv[1],'r+b')\nm=mmap.mmap(f.fileno(),0,mmap.MAP_SHARED)\nsys.stdout.write(m[5:12].decode())")
+            .arg(&path)
+            .output()
+            .expect("run python3");
+        assert!(out.status.success(), "python3 mmap: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.stdout, b"PATCHED");
+        assert_eq!(libc::munmap(p, len), 0);
+    }
+}
+
+/// Runs a Python snippet with `path` as argv[1]; returns its stdout.
+fn python(code: &str, path: &Path) -> String {
+    let out = Command::new("python3").arg("-c").arg(code).arg(path).output().expect("run python3 (apt install python3)");
+    assert!(out.status.success(), "python3 failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn flock_and_fcntl_locks_hold_between_processes_of_one_node() {
+    let fs = LocalFs::up(1, &[]);
+    let m = FuseMount::start(&fs);
+    let path = m.p("locked");
+    fs::write(&path, vec![0u8; 4096]).unwrap();
+    let f = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    // flock(1) -n exits with -E's code when the lock is held elsewhere.
+    let flock_cmd = |mode: &str| {
+        Command::new("flock").args([mode, "-n", "-E", "75"]).arg(&path).arg("true").status().expect("run flock").code()
+    };
+
+    // SAFETY: flock(2) on an open descriptor.
+    assert_eq!(unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) }, 0);
+    assert_eq!(flock_cmd("-x"), Some(75), "exclusive flock held here, another process must not get it");
+    assert_eq!(flock_cmd("-s"), Some(75));
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::flock(fd, libc::LOCK_SH) }, 0);
+    assert_eq!(flock_cmd("-s"), Some(0), "shared flocks coexist");
+    assert_eq!(flock_cmd("-x"), Some(75));
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::flock(fd, libc::LOCK_UN) }, 0);
+    assert_eq!(flock_cmd("-x"), Some(0), "released");
+
+    // POSIX byte-range locks: this process write-locks bytes 0..100.
+    // SAFETY: an all-zero struct flock is valid; fields set below.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as i16;
+    fl.l_whence = libc::SEEK_SET as i16;
+    fl.l_start = 0;
+    fl.l_len = 100;
+    // SAFETY: fcntl(2) with a valid struct flock.
+    assert_eq!(unsafe { libc::fcntl(fd, libc::F_SETLK, &fl) }, 0, "F_SETLK: {}", std::io::Error::last_os_error());
+    let probe = "import fcntl,os,struct,sys\n\
+        fd=os.open(sys.argv[1],os.O_RDWR)\n\
+        def try_lock(start):\n\
+        \x20   try:\n\
+        \x20       fcntl.lockf(fd,fcntl.LOCK_EX|fcntl.LOCK_NB,100,start); return 'locked'\n\
+        \x20   except OSError as e: return 'busy'\n\
+        q=struct.pack('hhqqi4x',fcntl.F_WRLCK,0,0,100,0)\n\
+        t,w,s,l,pid=struct.unpack('hhqqi4x',fcntl.fcntl(fd,fcntl.F_GETLK,q))\n\
+        print(try_lock(0),try_lock(200),pid if t!=fcntl.F_UNLCK else 0)";
+    let got = python(probe, &path);
+    assert_eq!(got.trim(), format!("busy locked {}", std::process::id()), "range 0..100 held by this process");
+    fl.l_type = libc::F_UNLCK as i16;
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::fcntl(fd, libc::F_SETLK, &fl) }, 0);
+    assert_eq!(python(probe, &path).trim(), "locked locked 0", "after F_UNLCK");
+}
+
+/// A local user and group made for one test with useradd/groupadd, removed on drop.
+struct TestUser {
+    name: String,
+    group: String,
+    uid: u32,
+    gid: u32,
+    extra_gid: u32,
+}
+
+impl TestUser {
+    fn create(tag: &str) -> TestUser {
+        let name = format!("odfs{tag}{}", std::process::id() % 100_000);
+        let group = format!("{name}x");
+        let run = |cmd: &str, args: &[&str]| {
+            let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("run {cmd} (passwd package): {e}"));
+            assert!(out.status.success(), "{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        };
+        let _ = Command::new("userdel").arg(&name).output();
+        let _ = Command::new("groupdel").arg(&group).output();
+        run("groupadd", &[&group]);
+        run("useradd", &["--no-create-home", "--user-group", "--groups", &group, "--shell", "/bin/sh", &name]);
+        let id = |flag: &str| run("id", &[flag, &name]).parse::<u32>().expect("numeric id");
+        let extra_gid = run("getent", &["group", &group]).split(':').nth(2).unwrap().parse().unwrap();
+        TestUser { uid: id("-u"), gid: id("-g"), extra_gid, name, group }
+    }
+
+    /// Runs `cmd args` as this user (primary group and the extra group).
+    fn run(&self, cmd: &str, args: &[&Path]) -> std::process::Output {
+        as_user(self.uid, self.gid, &[self.gid, self.extra_gid], cmd, args)
+    }
+}
+
+impl Drop for TestUser {
+    fn drop(&mut self) {
+        let _ = Command::new("userdel").arg(&self.name).output();
+        let _ = Command::new("groupdel").arg(&self.group).output();
+    }
+}
+
+fn denied(out: &std::process::Output, what: &str, msg: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains(msg), "{what}: expected \"{msg}\", got {:?}: {err}", out.status);
+}
+
+#[test]
+fn chmod_and_chown_are_enforced_for_an_ordinary_user() {
+    let user = TestUser::create("u");
+    let fs = LocalFs::up(1, &[]);
+    let m = FuseMount::start_with(&fs, &["--allow-other"]);
+    let rt = runtime();
+    let c = rt.block_on(fs.client());
+    let home = m.p("home");
+    fs::create_dir(&home).unwrap();
+    // SAFETY: valid path.
+    assert_eq!(unsafe { libc::chown(cpath(&home).as_ptr(), user.uid, user.gid) }, 0);
+    let mine = home.join("mine");
+    let out = user.run("touch", &[&mine]);
+    assert!(out.status.success(), "touch: {}", String::from_utf8_lossy(&out.stderr));
+    let st = fs::metadata(&mine).unwrap();
+    assert_eq!((st.uid(), st.gid()), (user.uid, user.gid), "a new file belongs to its creator");
+
+    // The owner changes the mode and the group to one they belong to.
+    assert!(user.run("chmod", &[Path::new("640"), &mine]).status.success());
+    let extra = user.extra_gid.to_string();
+    let out = user.run("chgrp", &[Path::new(&extra), &mine]);
+    assert!(out.status.success(), "chgrp to own group: {}", String::from_utf8_lossy(&out.stderr));
+    // ...but may not give the file away or pick a group they are not in.
+    denied(&user.run("chown", &[Path::new("0"), &mine]), "chown to root", "Operation not permitted");
+    denied(&user.run("chgrp", &[Path::new("0"), &mine]), "chgrp to root's group", "Operation not permitted");
+    // Another client (node) sees what metad holds.
+    let a = rt.block_on(c.resolve(&Ctx::root(), "/home/mine", true)).unwrap();
+    assert_eq!((a.uid, a.gid, a.mode & 0o7777), (user.uid, user.extra_gid, 0o640));
+
+    // Root's file: the user may neither change its mode nor write it.
+    let rootfile = m.p("rootfile");
+    fs::write(&rootfile, b"root's").unwrap();
+    fs::set_permissions(&rootfile, fs::Permissions::from_mode(0o644)).unwrap();
+    denied(&user.run("chmod", &[Path::new("666"), &rootfile]), "chmod of root's file", "Operation not permitted");
+    denied(&user.run("truncate", &[Path::new("-s0"), &rootfile]), "write root's 0644 file", "Permission denied");
+    denied(&user.run("touch", &[&m.p("in-root-dir")]), "create in root's 0755 dir", "Permission denied");
+    assert_eq!(fs::read(&rootfile).unwrap(), b"root's");
+    assert_eq!(fs::metadata(&rootfile).unwrap().mode() & 0o7777, 0o644);
+
+    // Root gives it away; now the user may change its mode and write it.
+    // SAFETY: valid path.
+    assert_eq!(unsafe { libc::chown(cpath(&rootfile).as_ptr(), user.uid, user.gid) }, 0);
+    assert!(user.run("chmod", &[Path::new("600"), &rootfile]).status.success());
+    assert!(user.run("truncate", &[Path::new("-s2"), &rootfile]).status.success());
+    assert_eq!(fs::read(&rootfile).unwrap(), b"ro");
+
+    // A descriptor keeps the access it was opened with: a file created read-only (as git
+    // creates its objects) is written and closed by its creator.
+    let ro = home.join("read-only");
+    let out = user.run(
+        "python3",
+        &[
+            Path::new("-c"),
+            Path::new("import os,sys\nfd=os.open(sys.argv[1],os.O_CREAT|os.O_EXCL|os.O_WRONLY,0o444)\nos.write(fd,b'kept')\nos.close(fd)"),
+            &ro,
+        ],
+    );
+    assert!(out.status.success(), "write and close a new 0444 file: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(fs::read(&ro).unwrap(), b"kept");
+    assert_eq!(fs::metadata(&ro).unwrap().mode() & 0o777, 0o444);
+
+    // Mode bits bind the owner too: 000 refuses the user's own read; root still reads.
+    assert!(user.run("chmod", &[Path::new("000"), &mine]).status.success());
+    denied(&user.run("cat", &[&mine]), "read own 000 file", "Permission denied");
+    assert_eq!(fs::read(&mine).unwrap(), b"");
+    // A directory the user cannot search hides its entries from them.
+    assert!(user.run("chmod", &[Path::new("600"), &home]).status.success());
+    denied(&user.run("stat", &[&mine]), "stat below a 0600 directory", "Permission denied");
+}
+
+#[test]
+fn posix_acls_are_refused_so_tools_fall_back_to_the_mode() {
+    let fs = LocalFs::up(1, &[]);
+    let m = FuseMount::start(&fs);
+    let f = m.p("acl");
+    fs::write(&f, b"x").unwrap();
+    // A minimal access ACL: version 2, then (tag, perm, id) for user::rwx, group::r-x, other::--x.
+    let mut acl = 2u32.to_le_bytes().to_vec();
+    for (tag, perm) in [(0x01u16, 7u16), (0x04, 5), (0x20, 1)] {
+        acl.extend(tag.to_le_bytes().into_iter().chain(perm.to_le_bytes()).chain(u32::MAX.to_le_bytes()));
+    }
+    assert_eq!(errno(setxattr(&f, "system.posix_acl_access", &acl, 0)), libc::EOPNOTSUPP);
+    assert_eq!(errno(getxattr(&f, "system.posix_acl_access", 256)), libc::ENODATA);
+    // So cp -a keeps modes with chmod: a 0751 file copies as 0751.
+    let src = tempfile::tempdir().unwrap();
+    fs::write(src.path().join("x"), b"data").unwrap();
+    fs::set_permissions(src.path().join("x"), fs::Permissions::from_mode(0o751)).unwrap();
+    let st = Command::new("cp").arg("-a").arg(src.path().join("x")).arg(m.p("x")).status().unwrap();
+    assert!(st.success());
+    assert_eq!(fs::metadata(m.p("x")).unwrap().mode() & 0o7777, 0o751);
 }

@@ -214,3 +214,6 @@ pub fn walk_files(dir: &Path) -> Vec<String> {
     }
     out
 }
+
+pub mod fuse;
+pub use fuse::*;

@@ -46,6 +46,8 @@ const READDIR_BATCH: u32 = 1024;
 const READDIRPLUS_BATCH: u32 = 256;
 /// The extended attribute holding file capabilities.
 const FILE_CAPS: &[u8] = b"security.capability";
+/// Extended attributes the kernel interprets itself (POSIX ACLs); refused.
+const SYSTEM_XATTRS: &[u8] = b"system.";
 /// Offset of the "." entry, and of ".." (client cookies are shifted past them).
 const DOT_OFFSET: u64 = 1;
 const DOTDOT_OFFSET: u64 = 2;
@@ -707,9 +709,12 @@ impl Filesystem for OdfsFuse {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        if name.as_bytes() == FILE_CAPS {
+        if name.as_bytes() == FILE_CAPS || name.as_bytes().starts_with(SYSTEM_XATTRS) {
             // File capabilities are ignored by exec on a nosuid mount; refusing them keeps the
-            // answer of getxattr (which never asks metad for them) true.
+            // answer of getxattr (which never asks metad for them) true. POSIX ACLs
+            // (system.posix_acl_*) are not supported: stored as plain values they would not
+            // change the mode, and tools (cp -a, tar --acls) that see them refused fall back
+            // to chmod.
             reply.error(Errno::from_i32(libc::EOPNOTSUPP));
             return;
         }

@@ -246,6 +246,14 @@ impl Client {
 
     /// Changes attributes. A size change truncates the data first (after a permission check).
     pub async fn setattr(&self, ctx: &Ctx, req: SetAttr) -> Result<Attr> {
+        if req.mtime.is_some() {
+            // Publish this process's writes first, or their mtime, sent at close, would replace
+            // the one set here (tar and cp -a set times on the open descriptor, then close it).
+            let local = self.inner.inodes.lock().expect("inodes lock").get(&req.ino).cloned();
+            if let Some(d) = local {
+                d.flush(self, ctx, false).await?;
+            }
+        }
         if let Some(size) = req.size {
             self.truncate(ctx, req.ino, size, true).await?;
             if req.mode.is_none()

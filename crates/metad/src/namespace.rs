@@ -621,7 +621,7 @@ impl Namespace {
             MetaOp::SetAttr(r) => self.setattr(h, now, r),
             MetaOp::SetXattr(r) => self.setxattr(h, now, r),
             MetaOp::RemoveXattr(r) => self.removexattr(h, now, r),
-            MetaOp::ExtendSize(r) => self.extend_size(h, r),
+            MetaOp::ExtendSize(r) => self.extend_size(r),
             MetaOp::SetDirLayout(r) => self.set_dir_layout(h, now, r),
             MetaOp::SetRootOwner { uid, gid, mode } => {
                 let root = self.node_mut(InodeId::ROOT)?;
@@ -1106,10 +1106,13 @@ impl Namespace {
         Applied::changed(MetaReply::Unit)
     }
 
-    fn extend_size(&mut self, h: &RequestHeader, req: &ExtendSize) -> RpcResult<Applied> {
+    fn extend_size(&mut self, req: &ExtendSize) -> RpcResult<Applied> {
         let node = self.node(req.ino)?;
         match node.body {
-            Body::File(_) => permission::require(h, node, req.ino, MAY_WRITE)?,
+            // Publishes data written through a descriptor opened for writing: the permission
+            // was checked at open, and an open descriptor keeps its access after a chmod (a
+            // file created with mode 0444, as git does for its objects, is written and closed).
+            Body::File(_) => {}
             Body::Dir(_) => {
                 return Err(RemoteError::new(ErrorCode::IsDir, format!("inode {} is a directory", req.ino)))
             }

@@ -15,7 +15,7 @@ use odfs_rpc::{JobCredential, Pool, PoolConfig, SiteKey, Transport};
 use odfs_service::JobSection;
 use odfs_stored::config::{StoredConfig, TargetSection};
 use serde::{Deserialize, Serialize};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -34,6 +34,8 @@ pub struct UpOptions {
     pub site_key: Option<PathBuf>,
     pub timeout: Duration,
     pub io_backend: String,
+    /// Address the daemons listen on and advertise.
+    pub bind: IpAddr,
     /// Where to mount the filesystem (None: no mount).
     pub mount: Option<PathBuf>,
 }
@@ -52,6 +54,7 @@ impl Default for UpOptions {
             site_key: None,
             timeout: Duration::from_secs(30),
             io_backend: "auto".into(),
+            bind: IpAddr::from([127, 0, 0, 1]),
             mount: None,
         }
     }
@@ -136,8 +139,8 @@ impl RootLock {
     }
 }
 
-fn free_port(udp: bool) -> Result<u16> {
-    let addr: SocketAddr = "127.0.0.1:0".parse().expect("valid address");
+fn free_port(ip: IpAddr, udp: bool) -> Result<u16> {
+    let addr = SocketAddr::new(ip, 0);
     Ok(if udp {
         std::net::UdpSocket::bind(addr)?.local_addr()?.port()
     } else {
@@ -206,8 +209,11 @@ pub fn up(opts: &UpOptions) -> Result<LocalState> {
     SiteKey::load(&site_key)?;
     let job_id = opts.job_id.clone().unwrap_or_else(|| format!("local-{:08x}", rand::random::<u32>()));
     let job = JobSection { id: job_id.clone(), site_key: site_key.clone() };
-    let lo = |port: u16| -> SocketAddr { SocketAddr::from(([127, 0, 0, 1], port)) };
-    let mgmtd_addr = lo(free_port(true)?);
+    let addr = |udp: bool| -> Result<SocketAddr> {
+        let port = free_port(opts.bind, udp).with_context(|| format!("cannot bind to {}", opts.bind))?;
+        Ok(SocketAddr::new(opts.bind, port))
+    };
+    let mgmtd_addr = addr(true)?;
 
     let mut plan: Vec<(String, u32, PathBuf, PathBuf)> = Vec::new();
     let n0 = node_dir(&root, 0);
@@ -225,7 +231,7 @@ pub fn up(opts: &UpOptions) -> Result<LocalState> {
     plan.push(("mgmtd".into(), 0, n0.join("mgmtd.toml"), n0.join("mgmtd.log")));
     let meta_cfg = MetadConfig {
         job: job.clone(),
-        listen: lo(free_port(true)?),
+        listen: addr(true)?,
         mgmtd: mgmtd_addr,
         node: 0,
         shard: 0,
@@ -246,8 +252,8 @@ pub fn up(opts: &UpOptions) -> Result<LocalState> {
             .collect();
         let scfg = StoredConfig {
             job: job.clone(),
-            listen: lo(free_port(true)?),
-            bulk_listen: Some(lo(free_port(false)?)),
+            listen: addr(true)?,
+            bulk_listen: Some(addr(false)?),
             addr_file: None,
             mgmtd: mgmtd_addr,
             node: k,

@@ -121,6 +121,10 @@ enum LocalCmd {
         /// Storage I/O engine: auto, uring or syscall.
         #[arg(long, default_value = "auto")]
         io_backend: String,
+        /// Address every daemon listens on and advertises (another address of this machine
+        /// makes the filesystem reachable from network namespaces or other hosts).
+        #[arg(long, default_value = "127.0.0.1")]
+        bind: std::net::IpAddr,
     },
     /// Stop everything `up` started on ROOT.
     Down {
@@ -168,6 +172,7 @@ fn real_main() -> Result<()> {
             site_key,
             timeout,
             io_backend,
+            bind,
         }) => {
             let opts = local::UpOptions {
                 root: root.clone(),
@@ -181,6 +186,7 @@ fn real_main() -> Result<()> {
                 site_key,
                 timeout: Duration::from_secs(timeout),
                 io_backend,
+                bind,
                 mount: if no_mount { None } else { Some(mount.unwrap_or_else(|| root.join("mnt"))) },
             };
             let st = local::up(&opts)?;

@@ -1,0 +1,238 @@
+//! Across nodes: every node a network namespace and a mount namespace of its own, all mounting
+//! the same filesystem. The daemons run in a "server" namespace behind a bridge; each node
+//! reaches them over its own veth link, mounts with `odfs-fuse` in a private mount namespace
+//! (invisible to the test and to the other node), and is driven with `nsenter`.
+//!
+//! Checks close-to-open across nodes: data written and closed on one node reads byte-identical
+//! on the other, also when the reader had the old contents cached; renames and unlinks on one
+//! node are seen on the other once cached names expire (at most the kernel's and the client
+//! library's TTLs, 1 s each; the test allows 5 s).
+//!
+//! Needs root, /dev/fuse and iproute2 (`ip netns`), util-linux (`unshare`, `nsenter`).
+
+use odfs_tests::*;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const SUBNET: &str = "10.213.7";
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("run ip (iproute2 package)");
+    assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Network namespaces made for one test: a server namespace with a bridge, and one namespace
+/// per node linked to it by a veth pair. Removed on drop.
+struct Net {
+    server: String,
+    nodes: Vec<String>,
+}
+
+impl Net {
+    fn new(nodes: usize) -> Net {
+        assert!(
+            unsafe { libc::geteuid() } == 0,
+            "this test creates network namespaces and mounts FUSE filesystems: run it as root"
+        );
+        let tag = std::process::id();
+        let net = Net { server: format!("odfs{tag}s"), nodes: (0..nodes).map(|k| format!("odfs{tag}n{k}")).collect() };
+        net.remove();
+        let s = net.server.as_str();
+        ip(&["netns", "add", s]);
+        ip(&["-n", s, "link", "set", "lo", "up"]);
+        ip(&["-n", s, "link", "add", "br0", "type", "bridge"]);
+        ip(&["-n", s, "addr", "add", &format!("{SUBNET}.1/24"), "dev", "br0"]);
+        ip(&["-n", s, "link", "set", "br0", "up"]);
+        for (k, n) in net.nodes.iter().enumerate() {
+            let peer = format!("v{k}");
+            ip(&["netns", "add", n]);
+            ip(&["-n", n, "link", "set", "lo", "up"]);
+            ip(&["-n", n, "link", "add", "eth0", "type", "veth", "peer", "name", &peer, "netns", s]);
+            ip(&["-n", s, "link", "set", &peer, "master", "br0", "up"]);
+            ip(&["-n", n, "addr", "add", &format!("{SUBNET}.{}/24", k + 2), "dev", "eth0"]);
+            ip(&["-n", n, "link", "set", "eth0", "up"]);
+        }
+        net
+    }
+
+    fn remove(&self) {
+        for n in self.nodes.iter().chain([&self.server]) {
+            let _ = Command::new("ip").args(["netns", "del", n]).output();
+        }
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+/// One node: `odfs-fuse` in the node's network namespace and a private mount namespace.
+struct Node {
+    name: String,
+    child: Child,
+    mnt: PathBuf,
+    log: PathBuf,
+}
+
+impl Node {
+    fn mount(netns: &str, name: &str, fs: &LocalFs) -> Node {
+        assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing: this test needs FUSE (modprobe fuse)");
+        let mnt = fs.root().join("mnt");
+        fs::create_dir_all(&mnt).unwrap();
+        let log = fs.root().join(format!("fuse-{name}.log"));
+        let out = fs::File::create(&log).unwrap();
+        // ip and unshare exec their command, so the child is odfs-fuse itself.
+        let child = Command::new("ip")
+            .args(["netns", "exec", netns, "unshare", "--mount", "--propagation", "private"])
+            .arg(odfs_fuse_bin())
+            .arg("--fs")
+            .arg(fs.config_path())
+            .arg("--mountpoint")
+            .arg(&mnt)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .expect("start odfs-fuse in the node's namespaces");
+        let mut node = Node { name: name.into(), child, mnt, log };
+        let t = Instant::now();
+        loop {
+            let info = fs::read_to_string(format!("/proc/{}/mountinfo", node.child.id())).unwrap_or_default();
+            let want = format!(" {} ", node.mnt.display());
+            if info.lines().any(|l| l.contains(&want) && l.contains(" - fuse.odfs ")) {
+                return node;
+            }
+            if let Ok(Some(st)) = node.child.try_wait() {
+                panic!("node {name}: odfs-fuse exited ({st}):\n{}", fs::read_to_string(&node.log).unwrap_or_default());
+            }
+            assert!(t.elapsed() < Duration::from_secs(15), "node {name}: not mounted within 15 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Runs a shell command in the node's mount and network namespaces.
+    fn sh(&self, cmd: &str) -> Output {
+        Command::new("nsenter")
+            .args(["-t", &self.child.id().to_string(), "-m", "-n", "--", "sh", "-c", cmd])
+            .output()
+            .expect("run nsenter")
+    }
+
+    /// Like `sh`, failing the test unless the command succeeds; returns stdout.
+    fn ok(&self, cmd: &str) -> String {
+        let out = self.sh(cmd);
+        assert!(
+            out.status.success(),
+            "node {}: `{cmd}` failed: {}{}",
+            self.name,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn sha256_of(&self, rel: &str) -> String {
+        self.ok(&format!("sha256sum {}/{rel}", self.mnt.display())).split(' ').next().unwrap().to_string()
+    }
+
+    /// Waits (bounded) until `cond` holds on this node.
+    fn eventually(&self, what: &str, cond: &str) {
+        let t = Instant::now();
+        while !self.sh(cond).status.success() {
+            assert!(t.elapsed() < Duration::from_secs(5), "node {}: {what} not seen within 5 s", self.name);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // SIGTERM: odfs-fuse flushes and unmounts; its mount namespace goes with it.
+        // SAFETY: plain kill(2) of our child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(5) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `odfs local up` inside the server namespace, daemons bound to the bridge's address.
+fn up_in_server(net: &Net, nodes: u32) -> LocalFs {
+    let dir = tempfile::Builder::new().prefix("odfs-nodes-").tempdir().unwrap();
+    let out = Command::new("ip")
+        .args(["netns", "exec", &net.server])
+        .arg(bin_dir().join("odfs"))
+        .args(["local", "up", "--no-mount", "--bind", &format!("{SUBNET}.1"), "--nodes", &nodes.to_string()])
+        .args(["--chunk-size", "65536", "--stripe-count", "-1", "--root"])
+        .arg(dir.path())
+        .env("ODFS_BIN_DIR", bin_dir())
+        .output()
+        .expect("run odfs local up in the server namespace");
+    let fs = LocalFs { dir, nodes };
+    assert!(
+        out.status.success(),
+        "odfs local up --bind {SUBNET}.1 failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    fs
+}
+
+#[test]
+fn nodes_in_their_own_namespaces_share_one_filesystem_close_to_open() {
+    let net = Net::new(2);
+    let fs = up_in_server(&net, 4);
+    let a = Node::mount(&net.nodes[0], "A", &fs);
+    let b = Node::mount(&net.nodes[1], "B", &fs);
+    let mnt = a.mnt.display().to_string();
+    assert!(mount_line(&a.mnt).is_none(), "the nodes' mounts must not show in the test's own mount namespace");
+    // The nodes reach only the server's address: loopback in a node is its own.
+    assert!(fs.config().mgmtd.ip().to_string() == format!("{SUBNET}.1"));
+
+    // Written and closed on A: byte-identical on B.
+    let scratch = tempfile::tempdir().unwrap();
+    let (v1, v2) = (pattern((5 << 20) + 777, 1), pattern((3 << 20) + 5, 2));
+    let (p1, p2) = (scratch.path().join("v1"), scratch.path().join("v2"));
+    fs::write(&p1, &v1).unwrap();
+    fs::write(&p2, &v2).unwrap();
+    a.ok(&format!("cp {} {mnt}/f", p1.display()));
+    assert_eq!(b.sha256_of("f"), sha256(&v1), "B reads what A wrote and closed");
+    b.ok(&format!("cmp {} {mnt}/f", p1.display()));
+
+    // B has the old contents cached; A overwrites (shorter) and closes; B's next open sees it.
+    a.ok(&format!("cp {} {mnt}/f", p2.display()));
+    assert_eq!(b.sha256_of("f"), sha256(&v2), "B's open revalidates: new contents, not its cached pages");
+    assert_eq!(b.ok(&format!("stat -c %s {mnt}/f")).trim(), v2.len().to_string());
+
+    // The other direction, in a directory made on B.
+    b.ok(&format!("mkdir {mnt}/fromb && for i in $(seq 1 100); do echo $i > {mnt}/fromb/$i; done"));
+    let listing = a.ok(&format!("ls {mnt}/fromb | sort -n | tr '\\n' ' '"));
+    assert_eq!(listing.trim(), (1..=100).map(|i| i.to_string()).collect::<Vec<_>>().join(" "));
+    assert_eq!(a.ok(&format!("cat {mnt}/fromb/42")), "42\n");
+
+    // Rename on A, seen on B: the new name with the same bytes, the old name gone.
+    b.ok(&format!("test -e {mnt}/f"));
+    a.ok(&format!("mv {mnt}/f {mnt}/g"));
+    b.eventually("rename f -> g", &format!("test -e {mnt}/g && ! test -e {mnt}/f"));
+    assert_eq!(b.sha256_of("g"), sha256(&v2));
+    // A directory rename too.
+    a.ok(&format!("mv {mnt}/fromb {mnt}/renamed"));
+    b.eventually("directory rename", &format!("test -d {mnt}/renamed && ! test -e {mnt}/fromb"));
+    assert_eq!(b.ok(&format!("cat {mnt}/renamed/7")), "7\n");
+
+    // Unlink on A, seen on B.
+    a.ok(&format!("rm {mnt}/g"));
+    b.eventually("unlink of g", &format!("! test -e {mnt}/g"));
+    let out = b.sh(&format!("cat {mnt}/g"));
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("No such file"));
+}
