@@ -4,6 +4,12 @@
 //! Phases: sequential write (each client one file, fsync at the end), sequential read after
 //! dropping the page cache, then metadata (mdtest-easy style: each thread its own directory;
 //! create, stat, unlink of empty files).
+//!
+//! `odfs bench --mount` ([`mount`]) runs a wider workload through the FUSE mount instead. Shared
+//! here: the result rows, CPU accounting, the data pattern, dropping the page cache and the
+//! small file-I/O helpers the demo uses too.
+
+pub mod mount;
 
 use crate::local::{self, UpOptions};
 use crate::procs;
@@ -13,6 +19,7 @@ use odfs_proto::InodeId;
 use odfs_rpc::Transport;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone)]
@@ -28,6 +35,13 @@ pub struct BenchOptions {
     pub transport: Transport,
     pub skip_plain: bool,
     pub keep: bool,
+}
+
+impl BenchOptions {
+    /// The same phases at sizes that finish in well under a minute.
+    pub fn small() -> Self {
+        BenchOptions { file_size: 64 << 20, files_per_thread: 2_000, ..BenchOptions::default() }
+    }
 }
 
 impl Default for BenchOptions {
@@ -51,7 +65,7 @@ impl Default for BenchOptions {
 #[derive(Debug, Clone)]
 pub struct Phase {
     pub name: &'static str,
-    /// "MiB/s" or "ops/s".
+    /// "MiB/s", "ops/s", "IOPS" or "files/s".
     pub unit: &'static str,
     pub odfs: f64,
     pub plain: Option<f64>,
@@ -84,21 +98,65 @@ pub fn drop_caches() -> bool {
     std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok()
 }
 
-struct CpuMeter {
+/// Closes `f` and returns close(2)'s error: odfs reports a failed background write there.
+pub fn close(f: std::fs::File) -> std::io::Result<()> {
+    use std::os::fd::IntoRawFd;
+    // SAFETY: the fd is owned by `f`, which gives it up here.
+    if unsafe { libc::close(f.into_raw_fd()) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Runs `work(i)` for every item of `order` on `threads` workers taking the next item as they go.
+pub fn parallel(threads: usize, order: &[usize], work: impl Fn(usize) -> Result<()> + Sync) -> Result<()> {
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| -> Result<()> {
+                    loop {
+                        let k = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&i) = order.get(k) else { return Ok(()) };
+                        work(i)?;
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().try_for_each(|h| h.join().expect("worker thread"))
+    })
+}
+
+/// CPU seconds (user + system) of this process's children that have exited and been waited
+/// for — a benchmark tool such as fio run to completion during a phase.
+fn children_cpu_seconds() -> f64 {
+    // SAFETY: getrusage only writes the struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) } != 0 {
+        return 0.0;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(ru.ru_utime) + secs(ru.ru_stime)
+}
+
+/// CPU time of a phase: this process, the children it waited for (fio), and `pids` (daemons).
+/// The daemons this tool started are children too, but they exit only at teardown.
+pub(crate) struct CpuMeter {
     pids: Vec<u32>,
     start: f64,
 }
 
 impl CpuMeter {
-    fn start(pids: &[u32]) -> CpuMeter {
+    pub(crate) fn start(pids: &[u32]) -> CpuMeter {
         let pids = pids.to_vec();
         let start = Self::total(&pids);
         CpuMeter { pids, start }
     }
     fn total(pids: &[u32]) -> f64 {
-        procs::self_cpu_seconds() + pids.iter().map(|&p| procs::cpu_seconds(p)).sum::<f64>()
+        procs::self_cpu_seconds() + children_cpu_seconds() + pids.iter().map(|&p| procs::cpu_seconds(p)).sum::<f64>()
     }
-    fn stop(&self) -> f64 {
+    pub(crate) fn stop(&self) -> f64 {
         Self::total(&self.pids) - self.start
     }
 }

@@ -1,14 +1,17 @@
-//! `odfs demo`: the main job on one machine — a 4-node local filesystem, a generated dataset
-//! copied in and back out and compared byte for byte, a short benchmark, teardown.
+//! `odfs demo`: the main job on one machine — a 4-node local filesystem mounted through FUSE, a
+//! generated dataset copied into the mount and back out with ordinary file I/O and compared by
+//! checksum, a short benchmark through the mount, teardown.
 
-use crate::bench::{self, fill_pattern, BenchOptions};
-use crate::copy::{self, CopyOptions};
+use crate::bench::mount::{self as mount_bench, MountBenchOptions};
+use crate::bench::{close, drop_caches, fill_pattern, parallel};
 use crate::local::{self, UpOptions};
+use crate::{mount, procs};
 use anyhow::{bail, Context, Result};
-use odfs_client::{Client, ClientConfig};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 #[derive(Debug, Clone)]
@@ -66,22 +69,120 @@ pub fn checksums(dir: &Path) -> Result<BTreeMap<String, String>> {
     Ok(out)
 }
 
+/// What [`copy_tree`] copied.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TreeCopy {
+    pub files: u64,
+    pub dirs: u64,
+    pub symlinks: u64,
+    pub bytes: u64,
+}
+
+/// Copies the tree `src` to `dst` (which must not exist) with plain read/write calls, files on
+/// `threads` workers: what an application does, so on a mount it goes through the kernel and
+/// FUSE. (No `std::fs::copy`: it may take copy_file_range or sendfile shortcuts.)
+pub fn copy_tree(src: &Path, dst: &Path, threads: usize) -> Result<TreeCopy> {
+    let mut stats = TreeCopy::default();
+    let mut files = Vec::new();
+    let mut stack = vec![(src.to_path_buf(), dst.to_path_buf())];
+    while let Some((s, d)) = stack.pop() {
+        std::fs::create_dir(&d).with_context(|| format!("cannot create {}", d.display()))?;
+        stats.dirs += 1;
+        for e in std::fs::read_dir(&s).with_context(|| format!("cannot list {}", s.display()))? {
+            let e = e?;
+            let (from, to) = (e.path(), d.join(e.file_name()));
+            let ft = e.file_type()?;
+            if ft.is_dir() {
+                stack.push((from, to));
+            } else if ft.is_symlink() {
+                std::os::unix::fs::symlink(std::fs::read_link(&from)?, &to)
+                    .with_context(|| format!("cannot create symlink {}", to.display()))?;
+                stats.symlinks += 1;
+            } else if ft.is_file() {
+                files.push((from, to));
+            }
+        }
+    }
+    let bytes = AtomicU64::new(0);
+    let order: Vec<usize> = (0..files.len()).collect();
+    parallel(threads, &order, |i| {
+        let (from, to) = &files[i];
+        let n = copy_file(from, to).with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+        bytes.fetch_add(n, Ordering::Relaxed);
+        Ok(())
+    })?;
+    stats.files = files.len() as u64;
+    stats.bytes = bytes.into_inner();
+    Ok(stats)
+}
+
+/// Copies one file in 1 MiB reads and writes; returns the bytes copied.
+fn copy_file(from: &Path, to: &Path) -> Result<u64> {
+    let mut r = std::fs::File::open(from)?;
+    let mut w = std::fs::OpenOptions::new().write(true).create_new(true).open(to)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = r.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        w.write_all(&buf[..n])?;
+        total += n as u64;
+    }
+    // close(2) reports a write odfs could not complete in the background.
+    close(w)?;
+    Ok(total)
+}
+
+/// Workers copying files in and out of the mount.
+const COPY_THREADS: usize = 8;
+
+fn print_copy(s: &TreeCopy, secs: f64) {
+    let mib = s.bytes as f64 / 1048576.0;
+    println!(
+        "    {} files, {} dirs, {} symlinks, {mib:.1} MiB in {secs:.2} s ({:.0} MiB/s)",
+        s.files,
+        s.dirs,
+        s.symlinks,
+        mib / secs
+    );
+}
+
 pub fn run(o: &DemoOptions) -> Result<()> {
+    if o.bench {
+        // Fail before starting anything rather than at the last step.
+        mount_bench::fio().map_err(|e| anyhow::anyhow!("{e:#}; or run the demo with --no-bench"))?;
+    }
     std::fs::create_dir_all(&o.root)?;
     let root = o.root.canonicalize()?;
     let fsroot = root.join("fs");
-    let _ = local::down(&fsroot);
-    let _ = std::fs::remove_dir_all(&fsroot);
+    let mnt = fsroot.join("mnt");
+    if fsroot.is_dir() {
+        let _ = local::down(&fsroot);
+    }
+    mount::unmount(&mnt)?;
     let src = root.join("dataset");
     let out = root.join("dataset-out");
-    let _ = std::fs::remove_dir_all(&src);
-    let _ = std::fs::remove_dir_all(&out);
+    for d in [&fsroot, &src, &out] {
+        let _ = std::fs::remove_dir_all(d);
+    }
 
-    println!("1/5 starting a {}-node odfs on this machine under {}", o.nodes, fsroot.display());
-    let t = Instant::now();
-    let state = local::up(&UpOptions { root: fsroot.clone(), nodes: o.nodes, ..UpOptions::default() })?;
     println!(
-        "    ready in {:.2} s: mgmtd + metad on node 0, stored on {} nodes ({} processes)",
+        "1/5 starting a {}-node odfs on this machine under {}, mounted at {}",
+        o.nodes,
+        fsroot.display(),
+        mnt.display()
+    );
+    let t = Instant::now();
+    let state = local::up(&UpOptions {
+        root: fsroot.clone(),
+        nodes: o.nodes,
+        mount: Some(mnt.clone()),
+        ..UpOptions::default()
+    })?;
+    println!(
+        "    ready in {:.2} s: mgmtd + metad on node 0, stored on {} nodes, odfs-fuse ({} processes)",
         t.elapsed().as_secs_f64(),
         o.nodes,
         state.procs.len()
@@ -90,41 +191,28 @@ pub fn run(o: &DemoOptions) -> Result<()> {
     let result = (|| -> Result<()> {
         println!("2/5 generating a {} MiB dataset in {}", o.dataset_mib, src.display());
         let bytes = generate_dataset(&src, o.dataset_mib)?;
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-        let cfg = ClientConfig::load(&local::client_config_path(&fsroot))?;
-        let opts = CopyOptions { recursive: true, parallel: 16, progress: false };
-        rt.block_on(async {
-            let client = Client::connect(cfg).await?;
-            println!("3/5 copying it in: odfs cp -r {} odfs:/dataset", src.display());
-            let t = Instant::now();
-            let s = copy::copy(&client, src.to_str().context("path")?, "odfs:/dataset", &opts).await?;
-            let secs = t.elapsed().as_secs_f64();
-            println!(
-                "    {} files, {} dirs, {:.1} MiB in {:.2} s ({:.0} MiB/s)",
-                s.files,
-                s.dirs,
-                s.bytes as f64 / 1048576.0,
-                secs,
-                s.bytes as f64 / 1048576.0 / secs
-            );
-            println!("4/5 copying it back out and comparing sha256 of every file");
-            let t = Instant::now();
-            let s = copy::copy(&client, "odfs:/dataset", out.to_str().context("path")?, &opts).await?;
-            let secs = t.elapsed().as_secs_f64();
-            println!(
-                "    {} files, {:.1} MiB in {:.2} s ({:.0} MiB/s)",
-                s.files,
-                s.bytes as f64 / 1048576.0,
-                secs,
-                s.bytes as f64 / 1048576.0 / secs
-            );
-            anyhow::Ok(())
-        })?;
+        let inside = mnt.join("dataset");
+        println!("3/5 copying it into the mount: {} -> {} ({COPY_THREADS} workers)", src.display(), inside.display());
+        let t = Instant::now();
+        let s = copy_tree(&src, &inside, COPY_THREADS)?;
+        print_copy(&s, t.elapsed().as_secs_f64());
+        anyhow::ensure!(s.bytes == bytes, "copied {} bytes into the mount, generated {bytes}", s.bytes);
+
+        // Cold: the copy out must come from the storage daemons, not the page cache.
+        let cold = if drop_caches() { "page cache dropped" } else { "page cache not dropped: not root" };
+        println!(
+            "4/5 copying it back out of the mount to {} ({cold}) and comparing sha256 of every file",
+            out.display()
+        );
+        let t = Instant::now();
+        let s = copy_tree(&inside, &out, COPY_THREADS)?;
+        print_copy(&s, t.elapsed().as_secs_f64());
         let a = checksums(&src)?;
         let b = checksums(&out)?;
         if a != b {
-            let diff: Vec<_> = a.iter().filter(|(k, v)| b.get(*k) != Some(v)).map(|(k, _)| k.clone()).take(5).collect();
-            bail!("dataset differs after the round trip: {diff:?}");
+            let missing_in_a = b.keys().filter(|k| !a.contains_key(*k));
+            let diff: Vec<_> = a.keys().chain(missing_in_a).filter(|k| a.get(*k) != b.get(*k)).take(5).collect();
+            bail!("dataset differs after the round trip through the mount: {diff:?}");
         }
         anyhow::ensure!(out.join("empty-dir").is_dir(), "empty directory was not copied");
         anyhow::ensure!(
@@ -134,19 +222,23 @@ pub fn run(o: &DemoOptions) -> Result<()> {
         println!("    all {} files identical ({} bytes)", a.len(), bytes);
         Ok(())
     })();
-    let _ = local::down(&fsroot);
+    let down = local::down(&fsroot);
     result?;
+    let down = down.context("stopping the demo filesystem")?;
+    for step in &down.unmount_steps {
+        println!("    {step}");
+    }
+    anyhow::ensure!(mount::mount_at(&mnt).is_none(), "{} is still mounted after teardown", mnt.display());
+    let left: Vec<u32> = state.procs.iter().filter(|p| procs::runs(p.pid, &p.config)).map(|p| p.pid).collect();
+    anyhow::ensure!(left.is_empty(), "processes {left:?} still run after teardown");
+    println!("    filesystem stopped: all {} processes ended, mount removed", state.procs.len());
+
     if o.bench {
-        println!("5/5 short benchmark (odfs vs a plain directory on the same disk)");
-        let bo = BenchOptions {
-            root: root.join("bench"),
-            nodes: o.nodes,
-            file_size: 256 << 20,
-            files_per_thread: 5000,
-            ..BenchOptions::default()
-        };
-        let (phases, dropped) = bench::run(&bo)?;
-        print!("{}", bench::render(&phases));
+        println!("5/5 short benchmark through the mount (odfs vs a plain directory on the same disk)");
+        let bo = MountBenchOptions { root: root.join("bench"), nodes: o.nodes, ..MountBenchOptions::small() };
+        print!("{}", bo.describe());
+        let (phases, dropped) = mount_bench::run(&bo)?;
+        print!("{}", mount_bench::render(&phases));
         if !dropped {
             println!("    (page cache could not be dropped: reads may be served from memory)");
         }
@@ -154,8 +246,8 @@ pub fn run(o: &DemoOptions) -> Result<()> {
         println!("5/5 benchmark skipped (--no-bench)");
     }
     if !o.keep {
-        let _ = std::fs::remove_dir_all(&root);
+        std::fs::remove_dir_all(&root).with_context(|| format!("cannot remove {}", root.display()))?;
     }
-    println!("demo finished: filesystem stopped, no process left");
+    println!("demo finished: filesystem stopped, no process or mount left");
     Ok(())
 }

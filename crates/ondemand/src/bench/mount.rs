@@ -1,0 +1,552 @@
+//! `odfs bench --mount`: one workload through the FUSE mount of a local odfs and on a plain
+//! directory of the same disk, in one run, with ratios and CPU time.
+//!
+//! Owns the mount-mode phases: fio sequential write and read and 4 KiB random reads (fio's JSON
+//! report gives the rates), mdtest-easy style metadata (each worker its own directory), many
+//! workers in one shared directory, and cold reads of many small files in random order. The
+//! metadata and small-file phases are plain file-system calls from worker threads, so on odfs
+//! they go through the kernel and FUSE like any application's. The filesystem is started and
+//! stopped through [`crate::local`].
+
+use super::{close, drop_caches, fill_pattern, parallel, CpuMeter, Phase};
+use crate::local::{self, UpOptions};
+use crate::mount;
+use anyhow::{bail, Context, Result};
+use odfs_rpc::Transport;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+/// Options of `odfs bench --mount`; `Default` is the published shape, [`Self::small`] a quick run.
+#[derive(Debug, Clone)]
+pub struct MountBenchOptions {
+    /// Working directory: the local filesystem lives in `ROOT/fs` (mounted at `ROOT/fs/mnt`),
+    /// the plain directory is `ROOT/plain`.
+    pub root: PathBuf,
+    pub nodes: u32,
+    pub transport: Transport,
+    /// fio jobs, one file each, for the sequential and random-read phases.
+    pub jobs: usize,
+    /// Bytes of each fio job's file.
+    pub job_size: u64,
+    /// Length of the time-bounded 4 KiB random-read phase.
+    pub randread_secs: u64,
+    pub iodepth: u32,
+    /// Metadata workers: each in its own directory, then all in one shared directory.
+    pub threads: usize,
+    pub files_per_thread: usize,
+    pub shared_files_per_thread: usize,
+    /// Bytes of each file in the shared directory.
+    pub shared_file_size: usize,
+    pub small_files: usize,
+    pub small_file_size: usize,
+    pub small_dirs: usize,
+    /// Workers writing and then reading the small files.
+    pub small_threads: usize,
+    pub skip_plain: bool,
+    pub keep: bool,
+}
+
+impl Default for MountBenchOptions {
+    fn default() -> Self {
+        MountBenchOptions {
+            root: PathBuf::from("odfs-bench"),
+            nodes: 4,
+            transport: Transport::Tcp,
+            jobs: 4,
+            job_size: 1 << 30,
+            randread_secs: 15,
+            iodepth: 16,
+            threads: 4,
+            files_per_thread: 20_000,
+            shared_files_per_thread: 20_000,
+            shared_file_size: 3901,
+            small_files: 50_000,
+            small_file_size: 50 << 10,
+            small_dirs: 100,
+            small_threads: 8,
+            skip_plain: false,
+            keep: false,
+        }
+    }
+}
+
+impl MountBenchOptions {
+    /// The same phases at sizes that finish in under a minute.
+    pub fn small() -> Self {
+        MountBenchOptions {
+            job_size: 64 << 20,
+            randread_secs: 5,
+            files_per_thread: 2_000,
+            // Creates and unlinks of files with data cost several round trips each on odfs.
+            shared_files_per_thread: 1_000,
+            small_files: 5_000,
+            ..MountBenchOptions::default()
+        }
+    }
+
+    /// One line per phase group saying what was measured.
+    pub fn describe(&self) -> String {
+        format!(
+            "seq: fio {} jobs x {} MiB, 1 MiB blocks, end_fsync, page cache dropped before reads\n\
+             rand read: fio 4 KiB, O_DIRECT, libaio, iodepth {}, {} jobs, {} s over the seq files\n\
+             md: {} workers x {} empty files, each worker its own directory\n\
+             shared: {} workers x {} files of {} bytes in one directory\n\
+             small: {} files of {} KiB in {} directories, {} workers; read cold in random order\n",
+            self.jobs,
+            self.job_size >> 20,
+            self.iodepth,
+            self.jobs,
+            self.randread_secs,
+            self.threads,
+            self.files_per_thread,
+            self.threads,
+            self.shared_files_per_thread,
+            self.shared_file_size,
+            self.small_files,
+            self.small_file_size >> 10,
+            self.small_dirs,
+            self.small_threads
+        )
+    }
+}
+
+/// One side's result of one phase.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    secs: f64,
+    cpu: f64,
+    /// Rate reported by the tool itself (fio), else amount / secs is used.
+    rate: Option<f64>,
+}
+
+/// The two sides of one run: the odfs mount (whose CPU includes every odfs process) and the
+/// plain directory.
+struct Sides {
+    mnt: PathBuf,
+    plain: Option<PathBuf>,
+    /// Daemons and odfs-fuse.
+    pids: Vec<u32>,
+    phases: Vec<Phase>,
+    dropped: bool,
+}
+
+impl Sides {
+    /// Runs `f(dir, side)` on the mount, then on the plain directory; `cold` drops the page
+    /// cache before each.
+    fn run(&mut self, cold: bool, f: impl Fn(&Path, &str) -> Result<Option<f64>>) -> Result<(Sample, Option<Sample>)> {
+        let mut dropped = true;
+        let mut one = |dir: &Path, side: &str, pids: &[u32]| -> Result<Sample> {
+            if cold {
+                dropped &= drop_caches();
+            }
+            let cpu = CpuMeter::start(pids);
+            let t = Instant::now();
+            let rate = f(dir, side).with_context(|| format!("{side} ({})", dir.display()))?;
+            Ok(Sample { secs: t.elapsed().as_secs_f64(), cpu: cpu.stop(), rate })
+        };
+        let o = one(&self.mnt, "odfs", &self.pids)?;
+        let p = match &self.plain {
+            Some(dir) => Some(one(dir, "plain", &[])?),
+            None => None,
+        };
+        self.dropped &= dropped;
+        match &p {
+            Some(p) => eprintln!("       odfs {:.1} s, plain {:.1} s", o.secs, p.secs),
+            None => eprintln!("       odfs {:.1} s", o.secs),
+        }
+        Ok((o, p))
+    }
+
+    /// Adds a row: the tool's rate if it gave one, else `amount` per second.
+    fn push(&mut self, name: &'static str, unit: &'static str, amount: f64, s: (Sample, Option<Sample>)) {
+        let value = |x: &Sample| x.rate.unwrap_or(amount / x.secs);
+        self.phases.push(Phase {
+            name,
+            unit,
+            odfs: value(&s.0),
+            plain: s.1.as_ref().map(value),
+            odfs_cpu: s.0.cpu,
+            plain_cpu: s.1.map(|x| x.cpu),
+        });
+    }
+}
+
+/// Runs every phase, printing progress to stderr; the local filesystem is stopped at the end
+/// and the data removed unless `keep`. Returns the rows and whether the page cache was dropped.
+pub fn run(o: &MountBenchOptions) -> Result<(Vec<Phase>, bool)> {
+    anyhow::ensure!(o.jobs >= 1 && o.threads >= 1 && o.small_threads >= 1 && o.small_dirs >= 1, "counts must be >= 1");
+    let fio = fio()?;
+    std::fs::create_dir_all(&o.root).with_context(|| format!("cannot create {}", o.root.display()))?;
+    let root = o.root.canonicalize()?;
+    let fsroot = root.join("fs");
+    let mnt = fsroot.join("mnt");
+    let plain = root.join("plain");
+    let reports = root.join("reports");
+    clean(&fsroot, &mnt, &[&plain, &reports])?;
+    std::fs::create_dir_all(&reports)?;
+    if !o.skip_plain {
+        std::fs::create_dir_all(&plain)?;
+    }
+
+    eprintln!("bench: starting a {}-node odfs mounted at {}", o.nodes, mnt.display());
+    let up = UpOptions {
+        root: fsroot.clone(),
+        nodes: o.nodes,
+        bulk: o.transport,
+        mount: Some(mnt.clone()),
+        ..UpOptions::default()
+    };
+    let state = local::up(&up)?;
+    let result = (|| {
+        anyhow::ensure!(state.procs.iter().any(|p| p.service == "fuse"), "odfs local up started no odfs-fuse process");
+        let mut sides = Sides {
+            mnt: mnt.clone(),
+            plain: (!o.skip_plain).then(|| plain.clone()),
+            pids: state.procs.iter().map(|p| p.pid).collect(),
+            phases: Vec::new(),
+            dropped: true,
+        };
+        run_phases(o, &fio, &reports, &mut sides)?;
+        Ok((sides.phases, sides.dropped))
+    })();
+    let down = local::down(&fsroot);
+    if !o.keep {
+        let _ = clean(&fsroot, &mnt, &[&plain, &reports]);
+    }
+    let out = result?;
+    down.context("stopping the local filesystem")?;
+    Ok(out)
+}
+
+/// Removes what a previous run left, never descending into a live mount.
+fn clean(fsroot: &Path, mnt: &Path, dirs: &[&Path]) -> Result<()> {
+    if fsroot.is_dir() {
+        let _ = local::down(fsroot);
+    }
+    mount::unmount(mnt)?;
+    for d in std::iter::once(fsroot).chain(dirs.iter().copied()) {
+        match std::fs::remove_dir_all(d) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("cannot remove {}", d.display()))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The fio binary on PATH.
+pub fn fio() -> Result<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join("fio"))
+        .find(|p| p.is_file())
+        .context("fio not found on PATH: the benchmark needs it (apt-get install -y fio)")
+}
+
+/// `reports`: where fio's JSON reports go, outside both measured directories.
+fn run_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sides) -> Result<()> {
+    const MIB: f64 = (1 << 20) as f64;
+    let seq_bytes = o.jobs as u64 * o.job_size;
+    let fio_common = |dir: &Path| -> Vec<String> {
+        vec![
+            "--name=seq".into(),
+            format!("--directory={}", dir.join("fio").display()),
+            format!("--size={}", o.job_size),
+            format!("--numjobs={}", o.jobs),
+            "--group_reporting".into(),
+        ]
+    };
+
+    eprintln!("bench: fio sequential write, {} jobs x {} MiB", o.jobs, o.job_size >> 20);
+    let s = sides.run(false, |dir, side| {
+        std::fs::create_dir_all(dir.join("fio"))?;
+        let mut args = fio_common(dir);
+        args.extend(["--rw=write", "--bs=1M", "--end_fsync=1"].map(String::from));
+        let r = run_fio(fio, &args, &reports.join(format!("{side}-seq-write.json")))?;
+        r.expect_bytes("write", seq_bytes)?;
+        Ok(Some(r.bw_bytes("write")? / MIB))
+    })?;
+    sides.push("seq write", "MiB/s", 0.0, s);
+
+    eprintln!("bench: fio sequential read (page cache dropped)");
+    let s = sides.run(true, |dir, side| {
+        let mut args = fio_common(dir);
+        args.extend(["--rw=read", "--bs=1M"].map(String::from));
+        let r = run_fio(fio, &args, &reports.join(format!("{side}-seq-read.json")))?;
+        r.expect_bytes("read", seq_bytes)?;
+        Ok(Some(r.bw_bytes("read")? / MIB))
+    })?;
+    sides.push("seq read", "MiB/s", 0.0, s);
+
+    eprintln!("bench: fio 4 KiB random read, O_DIRECT, {} s", o.randread_secs);
+    let s = sides.run(true, |dir, side| {
+        probe_direct(&dir.join("fio/seq.0.0"))?;
+        let mut args = fio_common(dir);
+        args.extend([
+            "--rw=randread".into(),
+            "--bs=4k".into(),
+            "--direct=1".into(),
+            "--ioengine=libaio".into(),
+            format!("--iodepth={}", o.iodepth),
+            "--time_based".into(),
+            format!("--runtime={}", o.randread_secs),
+        ]);
+        let r = run_fio(fio, &args, &reports.join(format!("{side}-randread.json")))?;
+        anyhow::ensure!(r.field("read", "io_bytes")? > 0.0, "fio read nothing");
+        Ok(Some(r.field("read", "iops")?))
+    })?;
+    sides.push("rand read 4k", "IOPS", 0.0, s);
+
+    let md_ops = (o.threads * o.files_per_thread) as f64;
+    for (name, op) in
+        [("md create", Md::Create), ("md stat", Md::Stat), ("md read", Md::Read), ("md unlink", Md::Unlink)]
+    {
+        eprintln!("bench: {name}, {} workers x {} files, own directories", o.threads, o.files_per_thread);
+        let s = sides.run(false, |dir, _| {
+            md(&dir.join("md"), MdShape { threads: o.threads, files: o.files_per_thread, size: 0, shared: false }, op)
+                .map(|()| None)
+        })?;
+        sides.push(name, "ops/s", md_ops, s);
+    }
+
+    let shared_ops = (o.threads * o.shared_files_per_thread) as f64;
+    let shape =
+        MdShape { threads: o.threads, files: o.shared_files_per_thread, size: o.shared_file_size, shared: true };
+    for (name, op) in [
+        ("shared create", Md::Create),
+        ("shared stat", Md::Stat),
+        ("shared read", Md::Read),
+        ("shared unlink", Md::Unlink),
+    ] {
+        eprintln!(
+            "bench: {name}, {} workers x {} files of {} bytes, one directory",
+            o.threads, o.shared_files_per_thread, o.shared_file_size
+        );
+        let s = sides.run(false, |dir, _| md(&dir.join("shared"), shape, op).map(|()| None))?;
+        sides.push(name, "ops/s", shared_ops, s);
+    }
+
+    let n = o.small_files as f64;
+    let mib = (o.small_files * o.small_file_size) as f64 / MIB;
+    eprintln!(
+        "bench: small write, {} files of {} KiB in {} directories, {} workers",
+        o.small_files,
+        o.small_file_size >> 10,
+        o.small_dirs,
+        o.small_threads
+    );
+    let s = sides.run(false, |dir, _| small_write(&dir.join("small"), o).map(|()| None))?;
+    sides.push("small write", "files/s", n, s);
+    eprintln!("bench: small read, cold, random order, {} workers", o.small_threads);
+    let s = sides.run(true, |dir, _| small_read(&dir.join("small"), o).map(|()| None))?;
+    sides.push("small read cold", "files/s", n, s);
+    sides.push("small read cold", "MiB/s", mib, s);
+    Ok(())
+}
+
+/// fio's JSON report of one run (`--group_reporting`: one entry for all jobs).
+struct FioReport {
+    job: serde_json::Value,
+}
+
+impl FioReport {
+    fn field(&self, dir: &str, key: &str) -> Result<f64> {
+        self.job[dir][key].as_f64().with_context(|| format!("fio report has no {dir}.{key}"))
+    }
+    fn bw_bytes(&self, dir: &str) -> Result<f64> {
+        self.field(dir, "bw_bytes")
+    }
+    fn expect_bytes(&self, dir: &str, want: u64) -> Result<()> {
+        let got = self.field(dir, "io_bytes")? as u64;
+        anyhow::ensure!(got == want, "fio {dir} moved {got} bytes, expected {want}");
+        Ok(())
+    }
+}
+
+/// Runs fio with `args`, JSON report to `out`; fails on a non-zero exit or a job error.
+fn run_fio(fio: &Path, args: &[String], out: &Path) -> Result<FioReport> {
+    let res = Command::new(fio)
+        .args(args)
+        .arg("--output-format=json")
+        .arg(format!("--output={}", out.display()))
+        .output()
+        .with_context(|| format!("cannot run {}", fio.display()))?;
+    let text = std::fs::read_to_string(out).unwrap_or_default();
+    if !res.status.success() {
+        bail!(
+            "fio {} failed ({}): {}{}",
+            args.join(" "),
+            res.status,
+            String::from_utf8_lossy(&res.stderr).trim(),
+            String::from_utf8_lossy(&res.stdout).trim()
+        );
+    }
+    // fio may put notes before the JSON document.
+    let json =
+        text.find('{').map(|i| &text[i..]).with_context(|| format!("fio wrote no report to {}", out.display()))?;
+    let v: serde_json::Value = serde_json::from_str(json).with_context(|| format!("fio report {}", out.display()))?;
+    let jobs = v["jobs"].as_array().context("fio report has no jobs")?;
+    anyhow::ensure!(jobs.len() == 1, "fio report has {} job entries, expected one (group_reporting)", jobs.len());
+    let job = jobs[0].clone();
+    let err = job["error"].as_i64().unwrap_or(-1);
+    anyhow::ensure!(err == 0, "fio job reported error {err} ({})", std::io::Error::from_raw_os_error(err as i32));
+    Ok(FioReport { job })
+}
+
+/// Fails with the errno if `path` cannot be opened with O_DIRECT and read at an aligned offset,
+/// rather than letting the random-read phase silently measure something else.
+fn probe_direct(path: &Path) -> Result<()> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .with_context(|| format!("O_DIRECT open of {} refused", path.display()))?;
+    let mut buf = vec![0u8; 8192];
+    let off = buf.as_ptr().align_offset(4096);
+    let n = std::os::unix::fs::FileExt::read_at(&f, &mut buf[off..off + 4096], 0)
+        .with_context(|| format!("O_DIRECT read of {} refused", path.display()))?;
+    anyhow::ensure!(n == 4096, "O_DIRECT read of {} returned {n} bytes, expected 4096", path.display());
+    Ok(())
+}
+
+#[derive(Clone, Copy)]
+enum Md {
+    Create,
+    Stat,
+    Read,
+    Unlink,
+}
+
+#[derive(Clone, Copy)]
+struct MdShape {
+    threads: usize,
+    files: usize,
+    /// Bytes written at create and checked by stat and read.
+    size: usize,
+    /// All workers in `dir` rather than each in `dir/t<k>`.
+    shared: bool,
+}
+
+/// One metadata phase: every worker does `op` on each of its files.
+fn md(dir: &Path, shape: MdShape, op: Md) -> Result<()> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..shape.threads)
+            .map(|t| {
+                let d = if shape.shared { dir.to_path_buf() } else { dir.join(format!("t{t}")) };
+                s.spawn(move || -> Result<()> {
+                    if let Md::Create = op {
+                        std::fs::create_dir_all(&d)?;
+                    }
+                    let mut data = vec![0u8; shape.size];
+                    fill_pattern(&mut data, t as u64);
+                    let mut buf = Vec::with_capacity(shape.size + 1);
+                    for i in 0..shape.files {
+                        let p = d.join(format!("f{t}.{i}"));
+                        let ctx = || format!("{}", p.display());
+                        match op {
+                            Md::Create => {
+                                let mut f = std::fs::OpenOptions::new()
+                                    .write(true)
+                                    .create_new(true)
+                                    .open(&p)
+                                    .with_context(ctx)?;
+                                if !data.is_empty() {
+                                    f.write_all(&data).with_context(ctx)?;
+                                }
+                                close(f).with_context(ctx)?;
+                            }
+                            Md::Stat => {
+                                let m = std::fs::metadata(&p).with_context(ctx)?;
+                                anyhow::ensure!(
+                                    m.is_file() && m.len() == shape.size as u64,
+                                    "{}: size {}, expected {}",
+                                    p.display(),
+                                    m.len(),
+                                    shape.size
+                                );
+                            }
+                            Md::Read => {
+                                buf.clear();
+                                std::fs::File::open(&p).and_then(|mut f| f.read_to_end(&mut buf)).with_context(ctx)?;
+                                anyhow::ensure!(buf == data, "{}: read back different content", p.display());
+                            }
+                            Md::Unlink => std::fs::remove_file(&p).with_context(ctx)?,
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        hs.into_iter().try_for_each(|h| h.join().expect("metadata worker"))
+    })
+}
+
+fn small_path(dir: &Path, o: &MountBenchOptions, i: usize) -> PathBuf {
+    dir.join(format!("d{}", i % o.small_dirs)).join(format!("s{i}"))
+}
+
+/// Writes the small files; each starts with its own index so a misdirected read is caught.
+fn small_write(dir: &Path, o: &MountBenchOptions) -> Result<()> {
+    anyhow::ensure!(o.small_file_size >= 8, "small files must hold at least 8 bytes");
+    for k in 0..o.small_dirs {
+        std::fs::create_dir_all(dir.join(format!("d{k}")))?;
+    }
+    let mut data = vec![0u8; o.small_file_size];
+    fill_pattern(&mut data, 5);
+    let order: Vec<usize> = (0..o.small_files).collect();
+    parallel(o.small_threads, &order, |i| {
+        let p = small_path(dir, o, i);
+        // One write per file, as an application writing a whole file would.
+        let mut buf = data.clone();
+        buf[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&p)?;
+        f.write_all(&buf)?;
+        close(f).with_context(|| format!("{}", p.display()))
+    })
+}
+
+/// Reads every small file once in a fixed random order and checks size and index.
+fn small_read(dir: &Path, o: &MountBenchOptions) -> Result<()> {
+    let mut order: Vec<usize> = (0..o.small_files).collect();
+    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(0x0DF5));
+    let total = AtomicU64::new(0);
+    parallel(o.small_threads, &order, |i| {
+        let p = small_path(dir, o, i);
+        let mut buf = Vec::with_capacity(o.small_file_size + 1);
+        std::fs::File::open(&p)
+            .and_then(|mut f| f.read_to_end(&mut buf))
+            .with_context(|| format!("{}", p.display()))?;
+        anyhow::ensure!(buf.len() == o.small_file_size, "{}: read {} bytes", p.display(), buf.len());
+        anyhow::ensure!(buf[..8] == (i as u64).to_le_bytes(), "{}: holds another file's data", p.display());
+        total.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        Ok(())
+    })?;
+    let want = (o.small_files * o.small_file_size) as u64;
+    let got = total.into_inner();
+    anyhow::ensure!(got == want, "read {got} bytes of small files, expected {want}");
+    Ok(())
+}
+
+/// Renders results as a Markdown table with a unit column.
+pub fn render(phases: &[Phase]) -> String {
+    let mut s = String::from(
+        "| phase | unit | odfs | plain | ratio | odfs CPU-s | plain CPU-s |\n|---|---|---|---|---|---|---|\n",
+    );
+    for p in phases {
+        let plain = p.plain.map(|v| format!("{v:.0}")).unwrap_or_else(|| "-".into());
+        let ratio = p.ratio().map(|r| format!("{r:.2}x")).unwrap_or_else(|| "-".into());
+        let pc = p.plain_cpu.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
+        s.push_str(&format!(
+            "| {} | {} | {:.0} | {plain} | {ratio} | {:.1} | {pc} |\n",
+            p.name, p.unit, p.odfs, p.odfs_cpu
+        ));
+    }
+    s
+}
