@@ -750,7 +750,8 @@ fn mmap_shared_writes_are_read_by_other_processes_and_nodes_after_msync() {
 
 /// Runs a Python snippet with `path` as argv[1]; returns its stdout.
 fn python(code: &str, path: &Path) -> String {
-    let out = Command::new("python3").arg("-c").arg(code).arg(path).output().expect("run python3 (apt install python3)");
+    let out =
+        Command::new("python3").arg("-c").arg(code).arg(path).output().expect("run python3 (apt install python3)");
     assert!(out.status.success(), "python3 failed: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
@@ -820,7 +821,8 @@ impl TestUser {
         let name = format!("odfs{tag}{}", std::process::id() % 100_000);
         let group = format!("{name}x");
         let run = |cmd: &str, args: &[&str]| {
-            let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("run {cmd} (passwd package): {e}"));
+            let out =
+                Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("run {cmd} (passwd package): {e}"));
             assert!(out.status.success(), "{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
             String::from_utf8_lossy(&out.stdout).trim().to_string()
         };

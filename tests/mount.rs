@@ -54,7 +54,7 @@ fn up_mounts_and_down_unmounts() {
     let procs = std::fs::read_to_string("/proc/mounts").unwrap();
     assert!(procs.lines().any(|l| l.contains(mnt.to_str().unwrap()) && l.contains("fuse.odfs")), "{procs}");
     let all = pids(dir.path(), None);
-    assert_eq!(all.len(), 5, "mgmtd, metad, 2 stored, odfs-fuse");
+    assert_eq!(all.len(), 7, "mgmtd, metad, 2 stored, 2 stage agents, odfs-fuse");
     down_within_5s(dir.path(), &all);
 }
 

@@ -13,7 +13,8 @@ use std::process::Command;
 
 /// Runs a command, failing the test with its output unless it succeeds; returns stdout.
 fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?} (is it installed? scripts/test installs it): {e}"));
+    let out =
+        cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?} (is it installed? scripts/test installs it): {e}"));
     assert!(
         out.status.success(),
         "{cmd:?} failed ({}):\n{}\n{}",
@@ -65,7 +66,13 @@ fn fio_sequential_and_random_writes_verify_with_crc32c() {
             c.arg(format!("--name={name}"))
                 .arg(format!("--directory={}", dir.display()))
                 .args(args)
-                .args(["--ioengine=psync", "--verify=crc32c", "--verify_fatal=1", "--verify_state_save=0", "--group_reporting"])
+                .args([
+                    "--ioengine=psync",
+                    "--verify=crc32c",
+                    "--verify_fatal=1",
+                    "--verify_state_save=0",
+                    "--group_reporting",
+                ])
                 .args(extra);
             run(&mut c)
         };

@@ -166,4 +166,3 @@ pub fn as_user(uid: u32, gid: u32, groups: &[u32], cmd: &str, args: &[&Path]) ->
     }
     c.output().expect("run as user")
 }
-

@@ -104,7 +104,7 @@ impl LocalFs {
     }
 
     pub fn all_pids(&self) -> Vec<u32> {
-        ["mgmtd", "metad", "stored"].iter().flat_map(|s| self.pids(s, None)).collect()
+        ["mgmtd", "metad", "stored", "agent"].iter().flat_map(|s| self.pids(s, None)).collect()
     }
 
     /// `kill -9` of one daemon; waits until it is gone.

@@ -200,6 +200,11 @@ impl Client {
         }
     }
 
+    /// Calls another service of this job (a stage agent) at `addr` over QUIC, as `ctx`.
+    pub async fn call<R: Rpc>(&self, ctx: &Ctx, addr: std::net::SocketAddr, req: &R) -> Result<R::Reply> {
+        self.inner.pool.call(addr, Transport::Quic, &self.header(ctx), req).await.map_err(Into::into)
+    }
+
     fn shard_of(ino: InodeId) -> u16 {
         ino.shard()
     }

@@ -1,7 +1,7 @@
 //! The `odfs` command-line tool.
 //!
 //! Owns: user-facing commands — running a whole filesystem on one machine (`local`), status,
-//! parallel copy in and out, benchmarks, the demo, site keys. It drives daemons as separate
+//! parallel copy in and out, stage-in and stage-out, benchmarks, the demo, site keys. It drives daemons as separate
 //! processes and talks to the filesystem only through the client library.
 
 pub mod bench;
@@ -11,4 +11,5 @@ pub mod fsref;
 pub mod local;
 pub mod mount;
 pub mod procs;
+pub mod stage;
 pub mod status;

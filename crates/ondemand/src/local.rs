@@ -13,6 +13,7 @@ use odfs_proto::mgmt::{FsState, GetCluster};
 use odfs_proto::{DirLayout, RequestHeader};
 use odfs_rpc::{JobCredential, Pool, PoolConfig, SiteKey, Transport};
 use odfs_service::JobSection;
+use odfs_stage::AgentConfig;
 use odfs_stored::config::{StoredConfig, TargetSection};
 use serde::{Deserialize, Serialize};
 use std::net::{IpAddr, SocketAddr};
@@ -263,6 +264,10 @@ pub fn up(opts: &UpOptions) -> Result<LocalState> {
         };
         write_toml(&nd.join("stored.toml"), &scfg)?;
         plan.push(("stored".into(), k, nd.join("stored.toml"), nd.join("stored.log")));
+        let acfg =
+            AgentConfig { job: job.clone(), listen: addr(true)?, mgmtd: mgmtd_addr, node: k, ..AgentConfig::default() };
+        write_toml(&nd.join("agent.toml"), &acfg)?;
+        plan.push(("agent".into(), k, nd.join("agent.toml"), nd.join("agent.log")));
     }
 
     let mut state = LocalState { job_id: job_id.clone(), nodes: opts.nodes, procs: Vec::new(), mounts: Vec::new() };
@@ -319,7 +324,14 @@ fn start_mount(root: &Path, mp: &Path, state: &mut LocalState, timeout: Duration
     })
 }
 
+/// Stage agents registered with mgmtd.
+fn agents(v: &odfs_proto::mgmt::ClusterView) -> usize {
+    v.services.iter().filter(|s| s.kind == odfs_proto::mgmt::ServiceKind::Agent && s.online).count()
+}
+
+/// Waits until mgmtd calls the filesystem ready and every node's stage agent is registered.
 fn wait_ready(job: &JobSection, mgmtd: SocketAddr, state: &LocalState, timeout: Duration) -> Result<()> {
+    let expect_agents = state.procs.iter().filter(|p| p.service == "agent").count();
     let cred = job.credential()?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async {
@@ -345,14 +357,17 @@ fn wait_ready(job: &JobSection, mgmtd: SocketAddr, state: &LocalState, timeout: 
                 }
             }
             let last = match pool.call(mgmtd, Transport::Quic, &RequestHeader::default(), &GetCluster {}).await {
-                Ok(v) if v.state == FsState::Ready => return Ok(()),
+                Ok(v) if v.state == FsState::Ready && agents(&v) >= expect_agents => return Ok(()),
                 Ok(v) => {
                     let storage =
                         v.services.iter().filter(|s| s.kind == odfs_proto::mgmt::ServiceKind::Storage).count();
                     let meta = v.services.iter().filter(|s| s.kind == odfs_proto::mgmt::ServiceKind::Meta).count();
                     format!(
-                        "{storage} of {} storage nodes and {meta} of {} metadata services registered",
-                        v.expected_storage_nodes, v.expected_meta
+                        "{storage} of {} storage nodes, {meta} of {} metadata services and {} of \
+                         {expect_agents} stage agents registered",
+                        v.expected_storage_nodes,
+                        v.expected_meta,
+                        agents(&v)
                     )
                 }
                 Err(e) => format!("mgmtd at {mgmtd}: {e}"),

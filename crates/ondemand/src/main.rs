@@ -1,8 +1,8 @@
 //! `odfs`: thin binary over the ondemand library.
 
 use anyhow::{Context, Result};
-use clap::{Args, Parser, Subcommand};
-use odfs_ondemand::{bench, copy, demo, fsref, local, status};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use odfs_ondemand::{bench, copy, demo, fsref, local, stage, status};
 use odfs_rpc::{SiteKey, Transport};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -34,12 +34,18 @@ enum Cmd {
         src: String,
         dst: String,
     },
+    /// Copy a dataset into odfs from S3 or a POSIX directory, every node moving its share, verified.
+    StageIn(stage::StageArgs),
+    /// Copy outputs from odfs to S3 or a POSIX directory, every node moving its share, verified;
+    /// a completion marker is written last. Nothing is ever deleted.
+    StageOut(stage::StageArgs),
     /// Create a site key (root-only file from which every job's credential is derived).
     Keygen {
         #[arg(long, default_value = "/etc/odfs/site.key")]
         out: PathBuf,
     },
-    /// The main job on one machine: local filesystem, dataset in and out, short benchmark.
+    /// The main job on one machine: local filesystem mounted through FUSE, a dataset copied into
+    /// the mount and back out, a short benchmark through the mount (needs fio).
     Demo {
         #[arg(long, default_value = "odfs-demo")]
         root: PathBuf,
@@ -50,11 +56,21 @@ enum Cmd {
         /// Keep the work directory afterwards.
         #[arg(long)]
         keep: bool,
+        /// Skip the benchmark (`odfs bench --mount --scale small`).
         #[arg(long)]
         no_bench: bool,
     },
     /// Benchmark odfs against a plain directory on the same disk.
     Bench(BenchArgs),
+}
+
+/// Preset sizes of `odfs bench`; single flags override them.
+#[derive(Clone, Copy, ValueEnum)]
+enum Scale {
+    /// The published shapes (4 x 1 GiB, 4 x 20,000 files, 50,000 small files).
+    Full,
+    /// The same phases scaled down to a run of under a minute.
+    Small,
 }
 
 #[derive(Args)]
@@ -63,17 +79,39 @@ struct BenchArgs {
     root: PathBuf,
     #[arg(long, default_value_t = 4)]
     nodes: u32,
-    /// Sequential clients, one file each.
-    #[arg(long, default_value_t = 4)]
-    clients: usize,
-    /// MiB per client file.
-    #[arg(long, default_value_t = 1024)]
-    file_mib: u64,
-    /// Metadata threads.
-    #[arg(long, default_value_t = 4)]
-    threads: usize,
-    #[arg(long, default_value_t = 20_000)]
-    files_per_thread: usize,
+    /// Run through the FUSE mount: fio sequential and 4 KiB random I/O, mdtest-style metadata,
+    /// one shared directory, cold small-file reads (needs fio).
+    #[arg(long)]
+    mount: bool,
+    #[arg(long, value_enum, default_value = "full")]
+    scale: Scale,
+    /// Sequential clients (with --mount: fio jobs), one file each [default 4].
+    #[arg(long)]
+    clients: Option<usize>,
+    /// MiB per client file [full 1024, small 64].
+    #[arg(long)]
+    file_mib: Option<u64>,
+    /// Metadata threads [default 4].
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Files per metadata thread [full 20000, small 2000].
+    #[arg(long)]
+    files_per_thread: Option<usize>,
+    /// Seconds of 4 KiB random reads [full 15, small 5].
+    #[arg(long, requires = "mount")]
+    randread_secs: Option<u64>,
+    /// Files per thread in the shared directory [full 20000, small 1000].
+    #[arg(long, requires = "mount")]
+    shared_files_per_thread: Option<usize>,
+    /// Small files written and read back cold [full 50000, small 5000].
+    #[arg(long, requires = "mount")]
+    small_files: Option<usize>,
+    /// KiB per small file [default 50].
+    #[arg(long, requires = "mount")]
+    small_kib: Option<usize>,
+    /// Threads writing and reading the small files [default 8].
+    #[arg(long, requires = "mount")]
+    small_threads: Option<usize>,
     /// Transport for chunk data: tcp or quic.
     #[arg(long, default_value = "tcp")]
     transport: Transport,
@@ -81,6 +119,56 @@ struct BenchArgs {
     skip_plain: bool,
     #[arg(long)]
     keep: bool,
+}
+
+impl BenchArgs {
+    fn run(self) -> Result<()> {
+        let small = matches!(self.scale, Scale::Small);
+        let (table, dropped) = if self.mount {
+            let d = if small { bench::mount::MountBenchOptions::small() } else { Default::default() };
+            let o = bench::mount::MountBenchOptions {
+                root: self.root,
+                nodes: self.nodes,
+                transport: self.transport,
+                jobs: self.clients.unwrap_or(d.jobs),
+                job_size: self.file_mib.map_or(d.job_size, |m| m << 20),
+                randread_secs: self.randread_secs.unwrap_or(d.randread_secs),
+                threads: self.threads.unwrap_or(d.threads),
+                files_per_thread: self.files_per_thread.unwrap_or(d.files_per_thread),
+                shared_files_per_thread: self.shared_files_per_thread.unwrap_or(d.shared_files_per_thread),
+                small_files: self.small_files.unwrap_or(d.small_files),
+                small_file_size: self.small_kib.map_or(d.small_file_size, |k| k << 10),
+                small_threads: self.small_threads.unwrap_or(d.small_threads),
+                skip_plain: self.skip_plain,
+                keep: self.keep,
+                ..d
+            };
+            print!("{}", o.describe());
+            let (phases, dropped) = bench::mount::run(&o)?;
+            (bench::mount::render(&phases), dropped)
+        } else {
+            let d = if small { bench::BenchOptions::small() } else { Default::default() };
+            let o = bench::BenchOptions {
+                root: self.root,
+                nodes: self.nodes,
+                clients: self.clients.unwrap_or(d.clients),
+                file_size: self.file_mib.map_or(d.file_size, |m| m << 20),
+                threads: self.threads.unwrap_or(d.threads),
+                files_per_thread: self.files_per_thread.unwrap_or(d.files_per_thread),
+                transport: self.transport,
+                skip_plain: self.skip_plain,
+                keep: self.keep,
+                ..d
+            };
+            let (phases, dropped) = bench::run(&o)?;
+            (bench::render(&phases), dropped)
+        };
+        print!("{table}");
+        if !dropped {
+            println!("(page cache could not be dropped: run as root for cold reads)");
+        }
+        Ok(())
+    }
 }
 
 #[derive(Subcommand)]
@@ -219,6 +307,8 @@ fn real_main() -> Result<()> {
             let pid = local::restart(&root, &service, node)?;
             println!("restarted {service} on node {node} (pid {pid})");
         }
+        Cmd::StageIn(a) => runtime()?.block_on(stage::run(cli.fs.as_deref(), &a, true))?,
+        Cmd::StageOut(a) => runtime()?.block_on(stage::run(cli.fs.as_deref(), &a, false))?,
         Cmd::Status => {
             let rt = runtime()?;
             let view = rt.block_on(async {
@@ -255,25 +345,7 @@ fn real_main() -> Result<()> {
         Cmd::Demo { root, nodes, dataset_mib, keep, no_bench } => {
             demo::run(&demo::DemoOptions { root, nodes, dataset_mib, keep, bench: !no_bench })?;
         }
-        Cmd::Bench(a) => {
-            let o = bench::BenchOptions {
-                root: a.root,
-                nodes: a.nodes,
-                clients: a.clients,
-                file_size: a.file_mib << 20,
-                threads: a.threads,
-                files_per_thread: a.files_per_thread,
-                transport: a.transport,
-                skip_plain: a.skip_plain,
-                keep: a.keep,
-                ..bench::BenchOptions::default()
-            };
-            let (phases, dropped) = bench::run(&o)?;
-            print!("{}", bench::render(&phases));
-            if !dropped {
-                println!("(page cache could not be dropped: run as root for cold reads)");
-            }
-        }
+        Cmd::Bench(a) => a.run()?,
     }
     Ok(())
 }

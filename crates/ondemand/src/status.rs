@@ -38,6 +38,7 @@ pub fn render(v: &ClusterView) -> Result<String> {
             ServiceKind::Meta => "metad",
             ServiceKind::Storage => "stored",
             ServiceKind::Client => "client",
+            ServiceKind::Agent => "agent",
         };
         let addr = x.addr.map(|a| a.to_string()).unwrap_or_else(|| "-".into());
         writeln!(

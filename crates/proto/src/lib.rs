@@ -13,6 +13,7 @@ pub mod layout;
 pub mod meta;
 pub mod method;
 pub mod mgmt;
+pub mod stage;
 pub mod storage;
 pub mod time;
 

@@ -9,6 +9,8 @@ pub enum ServiceKind {
     Meta,
     Storage,
     Client,
+    /// A stage agent (moves its node's share of stage-in and stage-out).
+    Agent,
 }
 
 /// Filesystem life cycle as mgmtd sees it.

@@ -1,0 +1,163 @@
+//! Messages of the stage agents: a share of a stage-in or stage-out handed to one node's agent
+//! by the coordinator (`odfs stage-in` / `odfs stage-out`), and the agent's progress.
+//!
+//! Paths in work items are relative to the source and destination roots and already checked
+//! to be safe (no `..`, no absolute paths); the agent checks them again before touching
+//! anything.
+
+use crate::Timespec;
+use serde::{Deserialize, Serialize};
+
+/// Static S3 credentials resolved by the coordinator (from the AWS chain or the site config)
+/// and handed to the agents over the job's TLS connections.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct S3Credentials {
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    pub session_token: Option<String>,
+}
+
+impl std::fmt::Debug for S3Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Credentials").field("access_key_id", &self.access_key_id).finish_non_exhaustive()
+    }
+}
+
+/// How to reach one S3 bucket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct S3Spec {
+    pub bucket: String,
+    /// Key prefix, empty or ending in '/'.
+    pub prefix: String,
+    pub endpoint_url: Option<String>,
+    pub region: String,
+    pub path_style: bool,
+    pub credentials: Option<S3Credentials>,
+    /// Attempts per request (first try included), with exponential backoff and jitter.
+    pub max_attempts: u32,
+}
+
+/// One side of a stage.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StageEndpoint {
+    S3(S3Spec),
+    /// A directory of a POSIX filesystem mounted on every node (the site's global PFS).
+    Posix(String),
+    /// A directory of this job's odfs, by its path inside odfs.
+    Odfs(String),
+}
+
+/// Per-agent limits (the coordinator divides the job's limits by the number of agents).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct StageLimits {
+    /// Transfers in flight at once.
+    pub concurrency: u32,
+    /// Requests per second toward the shared store (S3 or PFS); 0 = unlimited.
+    pub requests_per_sec: f64,
+    /// Bytes per second toward or from the shared store; 0 = unlimited.
+    pub bytes_per_sec: u64,
+}
+
+/// One piece of work.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WorkItem {
+    /// Copy a whole object or file: `rel` under the source root to `rel` under the destination.
+    Whole { rel: String, size: u64, mtime: Timespec, mode: Option<u32> },
+    /// Copy bytes `offset..offset+len` of `rel` into the destination file, which the
+    /// coordinator created with its final size (stage-in of a large object).
+    Range { rel: String, offset: u64, len: u64 },
+    /// Upload bytes `offset..offset+len` of `rel` as part `part` of multipart upload `upload_id`
+    /// (stage-out of a large file).
+    Part { rel: String, upload_id: String, part: i32, offset: u64, len: u64 },
+    /// Read `rel` back from the destination and report its digests (verifying a file that
+    /// several agents wrote in ranges).
+    Digest { rel: String, size: u64 },
+    /// Report the digests of `rel` at the source, computed with multipart part size
+    /// `part_size` (0 = one part): deciding whether a re-run must upload it again.
+    SourceDigest { rel: String, size: u64, part_size: u64 },
+}
+
+impl WorkItem {
+    pub fn rel(&self) -> &str {
+        match self {
+            WorkItem::Whole { rel, .. }
+            | WorkItem::Range { rel, .. }
+            | WorkItem::Part { rel, .. }
+            | WorkItem::Digest { rel, .. }
+            | WorkItem::SourceDigest { rel, .. } => rel,
+        }
+    }
+
+    /// Bytes this item moves between the shared store and odfs.
+    pub fn bytes(&self) -> u64 {
+        match self {
+            WorkItem::Whole { size, .. } => *size,
+            WorkItem::Range { len, .. } | WorkItem::Part { len, .. } => *len,
+            WorkItem::Digest { .. } | WorkItem::SourceDigest { .. } => 0,
+        }
+    }
+}
+
+/// What became of one item.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ItemResult {
+    pub index: u32,
+    /// None when done; otherwise why it failed (after retries).
+    pub error: Option<String>,
+    pub bytes: u64,
+    /// MD5 of the bytes moved (whole items, parts, digests).
+    pub md5: Option<[u8; 16]>,
+    /// CRC32C of the bytes moved.
+    pub crc32c: Option<u32>,
+    /// The ETag S3 returned for an upload (whole object or part), or the source's ETag.
+    pub etag: Option<String>,
+    /// Stage-in from S3: the server's checksum of the object, verified against `crc32c` or
+    /// `md5` (see `verified`).
+    pub verified: Option<String>,
+    /// Multipart ETag ("md5-of-part-md5s-N") of a `SourceDigest` item.
+    pub multipart_etag: Option<String>,
+}
+
+/// Starts a share of a stage on an agent. Replies at once; progress through `StagePoll`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageStart {
+    /// Chosen by the coordinator; names the run in polls and logs.
+    pub run: u64,
+    /// The identity the agent acts with, on odfs and on the POSIX side: the user who asked.
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+    pub src: StageEndpoint,
+    pub dst: StageEndpoint,
+    pub limits: StageLimits,
+    pub items: Vec<WorkItem>,
+}
+
+/// Asks an agent how a run is going.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StagePoll {
+    pub run: u64,
+}
+
+/// Counters of one agent for one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct StageCounters {
+    pub items_total: u64,
+    pub items_done: u64,
+    pub bytes: u64,
+    pub errors: u64,
+    pub retries: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageStatus {
+    pub counters: StageCounters,
+    /// True once every item is done or failed; `results` is then complete.
+    pub finished: bool,
+    pub results: Vec<ItemResult>,
+}
+
+crate::rpc! {
+    StageStart = 300 => (),
+    StagePoll = 301 => StageStatus,
+}

@@ -1,0 +1,634 @@
+//! The stage agent (`odfs-agent`): one per node, registered with mgmtd. It takes its share of
+//! a stage from the coordinator (`StageStart`), moves it between the shared store (S3 or the
+//! PFS) and odfs through the client library — straight to the storage targets, no FUSE — and
+//! reports progress and per-item results (`StagePoll`).
+//!
+//! Owns: runs and their counters, item execution, limits. Must not decide what to move: the
+//! coordinator plans, verifies across agents and writes manifests.
+
+use crate::config::AgentConfig;
+use crate::digest::Digests;
+use crate::keys::{check_relative, join};
+use crate::limit::Limits;
+use crate::posix;
+use crate::s3::{b64, is_md5_etag, multipart_etag, S3};
+use futures::StreamExt;
+use odfs_client::{Client, ClientConfig, Ctx, FileHandle};
+use odfs_proto::meta::{SetAttr, SetTime};
+use odfs_proto::mgmt::{Register, ServiceKind};
+use odfs_proto::stage::{ItemResult, StageCounters, StageEndpoint, StagePoll, StageStart, StageStatus, WorkItem};
+use odfs_proto::{ErrorCode, RemoteError, Timespec};
+use odfs_rpc::quic::QuicEndpoint;
+use odfs_rpc::{Pool, PoolConfig, Router, Shutdown};
+use odfs_service::MgmtLink;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::OnceCell;
+use tracing::{info, warn};
+
+/// Bytes read or written per call.
+const BLOCK: usize = 1 << 20;
+/// Attempts of one item (each S3 request also has the SDK's own retries).
+const ITEM_ATTEMPTS: u32 = 3;
+
+/// One run on this agent.
+#[derive(Default)]
+struct Run {
+    items_total: AtomicU64,
+    items_done: AtomicU64,
+    bytes: AtomicU64,
+    errors: AtomicU64,
+    retries: AtomicU64,
+    finished: AtomicBool,
+    results: Mutex<Vec<ItemResult>>,
+}
+
+impl Run {
+    fn counters(&self) -> StageCounters {
+        StageCounters {
+            items_total: self.items_total.load(Ordering::Relaxed),
+            items_done: self.items_done.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            errors: self.errors.load(Ordering::Relaxed),
+            retries: self.retries.load(Ordering::Relaxed),
+        }
+    }
+}
+
+pub struct Agent {
+    cfg: AgentConfig,
+    client: OnceCell<Client>,
+    runs: Mutex<BTreeMap<u64, Arc<Run>>>,
+    order: Mutex<VecDeque<u64>>,
+}
+
+/// What every item of one run needs.
+struct Env {
+    client: Client,
+    ctx: Ctx,
+    src: StageEndpoint,
+    dst: StageEndpoint,
+    src_s3: Option<S3>,
+    dst_s3: Option<S3>,
+    limits: Limits,
+    run: Arc<Run>,
+}
+
+type ItemResultOr = Result<ItemResult, String>;
+
+impl Agent {
+    pub fn new(cfg: AgentConfig) -> Arc<Agent> {
+        Arc::new(Agent { cfg, client: OnceCell::new(), runs: Mutex::default(), order: Mutex::default() })
+    }
+
+    async fn client(&self) -> Result<Client, String> {
+        self.client
+            .get_or_try_init(|| async {
+                let cfg = ClientConfig {
+                    job: self.cfg.job.clone(),
+                    mgmtd: self.cfg.mgmtd,
+                    node: self.cfg.node,
+                    ..ClientConfig::default()
+                };
+                Client::connect(cfg).await
+            })
+            .await
+            .cloned()
+            .map_err(|e| format!("agent on node {} cannot reach the filesystem: {e}", self.cfg.node))
+    }
+
+    pub fn router(self: &Arc<Self>) -> Router {
+        let mut r = Router::new();
+        let a = self.clone();
+        r.add(move |_h, req: StageStart| {
+            let a = a.clone();
+            async move { a.start(req) }
+        });
+        let a = self.clone();
+        r.add(move |_h, req: StagePoll| {
+            let a = a.clone();
+            async move { a.poll(&req) }
+        });
+        r
+    }
+
+    fn start(self: &Arc<Self>, req: StageStart) -> Result<(), RemoteError> {
+        for it in &req.items {
+            check_relative(it.rel()).map_err(|e| {
+                RemoteError::new(ErrorCode::Invalid, format!("unsafe path {:?} in stage work: {e}", it.rel()))
+            })?;
+        }
+        let run = Arc::new(Run::default());
+        run.items_total.store(req.items.len() as u64, Ordering::Relaxed);
+        {
+            let mut runs = self.runs.lock().expect("runs lock");
+            if runs.contains_key(&req.run) {
+                return Err(RemoteError::new(ErrorCode::Exists, format!("stage run {} already started", req.run)));
+            }
+            runs.insert(req.run, run.clone());
+            let mut order = self.order.lock().expect("order lock");
+            order.push_back(req.run);
+            while order.len() > self.cfg.keep_runs {
+                if let Some(old) = order.pop_front() {
+                    runs.remove(&old);
+                }
+            }
+        }
+        info!(run = req.run, items = req.items.len(), "stage share started");
+        tokio::spawn(self.clone().execute(run, req));
+        Ok(())
+    }
+
+    fn poll(&self, req: &StagePoll) -> Result<StageStatus, RemoteError> {
+        let run =
+            self.runs.lock().expect("runs lock").get(&req.run).cloned().ok_or_else(|| {
+                RemoteError::new(ErrorCode::NotFound, format!("no stage run {} on this agent", req.run))
+            })?;
+        let finished = run.finished.load(Ordering::Acquire);
+        let results = if finished { run.results.lock().expect("results lock").clone() } else { Vec::new() };
+        Ok(StageStatus { counters: run.counters(), finished, results })
+    }
+
+    async fn execute(self: Arc<Self>, run: Arc<Run>, req: StageStart) {
+        let items = req.items.clone();
+        let fail_all = |msg: String| {
+            let mut r = run.results.lock().expect("results lock");
+            for i in 0..items.len() {
+                r.push(ItemResult { index: i as u32, error: Some(msg.clone()), ..ItemResult::default() });
+            }
+            run.errors.store(items.len() as u64, Ordering::Relaxed);
+            run.finished.store(true, Ordering::Release);
+        };
+        let client = match self.client().await {
+            Ok(c) => c,
+            Err(e) => return fail_all(e),
+        };
+        let s3_of = |e: &StageEndpoint| match e {
+            StageEndpoint::S3(spec) => Some(S3::new(spec)),
+            _ => None,
+        };
+        let concurrency = if req.limits.concurrency == 0 { self.cfg.concurrency } else { req.limits.concurrency };
+        let env = Arc::new(Env {
+            client,
+            ctx: Ctx { uid: req.uid, gid: req.gid, groups: req.groups.clone() },
+            src_s3: s3_of(&req.src),
+            dst_s3: s3_of(&req.dst),
+            src: req.src,
+            dst: req.dst,
+            limits: Limits::new(&req.limits),
+            run: run.clone(),
+        });
+        let mut results = futures::stream::iter(items.into_iter().enumerate())
+            .map(|(i, item)| {
+                let env = env.clone();
+                async move { (i, item_with_retries(&env, &item).await) }
+            })
+            .buffer_unordered(concurrency.max(1) as usize);
+        while let Some((i, r)) = results.next().await {
+            let res = match r {
+                Ok(mut res) => {
+                    res.index = i as u32;
+                    run.bytes.fetch_add(res.bytes, Ordering::Relaxed);
+                    res
+                }
+                Err(e) => {
+                    run.errors.fetch_add(1, Ordering::Relaxed);
+                    warn!(run = req.run, item = i, error = %e, "stage item failed");
+                    ItemResult { index: i as u32, error: Some(e), ..ItemResult::default() }
+                }
+            };
+            run.items_done.fetch_add(1, Ordering::Relaxed);
+            run.results.lock().expect("results lock").push(res);
+        }
+        let c = run.counters();
+        info!(run = req.run, items = c.items_done, bytes = c.bytes, errors = c.errors, "stage share finished");
+        run.finished.store(true, Ordering::Release);
+    }
+}
+
+async fn item_with_retries(env: &Env, item: &WorkItem) -> ItemResultOr {
+    let mut attempt = 1;
+    loop {
+        match run_item(env, item).await {
+            Ok(r) => return Ok(r),
+            Err(Failure::Final(e)) => return Err(e),
+            Err(Failure::Transient(e)) if attempt >= ITEM_ATTEMPTS => return Err(e),
+            Err(Failure::Transient(e)) => {
+                env.run.retries.fetch_add(1, Ordering::Relaxed);
+                warn!(rel = item.rel(), attempt, error = %e, "retrying stage item");
+                let jitter = rand::random::<u64>() % 250;
+                tokio::time::sleep(Duration::from_millis(250 * (1 << attempt) + jitter)).await;
+                attempt += 1;
+            }
+        }
+    }
+}
+
+/// A failed item: worth another attempt (the store or network failed) or not (a mismatch
+/// with what the source says, a refused path, a missing file).
+enum Failure {
+    Transient(String),
+    Final(String),
+}
+
+fn transient(e: impl std::fmt::Display) -> Failure {
+    Failure::Transient(e.to_string())
+}
+
+fn odfs_err(path: &str) -> impl Fn(odfs_client::ClientError) -> Failure + '_ {
+    move |e| Failure::Final(format!("odfs:{path}: {e}"))
+}
+
+async fn run_item(env: &Env, item: &WorkItem) -> Result<ItemResult, Failure> {
+    use StageEndpoint as E;
+    match (item, &env.src, &env.dst) {
+        (WorkItem::Whole { rel, size, mtime, mode }, E::S3(_) | E::Posix(_), E::Odfs(root)) => {
+            whole_in(env, rel, *size, *mtime, *mode, &join(root, rel)).await
+        }
+        (WorkItem::Range { rel, offset, len }, E::S3(_) | E::Posix(_), E::Odfs(root)) => {
+            range_in(env, rel, *offset, *len, &join(root, rel)).await
+        }
+        (WorkItem::Whole { rel, size, mtime, mode }, E::Odfs(root), E::S3(_)) => {
+            let _ = (mtime, mode); // S3 keeps its own LastModified; modes have no place there.
+            whole_out_s3(env, rel, *size, &join(root, rel)).await
+        }
+        (WorkItem::Whole { rel, size, mtime, mode }, E::Odfs(root), E::Posix(dst)) => {
+            whole_out_posix(env, *size, *mtime, *mode, &join(root, rel), &std::path::Path::new(dst).join(rel)).await
+        }
+        (WorkItem::Part { rel, upload_id, part, offset, len }, E::Odfs(root), E::S3(_)) => {
+            part_out(env, rel, upload_id, *part, *offset, *len, &join(root, rel)).await
+        }
+        (WorkItem::Digest { rel, size }, _, E::Odfs(root)) => digest_odfs(env, &join(root, rel), *size, 0).await,
+        (WorkItem::SourceDigest { rel, size, part_size }, E::Odfs(root), _) => {
+            digest_odfs(env, &join(root, rel), *size, *part_size).await
+        }
+        (it, src, dst) => Err(Failure::Final(format!(
+            "{} from {src:?} to {dst:?} is not a stage this agent can do",
+            match it {
+                WorkItem::Whole { .. } => "a whole-object copy",
+                WorkItem::Range { .. } => "a range copy",
+                WorkItem::Part { .. } => "a part upload",
+                WorkItem::Digest { .. } => "a digest of the destination",
+                WorkItem::SourceDigest { .. } => "a digest of the source",
+            }
+        ))),
+    }
+}
+
+/// Opens `path` in odfs for writing, creating it (mode) or truncating it.
+async fn open_for_write(env: &Env, path: &str, mode: u32, truncate: bool) -> Result<FileHandle, Failure> {
+    let (parent, name) = env.client.resolve_parent(&env.ctx, path).await.map_err(odfs_err(path))?;
+    let (r, h) =
+        env.client.create_open(&env.ctx, parent.ino, &name, mode, false, None).await.map_err(odfs_err(path))?;
+    if truncate && !r.created && r.attr.size > 0 {
+        h.truncate(0).await.map_err(odfs_err(path))?;
+    }
+    Ok(h)
+}
+
+async fn set_times(env: &Env, h: &FileHandle, path: &str, mtime: Timespec, mode: Option<u32>) -> Result<(), Failure> {
+    let req = SetAttr { ino: h.ino(), mode, mtime: Some(SetTime::At(mtime)), ..SetAttr::default() };
+    env.client.setattr(&env.ctx, req).await.map_err(odfs_err(path))?;
+    Ok(())
+}
+
+/// Writes `data` at `off` through `h`, accounting the bytes against the limits.
+async fn put_block(h: &FileHandle, off: u64, data: &[u8], path: &str) -> Result<(), Failure> {
+    h.write(off, data).await.map_err(|e| transient(format!("odfs:{path}: {e}")))?;
+    Ok(())
+}
+
+/// A whole object or file into odfs, checked against the size and the source's digests.
+async fn whole_in(
+    env: &Env,
+    rel: &str,
+    size: u64,
+    mtime: Timespec,
+    mode: Option<u32>,
+    path: &str,
+) -> Result<ItemResult, Failure> {
+    env.limits.request().await;
+    let h = open_for_write(env, path, mode.unwrap_or(0o644) & 0o7777, true).await?;
+    let mut d = Digests::default();
+    let mut res = ItemResult::default();
+    match (&env.src_s3, &env.src) {
+        (Some(s3), _) => {
+            let key = s3.key(rel);
+            let (mut body, etag, crc) = s3.get(&key, None).await.map_err(transient)?;
+            let mut buf = Vec::with_capacity(BLOCK.min(size as usize).max(1));
+            let mut off = 0u64;
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk.map_err(|e| transient(format!("s3://{}/{key}: {e}", s3.spec.bucket)))?;
+                env.limits.bytes(chunk.len() as u64).await;
+                d.update(&chunk);
+                buf.extend_from_slice(&chunk);
+                if buf.len() >= BLOCK {
+                    put_block(&h, off, &buf, path).await?;
+                    off += buf.len() as u64;
+                    buf.clear();
+                }
+            }
+            if !buf.is_empty() {
+                put_block(&h, off, &buf, path).await?;
+            }
+            let (md5, crc32c) = finish_check(d, size, &format!("s3://{}/{key}", s3.spec.bucket))?;
+            res.verified = Some(verify_in(&etag, crc.as_deref(), &md5, crc32c, &key)?);
+            res.etag = Some(etag);
+            (res.md5, res.crc32c, res.bytes) = (Some(md5), Some(crc32c), size);
+        }
+        (None, StageEndpoint::Posix(root)) => {
+            let file = std::path::Path::new(root).join(rel);
+            let mut off = 0u64;
+            while off < size.max(1) {
+                let n = BLOCK.min((size - off.min(size)) as usize);
+                if n == 0 {
+                    break;
+                }
+                env.limits.bytes(n as u64).await;
+                let data = posix::read_at(&env.ctx, &file, off, n).await.map_err(Failure::Final)?;
+                if data.is_empty() {
+                    break;
+                }
+                d.update(&data);
+                put_block(&h, off, &data, path).await?;
+                off += data.len() as u64;
+            }
+            let (md5, crc32c) = finish_check(d, size, &file.display().to_string())?;
+            res.verified = Some("size".into());
+            (res.md5, res.crc32c, res.bytes) = (Some(md5), Some(crc32c), size);
+        }
+        _ => return Err(Failure::Final("no source to read".into())),
+    }
+    h.flush().await.map_err(|e| transient(format!("odfs:{path}: {e}")))?;
+    set_times(env, &h, path, mtime, mode.map(|m| m & 0o7777)).await?;
+    h.close().await.map_err(|e| transient(format!("odfs:{path}: {e}")))?;
+    Ok(res)
+}
+
+fn finish_check(d: Digests, size: u64, what: &str) -> Result<([u8; 16], u32), Failure> {
+    let got = d.bytes;
+    if got != size {
+        // The source changed or the transfer was cut: another attempt reads it again.
+        return Err(Failure::Transient(format!("{what}: read {got} bytes, expected {size}")));
+    }
+    Ok(d.finish())
+}
+
+/// Checks what arrived against the server's own digests; names the check that was made.
+fn verify_in(etag: &str, crc: Option<&str>, md5: &[u8; 16], crc32c: u32, key: &str) -> Result<String, Failure> {
+    let mut checks = Vec::new();
+    if let Some(c) = crc.filter(|c| !c.contains('-')) {
+        if c != b64(&crc32c.to_be_bytes()) {
+            return Err(Failure::Transient(format!(
+                "{key}: CRC32C mismatch (server {c}, received {})",
+                b64(&crc32c.to_be_bytes())
+            )));
+        }
+        checks.push("crc32c");
+    }
+    if is_md5_etag(etag) {
+        if !etag.eq_ignore_ascii_case(&hex::encode(md5)) {
+            return Err(Failure::Transient(format!(
+                "{key}: MD5 mismatch (ETag {etag}, received {})",
+                hex::encode(md5)
+            )));
+        }
+        checks.push("md5");
+    }
+    if checks.is_empty() {
+        checks.push("size");
+    }
+    Ok(checks.join("+"))
+}
+
+/// A byte range of a large object into its odfs file (created at full size by the coordinator).
+async fn range_in(env: &Env, rel: &str, offset: u64, len: u64, path: &str) -> Result<ItemResult, Failure> {
+    env.limits.request().await;
+    let a = env.client.resolve(&env.ctx, path, true).await.map_err(odfs_err(path))?;
+    let h = env.client.open(&env.ctx, a.ino, false, true, false).await.map_err(odfs_err(path))?;
+    let mut d = Digests::default();
+    match (&env.src_s3, &env.src) {
+        (Some(s3), _) => {
+            let key = s3.key(rel);
+            let (mut body, _, _) = s3.get(&key, Some((offset, len))).await.map_err(transient)?;
+            let mut buf = Vec::with_capacity(BLOCK);
+            let mut off = offset;
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk.map_err(|e| transient(format!("s3://{}/{key}: {e}", s3.spec.bucket)))?;
+                env.limits.bytes(chunk.len() as u64).await;
+                d.update(&chunk);
+                buf.extend_from_slice(&chunk);
+                if buf.len() >= BLOCK {
+                    put_block(&h, off, &buf, path).await?;
+                    off += buf.len() as u64;
+                    buf.clear();
+                }
+            }
+            if !buf.is_empty() {
+                put_block(&h, off, &buf, path).await?;
+            }
+        }
+        (None, StageEndpoint::Posix(root)) => {
+            let file = std::path::Path::new(root).join(rel);
+            let mut off = offset;
+            while off < offset + len {
+                let n = BLOCK.min((offset + len - off) as usize);
+                env.limits.bytes(n as u64).await;
+                let data = posix::read_at(&env.ctx, &file, off, n).await.map_err(Failure::Final)?;
+                if data.is_empty() {
+                    break;
+                }
+                d.update(&data);
+                put_block(&h, off, &data, path).await?;
+                off += data.len() as u64;
+            }
+        }
+        _ => return Err(Failure::Final("no source to read".into())),
+    }
+    let (md5, crc) = finish_check(d, len, &format!("{rel} bytes {offset}..{}", offset + len))?;
+    h.close().await.map_err(|e| transient(format!("odfs:{path}: {e}")))?;
+    Ok(ItemResult { bytes: len, md5: Some(md5), crc32c: Some(crc), ..ItemResult::default() })
+}
+
+/// Reads `len` bytes at `offset` of an odfs file.
+async fn read_odfs(env: &Env, h: &FileHandle, path: &str, offset: u64, len: u64) -> Result<Vec<u8>, Failure> {
+    let mut out = Vec::with_capacity(len as usize);
+    while (out.len() as u64) < len {
+        let want = BLOCK.min((len - out.len() as u64) as usize) as u32;
+        let d = h.read(offset + out.len() as u64, want).await.map_err(|e| transient(format!("odfs:{path}: {e}")))?;
+        if d.is_empty() {
+            return Err(Failure::Final(format!("odfs:{path}: ended at {} of {len} bytes", out.len())));
+        }
+        out.extend_from_slice(&d);
+    }
+    let _ = env;
+    Ok(out)
+}
+
+async fn open_read(env: &Env, path: &str) -> Result<FileHandle, Failure> {
+    let a = env.client.resolve(&env.ctx, path, true).await.map_err(odfs_err(path))?;
+    env.client.open(&env.ctx, a.ino, true, false, false).await.map_err(odfs_err(path))
+}
+
+async fn whole_out_s3(env: &Env, rel: &str, size: u64, path: &str) -> Result<ItemResult, Failure> {
+    let s3 = env.dst_s3.as_ref().ok_or_else(|| Failure::Final("no S3 destination".into()))?;
+    let h = open_read(env, path).await?;
+    let data = read_odfs(env, &h, path, 0, size).await?;
+    let _ = h.close().await;
+    let mut d = Digests::default();
+    d.update(&data);
+    let (md5, crc) = d.finish();
+    env.limits.request().await;
+    env.limits.bytes(size).await;
+    let key = s3.key(rel);
+    let etag = s3.put(&key, data, &md5, crc).await.map_err(transient)?;
+    if is_md5_etag(&etag) && !etag.eq_ignore_ascii_case(&hex::encode(md5)) {
+        return Err(Failure::Transient(format!(
+            "s3://{}/{key}: ETag {etag} is not the MD5 of what was sent",
+            s3.spec.bucket
+        )));
+    }
+    Ok(ItemResult { bytes: size, md5: Some(md5), crc32c: Some(crc), etag: Some(etag), ..ItemResult::default() })
+}
+
+async fn part_out(
+    env: &Env,
+    rel: &str,
+    upload_id: &str,
+    part: i32,
+    offset: u64,
+    len: u64,
+    path: &str,
+) -> Result<ItemResult, Failure> {
+    let s3 = env.dst_s3.as_ref().ok_or_else(|| Failure::Final("no S3 destination".into()))?;
+    let h = open_read(env, path).await?;
+    let data = read_odfs(env, &h, path, offset, len).await?;
+    let _ = h.close().await;
+    let mut d = Digests::default();
+    d.update(&data);
+    let (md5, crc) = d.finish();
+    env.limits.request().await;
+    env.limits.bytes(len).await;
+    let etag = s3.upload_part(&s3.key(rel), upload_id, part, data, &md5).await.map_err(transient)?;
+    Ok(ItemResult { bytes: len, md5: Some(md5), crc32c: Some(crc), etag: Some(etag), ..ItemResult::default() })
+}
+
+async fn whole_out_posix(
+    env: &Env,
+    size: u64,
+    mtime: Timespec,
+    mode: Option<u32>,
+    path: &str,
+    dst: &std::path::Path,
+) -> Result<ItemResult, Failure> {
+    let h = open_read(env, path).await?;
+    let mut d = Digests::default();
+    let tmp = posix::Staged::create(&env.ctx, dst, mode.unwrap_or(0o644)).await.map_err(Failure::Final)?;
+    let mut off = 0;
+    while off < size {
+        let n = BLOCK.min((size - off) as usize) as u64;
+        let data = read_odfs(env, &h, path, off, n).await?;
+        env.limits.bytes(n).await;
+        d.update(&data);
+        tmp.write_at(off, data).await.map_err(Failure::Final)?;
+        off += n;
+    }
+    let _ = h.close().await;
+    tmp.commit(mtime).await.map_err(Failure::Final)?;
+    let (md5, crc) = d.finish();
+    Ok(ItemResult { bytes: size, md5: Some(md5), crc32c: Some(crc), ..ItemResult::default() })
+}
+
+/// MD5 and CRC32C of a whole odfs file; with `part_size`, also its multipart ETag.
+async fn digest_odfs(env: &Env, path: &str, size: u64, part_size: u64) -> Result<ItemResult, Failure> {
+    let h = open_read(env, path).await?;
+    let mut d = Digests::default();
+    let mut parts = Vec::new();
+    let mut part = Digests::default();
+    let mut off = 0;
+    while off < size {
+        let n = BLOCK.min((size - off) as usize) as u64;
+        let data = read_odfs(env, &h, path, off, n).await?;
+        d.update(&data);
+        if part_size > 0 {
+            part.update(&data);
+            if part.bytes == part_size {
+                parts.push(std::mem::take(&mut part).finish().0);
+            }
+        }
+        off += n;
+    }
+    let _ = h.close().await;
+    if part.bytes > 0 {
+        parts.push(part.finish().0);
+    }
+    let (md5, crc) = d.finish();
+    Ok(ItemResult {
+        bytes: 0,
+        md5: Some(md5),
+        crc32c: Some(crc),
+        multipart_etag: (part_size > 0 && !parts.is_empty()).then(|| multipart_etag(&parts)),
+        ..ItemResult::default()
+    })
+}
+
+/// Runs the agent until `shutdown` fires.
+pub async fn run(cfg: AgentConfig, shutdown: Shutdown) -> anyhow::Result<()> {
+    let cred = cfg.job.credential()?;
+    let endpoint = QuicEndpoint::server(&cred, cfg.listen)?;
+    let addr = endpoint.local_addr()?;
+    let agent = Agent::new(cfg.clone());
+    let router = Arc::new(agent.router());
+    let serve = tokio::spawn({
+        let (ep, sd) = (endpoint.clone(), shutdown.clone());
+        async move { ep.serve(router, sd).await }
+    });
+    let pool = Arc::new(Pool::with_endpoint(
+        cred,
+        endpoint.clone(),
+        PoolConfig { retry_deadline: Duration::from_secs(2), ..PoolConfig::default() },
+    ));
+    let link = MgmtLink {
+        pool,
+        mgmtd: cfg.mgmtd,
+        register: Register {
+            kind: ServiceKind::Agent,
+            node: cfg.node,
+            hostname: odfs_service::hostname(),
+            addr: Some(addr),
+            bulk_addr: None,
+            shard: None,
+            targets: Vec::new(),
+            pid: std::process::id(),
+        },
+    };
+    let first = link.register(Duration::from_secs(cfg.register_timeout_secs)).await?;
+    info!(%addr, node = cfg.node, service_id = first.service_id, "stage agent serving");
+    link.run(first, Arc::new(Vec::new), shutdown).await;
+    let _ = serve.await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verification_names_the_checks_and_refuses_mismatches() {
+        let mut d = Digests::default();
+        d.update(b"hello");
+        let (md5, crc) = d.finish();
+        let etag = hex::encode(md5);
+        let crc_b64 = b64(&crc.to_be_bytes());
+        assert_eq!(verify_in(&etag, Some(&crc_b64), &md5, crc, "k").ok(), Some("crc32c+md5".into()));
+        assert_eq!(verify_in("abc-2", None, &md5, crc, "k").ok(), Some("size".into()));
+        assert!(
+            matches!(verify_in(&"0".repeat(32), None, &md5, crc, "k"), Err(Failure::Transient(m)) if m.contains("MD5 mismatch"))
+        );
+        assert!(
+            matches!(verify_in(&etag, Some("AAAAAA=="), &md5, crc, "k"), Err(Failure::Transient(m)) if m.contains("CRC32C"))
+        );
+    }
+}

@@ -1,0 +1,25 @@
+//! odfs staging: moving a job's dataset between the shared store (S3, or the site's global
+//! PFS) and the job's odfs, spread over every node.
+//!
+//! - `agent`: the per-node stage agent (binary `odfs-agent`), which moves its share through the
+//!   client library straight to the storage targets.
+//! - `coordinator`: `odfs stage-in` / `odfs stage-out`: lists, plans, verifies, writes
+//!   manifests.
+//! - `s3`, `posix`: the two kinds of shared store; `keys`: safe relative paths; `location`:
+//!   parsing `s3://`, `odfs:` and POSIX arguments; `limit`: request and bandwidth limits;
+//!   `manifest`, `digest`.
+
+pub mod agent;
+pub mod config;
+pub mod coordinator;
+pub mod digest;
+pub mod keys;
+pub mod limit;
+pub mod location;
+pub mod manifest;
+pub mod posix;
+pub mod s3;
+
+pub use config::AgentConfig;
+pub use coordinator::{stage_in, stage_out, StageOptions, StageReport};
+pub use location::Location;

@@ -1,0 +1,365 @@
+//! S3 access for staging: the client built from a [`S3Spec`], listing, ranged and streamed
+//! GETs, uploads with server-verified checksums, multipart uploads, and one-line errors.
+//!
+//! Retries (exponential backoff with jitter on throttling, 5xx and timeouts) are the SDK's
+//! standard retry strategy, configured here; callers see only final failures.
+
+use aws_sdk_s3::config::retry::RetryConfig;
+use aws_sdk_s3::config::timeout::TimeoutConfig;
+use aws_sdk_s3::config::{
+    BehaviorVersion, Credentials, Region, RequestChecksumCalculation, ResponseChecksumValidation,
+};
+use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{ChecksumMode, CompletedMultipartUpload, CompletedPart};
+use base64::Engine;
+use odfs_proto::stage::{S3Credentials, S3Spec};
+use odfs_proto::Timespec;
+use std::time::Duration;
+
+/// One object of a listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Object {
+    pub key: String,
+    pub size: u64,
+    pub etag: String,
+    pub mtime: Timespec,
+}
+
+/// What a HEAD tells.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Head {
+    pub size: u64,
+    pub etag: String,
+    pub crc32c: Option<String>,
+}
+
+/// A staging S3 error: one line naming the problem.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct S3Error(pub String);
+
+pub type Result<T> = std::result::Result<T, S3Error>;
+
+/// Turns an SDK error into one line naming the problem, with the bucket and key it concerns.
+pub fn describe<E: ProvideErrorMetadata + std::error::Error + 'static>(
+    e: SdkError<E>,
+    spec: &S3Spec,
+    what: &str,
+) -> S3Error {
+    let place = format!("s3://{}/{what}", spec.bucket);
+    let endpoint = spec.endpoint_url.as_deref().unwrap_or("the default AWS endpoint");
+    let msg = match &e {
+        SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) => {
+            // The innermost cause says it plainly ("Connection refused", "timed out").
+            let mut cause: &dyn std::error::Error = &e;
+            while let Some(next) = cause.source() {
+                cause = next;
+            }
+            let why = if matches!(e, SdkError::TimeoutError(_)) { "timed out".to_string() } else { cause.to_string() };
+            format!("cannot reach the S3 endpoint {endpoint}: {why}")
+        }
+        SdkError::ServiceError(se) => {
+            let code = se.err().code().unwrap_or("");
+            let status = se.raw().status().as_u16();
+            match code {
+                "NoSuchBucket" => format!("bucket {:?} does not exist at {endpoint}", spec.bucket),
+                "InvalidAccessKeyId" | "SignatureDoesNotMatch" | "InvalidToken" | "ExpiredToken" => {
+                    format!("S3 refused the credentials ({code}) for {place}: check the access key and secret")
+                }
+                "AccessDenied" => format!("access denied to {place}"),
+                "NoSuchKey" => format!("{place} does not exist"),
+                _ if status == 404 && what.is_empty() => {
+                    format!("bucket {:?} does not exist at {endpoint}", spec.bucket)
+                }
+                _ if status == 403 => format!("S3 refused {place} (HTTP 403): check the credentials"),
+                _ => format!("{place}: {} (HTTP {status})", se.err().message().unwrap_or(code)),
+            }
+        }
+        _ => format!("{place}: {}", DisplayErrorContext(&e)),
+    };
+    S3Error(msg)
+}
+
+/// Resolves credentials: the ones given, else the AWS chain of environment variables, then
+/// shared config and credentials files (profiles, `credential_process`).
+pub async fn resolve_credentials(given: Option<S3Credentials>) -> Result<S3Credentials> {
+    if let Some(c) = given {
+        return Ok(c);
+    }
+    use aws_sdk_s3::config::ProvideCredentials;
+    // Environment, then profiles (files, SSO-less, credential_process). The instance metadata
+    // service is left out on purpose: a compute node that is not a cloud instance would send
+    // requests to a link-local address nobody serves; wrap instance roles in a profile's
+    // credential_process where they exist.
+    let chain = aws_config::meta::credentials::CredentialsProviderChain::first_try(
+        "Environment",
+        aws_config::environment::EnvironmentVariableCredentialsProvider::new(),
+    )
+    .or_else("Profile", aws_config::profile::ProfileFileCredentialsProvider::builder().build());
+    let c = chain.provide_credentials().await.map_err(|e| {
+        S3Error(format!(
+            "no S3 credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE with \
+             ~/.aws/credentials): {}",
+            DisplayErrorContext(&e)
+        ))
+    })?;
+    Ok(S3Credentials {
+        access_key_id: c.access_key_id().to_string(),
+        secret_access_key: c.secret_access_key().to_string(),
+        session_token: c.session_token().map(str::to_string),
+    })
+}
+
+/// The region: the one given, else AWS_REGION / AWS_DEFAULT_REGION, the profile's, else us-east-1.
+pub async fn resolve_region(given: Option<String>) -> String {
+    if let Some(r) = given {
+        return r;
+    }
+    // Environment, then the profile; not the instance metadata service (see above).
+    use aws_config::meta::region::ProvideRegion;
+    if let Some(r) = aws_config::environment::EnvironmentVariableRegionProvider::new().region().await {
+        return r.to_string();
+    }
+    let profile = aws_config::profile::ProfileFileRegionProvider::builder().build();
+    profile.region().await.map(|r| r.to_string()).unwrap_or_else(|| "us-east-1".into())
+}
+
+/// A client for one bucket.
+#[derive(Clone)]
+pub struct S3 {
+    pub spec: S3Spec,
+    client: aws_sdk_s3::Client,
+}
+
+impl S3 {
+    pub fn new(spec: &S3Spec) -> S3 {
+        let mut b = aws_sdk_s3::config::Builder::new()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new(spec.region.clone()))
+            .force_path_style(spec.path_style)
+            .retry_config(
+                RetryConfig::standard()
+                    .with_max_attempts(spec.max_attempts.max(1))
+                    .with_initial_backoff(Duration::from_millis(100))
+                    .with_max_backoff(Duration::from_secs(10)),
+            )
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .connect_timeout(Duration::from_secs(5))
+                    .read_timeout(Duration::from_secs(60))
+                    .build(),
+            )
+            // Checksums are computed and sent by odfs itself (Content-MD5, CRC32C), the same
+            // way for every S3-compatible server.
+            .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
+            .response_checksum_validation(ResponseChecksumValidation::WhenRequired);
+        if let Some(c) = &spec.credentials {
+            b = b.credentials_provider(Credentials::new(
+                &c.access_key_id,
+                &c.secret_access_key,
+                c.session_token.clone(),
+                None,
+                "odfs",
+            ));
+        }
+        if let Some(url) = &spec.endpoint_url {
+            b = b.endpoint_url(url);
+        }
+        S3 { spec: spec.clone(), client: aws_sdk_s3::Client::from_conf(b.build()) }
+    }
+
+    pub fn key(&self, rel: &str) -> String {
+        format!("{}{rel}", self.spec.prefix)
+    }
+
+    /// Fails with a clear line unless the bucket exists and the credentials are accepted.
+    pub async fn check_bucket(&self) -> Result<()> {
+        self.client.head_bucket().bucket(&self.spec.bucket).send().await.map_err(|e| describe(e, &self.spec, ""))?;
+        Ok(())
+    }
+
+    /// Every object under `prefix` (all pages).
+    pub async fn list(&self, prefix: &str) -> Result<Vec<Object>> {
+        let mut out = Vec::new();
+        let mut pages = self.client.list_objects_v2().bucket(&self.spec.bucket).prefix(prefix).into_paginator().send();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| describe(e, &self.spec, prefix))?;
+            for o in page.contents() {
+                let mtime = o
+                    .last_modified()
+                    .map(|t| Timespec { sec: t.secs(), nsec: t.subsec_nanos() })
+                    .unwrap_or(Timespec { sec: 0, nsec: 0 });
+                out.push(Object {
+                    key: o.key().unwrap_or_default().to_string(),
+                    size: o.size().unwrap_or(0).max(0) as u64,
+                    etag: o.e_tag().unwrap_or_default().trim_matches('"').to_string(),
+                    mtime,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Size, ETag and (if the server keeps one) CRC32C of one object.
+    pub async fn head(&self, key: &str) -> Result<Head> {
+        let r = self
+            .client
+            .head_object()
+            .bucket(&self.spec.bucket)
+            .key(key)
+            .checksum_mode(ChecksumMode::Enabled)
+            .send()
+            .await
+            .map_err(|e| describe(e, &self.spec, key))?;
+        let etag = r.e_tag().unwrap_or_default().trim_matches('"').to_string();
+        Ok(Head {
+            size: r.content_length().unwrap_or(0).max(0) as u64,
+            etag,
+            crc32c: r.checksum_crc32_c().map(str::to_string),
+        })
+    }
+
+    /// Fills in ETags a listing left out (some S3-compatible servers list without them) with a
+    /// HEAD of each such object, 32 at a time.
+    pub async fn fill_etags(&self, objs: &mut [Object]) -> Result<()> {
+        use futures::StreamExt;
+        let missing: Vec<usize> = (0..objs.len()).filter(|&i| objs[i].etag.is_empty()).collect();
+        let heads: Vec<(usize, Result<Head>)> = futures::stream::iter(missing)
+            .map(|i| {
+                let key = objs[i].key.clone();
+                async move { (i, self.head(&key).await) }
+            })
+            .buffer_unordered(32)
+            .collect()
+            .await;
+        for (i, r) in heads {
+            objs[i].etag = r?.etag;
+        }
+        Ok(())
+    }
+
+    /// Starts a GET of `key` (bytes `range` if given). Returns the body, the ETag and the
+    /// object's CRC32C if the server keeps one (whole-object GETs only).
+    pub async fn get(&self, key: &str, range: Option<(u64, u64)>) -> Result<(ByteStream, String, Option<String>)> {
+        let mut req = self.client.get_object().bucket(&self.spec.bucket).key(key);
+        match range {
+            Some((off, len)) => req = req.range(format!("bytes={off}-{}", off + len - 1)),
+            None => req = req.checksum_mode(ChecksumMode::Enabled),
+        }
+        let r = req.send().await.map_err(|e| describe(e, &self.spec, key))?;
+        let etag = r.e_tag().unwrap_or_default().trim_matches('"').to_string();
+        let crc = if range.is_none() { r.checksum_crc32_c().map(str::to_string) } else { None };
+        Ok((r.body, etag, crc))
+    }
+
+    /// Uploads a whole object with Content-MD5 and CRC32C, which the server checks; returns
+    /// the ETag.
+    pub async fn put(&self, key: &str, data: Vec<u8>, md5: &[u8; 16], crc: u32) -> Result<String> {
+        let r = self
+            .client
+            .put_object()
+            .bucket(&self.spec.bucket)
+            .key(key)
+            .content_md5(b64(md5))
+            .checksum_crc32_c(b64(&crc.to_be_bytes()))
+            .body(ByteStream::from(data))
+            .send()
+            .await
+            .map_err(|e| describe(e, &self.spec, key))?;
+        Ok(r.e_tag().unwrap_or_default().trim_matches('"').to_string())
+    }
+
+    pub async fn create_multipart(&self, key: &str) -> Result<String> {
+        let r = self
+            .client
+            .create_multipart_upload()
+            .bucket(&self.spec.bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(|e| describe(e, &self.spec, key))?;
+        r.upload_id().map(str::to_string).ok_or_else(|| S3Error(format!("{key}: the server gave no upload id")))
+    }
+
+    pub async fn upload_part(
+        &self,
+        key: &str,
+        upload_id: &str,
+        part: i32,
+        data: Vec<u8>,
+        md5: &[u8; 16],
+    ) -> Result<String> {
+        let r = self
+            .client
+            .upload_part()
+            .bucket(&self.spec.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .part_number(part)
+            .content_md5(b64(md5))
+            .body(ByteStream::from(data))
+            .send()
+            .await
+            .map_err(|e| describe(e, &self.spec, key))?;
+        Ok(r.e_tag().unwrap_or_default().trim_matches('"').to_string())
+    }
+
+    pub async fn complete_multipart(&self, key: &str, upload_id: &str, parts: &[(i32, String)]) -> Result<String> {
+        let parts =
+            parts.iter().map(|(n, etag)| CompletedPart::builder().part_number(*n).e_tag(etag).build()).collect();
+        let r = self
+            .client
+            .complete_multipart_upload()
+            .bucket(&self.spec.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(parts)).build())
+            .send()
+            .await
+            .map_err(|e| describe(e, &self.spec, key))?;
+        Ok(r.e_tag().unwrap_or_default().trim_matches('"').to_string())
+    }
+
+    pub async fn abort_multipart(&self, key: &str, upload_id: &str) {
+        let _ =
+            self.client.abort_multipart_upload().bucket(&self.spec.bucket).key(key).upload_id(upload_id).send().await;
+    }
+}
+
+pub fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// True for an ETag that is the MD5 of the object (single-part upload, no SSE-KMS): 32 hex digits.
+pub fn is_md5_etag(etag: &str) -> bool {
+    etag.len() == 32 && etag.bytes().all(|c| c.is_ascii_hexdigit())
+}
+
+/// The ETag S3 gives a multipart upload with these part MD5s: MD5 of their concatenation, "-N".
+pub fn multipart_etag(part_md5s: &[[u8; 16]]) -> String {
+    use md5::{Digest, Md5};
+    let mut h = Md5::new();
+    for m in part_md5s {
+        h.update(m);
+    }
+    format!("{}-{}", hex::encode(h.finalize()), part_md5s.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn etag_forms() {
+        assert!(is_md5_etag("9e107d9d372bb6826bd81d3542a419d6"));
+        assert!(!is_md5_etag("9e107d9d372bb6826bd81d3542a419d6-3"));
+        assert!(!is_md5_etag(""));
+        use md5::{Digest, Md5};
+        let a: [u8; 16] = Md5::digest(b"a").into();
+        let b: [u8; 16] = Md5::digest(b"b").into();
+        let mut cat = a.to_vec();
+        cat.extend_from_slice(&b);
+        assert_eq!(multipart_etag(&[a, b]), format!("{}-2", hex::encode(Md5::digest(&cat))));
+    }
+}
