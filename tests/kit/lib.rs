@@ -217,3 +217,6 @@ pub fn walk_files(dir: &Path) -> Vec<String> {
 
 pub mod fuse;
 pub use fuse::*;
+
+pub mod s3;
+pub use s3::*;

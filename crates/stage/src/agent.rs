@@ -237,6 +237,15 @@ fn transient(e: impl std::fmt::Display) -> Failure {
     Failure::Transient(e.to_string())
 }
 
+/// An S3 failure: worth another attempt unless the endpoint is unreachable altogether.
+fn s3_failure(e: crate::s3::S3Error) -> Failure {
+    if e.unreachable {
+        Failure::Final(e.msg)
+    } else {
+        Failure::Transient(e.msg)
+    }
+}
+
 fn odfs_err(path: &str) -> impl Fn(odfs_client::ClientError) -> Failure + '_ {
     move |e| Failure::Final(format!("odfs:{path}: {e}"))
 }
@@ -316,7 +325,7 @@ async fn whole_in(
     match (&env.src_s3, &env.src) {
         (Some(s3), _) => {
             let key = s3.key(rel);
-            let (mut body, etag, crc) = s3.get(&key, None).await.map_err(transient)?;
+            let (mut body, etag, crc) = s3.get(&key, None).await.map_err(s3_failure)?;
             let mut buf = Vec::with_capacity(BLOCK.min(size as usize).max(1));
             let mut off = 0u64;
             while let Some(chunk) = body.next().await {
@@ -412,7 +421,7 @@ async fn range_in(env: &Env, rel: &str, offset: u64, len: u64, path: &str) -> Re
     match (&env.src_s3, &env.src) {
         (Some(s3), _) => {
             let key = s3.key(rel);
-            let (mut body, _, _) = s3.get(&key, Some((offset, len))).await.map_err(transient)?;
+            let (mut body, _, _) = s3.get(&key, Some((offset, len))).await.map_err(s3_failure)?;
             let mut buf = Vec::with_capacity(BLOCK);
             let mut off = offset;
             while let Some(chunk) = body.next().await {
@@ -483,7 +492,7 @@ async fn whole_out_s3(env: &Env, rel: &str, size: u64, path: &str) -> Result<Ite
     env.limits.request().await;
     env.limits.bytes(size).await;
     let key = s3.key(rel);
-    let etag = s3.put(&key, data, &md5, crc).await.map_err(transient)?;
+    let etag = s3.put(&key, data, &md5, crc).await.map_err(s3_failure)?;
     if is_md5_etag(&etag) && !etag.eq_ignore_ascii_case(&hex::encode(md5)) {
         return Err(Failure::Transient(format!(
             "s3://{}/{key}: ETag {etag} is not the MD5 of what was sent",
@@ -511,7 +520,7 @@ async fn part_out(
     let (md5, crc) = d.finish();
     env.limits.request().await;
     env.limits.bytes(len).await;
-    let etag = s3.upload_part(&s3.key(rel), upload_id, part, data, &md5).await.map_err(transient)?;
+    let etag = s3.upload_part(&s3.key(rel), upload_id, part, data, &md5).await.map_err(s3_failure)?;
     Ok(ItemResult { bytes: len, md5: Some(md5), crc32c: Some(crc), etag: Some(etag), ..ItemResult::default() })
 }
 

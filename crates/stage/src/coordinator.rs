@@ -993,7 +993,9 @@ async fn stage_out_s3(
     let data = m.to_json();
     let key = s3.key(manifest::STAGE_OUT_MANIFEST);
     let (md5, crc) = digests(&data);
-    s3.put(&key, data, &md5, crc).await.context("cannot upload the manifest")?;
+    if let Err(e) = s3.put(&key, data, &md5, crc).await {
+        report.failed.insert(manifest::STAGE_OUT_MANIFEST.into(), format!("cannot upload the manifest: {e}"));
+    }
     if report.failed.is_empty() {
         let body = format!(
             "{{\"files\": {}, \"bytes\": {}, \"manifest\": \"{}\"}}\n",

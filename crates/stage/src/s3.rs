@@ -36,8 +36,19 @@ pub struct Head {
 
 /// A staging S3 error: one line naming the problem.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("{0}")]
-pub struct S3Error(pub String);
+#[error("{msg}")]
+pub struct S3Error {
+    pub msg: String,
+    /// The endpoint could not be reached at all (after the SDK's retries): trying the same
+    /// item again at once would only wait longer.
+    pub unreachable: bool,
+}
+
+impl S3Error {
+    pub fn new(msg: impl Into<String>) -> S3Error {
+        S3Error { msg: msg.into(), unreachable: false }
+    }
+}
 
 pub type Result<T> = std::result::Result<T, S3Error>;
 
@@ -78,7 +89,7 @@ pub fn describe<E: ProvideErrorMetadata + std::error::Error + 'static>(
         }
         _ => format!("{place}: {}", DisplayErrorContext(&e)),
     };
-    S3Error(msg)
+    S3Error { msg, unreachable: matches!(e, SdkError::DispatchFailure(_) | SdkError::TimeoutError(_)) }
 }
 
 /// Resolves credentials: the ones given, else the AWS chain of environment variables, then
@@ -98,7 +109,7 @@ pub async fn resolve_credentials(given: Option<S3Credentials>) -> Result<S3Crede
     )
     .or_else("Profile", aws_config::profile::ProfileFileCredentialsProvider::builder().build());
     let c = chain.provide_credentials().await.map_err(|e| {
-        S3Error(format!(
+        S3Error::new(format!(
             "no S3 credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE with \
              ~/.aws/credentials): {}",
             DisplayErrorContext(&e)
@@ -279,7 +290,7 @@ impl S3 {
             .send()
             .await
             .map_err(|e| describe(e, &self.spec, key))?;
-        r.upload_id().map(str::to_string).ok_or_else(|| S3Error(format!("{key}: the server gave no upload id")))
+        r.upload_id().map(str::to_string).ok_or_else(|| S3Error::new(format!("{key}: the server gave no upload id")))
     }
 
     pub async fn upload_part(

@@ -1,0 +1,390 @@
+//! Stage-in and stage-out against a real S3-compatible server on loopback (s3s-fs, or
+//! moto_server where keys a filesystem cannot hold are needed) and from a POSIX tree, through
+//! the `odfs` command and the stage agents of a 4-node local filesystem.
+
+use odfs_client::{Client, Ctx};
+use odfs_tests::*;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+/// Runs `odfs ARGS` against `fs` with the server's credentials in the environment.
+fn odfs_stage(fs: &LocalFs, env: &[(&'static str, String)], args: &[&str]) -> Output {
+    Command::new(bin_dir().join("odfs"))
+        .args(args)
+        .env("ODFS_FS", fs.config_path())
+        .env("ODFS_BIN_DIR", bin_dir())
+        .env_remove("AWS_PROFILE")
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .expect("run odfs")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn ok(o: Output) -> String {
+    assert!(o.status.success(), "odfs failed ({}):\n{}", o.status, text(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+async fn lib_read(c: &Client, path: &str) -> Vec<u8> {
+    let ctx = Ctx::root();
+    let a = c.resolve(&ctx, path, true).await.unwrap_or_else(|e| panic!("{path}: {e}"));
+    let h = c.open(&ctx, a.ino, true, false, false).await.unwrap();
+    let mut out = Vec::with_capacity(a.size as usize);
+    loop {
+        let d = h.read(out.len() as u64, 4 << 20).await.unwrap();
+        if d.is_empty() {
+            break;
+        }
+        out.extend_from_slice(&d);
+    }
+    h.close().await.unwrap();
+    out
+}
+
+/// Percentages of the per-node lines of a stage report ("node k: ... (NN%)").
+fn shares(report: &str) -> Vec<f64> {
+    report
+        .lines()
+        .filter(|l| l.trim_start().starts_with("node "))
+        .filter_map(|l| l.split('(').nth(1)?.split('%').next()?.parse().ok())
+        .collect()
+}
+
+/// A source tree: `small` files of 1–60 KiB in 10 directories plus the large files given.
+fn make_tree(root: &Path, small: usize, large: &[usize]) -> BTreeMap<String, String> {
+    let mut sums = BTreeMap::new();
+    for i in 0..small {
+        let rel = format!("d{}/f{i:04}.bin", i % 10);
+        let data = pattern(1024 + (i * 7919) % (60 << 10), i as u64);
+        std::fs::create_dir_all(root.join(format!("d{}", i % 10))).unwrap();
+        std::fs::write(root.join(&rel), &data).unwrap();
+        sums.insert(rel, sha256(&data));
+    }
+    for (k, &len) in large.iter().enumerate() {
+        let rel = format!("large/big{k}.bin");
+        let data = pattern(len, 1000 + k as u64);
+        std::fs::create_dir_all(root.join("large")).unwrap();
+        std::fs::write(root.join(&rel), &data).unwrap();
+        sums.insert(rel, sha256(&data));
+    }
+    sums
+}
+
+/// Every file of `sums` at `dir` in odfs has exactly those bytes.
+fn assert_odfs_tree(fs: &LocalFs, dir: &str, sums: &BTreeMap<String, String>) {
+    let rt = runtime();
+    let c = rt.block_on(fs.client());
+    for (rel, want) in sums {
+        let got = sha256(&rt.block_on(lib_read(&c, &format!("{dir}/{rel}"))));
+        assert_eq!(&got, want, "odfs:{dir}/{rel} differs from the source");
+    }
+}
+
+#[test]
+fn stage_in_from_s3_is_byte_identical_and_every_agent_moves_a_quarter() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s3 = S3Server::s3s(&tmp.path().join("s3"), &["data"]);
+    let sums = make_tree(&s3.object_path("data", "set"), 1000, &[200 << 20, (200 << 20) + 12345, 210 << 20]);
+    let fs = LocalFs::up(4, &[]);
+    let url = s3.url();
+    let args = ["stage-in", "s3://data/set", "odfs:/in", "--endpoint-url", &url, "--path-style"];
+    let out = ok(odfs_stage(&fs, &s3.env(), &args));
+    assert!(out.contains("1003 files"), "{out}");
+    let sh = shares(&out);
+    assert_eq!(sh.len(), 4, "one line per agent:\n{out}");
+    for s in &sh {
+        assert!((20.0..=30.0).contains(s), "each agent moves 25% ± 20% of the bytes: {sh:?}\n{out}");
+    }
+    assert_odfs_tree(&fs, "/in", &sums);
+
+    // The manifest names every file, its ETag and how it was verified.
+    let rt = runtime();
+    let c = rt.block_on(fs.client());
+    let m: serde_json::Value = serde_json::from_slice(&rt.block_on(lib_read(&c, "/in/.odfs-stage-in.json"))).unwrap();
+    let files = m["files"].as_object().unwrap();
+    assert_eq!(files.len(), 1003);
+    assert_eq!(files["large/big1.bin"]["size"], (200 << 20) + 12345);
+    assert!(files["d3/f0003.bin"]["verified"].as_str().unwrap().contains("md5"), "{}", files["d3/f0003.bin"]);
+    assert!(files["large/big0.bin"]["verified"].as_str().unwrap().contains("crc32c"));
+
+    // A re-run finds everything complete.
+    let again = ok(odfs_stage(&fs, &s3.env(), &args));
+    assert!(again.contains("0 files") && again.contains("1003 already complete"), "{again}");
+}
+
+#[test]
+fn stage_out_to_s3_is_verified_with_a_manifest_and_the_marker_last() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let sums = make_tree(&src, 200, &[80 << 20, (40 << 20) + 7]);
+    let s3 = S3Server::s3s(&tmp.path().join("s3"), &["out"]);
+    let fs = LocalFs::up(4, &[]);
+    ok(odfs_stage(&fs, &[], &["stage-in", src.to_str().unwrap(), "odfs:/results"]));
+    let url = s3.url();
+    let out = ok(odfs_stage(
+        &fs,
+        &s3.env(),
+        &["stage-out", "odfs:/results", "s3://out/run1", "--endpoint-url", &url, "--path-style", "--part-size", "8M"],
+    ));
+    assert!(out.contains("202 files"), "{out}");
+    let mut newest_object = std::time::UNIX_EPOCH;
+    for (rel, want) in &sums {
+        let p = s3.object_path("out", &format!("run1/{rel}"));
+        assert_eq!(&sha256(&std::fs::read(&p).unwrap()), want, "s3://out/run1/{rel} differs");
+        newest_object = newest_object.max(std::fs::metadata(&p).unwrap().modified().unwrap());
+    }
+    let marker = s3.object_path("out", "run1/.odfs-stage-out.complete");
+    let manifest = s3.object_path("out", "run1/.odfs-stage-out.json");
+    let marker_time = std::fs::metadata(&marker).expect("completion marker").modified().unwrap();
+    assert!(marker_time >= newest_object, "the marker is written after every object");
+    assert!(marker_time >= std::fs::metadata(&manifest).unwrap().modified().unwrap(), "and after the manifest");
+    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    let files = m["files"].as_object().unwrap();
+    assert_eq!(files.len(), sums.len());
+    for rel in sums.keys() {
+        let e = &files[rel.as_str()];
+        assert_eq!(e["size"].as_u64().unwrap(), std::fs::metadata(src.join(rel)).unwrap().len(), "{rel}");
+        assert!(e["etag"].as_str().is_some_and(|t| !t.is_empty()), "{rel}: {e}");
+    }
+    // Split into 8 MiB parts: the 80 MiB file is a 10-part multipart object.
+    assert!(files["large/big0.bin"]["etag"].as_str().unwrap().ends_with("-10"), "{}", files["large/big0.bin"]);
+
+    // Nothing changed: a re-run uploads nothing.
+    let again = ok(odfs_stage(
+        &fs,
+        &s3.env(),
+        &["stage-out", "odfs:/results", "s3://out/run1", "--endpoint-url", &url, "--path-style", "--part-size", "8M"],
+    ));
+    assert!(again.contains("0 files") && again.contains("202 already complete"), "{again}");
+}
+
+#[test]
+fn s3_killed_during_stage_out_fails_clearly_and_a_rerun_uploads_only_the_rest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let sums = make_tree(&src, 300, &[]);
+    let mut s3 = S3Server::s3s(&tmp.path().join("s3"), &["out"]);
+    let fs = LocalFs::up(4, &[]);
+    ok(odfs_stage(&fs, &[], &["stage-in", src.to_str().unwrap(), "odfs:/results"]));
+    let url = s3.url();
+    let args = [
+        "stage-out",
+        "odfs:/results",
+        "s3://out/run",
+        "--endpoint-url",
+        &url,
+        "--path-style",
+        // Slow enough to be cut in the middle, and few attempts so the failure comes quickly.
+        "--max-bandwidth",
+        "2M",
+        "--max-attempts",
+        "2",
+        "--concurrency",
+        "2",
+    ];
+    let child = Command::new(bin_dir().join("odfs"))
+        .args(args)
+        .env("ODFS_FS", fs.config_path())
+        .envs(s3.env())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let bucket_dir = s3.object_path("out", "run");
+    let t = Instant::now();
+    while walk_count(&bucket_dir) < 40 {
+        assert!(t.elapsed() < Duration::from_secs(60), "stage-out made no progress");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    s3.kill();
+    let out = child.wait_with_output().unwrap();
+    let all = text(&out);
+    assert!(!out.status.success(), "stage-out with the server gone must fail:\n{all}");
+    assert!(all.contains("FAILED") && all.contains("cannot reach the S3 endpoint"), "names what failed:\n{all}");
+    assert!(!s3.object_path("out", "run/.odfs-stage-out.complete").exists(), "no completion marker after a failure");
+    assert_odfs_tree(&fs, "/results", &sums);
+    let uploaded = walk_count(&bucket_dir);
+
+    s3.start();
+    let out = ok(odfs_stage(&fs, &s3.env(), &args[..6]));
+    let skipped: usize = out.split(" already complete").next().unwrap().rsplit(' ').next().unwrap().parse().unwrap();
+    let copied: usize = out.split(" files (").next().unwrap().rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(skipped > 0 && skipped + copied == sums.len(), "only what was missing: {out}");
+    assert!(
+        skipped >= uploaded.saturating_sub(8),
+        "objects complete before the kill are kept: {uploaded} there, {out}"
+    );
+    for (rel, want) in &sums {
+        assert_eq!(&sha256(&std::fs::read(s3.object_path("out", &format!("run/{rel}"))).unwrap()), want, "{rel}");
+    }
+    assert!(s3.object_path("out", "run/.odfs-stage-out.complete").exists());
+}
+
+/// Regular files below `dir` (0 when it does not exist yet).
+fn walk_count(dir: &Path) -> usize {
+    if dir.exists() {
+        walk_files(dir).len()
+    } else {
+        0
+    }
+}
+
+#[test]
+fn throttled_s3_completes_with_retries() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s3 = S3Server::s3s(&tmp.path().join("s3"), &["data", "out"]);
+    let sums = make_tree(&s3.object_path("data", "set"), 150, &[70 << 20]);
+    let proxy = ThrottleProxy::start(s3.port, 20);
+    let fs = LocalFs::up(4, &[]);
+    let url = proxy.url();
+    let out = ok(odfs_stage(
+        &fs,
+        &s3.env(),
+        &["stage-in", "s3://data/set", "odfs:/in", "--endpoint-url", &url, "--path-style"],
+    ));
+    assert!(out.contains("151 files"), "{out}");
+    assert_odfs_tree(&fs, "/in", &sums);
+    let out = ok(odfs_stage(
+        &fs,
+        &s3.env(),
+        &["stage-out", "odfs:/in", "s3://out/copy", "--endpoint-url", &url, "--path-style"],
+    ));
+    assert!(out.contains("151 files"), "{out}");
+    for (rel, want) in &sums {
+        assert_eq!(&sha256(&std::fs::read(s3.object_path("out", &format!("copy/{rel}"))).unwrap()), want, "{rel}");
+    }
+    let throttled = proxy.throttled.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(throttled > 50, "the proxy answered {throttled} requests with 503 SlowDown");
+}
+
+#[test]
+fn unsafe_keys_are_refused_and_listed_and_nothing_lands_outside() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s3 = S3Server::moto(tmp.path());
+    let long = "x".repeat(256);
+    let keys = ["ds/ok/a.txt", "ds/../escape", "ds/a/../../b", "ds//abs", "ds/a//b", "ds/./dot", &format!("ds/{long}")];
+    let script = format!(
+        "import boto3,sys\ns3=boto3.client('s3',endpoint_url='{}',region_name='us-east-1')\n\
+         s3.create_bucket(Bucket='keys')\nfor k in sys.argv[1:]:\n    s3.put_object(Bucket='keys',Key=k,Body=b'data of '+k.encode())\n",
+        s3.url()
+    );
+    let out =
+        Command::new("python3").arg("-c").arg(script).args(keys).envs(s3.env()).output().expect("python3 with boto3");
+    assert!(out.status.success(), "seeding moto: {}", String::from_utf8_lossy(&out.stderr));
+    let fs = LocalFs::up(2, &[]);
+    let url = s3.url();
+    let o =
+        odfs_stage(&fs, &s3.env(), &["stage-in", "s3://keys/ds", "odfs:/ds", "--endpoint-url", &url, "--path-style"]);
+    let all = text(&o);
+    assert!(!o.status.success(), "refused keys make the stage fail:\n{all}");
+    for k in &keys[1..] {
+        assert!(all.contains(&format!("refused {k:?}")), "{k} not listed as refused:\n{all}");
+    }
+    assert!(all.contains("6 source names refused"), "{all}");
+    let rt = runtime();
+    let c = rt.block_on(fs.client());
+    assert_eq!(rt.block_on(lib_read(&c, "/ds/ok/a.txt")), b"data of ds/ok/a.txt");
+    let root: Vec<Vec<u8>> = rt
+        .block_on(c.readdir_all(&Ctx::root(), odfs_proto::InodeId::ROOT, false))
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(root, vec![b"ds".to_vec()], "nothing outside the destination");
+    let ds: Vec<String> = rt
+        .block_on(c.readdir_all(&Ctx::root(), rt.block_on(c.resolve(&Ctx::root(), "/ds", true)).unwrap().ino, false))
+        .unwrap()
+        .into_iter()
+        .map(|e| String::from_utf8(e.name).unwrap())
+        .collect();
+    let mut ds = ds;
+    ds.sort();
+    assert_eq!(ds, [".odfs-stage-in.json", "ok"]);
+}
+
+#[test]
+fn bad_urls_credentials_buckets_and_endpoints_are_one_line_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s3 = S3Server::s3s(&tmp.path().join("s3"), &["data"]);
+    let fs = LocalFs::up(1, &[]);
+    let url = s3.url();
+    let one_line = |env: &[(&'static str, String)], args: &[&str], want: &str| {
+        let o = odfs_stage(&fs, env, args);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: one line: {err}");
+        assert!(err.contains(want), "{args:?}: expected {want:?} in: {err}");
+    };
+    let e = "--endpoint-url";
+    one_line(&s3.env(), &["stage-in", "s3://", "odfs:/x"], "no bucket");
+    one_line(&s3.env(), &["stage-in", "s3://Bad_Name/x", "odfs:/x"], "not a valid S3 bucket");
+    one_line(&s3.env(), &["stage-in", "gs://b/x", "odfs:/x"], "unknown scheme");
+    one_line(
+        &s3.env(),
+        &["stage-in", "s3://nosuch/x", "odfs:/x", e, &url, "--path-style"],
+        "bucket \"nosuch\" does not exist",
+    );
+    let mut wrong = s3.env();
+    wrong[1].1 = "not-the-secret".into();
+    one_line(&wrong, &["stage-in", "s3://data/x", "odfs:/x", e, &url, "--path-style"], "check the credentials");
+    let none: Vec<(&'static str, String)> =
+        vec![("AWS_CONFIG_FILE", "/nonexistent".into()), ("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent".into())];
+    let o = Command::new(bin_dir().join("odfs"))
+        .args(["stage-in", "s3://data/x", "odfs:/x", e, &url, "--path-style"])
+        .env("ODFS_FS", fs.config_path())
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .envs(none)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("no S3 credentials found"), "{err}");
+    one_line(
+        &s3.env(),
+        &["stage-in", "s3://data/x", "odfs:/x", e, "http://127.0.0.1:1", "--path-style", "--max-attempts", "1"],
+        "cannot reach the S3 endpoint http://127.0.0.1:1",
+    );
+}
+
+#[test]
+fn stage_in_from_a_posix_tree_keeps_modes_and_times_and_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("pfs");
+    let sums = make_tree(&src, 300, &[100 << 20]);
+    std::fs::create_dir_all(src.join("empty/dir")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(src.join("d1/f0001.bin"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let when = std::time::UNIX_EPOCH + Duration::from_secs(1_500_000_000);
+    std::fs::File::options().write(true).open(src.join("d2/f0002.bin")).unwrap().set_modified(when).unwrap();
+    let fs = LocalFs::up(4, &[]);
+    let out = ok(odfs_stage(&fs, &[], &["stage-in", src.to_str().unwrap(), "odfs:/pfs"]));
+    assert!(out.contains("301 files"), "{out}");
+    for s in shares(&out) {
+        assert!((15.0..=35.0).contains(&s), "the large file is spread over every agent:\n{out}");
+    }
+    assert_odfs_tree(&fs, "/pfs", &sums);
+    let rt = runtime();
+    let c = rt.block_on(fs.client());
+    let ctx = Ctx::root();
+    let a = rt.block_on(c.resolve(&ctx, "/pfs/d1/f0001.bin", true)).unwrap();
+    assert_eq!(a.mode & 0o7777, 0o600);
+    let a = rt.block_on(c.resolve(&ctx, "/pfs/d2/f0002.bin", true)).unwrap();
+    assert_eq!(a.mtime.sec, 1_500_000_000);
+    let a = rt.block_on(c.resolve(&ctx, "/pfs/empty/dir", true)).unwrap();
+    assert_eq!(a.kind, odfs_proto::meta::FileKind::Dir);
+
+    // One file changed at the source: only it is copied again.
+    std::fs::write(src.join("d5/f0005.bin"), b"changed").unwrap();
+    let again = ok(odfs_stage(&fs, &[], &["stage-in", src.to_str().unwrap(), "odfs:/pfs"]));
+    assert!(again.contains(" 1 files") && again.contains("300 already complete"), "{again}");
+    assert_eq!(rt.block_on(lib_read(&c, "/pfs/d5/f0005.bin")), b"changed");
+}
