@@ -281,7 +281,7 @@ async fn other_job_credential_is_refused_and_changes_nothing() {
 fn local_up_down_leaves_nothing_and_refuses_a_second_up() {
     let fs = LocalFs::up(2, &[]);
     let pids = fs.all_pids();
-    assert_eq!(pids.len(), 4, "mgmtd, metad and 2 stored");
+    assert_eq!(pids.len(), 6, "mgmtd, metad, 2 stored and 2 stage agents");
     assert!(pids.iter().all(|&p| alive(p)));
     let out = odfs(&["local", "up", "--no-mount", "--root", fs.root_str(), "--nodes", "2"]);
     assert!(!out.status.success());
@@ -290,7 +290,7 @@ fn local_up_down_leaves_nothing_and_refuses_a_second_up() {
     assert!(pids.iter().all(|&p| alive(p)), "a refused up must not disturb the running filesystem");
     let status = odfs_ok(&["--fs", fs.config_path().to_str().unwrap(), "status"]);
     assert!(status.contains("Ready"), "{status}");
-    assert_eq!(status.matches("online").count(), 2 + 1 + 2, "{status}");
+    assert_eq!(status.matches("online").count(), 2 + 1 + 2 + 2, "2 stored, metad, 2 agents, 2 targets: {status}");
     fs.down();
     for p in pids {
         assert!(!alive(p), "pid {p} still running after down");
@@ -327,7 +327,8 @@ async fn a_dead_storage_node_goes_offline_and_comes_back() {
     loop {
         let v = c.cluster().refresh().await.unwrap();
         if !target_of_node1(&v) {
-            let s = v.services.iter().find(|s| s.node == 1).unwrap();
+            let s =
+                v.services.iter().find(|s| s.node == 1 && s.kind == odfs_proto::mgmt::ServiceKind::Storage).unwrap();
             assert!(!s.online);
             break;
         }

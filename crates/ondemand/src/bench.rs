@@ -10,6 +10,7 @@
 //! small file-I/O helpers the demo uses too.
 
 pub mod mount;
+pub mod stage;
 
 use crate::local::{self, UpOptions};
 use crate::procs;

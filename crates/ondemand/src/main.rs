@@ -83,6 +83,10 @@ struct BenchArgs {
     /// one shared directory, cold small-file reads (needs fio).
     #[arg(long)]
     mount: bool,
+    /// Stage-in from an S3 server on loopback (s3s-fs) beside a plain parallel GET client and
+    /// `aws s3 cp --recursive` (needs s3s-fs; awscli optional).
+    #[arg(long, conflicts_with = "mount")]
+    stage: bool,
     #[arg(long, value_enum, default_value = "full")]
     scale: Scale,
     /// Sequential clients (with --mount: fio jobs), one file each [default 4].
@@ -124,6 +128,13 @@ struct BenchArgs {
 impl BenchArgs {
     fn run(self) -> Result<()> {
         let small = matches!(self.scale, Scale::Small);
+        if self.stage {
+            let d = if small { bench::stage::StageBenchOptions::small() } else { Default::default() };
+            let o = bench::stage::StageBenchOptions { root: self.root, nodes: self.nodes, keep: self.keep, ..d };
+            let rows = bench::stage::run(&o)?;
+            print!("{}", bench::stage::render(&rows));
+            return Ok(());
+        }
         let (table, dropped) = if self.mount {
             let d = if small { bench::mount::MountBenchOptions::small() } else { Default::default() };
             let o = bench::mount::MountBenchOptions {
