@@ -319,9 +319,17 @@ impl Client {
         Ok(())
     }
 
-    pub(crate) async fn remove_chunks(&self, layout: &Layout, ino: InodeId) {
-        let futs =
-            layout.targets.iter().map(|&t| async move { (t, self.store(t, &RemoveChunk { target: t, ino }).await) });
+    /// Removes an inode's chunk files: on every target of its layout, or, given the size of
+    /// a file nobody has open, only on the targets that hold some of its bytes (a small
+    /// file's data is on one target; the others are not asked).
+    pub(crate) async fn remove_chunks(&self, layout: &Layout, ino: InodeId, size: Option<u64>) {
+        let holding = |i: usize| size.is_none_or(|s| layout.local_len(i, s) > 0);
+        let futs = layout
+            .targets
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| holding(*i))
+            .map(|(_, &t)| async move { (t, self.store(t, &RemoveChunk { target: t, ino }).await) });
         for (t, r) in futures::future::join_all(futs).await {
             if let Err(e) = r {
                 warn!(target = t, %ino, error = %e, "could not remove chunk file");
@@ -341,7 +349,7 @@ impl Client {
             // A file whose published size is 0 has no data worth a round trip to every target
             // (bytes of a writer that died before publishing its size stay until the wipe).
             None if attr.size == 0 => {}
-            None => self.remove_chunks(&layout, attr.ino).await,
+            None => self.remove_chunks(&layout, attr.ino, Some(attr.size)).await,
         }
     }
 
@@ -547,7 +555,8 @@ impl Client {
             last
         };
         if last && data.is_unlinked() {
-            self.remove_chunks(&data.layout, data.ino).await;
+            // Writes of this process may lie beyond any published size: every target.
+            self.remove_chunks(&data.layout, data.ino, None).await;
         }
     }
 

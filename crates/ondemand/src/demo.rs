@@ -1,12 +1,15 @@
 //! `odfs demo`: the main job on one machine — a 4-node local filesystem mounted through FUSE, a
-//! generated dataset copied into the mount and back out with ordinary file I/O and compared by
-//! checksum, a short benchmark through the mount, teardown.
+//! generated dataset staged in by every node's agent, the job's work through the mount with
+//! ordinary file I/O (read the dataset cold, write outputs), the outputs staged out and
+//! compared by checksum with the dataset, teardown, a short benchmark through the mount.
 
 use crate::bench::mount::{self as mount_bench, MountBenchOptions};
 use crate::bench::{close, drop_caches, fill_pattern, parallel};
 use crate::local::{self, UpOptions};
 use crate::{mount, procs};
 use anyhow::{bail, Context, Result};
+use odfs_client::{Client, ClientConfig, Ctx};
+use odfs_stage::{Location, StageOptions};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -45,7 +48,6 @@ pub fn generate_dataset(dir: &Path, total_mib: u64) -> Result<u64> {
         i += 1;
     }
     std::fs::create_dir_all(dir.join("empty-dir"))?;
-    std::os::unix::fs::symlink("shard00/part0", dir.join("latest"))?;
     Ok(total)
 }
 
@@ -150,10 +152,14 @@ fn print_copy(s: &TreeCopy, secs: f64) {
 }
 
 pub fn run(o: &DemoOptions) -> Result<()> {
-    if o.bench {
-        // Fail before starting anything rather than at the last step.
-        mount_bench::fio().map_err(|e| anyhow::anyhow!("{e:#}; or run the demo with --no-bench"))?;
-    }
+    // The benchmark needs fio; without it the demo still runs the job.
+    let bench = match (o.bench, mount_bench::fio()) {
+        (true, Err(e)) => {
+            println!("(the closing benchmark is skipped: {e:#})");
+            false
+        }
+        (b, _) => b,
+    };
     std::fs::create_dir_all(&o.root)?;
     let root = o.root.canonicalize()?;
     let fsroot = root.join("fs");
@@ -169,7 +175,7 @@ pub fn run(o: &DemoOptions) -> Result<()> {
     }
 
     println!(
-        "1/5 starting a {}-node odfs on this machine under {}, mounted at {}",
+        "1/6 starting a {}-node odfs on this machine under {}, mounted at {}",
         o.nodes,
         fsroot.display(),
         mnt.display()
@@ -182,44 +188,66 @@ pub fn run(o: &DemoOptions) -> Result<()> {
         ..UpOptions::default()
     })?;
     println!(
-        "    ready in {:.2} s: mgmtd + metad on node 0, stored on {} nodes, odfs-fuse ({} processes)",
+        "    ready in {:.2} s: mgmtd + metad on node 0, stored and a stage agent on each of {} nodes, odfs-fuse ({} processes)",
         t.elapsed().as_secs_f64(),
         o.nodes,
         state.procs.len()
     );
 
     let result = (|| -> Result<()> {
-        println!("2/5 generating a {} MiB dataset in {}", o.dataset_mib, src.display());
+        println!("2/6 generating a {} MiB dataset in {}", o.dataset_mib, src.display());
         let bytes = generate_dataset(&src, o.dataset_mib)?;
-        let inside = mnt.join("dataset");
-        println!("3/5 copying it into the mount: {} -> {} ({COPY_THREADS} workers)", src.display(), inside.display());
-        let t = Instant::now();
-        let s = copy_tree(&src, &inside, COPY_THREADS)?;
-        print_copy(&s, t.elapsed().as_secs_f64());
-        anyhow::ensure!(s.bytes == bytes, "copied {} bytes into the mount, generated {bytes}", s.bytes);
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+        let client = rt.block_on(Client::connect(ClientConfig::load(&local::client_config_path(&fsroot))?))?;
+        let stage = StageOptions::default();
 
-        // Cold: the copy out must come from the storage daemons, not the page cache.
+        println!("3/6 stage-in {} -> odfs:/dataset (every node's agent moves its share, verified)", src.display());
+        let r = rt.block_on(odfs_stage::stage_in(
+            &client,
+            &Ctx::current(),
+            &Location::Posix(src.clone()),
+            "/dataset",
+            &stage,
+        ))?;
+        println!("    {}", r.summary().replace('\n', "\n    "));
+        anyhow::ensure!(r.failed.is_empty() && r.refused.is_empty() && r.bytes == bytes, "stage-in incomplete");
+
+        // The job: read the dataset through the mount (cold) and write its outputs there.
         let cold = if drop_caches() { "page cache dropped" } else { "page cache not dropped: not root" };
         println!(
-            "4/5 copying it back out of the mount to {} ({cold}) and comparing sha256 of every file",
-            out.display()
+            "4/6 the job, through the mount: {}/dataset -> {}/out ({COPY_THREADS} workers, {cold})",
+            mnt.display(),
+            mnt.display()
         );
         let t = Instant::now();
-        let s = copy_tree(&inside, &out, COPY_THREADS)?;
+        let s = copy_tree(&mnt.join("dataset"), &mnt.join("out"), COPY_THREADS)?;
         print_copy(&s, t.elapsed().as_secs_f64());
-        let a = checksums(&src)?;
-        let b = checksums(&out)?;
+
+        println!("5/6 stage-out odfs:/out -> {} and comparing sha256 of every file with the dataset", out.display());
+        let r = rt.block_on(odfs_stage::stage_out(
+            &client,
+            &Ctx::current(),
+            "/out",
+            &Location::Posix(out.clone()),
+            &stage,
+        ))?;
+        println!("    {}", r.summary().replace('\n', "\n    "));
+        anyhow::ensure!(r.failed.is_empty(), "stage-out incomplete");
+        client.shutdown();
+        let mut a = checksums(&src)?;
+        let mut b = checksums(&out)?;
+        // The stage records (manifests, marker) are not part of the data.
+        for m in [&mut a, &mut b] {
+            m.retain(|k, _| !odfs_stage::manifest::reserved(k));
+        }
         if a != b {
             let missing_in_a = b.keys().filter(|k| !a.contains_key(*k));
             let diff: Vec<_> = a.keys().chain(missing_in_a).filter(|k| a.get(*k) != b.get(*k)).take(5).collect();
-            bail!("dataset differs after the round trip through the mount: {diff:?}");
+            bail!("outputs differ from the dataset after stage-in, the job and stage-out: {diff:?}");
         }
-        anyhow::ensure!(out.join("empty-dir").is_dir(), "empty directory was not copied");
-        anyhow::ensure!(
-            std::fs::read_link(out.join("latest"))? == Path::new("shard00/part0"),
-            "symlink was not copied"
-        );
-        println!("    all {} files identical ({} bytes)", a.len(), bytes);
+        anyhow::ensure!(out.join("empty-dir").is_dir(), "the empty directory did not come back");
+        anyhow::ensure!(out.join(odfs_stage::manifest::STAGE_OUT_MARKER).is_file(), "no completion marker");
+        println!("    all {} files identical ({} bytes), completion marker written", a.len(), bytes);
         Ok(())
     })();
     let down = local::down(&fsroot);
@@ -233,8 +261,8 @@ pub fn run(o: &DemoOptions) -> Result<()> {
     anyhow::ensure!(left.is_empty(), "processes {left:?} still run after teardown");
     println!("    filesystem stopped: all {} processes ended, mount removed", state.procs.len());
 
-    if o.bench {
-        println!("5/5 short benchmark through the mount (odfs vs a plain directory on the same disk)");
+    if bench {
+        println!("6/6 short benchmark through the mount (odfs vs a plain directory on the same disk)");
         let bo = MountBenchOptions { root: root.join("bench"), nodes: o.nodes, ..MountBenchOptions::small() };
         print!("{}", bo.describe());
         let (phases, dropped) = mount_bench::run(&bo)?;
@@ -243,7 +271,7 @@ pub fn run(o: &DemoOptions) -> Result<()> {
             println!("    (page cache could not be dropped: reads may be served from memory)");
         }
     } else {
-        println!("5/5 benchmark skipped (--no-bench)");
+        println!("6/6 benchmark skipped");
     }
     if !o.keep {
         std::fs::remove_dir_all(&root).with_context(|| format!("cannot remove {}", root.display()))?;

@@ -124,6 +124,57 @@ fn start_server(data: &Path, port: u16, key: &str, secret: &str, log: &Path) -> 
     Ok(server)
 }
 
+/// Uploads every file below `dir` to the spec's prefix: PUT below `split`, multipart above.
+async fn upload(s3: &S3, dir: &Path, split: u64, part: u64) -> Result<()> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d)? {
+            let e = e?;
+            if e.file_type()?.is_dir() {
+                stack.push(e.path());
+            } else {
+                files.push(e.path());
+            }
+        }
+    }
+    let digests = |data: &[u8]| {
+        let mut d = odfs_stage::digest::Digests::default();
+        d.update(data);
+        d.finish()
+    };
+    let results: Vec<Result<()>> = futures::stream::iter(files)
+        .map(|p| async move {
+            let key = s3.key(&p.strip_prefix(dir)?.to_string_lossy());
+            let size = std::fs::metadata(&p)?.len();
+            if size < split {
+                let data = std::fs::read(&p)?;
+                let (md5, crc) = digests(&data);
+                s3.put(&key, data, &md5, crc).await?;
+            } else {
+                use std::os::unix::fs::FileExt;
+                let f = std::fs::File::open(&p)?;
+                let id = s3.create_multipart(&key).await?;
+                let mut parts = Vec::new();
+                let (mut off, mut n) = (0u64, 1);
+                while off < size {
+                    let mut buf = vec![0u8; part.min(size - off) as usize];
+                    f.read_exact_at(&mut buf, off)?;
+                    let (md5, _) = digests(&buf);
+                    off += buf.len() as u64;
+                    parts.push((n, s3.upload_part(&key, &id, n, buf, &md5).await?));
+                    n += 1;
+                }
+                s3.complete_multipart(&key, &id, &parts).await?;
+            }
+            Ok(())
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
 /// The plain client: every object GET in parallel (large ones in the same ranges the stage
 /// uses), bytes counted and dropped.
 async fn plain_get(s3: &S3, parallel: usize, split: u64, part: u64) -> Result<(u64, u64)> {
@@ -163,13 +214,16 @@ pub fn run(o: &StageBenchOptions) -> Result<Vec<Row>> {
     std::fs::create_dir_all(&o.root)?;
     let root = o.root.canonicalize()?;
     let s3dir = root.join("s3");
-    let data = s3dir.join("bench").join("ds");
     let _ = std::fs::remove_dir_all(&s3dir);
+    std::fs::create_dir_all(s3dir.join("bench"))?;
+    let gen = root.join("generated");
+    let _ = std::fs::remove_dir_all(&gen);
     println!("generating {} files ({} MiB) ...", o.small_files + o.large_files, o.total_bytes() >> 20);
-    generate(&data, o)?;
+    generate(&gen, o)?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let (key, secret) = ("odfsbench", format!("secret{:016x}", rand::random::<u64>()));
     let _server = start_server(&s3dir, port, key, &secret, &root.join("s3s-fs.log"))?;
+
     let url = format!("http://127.0.0.1:{port}");
     let fsroot = root.join("fs");
     let _ = local::down(&fsroot);
@@ -199,6 +253,11 @@ pub fn run(o: &StageBenchOptions) -> Result<Vec<Row>> {
     };
     let parallel = (o.nodes * o.concurrency) as usize;
     let mut rows = Vec::new();
+
+    // Uploaded through the S3 API, so the server keeps each object's ETag as a real store does.
+    println!("uploading the dataset to s3://bench/ds/ ...");
+    rt.block_on(upload(&S3::new(&spec), &gen, stage.split_threshold, stage.part_size))?;
+    std::fs::remove_dir_all(&gen)?;
 
     drop_caches();
     let t = Instant::now();
