@@ -379,6 +379,12 @@ pub struct FileHandle {
 }
 
 impl FileHandle {
+    /// True when this process wrote to the file since its size was last published: a flush
+    /// has work to do (and may report a background write's error).
+    pub fn has_unpublished_writes(&self) -> bool {
+        self.data.size_hint.lock().expect("size lock").1
+    }
+
     pub(crate) fn new(client: Client, data: Arc<InodeData>, ctx: Ctx, readable: bool, writable: bool) -> FileHandle {
         FileHandle { client, data, ctx, readable, writable, closed: false }
     }
