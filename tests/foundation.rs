@@ -18,20 +18,6 @@ async fn write_file(c: &Client, ctx: &Ctx, parent: InodeId, name: &str, data: &[
     r.attr.ino
 }
 
-async fn read_all(c: &Client, ctx: &Ctx, ino: InodeId) -> Vec<u8> {
-    let h = c.open(ctx, ino, true, false, false).await.unwrap();
-    let mut out = Vec::new();
-    loop {
-        let d = h.read(out.len() as u64, 4 << 20).await.unwrap();
-        if d.is_empty() {
-            break;
-        }
-        out.extend_from_slice(&d);
-    }
-    h.close().await.unwrap();
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gigabyte_file_is_striped_evenly_and_reads_back_identical() {
     let fs = LocalFs::up(4, &["--stripe-count", "4", "--chunk-size", "1048576"]);

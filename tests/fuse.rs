@@ -50,23 +50,6 @@ fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
 }
 
-/// Reads a whole file through the client library (a second client: another node).
-async fn lib_read(c: &Client, path: &str) -> Vec<u8> {
-    let ctx = Ctx::root();
-    let a = c.resolve(&ctx, path, true).await.expect("resolve");
-    let h = c.open(&ctx, a.ino, true, false, false).await.expect("open");
-    let mut out = Vec::new();
-    loop {
-        let d = h.read(out.len() as u64, 4 << 20).await.expect("read");
-        if d.is_empty() {
-            break;
-        }
-        out.extend_from_slice(&d);
-    }
-    h.close().await.expect("close");
-    out
-}
-
 async fn lib_write(c: &Client, name: &str, data: &[u8]) {
     let (_, h) = c.create_open(&Ctx::root(), InodeId::ROOT, name.as_bytes(), 0o644, false, None).await.expect("create");
     h.truncate(0).await.expect("truncate");

@@ -2,7 +2,7 @@
 //! moto_server where keys a filesystem cannot hold are needed) and from a POSIX tree, through
 //! the `odfs` command and the stage agents of a 4-node local filesystem.
 
-use odfs_client::{Client, Ctx};
+use odfs_client::Ctx;
 use odfs_tests::*;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -32,22 +32,6 @@ fn ok(o: Output) -> String {
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
-}
-
-async fn lib_read(c: &Client, path: &str) -> Vec<u8> {
-    let ctx = Ctx::root();
-    let a = c.resolve(&ctx, path, true).await.unwrap_or_else(|e| panic!("{path}: {e}"));
-    let h = c.open(&ctx, a.ino, true, false, false).await.unwrap();
-    let mut out = Vec::with_capacity(a.size as usize);
-    loop {
-        let d = h.read(out.len() as u64, 4 << 20).await.unwrap();
-        if d.is_empty() {
-            break;
-        }
-        out.extend_from_slice(&d);
-    }
-    h.close().await.unwrap();
-    out
 }
 
 /// Percentages of the per-node lines of a stage report ("node k: ... (NN%)").

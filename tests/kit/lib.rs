@@ -2,7 +2,8 @@
 //! through the `odfs` binary, hands out clients, kills and restarts daemons, and tears
 //! everything down on drop.
 
-use odfs_client::{Client, ClientConfig};
+use odfs_client::{Client, ClientConfig, Ctx};
+use odfs_proto::InodeId;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -220,3 +221,25 @@ pub use fuse::*;
 
 pub mod s3;
 pub use s3::*;
+
+/// A whole file read through the client library (another "node"), by inode.
+pub async fn read_all(c: &Client, ctx: &Ctx, ino: InodeId) -> Vec<u8> {
+    let h = c.open(ctx, ino, true, false, false).await.expect("open");
+    let mut out = Vec::new();
+    loop {
+        let d = h.read(out.len() as u64, 4 << 20).await.expect("read");
+        if d.is_empty() {
+            break;
+        }
+        out.extend_from_slice(&d);
+    }
+    h.close().await.expect("close");
+    out
+}
+
+/// A whole file read through the client library, by path, as root.
+pub async fn lib_read(c: &Client, path: &str) -> Vec<u8> {
+    let ctx = Ctx::root();
+    let a = c.resolve(&ctx, path, true).await.unwrap_or_else(|e| panic!("{path}: {e}"));
+    read_all(c, &ctx, a.ino).await
+}

@@ -2,22 +2,8 @@
 
 use anyhow::Result;
 use odfs_proto::mgmt::{ClusterView, ServiceKind};
+use odfs_stage::coordinator::human as human_bytes;
 use std::fmt::Write;
-
-pub fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < UNITS.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[i])
-    }
-}
 
 pub fn render(v: &ClusterView) -> Result<String> {
     let mut s = String::new();

@@ -309,6 +309,61 @@ async fn put_block(h: &FileHandle, off: u64, data: &[u8], path: &str) -> Result<
     Ok(())
 }
 
+/// Copies bytes `offset..offset+len` of `rel` from the source (an S3 GET, whole or ranged, or
+/// POSIX reads) into `h` at the same offsets, in blocks, within the limits. Returns the digests
+/// of what was copied and, for a whole S3 object, its key, ETag and the server's CRC32C.
+async fn copy_in(
+    env: &Env,
+    h: &FileHandle,
+    rel: &str,
+    path: &str,
+    offset: u64,
+    len: u64,
+    whole: bool,
+) -> Result<(Digests, Option<(String, String, Option<String>)>), Failure> {
+    let mut d = Digests::default();
+    let mut off = offset;
+    match (&env.src_s3, &env.src) {
+        (Some(s3), _) => {
+            let key = s3.key(rel);
+            let range = (!whole).then_some((offset, len));
+            let (mut body, etag, crc) = s3.get(&key, range).await.map_err(s3_failure)?;
+            let mut buf = Vec::with_capacity(BLOCK.min(len as usize).max(1));
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk.map_err(|e| transient(format!("s3://{}/{key}: {e}", s3.spec.bucket)))?;
+                env.limits.bytes(chunk.len() as u64).await;
+                d.update(&chunk);
+                buf.extend_from_slice(&chunk);
+                if buf.len() >= BLOCK {
+                    put_block(h, off, &buf, path).await?;
+                    off += buf.len() as u64;
+                    buf.clear();
+                }
+            }
+            if !buf.is_empty() {
+                put_block(h, off, &buf, path).await?;
+            }
+            Ok((d, whole.then_some((key, etag, crc))))
+        }
+        (None, StageEndpoint::Posix(root)) => {
+            let file = std::path::Path::new(root).join(rel);
+            while off < offset + len {
+                let n = BLOCK.min((offset + len - off) as usize);
+                env.limits.bytes(n as u64).await;
+                let data = posix::read_at(&env.ctx, &file, off, n).await.map_err(Failure::Final)?;
+                if data.is_empty() {
+                    break;
+                }
+                d.update(&data);
+                put_block(h, off, &data, path).await?;
+                off += data.len() as u64;
+            }
+            Ok((d, None))
+        }
+        _ => Err(Failure::Final("no source to read".into())),
+    }
+}
+
 /// A whole object or file into odfs, checked against the size and the source's digests.
 async fn whole_in(
     env: &Env,
@@ -320,55 +375,17 @@ async fn whole_in(
 ) -> Result<ItemResult, Failure> {
     env.limits.request().await;
     let h = open_for_write(env, path, mode.unwrap_or(0o644) & 0o7777, true).await?;
-    let mut d = Digests::default();
-    let mut res = ItemResult::default();
-    match (&env.src_s3, &env.src) {
-        (Some(s3), _) => {
-            let key = s3.key(rel);
-            let (mut body, etag, crc) = s3.get(&key, None).await.map_err(s3_failure)?;
-            let mut buf = Vec::with_capacity(BLOCK.min(size as usize).max(1));
-            let mut off = 0u64;
-            while let Some(chunk) = body.next().await {
-                let chunk = chunk.map_err(|e| transient(format!("s3://{}/{key}: {e}", s3.spec.bucket)))?;
-                env.limits.bytes(chunk.len() as u64).await;
-                d.update(&chunk);
-                buf.extend_from_slice(&chunk);
-                if buf.len() >= BLOCK {
-                    put_block(&h, off, &buf, path).await?;
-                    off += buf.len() as u64;
-                    buf.clear();
-                }
-            }
-            if !buf.is_empty() {
-                put_block(&h, off, &buf, path).await?;
-            }
-            let (md5, crc32c) = finish_check(d, size, &format!("s3://{}/{key}", s3.spec.bucket))?;
+    let (d, source) = copy_in(env, &h, rel, path, 0, size, true).await?;
+    let mut res = ItemResult { bytes: size, ..ItemResult::default() };
+    let (md5, crc32c) = finish_check(d, size, rel)?;
+    (res.md5, res.crc32c) = (Some(md5), Some(crc32c));
+    match source {
+        // Checked against the server's own digests of the object.
+        Some((key, etag, crc)) => {
             res.verified = Some(verify_in(&etag, crc.as_deref(), &md5, crc32c, &key)?);
             res.etag = Some(etag);
-            (res.md5, res.crc32c, res.bytes) = (Some(md5), Some(crc32c), size);
         }
-        (None, StageEndpoint::Posix(root)) => {
-            let file = std::path::Path::new(root).join(rel);
-            let mut off = 0u64;
-            while off < size.max(1) {
-                let n = BLOCK.min((size - off.min(size)) as usize);
-                if n == 0 {
-                    break;
-                }
-                env.limits.bytes(n as u64).await;
-                let data = posix::read_at(&env.ctx, &file, off, n).await.map_err(Failure::Final)?;
-                if data.is_empty() {
-                    break;
-                }
-                d.update(&data);
-                put_block(&h, off, &data, path).await?;
-                off += data.len() as u64;
-            }
-            let (md5, crc32c) = finish_check(d, size, &file.display().to_string())?;
-            res.verified = Some("size".into());
-            (res.md5, res.crc32c, res.bytes) = (Some(md5), Some(crc32c), size);
-        }
-        _ => return Err(Failure::Final("no source to read".into())),
+        None => res.verified = Some("size".into()),
     }
     h.flush().await.map_err(|e| transient(format!("odfs:{path}: {e}")))?;
     set_times(env, &h, path, mtime, mode.map(|m| m & 0o7777)).await?;
@@ -417,45 +434,7 @@ async fn range_in(env: &Env, rel: &str, offset: u64, len: u64, path: &str) -> Re
     env.limits.request().await;
     let a = env.client.resolve(&env.ctx, path, true).await.map_err(odfs_err(path))?;
     let h = env.client.open(&env.ctx, a.ino, false, true, false).await.map_err(odfs_err(path))?;
-    let mut d = Digests::default();
-    match (&env.src_s3, &env.src) {
-        (Some(s3), _) => {
-            let key = s3.key(rel);
-            let (mut body, _, _) = s3.get(&key, Some((offset, len))).await.map_err(s3_failure)?;
-            let mut buf = Vec::with_capacity(BLOCK);
-            let mut off = offset;
-            while let Some(chunk) = body.next().await {
-                let chunk = chunk.map_err(|e| transient(format!("s3://{}/{key}: {e}", s3.spec.bucket)))?;
-                env.limits.bytes(chunk.len() as u64).await;
-                d.update(&chunk);
-                buf.extend_from_slice(&chunk);
-                if buf.len() >= BLOCK {
-                    put_block(&h, off, &buf, path).await?;
-                    off += buf.len() as u64;
-                    buf.clear();
-                }
-            }
-            if !buf.is_empty() {
-                put_block(&h, off, &buf, path).await?;
-            }
-        }
-        (None, StageEndpoint::Posix(root)) => {
-            let file = std::path::Path::new(root).join(rel);
-            let mut off = offset;
-            while off < offset + len {
-                let n = BLOCK.min((offset + len - off) as usize);
-                env.limits.bytes(n as u64).await;
-                let data = posix::read_at(&env.ctx, &file, off, n).await.map_err(Failure::Final)?;
-                if data.is_empty() {
-                    break;
-                }
-                d.update(&data);
-                put_block(&h, off, &data, path).await?;
-                off += data.len() as u64;
-            }
-        }
-        _ => return Err(Failure::Final("no source to read".into())),
-    }
+    let (d, _) = copy_in(env, &h, rel, path, offset, len, false).await?;
     let (md5, crc) = finish_check(d, len, &format!("{rel} bytes {offset}..{}", offset + len))?;
     h.close().await.map_err(|e| transient(format!("odfs:{path}: {e}")))?;
     Ok(ItemResult { bytes: len, md5: Some(md5), crc32c: Some(crc), ..ItemResult::default() })

@@ -120,8 +120,9 @@ impl StageReport {
     }
 }
 
+/// Bytes for people: "512 B", "1.5 GiB" (powers of 1024).
 pub fn human(b: u64) -> String {
-    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    const U: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut v = b as f64;
     let mut i = 0;
     while v >= 1024.0 && i < U.len() - 1 {
