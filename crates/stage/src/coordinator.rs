@@ -938,17 +938,7 @@ async fn stage_out_s3(
     };
     for (rel, (etag, r)) in skip {
         let f = by_rel[rel.as_str()];
-        m.files.insert(
-            rel,
-            FileEntry {
-                size: f.size,
-                etag: Some(etag),
-                md5: r.md5.map(hex::encode),
-                crc32c: r.crc32c.map(|c| format!("{c:08x}")),
-                mtime: f.mtime.sec,
-                verified: "etag".into(),
-            },
-        );
+        m.files.insert(rel, uploaded(f, etag, &r));
     }
     for (rel, (want, r)) in expect {
         if report.failed.contains_key(&rel) {
@@ -974,17 +964,7 @@ async fn stage_out_s3(
             Ok(etag) => {
                 report.files += 1;
                 report.bytes += f.size;
-                m.files.insert(
-                    rel,
-                    FileEntry {
-                        size: f.size,
-                        etag: Some(etag),
-                        md5: r.md5.map(hex::encode),
-                        crc32c: r.crc32c.map(|c| format!("{c:08x}")),
-                        mtime: f.mtime.sec,
-                        verified: "etag".into(),
-                    },
-                );
+                m.files.insert(rel, uploaded(f, etag, &r));
             }
         }
     }
@@ -1014,6 +994,18 @@ async fn stage_out_s3(
     }
     report.elapsed = start.elapsed();
     Ok(report)
+}
+
+/// The manifest entry of an object whose ETag in the bucket matched what was sent.
+fn uploaded(f: &SrcFile, etag: String, r: &ItemResult) -> FileEntry {
+    FileEntry {
+        size: f.size,
+        etag: Some(etag),
+        md5: r.md5.map(hex::encode),
+        crc32c: r.crc32c.map(|c| format!("{c:08x}")),
+        mtime: f.mtime.sec,
+        verified: "etag".into(),
+    }
 }
 
 fn digests(data: &[u8]) -> ([u8; 16], u32) {
