@@ -372,3 +372,31 @@ fn stage_in_from_a_posix_tree_keeps_modes_and_times_and_resumes() {
     assert!(again.contains(" 1 files") && again.contains("300 already complete"), "{again}");
     assert_eq!(rt.block_on(lib_read(&c, "/pfs/d5/f0005.bin")), b"changed");
 }
+
+#[test]
+fn the_site_config_supplies_the_endpoint_and_settings() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s3 = S3Server::s3s(&tmp.path().join("s3"), &["data"]);
+    let sums = make_tree(&s3.object_path("data", "set"), 20, &[]);
+    let site = tmp.path().join("site.toml");
+    std::fs::write(
+        &site,
+        format!(
+            "[stage]\nendpoint_url = \"{}\"\npath_style = true\nconcurrency = 4\n\n[other]\nignored = 1\n",
+            s3.url()
+        ),
+    )
+    .unwrap();
+    let fs = LocalFs::up(2, &[]);
+    let mut env = s3.env();
+    env.push(("ODFS_SITE_CONFIG", site.to_str().unwrap().to_string()));
+    // No endpoint or addressing flags: the site config's are used.
+    let out = ok(odfs_stage(&fs, &env, &["stage-in", "s3://data/set", "odfs:/in"]));
+    assert!(out.contains("20 files"), "{out}");
+    assert_odfs_tree(&fs, "/in", &sums);
+    // A bad key in the site config is named.
+    std::fs::write(&site, "[stage]\nendpoint = \"x\"\n").unwrap();
+    let o = odfs_stage(&fs, &env, &["stage-in", "s3://data/set", "odfs:/in2"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("site.toml") && err.contains("unknown field"), "{err}");
+}

@@ -5,7 +5,7 @@ use crate::fsref;
 use anyhow::{bail, Result};
 use clap::Args;
 use odfs_client::Ctx;
-use odfs_stage::{Location, StageOptions};
+use odfs_stage::{Location, SiteStage, StageOptions};
 
 #[derive(Args, Debug, Clone)]
 pub struct StageArgs {
@@ -22,25 +22,30 @@ pub struct StageArgs {
     /// Path-style S3 addressing (http://host/bucket/key), as most S3-compatible stores need.
     #[arg(long)]
     pub path_style: bool,
-    /// Transfers in flight per node.
-    #[arg(long, default_value_t = StageOptions::default().concurrency)]
-    pub concurrency: u32,
-    /// Job-wide limit on requests per second to S3 or the PFS (0 = none).
-    #[arg(long, default_value_t = 0.0)]
-    pub max_requests_per_sec: f64,
+    /// Transfers in flight per node [default 16].
+    #[arg(long)]
+    pub concurrency: Option<u32>,
+    /// Job-wide limit on requests per second to S3 or the PFS [default 0 = none].
+    #[arg(long)]
+    pub max_requests_per_sec: Option<f64>,
     /// Job-wide limit on bandwidth to or from S3 or the PFS, bytes per second with an optional
-    /// K/M/G suffix (powers of 1024); 0 = none.
-    #[arg(long, default_value = "0", value_parser = parse_size)]
-    pub max_bandwidth: u64,
-    /// Attempts per S3 request (exponential backoff with jitter between them).
-    #[arg(long, default_value_t = StageOptions::default().max_attempts)]
-    pub max_attempts: u32,
-    /// Files at least this large are split over every node (K/M/G suffix).
-    #[arg(long, default_value = "64M", value_parser = parse_size)]
-    pub split_threshold: u64,
-    /// Range (stage-in) or multipart part (stage-out) size of split files (K/M/G suffix, >= 5M for S3).
-    #[arg(long, default_value = "16M", value_parser = parse_size)]
-    pub part_size: u64,
+    /// K/M/G suffix (powers of 1024) [default 0 = none].
+    #[arg(long, value_parser = parse_size)]
+    pub max_bandwidth: Option<u64>,
+    /// Attempts per S3 request, exponential backoff with jitter between them [default 8].
+    #[arg(long)]
+    pub max_attempts: Option<u32>,
+    /// Files at least this large are split over every node, K/M/G suffix [default 64M].
+    #[arg(long, value_parser = parse_size)]
+    pub split_threshold: Option<u64>,
+    /// Range (stage-in) or multipart part (stage-out) size of split files, K/M/G suffix, at
+    /// least 5M for S3 [default 16M].
+    #[arg(long, value_parser = parse_size)]
+    pub part_size: Option<u64>,
+    /// Site config whose `[stage]` table gives defaults for the settings above (and an AWS
+    /// profile) [default /etc/odfs/site.toml if present].
+    #[arg(long, env = "ODFS_SITE_CONFIG")]
+    pub site_config: Option<std::path::PathBuf>,
 }
 
 /// "100", "64K", "16M", "2G" → bytes (powers of 1024).
@@ -58,25 +63,35 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 impl StageArgs {
+    /// The settings of this stage: flags, else the site config's `[stage]` table, else defaults.
     fn options(&self) -> Result<StageOptions> {
-        if self.part_size < 5 << 20 && (self.src.starts_with("s3://") || self.dst.starts_with("s3://")) {
+        let site = SiteStage::load(self.site_config.as_deref()).map_err(anyhow::Error::msg)?;
+        if let Some(p) = &site.profile {
+            if std::env::var_os("AWS_PROFILE").is_none() {
+                std::env::set_var("AWS_PROFILE", p);
+            }
+        }
+        let d = StageOptions::default();
+        let part_size = self.part_size.or(site.part_size).unwrap_or(d.part_size);
+        let o = StageOptions {
+            endpoint_url: self.endpoint_url.clone().or(site.endpoint_url),
+            region: self.region.clone().or(site.region),
+            path_style: self.path_style || site.path_style.unwrap_or(false),
+            concurrency: self.concurrency.or(site.concurrency).unwrap_or(d.concurrency),
+            max_requests_per_sec: self.max_requests_per_sec.or(site.max_requests_per_sec).unwrap_or(0.0),
+            max_bandwidth: self.max_bandwidth.or(site.max_bandwidth).unwrap_or(0),
+            max_attempts: self.max_attempts.or(site.max_attempts).unwrap_or(d.max_attempts),
+            split_threshold: self.split_threshold.or(site.split_threshold).unwrap_or(d.split_threshold).max(part_size),
+            part_size,
+            ..d
+        };
+        if o.part_size < 5 << 20 && (self.src.starts_with("s3://") || self.dst.starts_with("s3://")) {
             bail!("--part-size must be at least 5M for S3 (its smallest multipart part)");
         }
-        if self.part_size == 0 || self.concurrency == 0 || self.max_attempts == 0 {
+        if o.part_size == 0 || o.concurrency == 0 || o.max_attempts == 0 {
             bail!("--part-size, --concurrency and --max-attempts must be positive");
         }
-        Ok(StageOptions {
-            endpoint_url: self.endpoint_url.clone(),
-            region: self.region.clone(),
-            path_style: self.path_style,
-            concurrency: self.concurrency,
-            max_requests_per_sec: self.max_requests_per_sec,
-            max_bandwidth: self.max_bandwidth,
-            max_attempts: self.max_attempts,
-            split_threshold: self.split_threshold.max(self.part_size),
-            part_size: self.part_size,
-            ..StageOptions::default()
-        })
+        Ok(o)
     }
 }
 

@@ -36,6 +36,59 @@ impl Default for AgentConfig {
     }
 }
 
+/// The site's staging settings (the `[stage]` table of the site config, e.g.
+/// `/etc/odfs/site.toml`): what a stage uses when the command line does not say. Every key is
+/// optional; command-line flags win.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct SiteStage {
+    /// S3 endpoint (MinIO, Ceph RGW, ...).
+    pub endpoint_url: Option<String>,
+    pub region: Option<String>,
+    /// Path-style addressing.
+    pub path_style: Option<bool>,
+    /// AWS profile to take credentials from (as AWS_PROFILE).
+    pub profile: Option<String>,
+    /// Transfers in flight per node.
+    pub concurrency: Option<u32>,
+    /// Job-wide limits toward the shared store.
+    pub max_requests_per_sec: Option<f64>,
+    /// Bytes per second, job-wide.
+    pub max_bandwidth: Option<u64>,
+    pub max_attempts: Option<u32>,
+    pub split_threshold: Option<u64>,
+    pub part_size: Option<u64>,
+}
+
+/// The site config file as far as staging reads it: other tables belong to other commands.
+#[derive(Debug, Clone, Deserialize, Default)]
+struct SiteFile {
+    #[serde(default)]
+    stage: SiteStage,
+}
+
+/// Where the site config lives unless `ODFS_SITE_CONFIG` names another file.
+pub const SITE_CONFIG: &str = "/etc/odfs/site.toml";
+
+impl SiteStage {
+    /// Reads the `[stage]` table of `path`; a missing default file means no site settings, a
+    /// missing named file or a bad one is an error naming the file and the problem.
+    pub fn load(path: Option<&std::path::Path>) -> Result<SiteStage, String> {
+        let (p, named) = match path {
+            Some(p) => (p.to_path_buf(), true),
+            None => (std::path::PathBuf::from(SITE_CONFIG), false),
+        };
+        let text = match std::fs::read_to_string(&p) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !named => return Ok(SiteStage::default()),
+            Err(e) => return Err(format!("cannot read the site config {}: {e}", p.display())),
+        };
+        toml::from_str::<SiteFile>(&text)
+            .map(|f| f.stage)
+            .map_err(|e| format!("site config {}: {}", p.display(), e.message()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -46,5 +99,23 @@ mod tests {
         assert_eq!(toml::from_str::<AgentConfig>(&text).unwrap(), AgentConfig::default());
         assert!(toml::from_str::<AgentConfig>("concurrency = \"x\"").is_err());
         assert!(toml::from_str::<AgentConfig>("unknown = 1").is_err());
+    }
+
+    #[test]
+    fn site_stage_settings_load_and_name_bad_keys() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("site.toml");
+        std::fs::write(
+            &p,
+            "[stage]\nendpoint_url = \"http://s3:9000\"\npath_style = true\nconcurrency = 8\n[slurm]\nx = 1\n",
+        )
+        .unwrap();
+        let s = SiteStage::load(Some(&p)).unwrap();
+        assert_eq!(s.endpoint_url.as_deref(), Some("http://s3:9000"));
+        assert_eq!((s.path_style, s.concurrency, s.region), (Some(true), Some(8), None));
+        std::fs::write(&p, "[stage]\nendpoint = \"x\"\n").unwrap();
+        let e = SiteStage::load(Some(&p)).unwrap_err();
+        assert!(e.contains("site.toml") && e.contains("unknown field"), "{e}");
+        assert!(SiteStage::load(Some(&d.path().join("none.toml"))).unwrap_err().contains("cannot read"));
     }
 }

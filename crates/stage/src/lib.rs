@@ -20,6 +20,6 @@ pub mod manifest;
 pub mod posix;
 pub mod s3;
 
-pub use config::AgentConfig;
+pub use config::{AgentConfig, SiteStage};
 pub use coordinator::{stage_in, stage_out, StageOptions, StageReport};
 pub use location::Location;
