@@ -303,7 +303,7 @@ async fn set_times(env: &Env, h: &FileHandle, path: &str, mtime: Timespec, mode:
     Ok(())
 }
 
-/// Writes `data` at `off` through `h`, accounting the bytes against the limits.
+/// Writes `data` at `off` through `h` (a failure is worth another attempt of the item).
 async fn put_block(h: &FileHandle, off: u64, data: &[u8], path: &str) -> Result<(), Failure> {
     h.write(off, data).await.map_err(|e| transient(format!("odfs:{path}: {e}")))?;
     Ok(())
@@ -441,7 +441,7 @@ async fn range_in(env: &Env, rel: &str, offset: u64, len: u64, path: &str) -> Re
 }
 
 /// Reads `len` bytes at `offset` of an odfs file.
-async fn read_odfs(env: &Env, h: &FileHandle, path: &str, offset: u64, len: u64) -> Result<Vec<u8>, Failure> {
+async fn read_odfs(h: &FileHandle, path: &str, offset: u64, len: u64) -> Result<Vec<u8>, Failure> {
     let mut out = Vec::with_capacity(len as usize);
     while (out.len() as u64) < len {
         let want = BLOCK.min((len - out.len() as u64) as usize) as u32;
@@ -451,7 +451,6 @@ async fn read_odfs(env: &Env, h: &FileHandle, path: &str, offset: u64, len: u64)
         }
         out.extend_from_slice(&d);
     }
-    let _ = env;
     Ok(out)
 }
 
@@ -463,7 +462,7 @@ async fn open_read(env: &Env, path: &str) -> Result<FileHandle, Failure> {
 async fn whole_out_s3(env: &Env, rel: &str, size: u64, path: &str) -> Result<ItemResult, Failure> {
     let s3 = env.dst_s3.as_ref().ok_or_else(|| Failure::Final("no S3 destination".into()))?;
     let h = open_read(env, path).await?;
-    let data = read_odfs(env, &h, path, 0, size).await?;
+    let data = read_odfs(&h, path, 0, size).await?;
     let _ = h.close().await;
     let mut d = Digests::default();
     d.update(&data);
@@ -492,7 +491,7 @@ async fn part_out(
 ) -> Result<ItemResult, Failure> {
     let s3 = env.dst_s3.as_ref().ok_or_else(|| Failure::Final("no S3 destination".into()))?;
     let h = open_read(env, path).await?;
-    let data = read_odfs(env, &h, path, offset, len).await?;
+    let data = read_odfs(&h, path, offset, len).await?;
     let _ = h.close().await;
     let mut d = Digests::default();
     d.update(&data);
@@ -517,7 +516,7 @@ async fn whole_out_posix(
     let mut off = 0;
     while off < size {
         let n = BLOCK.min((size - off) as usize) as u64;
-        let data = read_odfs(env, &h, path, off, n).await?;
+        let data = read_odfs(&h, path, off, n).await?;
         env.limits.bytes(n).await;
         d.update(&data);
         tmp.write_at(off, data).await.map_err(Failure::Final)?;
@@ -538,7 +537,7 @@ async fn digest_odfs(env: &Env, path: &str, size: u64, part_size: u64) -> Result
     let mut off = 0;
     while off < size {
         let n = BLOCK.min((size - off) as usize) as u64;
-        let data = read_odfs(env, &h, path, off, n).await?;
+        let data = read_odfs(&h, path, off, n).await?;
         d.update(&data);
         if part_size > 0 {
             part.update(&data);

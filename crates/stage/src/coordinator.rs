@@ -405,8 +405,10 @@ async fn read_odfs_file(client: &Client, ctx: &Ctx, path: &str) -> Result<Option
 
 async fn write_odfs_file(client: &Client, ctx: &Ctx, path: &str, data: &[u8]) -> Result<()> {
     let (parent, name) = client.resolve_parent(ctx, path).await?;
-    let (_, h) = client.create_open(ctx, parent.ino, &name, 0o644, false, None).await?;
-    h.truncate(0).await?;
+    let (r, h) = client.create_open(ctx, parent.ino, &name, 0o644, false, None).await?;
+    if !r.created {
+        h.truncate(0).await?;
+    }
     h.write(0, data).await?;
     h.fsync().await?;
     h.close().await?;
@@ -531,9 +533,12 @@ pub async fn stage_in(
         if f.size >= o.split_threshold {
             let path = join(dst_root, &f.rel);
             let (parent, name) = client.resolve_parent(ctx, &path).await?;
-            let (_, h) =
+            let (r, h) =
                 client.create_open(ctx, parent.ino, &name, f.mode.unwrap_or(0o644) & 0o7777, false, None).await?;
-            h.truncate(0).await?;
+            // An earlier copy's bytes must not survive as this one's: empty it first.
+            if !r.created && r.attr.size > 0 {
+                h.truncate(0).await?;
+            }
             h.truncate(f.size).await?;
             h.close().await?;
             let mut off = 0;
