@@ -29,6 +29,19 @@ pub struct MetadConfig {
     pub dedup_capacity: usize,
     /// Seconds to keep trying to reach mgmtd at start.
     pub register_timeout_secs: u64,
+    /// Owner, group and mode given to the root directory when the filesystem is new (the
+    /// job's user in the Slurm mode); none keeps root 0:0 mode 0755.
+    pub root_owner: Option<RootOwner>,
+}
+
+/// The root directory's owner, group and mode.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RootOwner {
+    pub uid: u32,
+    pub gid: u32,
+    /// Permission bits, e.g. 0o700 (TOML: 448).
+    pub mode: u32,
 }
 
 impl Default for MetadConfig {
@@ -45,6 +58,7 @@ impl Default for MetadConfig {
             snapshot_every_bytes: 64 << 20,
             dedup_capacity: 262_144,
             register_timeout_secs: 30,
+            root_owner: None,
         }
     }
 }

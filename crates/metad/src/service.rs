@@ -150,7 +150,10 @@ pub async fn run(cfg: MetadConfig, shutdown: Shutdown) -> anyhow::Result<()> {
         snapshot_every_bytes: cfg.snapshot_every_bytes,
         dedup_capacity: cfg.dedup_capacity,
     };
-    let store = MetaStore::open(&cfg.data_dir, opts, view.default_layout.clone())?;
+    let mut store = MetaStore::open(&cfg.data_dir, opts, view.default_layout.clone())?;
+    if let (true, Some(o)) = (store.root_created(), cfg.root_owner) {
+        store.set_root_owner(o.uid, o.gid, o.mode).map_err(|e| anyhow::anyhow!("cannot set the root's owner: {e}"))?;
+    }
     let store: Shared = Arc::new(Mutex::new(store));
     let sync = TargetSync { pool: pool.clone(), mgmtd: cfg.mgmtd, store: store.clone(), ready: Default::default() };
     sync.refresh().await?;

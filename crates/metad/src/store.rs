@@ -244,6 +244,8 @@ pub struct MetaStore {
     snapshot_at: u64,
     /// Why mutations are refused, after a failure that left memory ahead of the log.
     failed: Option<String>,
+    /// The root directory was created by this open (a new filesystem).
+    root_created: bool,
 }
 
 impl MetaStore {
@@ -310,9 +312,11 @@ impl MetaStore {
             seq,
             dedup,
             failed: None,
+            root_created: false,
         };
         if !store.ns.has_root() {
             store.create_root(root_default)?;
+            store.root_created = true;
         }
         info!(
             dir = %store.dir.display(),
@@ -490,6 +494,11 @@ impl MetaStore {
     }
 
     /// Sets the root directory's owner, group and mode (logged; no permission check).
+    /// True when this open created the root directory (a new, empty filesystem).
+    pub fn root_created(&self) -> bool {
+        self.root_created
+    }
+
     pub fn set_root_owner(&mut self, uid: u32, gid: u32, mode: u32) -> RpcResult<Attr> {
         self.mutate(&RequestHeader::default(), MetaOp::SetRootOwner { uid, gid, mode })?.into_attr()
     }

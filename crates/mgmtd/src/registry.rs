@@ -23,6 +23,9 @@ struct State {
     next_id: ServiceId,
     state: FsState,
     version: u64,
+    /// The job board: each node's latest phase and node 0's verdict.
+    board: BTreeMap<u32, ReportNode>,
+    verdict: Option<Verdict>,
 }
 
 pub struct Registry {
@@ -53,6 +56,8 @@ impl Registry {
                 next_id: 1,
                 state: FsState::Forming,
                 version: 1,
+                board: BTreeMap::new(),
+                verdict: None,
             }),
         }
     }
@@ -165,6 +170,23 @@ impl Registry {
             st.version += 1;
             info!(storage_nodes = storage_nodes.len(), metas, "filesystem ready");
         }
+    }
+
+    pub fn report_node(&self, r: ReportNode) {
+        let mut st = self.state.lock().expect("registry lock");
+        info!(node = r.node, host = %r.hostname, phase = ?r.phase, "node report");
+        st.board.insert(r.node, r);
+    }
+
+    pub fn set_verdict(&self, v: Verdict) {
+        let mut st = self.state.lock().expect("registry lock");
+        info!(verdict = ?v, "job verdict");
+        st.verdict = Some(v);
+    }
+
+    pub fn board(&self) -> Board {
+        let st = self.state.lock().expect("registry lock");
+        Board { nodes: st.board.values().cloned().collect(), verdict: st.verdict.clone() }
     }
 
     pub fn view(&self) -> ClusterView {

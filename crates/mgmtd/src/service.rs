@@ -26,10 +26,31 @@ pub fn router(reg: Arc<Registry>) -> Router {
             Ok(())
         }
     });
-    let g = reg;
+    let g = reg.clone();
     r.add::<GetCluster, _, _>(move |_h, _req| {
         let g = g.clone();
         async move { Ok(g.view()) }
+    });
+    let g = reg.clone();
+    r.add::<ReportNode, _, _>(move |_h, req: ReportNode| {
+        let g = g.clone();
+        async move {
+            g.report_node(req);
+            Ok(())
+        }
+    });
+    let g = reg.clone();
+    r.add::<SetVerdict, _, _>(move |_h, req: SetVerdict| {
+        let g = g.clone();
+        async move {
+            g.set_verdict(req.verdict);
+            Ok(())
+        }
+    });
+    let g = reg;
+    r.add::<GetBoard, _, _>(move |_h, _req| {
+        let g = g.clone();
+        async move { Ok(g.board()) }
     });
     r
 }

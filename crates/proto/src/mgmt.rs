@@ -143,9 +143,73 @@ impl ClusterView {
     }
 }
 
+/// Where one node stands in its part of the job's start or stop, as that node's `odfs start`,
+/// `odfs stop` or `odfs recover` reports it. The job board on mgmtd is how the nodes of a job
+/// agree without talking to each other.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodePhase {
+    /// Its services run and its mount (if any) is up.
+    Started,
+    /// Its start failed; it is rolling back what it started.
+    StartFailed { reason: String },
+    /// It saw an `Abort` verdict and rolled back.
+    Aborted,
+    /// Stop: its mount is gone, so every write made through it has reached the targets.
+    Unmounted,
+    /// Stop: its services are stopped and its data wiped or kept, as the verdict said.
+    Stopped,
+}
+
+/// Node 0's decision for the whole job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Verdict {
+    /// Every node started: the job may run.
+    Ready,
+    /// The start failed: every node rolls back.
+    Abort { reason: String },
+    /// Stop: outputs verified (or nothing to keep): wipe everything.
+    Wipe,
+    /// Stop: outputs could not be verified: keep every target for `odfs recover`.
+    Retain { reason: String },
+}
+
+/// A node reports its phase (the latest report of a node replaces the earlier one).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportNode {
+    pub node: NodeIndex,
+    pub hostname: String,
+    pub phase: NodePhase,
+}
+
+/// Node 0 posts the job's verdict (a later verdict replaces the earlier one).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetVerdict {
+    pub verdict: Verdict,
+}
+
+/// Ask for the job board.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetBoard {}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Board {
+    /// Each node's latest report.
+    pub nodes: Vec<ReportNode>,
+    pub verdict: Option<Verdict>,
+}
+
+impl Board {
+    pub fn phase(&self, node: NodeIndex) -> Option<&NodePhase> {
+        self.nodes.iter().find(|r| r.node == node).map(|r| &r.phase)
+    }
+}
+
 crate::rpc! {
     Register = 1 => RegisterReply,
     Heartbeat = 2 => HeartbeatReply,
     Unregister = 3 => (),
     GetCluster = 4 => ClusterView,
+    ReportNode = 5 => (),
+    SetVerdict = 6 => (),
+    GetBoard = 7 => Board,
 }

@@ -61,7 +61,8 @@ pub fn router(store: ChunkStore) -> Router {
     r
 }
 
-fn backend(name: &str) -> anyhow::Result<IoBackend> {
+/// The I/O engine a config names.
+pub fn backend(name: &str) -> anyhow::Result<IoBackend> {
     Ok(match name {
         "auto" => IoBackend::Auto,
         "uring" | "io_uring" => IoBackend::Uring,
