@@ -4,6 +4,7 @@
 //! Owns the layout of ROOT (configs, logs, data, `odfs.toml`, `local.state.toml`) and the life
 //! cycle of the processes it starts. It must not leave a process behind on failure.
 
+use crate::lock::Lock;
 use crate::{mount, procs};
 use anyhow::{bail, Context, Result};
 use odfs_client::ClientConfig;
@@ -17,7 +18,6 @@ use odfs_stage::AgentConfig;
 use odfs_stored::config::{StoredConfig, TargetSection};
 use serde::{Deserialize, Serialize};
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -118,28 +118,6 @@ impl LocalState {
     }
 }
 
-/// An exclusive lock on ROOT held while one `local` command works on it; released on drop.
-struct RootLock {
-    _file: std::fs::File,
-}
-
-impl RootLock {
-    fn take(root: &Path) -> Result<RootLock> {
-        let p = root.join(".odfs.lock");
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&p)
-            .with_context(|| format!("cannot open {}", p.display()))?;
-        // SAFETY: the fd is valid for the life of `f`.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            bail!("another odfs command is working on {} right now", root.display());
-        }
-        Ok(RootLock { _file: f })
-    }
-}
-
 fn free_port(ip: IpAddr, udp: bool) -> Result<u16> {
     let addr = SocketAddr::new(ip, 0);
     Ok(if udp {
@@ -149,11 +127,11 @@ fn free_port(ip: IpAddr, udp: bool) -> Result<u16> {
     })
 }
 
-fn write_toml<T: Serialize>(path: &Path, v: &T) -> Result<()> {
+pub(crate) fn write_toml<T: Serialize>(path: &Path, v: &T) -> Result<()> {
     std::fs::write(path, toml::to_string_pretty(v)?).with_context(|| format!("cannot write {}", path.display()))
 }
 
-fn log_tail(path: &Path, lines: usize) -> String {
+pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let v: Vec<&str> = text.lines().collect();
     v[v.len().saturating_sub(lines)..].join("\n")
@@ -173,7 +151,7 @@ pub fn up(opts: &UpOptions) -> Result<LocalState> {
     layout.validate().map_err(|e| anyhow::anyhow!(e))?;
     std::fs::create_dir_all(&opts.root).with_context(|| format!("cannot create {}", opts.root.display()))?;
     let root = opts.root.canonicalize()?;
-    let _lock = RootLock::take(&root)?;
+    let _lock = Lock::take(&root.join(".odfs.lock"), &root.display().to_string())?;
     if let Some(st) = LocalState::load(&root)? {
         let live = st.live_pids();
         if !live.is_empty() {
@@ -392,7 +370,7 @@ pub struct DownReport {
 /// Stops everything `up` started on ROOT. Safe to run twice.
 pub fn down(root: &Path) -> Result<DownReport> {
     anyhow::ensure!(root.is_dir(), "{} does not exist", root.display());
-    let _lock = RootLock::take(root)?;
+    let _lock = Lock::take(&root.join(".odfs.lock"), &root.display().to_string())?;
     let Some(state) = LocalState::load(root)? else {
         return Ok(DownReport::default());
     };
@@ -411,7 +389,7 @@ pub fn down(root: &Path) -> Result<DownReport> {
 
 /// Restarts one daemon of a running local filesystem (after a crash, or to test recovery).
 pub fn restart(root: &Path, service: &str, node: u32) -> Result<u32> {
-    let _lock = RootLock::take(root)?;
+    let _lock = Lock::take(&root.join(".odfs.lock"), &root.display().to_string())?;
     let mut state = LocalState::load(root)?.with_context(|| format!("nothing runs on {}", root.display()))?;
     let entry = state
         .procs

@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use odfs_ondemand::{bench, copy, demo, fsref, local, stage, status};
+use odfs_ondemand::{bench, copy, demo, fsref, job, local, stage, status};
 use odfs_rpc::{SiteKey, Transport};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -62,6 +62,93 @@ enum Cmd {
     },
     /// Benchmark odfs against a plain directory on the same disk.
     Bench(BenchArgs),
+    /// Start this node's part of a job's filesystem (the Slurm prolog; or run it on every node
+    /// with pdsh, clush or srun). Node 0 returns once every node is up and the stage-in is done.
+    Start(NodeArgs),
+    /// Stop this node's part of a job's filesystem (the Slurm epilog): node 0 stages out and
+    /// verifies; every node wipes its data, or keeps it if the outputs were not verified.
+    Stop(NodeArgs),
+    /// Restart a job whose outputs were not verified from its kept data, finish its stage-out,
+    /// then wipe. Run it on every node of the job.
+    Recover {
+        #[arg(long)]
+        job: String,
+        /// This node's name as the job knew it [default: SLURMD_NODENAME or the hostname].
+        #[arg(long)]
+        node: Option<String>,
+        #[arg(long, env = "ODFS_SITE_CONFIG")]
+        site_config: Option<PathBuf>,
+    },
+    /// Remove what jobs that no longer run left on this node (processes, mounts, data).
+    Cleanup {
+        /// Only this job (its processes are stopped even if alive).
+        #[arg(long)]
+        job: Option<String>,
+        /// With --job: also drop data kept for `odfs recover`.
+        #[arg(long, requires = "job")]
+        discard: bool,
+        #[arg(long)]
+        node: Option<String>,
+        #[arg(long, env = "ODFS_SITE_CONFIG")]
+        site_config: Option<PathBuf>,
+    },
+    /// Print `export` lines for the job's tasks (Slurm TaskProlog): ODFS_MOUNT, ODFS_JOB.
+    TaskEnv {
+        #[arg(long, env = "ODFS_SITE_CONFIG")]
+        site_config: Option<PathBuf>,
+    },
+}
+
+/// The job a node-local command serves; unset flags come from Slurm's prolog/epilog environment.
+#[derive(Args)]
+struct NodeArgs {
+    /// Job id [default: SLURM_JOB_ID].
+    #[arg(long)]
+    job_id: Option<String>,
+    /// Nodes of the job, comma separated or a Slurm host list (n[1-4]) [default: SLURM_NODELIST].
+    #[arg(long, conflicts_with = "nodefile")]
+    nodes: Option<String>,
+    /// File with one node name per line.
+    #[arg(long)]
+    nodefile: Option<PathBuf>,
+    /// This node's index in the node list [default: the position of SLURMD_NODENAME or the hostname].
+    #[arg(long)]
+    node_index: Option<u32>,
+    /// The job's user [default: SLURM_JOB_UID, else the caller].
+    #[arg(long)]
+    user: Option<String>,
+    /// Features of the job, comma separated (e.g. odfs_ram) [default: from SLURM_JOB_CONSTRAINTS].
+    #[arg(long)]
+    features: Option<String>,
+    /// A batch script (or any file) whose #ODFS lines apply [default in Slurm: the job's script].
+    #[arg(long)]
+    script: Option<PathBuf>,
+    /// Site config [default: /etc/odfs/site.toml].
+    #[arg(long, env = "ODFS_SITE_CONFIG")]
+    site_config: Option<PathBuf>,
+}
+
+impl NodeArgs {
+    fn resolve(&self) -> Result<(job::JobSpec, job::NodeContext)> {
+        let (site, site_path) = job::SiteConfig::load(self.site_config.as_deref())?;
+        let spec = job::spec::resolve(&job::SpecArgs {
+            job_id: self.job_id.clone(),
+            nodes: self.nodes.clone(),
+            nodefile: self.nodefile.clone(),
+            node_index: self.node_index,
+            user: self.user.clone(),
+            features: self.features.clone(),
+        })?;
+        Ok((spec, job::NodeContext { site, site_path, script: self.script.clone() }))
+    }
+}
+
+/// This node's name: the flag, else SLURMD_NODENAME, else the short hostname.
+fn node_name(flag: Option<String>) -> String {
+    flag.or_else(|| std::env::var("SLURMD_NODENAME").ok().filter(|v| !v.is_empty())).unwrap_or_else(|| {
+        let h = odfs_service::hostname();
+        h.split('.').next().unwrap_or(&h).to_string()
+    })
 }
 
 /// Preset sizes of `odfs bench`; single flags override them.
@@ -357,6 +444,53 @@ fn real_main() -> Result<()> {
             demo::run(&demo::DemoOptions { root, nodes, dataset_mib, keep, bench: !no_bench })?;
         }
         Cmd::Bench(a) => a.run()?,
+        Cmd::Start(a) => {
+            let (spec, ctx) = a.resolve()?;
+            match job::start(&spec, &ctx)? {
+                job::StartOutcome::NotAsked => {}
+                job::StartOutcome::Ready { secs, stage_secs, mount } => println!(
+                    "odfs: job {} ready on {} in {secs:.2} s (stage-in {stage_secs:.1} s), mounted at {}",
+                    spec.job_id,
+                    spec.where_(),
+                    mount.display()
+                ),
+                job::StartOutcome::Aborted { reason } => {
+                    println!("odfs: job {}: rolled back on {}: {reason}", spec.job_id, spec.node_name())
+                }
+                job::StartOutcome::Cancelled => println!("odfs: job {}: cancelled during stage-in", spec.job_id),
+            }
+        }
+        Cmd::Stop(a) => {
+            let (spec, ctx) = a.resolve()?;
+            if let job::StopOutcome::Wiped { secs, stage_secs } = job::stop(&spec, &ctx)? {
+                println!(
+                    "odfs: job {} stopped on {} in {secs:.2} s (stage-out {stage_secs:.1} s); data wiped",
+                    spec.job_id,
+                    spec.where_()
+                );
+            }
+        }
+        Cmd::Recover { job: id, node, site_config } => {
+            let (site, site_path) = job::SiteConfig::load(site_config.as_deref())?;
+            let ctx = job::NodeContext { site, site_path, script: None };
+            job::recover(&id, &node_name(node), &ctx)?;
+            println!("odfs: job {id} recovered on this node: outputs verified, data wiped");
+        }
+        Cmd::Cleanup { job: id, discard, node, site_config } => {
+            let (site, _) = job::SiteConfig::load(site_config.as_deref())?;
+            let node = node_name(node);
+            let state = job::record::StateDir::new(&site.ondemand.state_dir, &node);
+            for l in job::cleanup::cleanup(&state, &node, id.as_deref(), discard)? {
+                println!("odfs cleanup: {l}");
+            }
+        }
+        Cmd::TaskEnv { site_config } => {
+            let (site, _) = job::SiteConfig::load(site_config.as_deref())?;
+            let var = |k: &str| std::env::var(k).unwrap_or_default();
+            for l in job::task_env(&site, &var("SLURM_JOB_ID"), &var("SLURM_JOB_USER"), &node_name(None)) {
+                println!("{l}");
+            }
+        }
     }
     Ok(())
 }

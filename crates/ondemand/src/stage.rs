@@ -4,10 +4,10 @@
 use crate::fsref;
 use anyhow::{bail, Result};
 use clap::Args;
-use odfs_client::Ctx;
-use odfs_stage::{Location, SiteStage, StageOptions};
+use odfs_client::{Client, Ctx};
+use odfs_stage::{Location, SiteStage, StageOptions, StageReport};
 
-#[derive(Args, Debug, Clone)]
+#[derive(Args, Debug, Clone, Default)]
 pub struct StageArgs {
     /// Source: s3://BUCKET/PREFIX, a POSIX directory, or (stage-out) odfs:/PATH or a path in the mount.
     pub src: String,
@@ -66,10 +66,15 @@ impl StageArgs {
     /// The settings of this stage: flags, else the site config's `[stage]` table, else defaults.
     fn options(&self) -> Result<StageOptions> {
         let site = SiteStage::load(self.site_config.as_deref()).map_err(anyhow::Error::msg)?;
-        if let Some(p) = &site.profile {
-            if std::env::var_os("AWS_PROFILE").is_none() {
-                std::env::set_var("AWS_PROFILE", p);
-            }
+        let unset = |k: &str| std::env::var_os(k).is_none();
+        if let Some(p) = site.profile.as_ref().filter(|_| unset("AWS_PROFILE")) {
+            std::env::set_var("AWS_PROFILE", p);
+        }
+        if let Some(p) = site.credentials_file.as_ref().filter(|_| unset("AWS_SHARED_CREDENTIALS_FILE")) {
+            std::env::set_var("AWS_SHARED_CREDENTIALS_FILE", p);
+        }
+        if let Some(p) = site.config_file.as_ref().filter(|_| unset("AWS_CONFIG_FILE")) {
+            std::env::set_var("AWS_CONFIG_FILE", p);
         }
         let d = StageOptions::default();
         let part_size = self.part_size.or(site.part_size).unwrap_or(d.part_size);
@@ -98,34 +103,46 @@ impl StageArgs {
 /// Runs a stage; `inward` for stage-in. Prints the report; fails (non-zero exit) when any file
 /// failed or any source name was refused.
 pub async fn run(fs: Option<&std::path::Path>, a: &StageArgs, inward: bool) -> Result<()> {
+    let client = fsref::connect(fs).await?;
+    let report = run_as(&client, &Ctx::current(), a, inward).await;
+    client.shutdown();
+    let report = report?;
+    println!("{}", report.summary());
+    check(&report)
+}
+
+/// Runs a stage as `ctx` over a connected client and returns its report.
+pub async fn run_as(client: &Client, ctx: &Ctx, a: &StageArgs, inward: bool) -> Result<StageReport> {
     let opts = a.options()?;
     let mounts = odfs_stage::location::odfs_mounts();
     let src = odfs_stage::location::parse(&a.src, &mounts)?;
     let dst = odfs_stage::location::parse(&a.dst, &mounts)?;
-    let client = fsref::connect(fs).await?;
-    let ctx = Ctx::current();
-    let report = match (inward, &src, &dst) {
+    Ok(match (inward, &src, &dst) {
         (true, Location::S3 { .. } | Location::Posix(_), Location::Odfs(d)) => {
-            odfs_stage::stage_in(&client, &ctx, &src, d, &opts).await?
+            odfs_stage::stage_in(client, ctx, &src, d, &opts).await?
         }
         (true, _, _) => {
             bail!("stage-in copies from s3://... or a POSIX directory into odfs:/PATH (or a path in the mount)")
         }
         (false, Location::Odfs(s), Location::S3 { .. } | Location::Posix(_)) => {
-            odfs_stage::stage_out(&client, &ctx, s, &dst, &opts).await?
+            odfs_stage::stage_out(client, ctx, s, &dst, &opts).await?
         }
         (false, _, _) => {
             bail!("stage-out copies from odfs:/PATH (or a path in the mount) to s3://... or a POSIX directory")
         }
-    };
-    println!("{}", report.summary());
-    client.shutdown();
+    })
+}
+
+/// An error unless every file was copied and verified and no source name was refused.
+pub fn check(report: &StageReport) -> Result<()> {
     if !report.failed.is_empty() || !report.refused.is_empty() {
+        let first = report.failed.iter().chain(&report.refused).next().map(|(k, why)| format!("; first: {k}: {why}"));
         bail!(
-            "{} incomplete: {} files failed, {} source names refused (listed above); nothing was deleted",
+            "{} incomplete: {} files failed, {} source names refused{}; nothing was deleted",
             report.kind,
             report.failed.len(),
-            report.refused.len()
+            report.refused.len(),
+            first.unwrap_or_default()
         );
     }
     Ok(())

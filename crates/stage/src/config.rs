@@ -49,6 +49,11 @@ pub struct SiteStage {
     pub path_style: Option<bool>,
     /// AWS profile to take credentials from (as AWS_PROFILE).
     pub profile: Option<String>,
+    /// AWS shared credentials file (as AWS_SHARED_CREDENTIALS_FILE), e.g. a root-only file
+    /// for the stages the Slurm prolog and epilog run.
+    pub credentials_file: Option<std::path::PathBuf>,
+    /// AWS config file (as AWS_CONFIG_FILE).
+    pub config_file: Option<std::path::PathBuf>,
     /// Transfers in flight per node.
     pub concurrency: Option<u32>,
     /// Job-wide limits toward the shared store.

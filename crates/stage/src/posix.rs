@@ -17,21 +17,35 @@ pub async fn as_user<T: Send + 'static>(
     f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
 ) -> std::io::Result<T> {
     let ctx = ctx.clone();
-    tokio::task::spawn_blocking(move || {
-        // SAFETY: geteuid has no preconditions.
-        let root = unsafe { libc::geteuid() } == 0;
-        let switch = root && ctx.uid != 0;
-        if switch {
-            set_identity(ctx.uid, ctx.gid, &ctx.groups)?;
-        }
-        let r = f();
-        if switch {
-            set_identity(0, 0, &[])?;
-        }
-        r
-    })
-    .await
-    .map_err(std::io::Error::other)?
+    tokio::task::spawn_blocking(move || with_identity(&ctx, f)).await.map_err(std::io::Error::other)?
+}
+
+/// Runs `f` on a new thread whose filesystem identity is `ctx`'s, for callers without a
+/// runtime; the calling thread's identity never changes.
+pub fn as_user_blocking<T: Send + 'static>(
+    ctx: &Ctx,
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    let ctx = ctx.clone();
+    std::thread::spawn(move || with_identity(&ctx, f))
+        .join()
+        .map_err(|_| std::io::Error::other("worker thread panicked"))?
+}
+
+/// Switches this thread to `ctx`'s filesystem identity (when running as root), runs `f`, and
+/// switches back.
+fn with_identity<T>(ctx: &Ctx, f: impl FnOnce() -> std::io::Result<T>) -> std::io::Result<T> {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let switch = root && ctx.uid != 0;
+    if switch {
+        set_identity(ctx.uid, ctx.gid, &ctx.groups)?;
+    }
+    let r = f();
+    if switch {
+        set_identity(0, 0, &[])?;
+    }
+    r
 }
 
 /// Sets this thread's groups, fsgid and fsuid with raw syscalls: glibc's wrappers would

@@ -1,0 +1,769 @@
+//! `odfs start`: one node's part of bringing a job's filesystem up — the Slurm prolog, or any
+//! launcher that runs it on every node (pdsh, clush, srun).
+//!
+//! Every node starts its stored and stage agent over its data paths (node 0 first starts mgmtd
+//! and metad), mounts the filesystem for the job's user and reports `Started` on the job board.
+//! Node 0 waits until every node has, posts the verdict `Ready`, runs the job's stage-ins and
+//! returns only when they are complete and verified: the batch script starts as soon as node
+//! 0's prolog returns. Any failure anywhere: the failing node reports it and rolls back, node 0
+//! posts `Abort`, every other node rolls back too, and the failing node and node 0 exit
+//! non-zero with one line naming the node and the cause. Every wait is bounded.
+//!
+//! Owns the plan of a job on a node (addresses, ports, paths, configs) and the start protocol.
+//! Must not tear down a started job: that is `stop`'s (the epilog's) work once `Ready` is posted.
+
+use super::board::BoardLink;
+use super::directives::{self, Directives, Transfer};
+use super::record::{Phase, Record, StateDir};
+use super::site::{expand, SiteConfig};
+use super::slurm;
+use super::spec::JobSpec;
+use crate::local::{log_tail, write_toml, ProcEntry};
+use crate::{mount, procs};
+use anyhow::{anyhow, bail, Context, Result};
+use odfs_client::ClientConfig;
+use odfs_metad::config::{MetadConfig, RootOwner};
+use odfs_mgmtd::MgmtdConfig;
+use odfs_proto::mgmt::{FsState, NodePhase, ServiceKind, Verdict};
+use odfs_service::JobSection;
+use odfs_stage::AgentConfig;
+use odfs_stored::config::{StoredConfig, TargetSection};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// What a node-local command needs besides the job.
+#[derive(Debug, Clone)]
+pub struct NodeContext {
+    pub site: SiteConfig,
+    /// The site config file (stages read their `[stage]` settings from it).
+    pub site_path: PathBuf,
+    /// Outside Slurm: a batch script (or any file) whose `#ODFS` lines apply.
+    pub script: Option<PathBuf>,
+}
+
+/// How a start ended (errors aside).
+#[derive(Debug, Clone, PartialEq)]
+pub enum StartOutcome {
+    /// The job did not ask for odfs.
+    NotAsked,
+    /// The filesystem is up on every node (and, on node 0, staged in).
+    Ready { secs: f64, stage_secs: f64, mount: PathBuf },
+    /// Another node's start failed; this node rolled back (it is not at fault).
+    Aborted { reason: String },
+    /// Node 0: the job was cancelled during its stage-in.
+    Cancelled,
+}
+
+/// Addresses, ports and paths of one job on one node.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    pub mgmtd: SocketAddr,
+    pub metad: SocketAddr,
+    pub stored: SocketAddr,
+    pub bulk: SocketAddr,
+    pub agent: SocketAddr,
+    pub data_dirs: Vec<PathBuf>,
+    pub ram_dir: Option<PathBuf>,
+    pub mount: PathBuf,
+    pub job_dir: PathBuf,
+}
+
+/// A node name's address: an IP literal as it is, else the resolver's first IPv4 address (or
+/// IPv6 if it has none).
+pub(crate) fn resolve(name: &str) -> Result<IpAddr> {
+    if let Ok(ip) = name.parse() {
+        return Ok(ip);
+    }
+    let addrs: Vec<IpAddr> = (name, 0)
+        .to_socket_addrs()
+        .with_context(|| format!("cannot resolve node name {name}"))?
+        .map(|a| a.ip())
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .with_context(|| format!("node name {name} resolves to no address"))
+}
+
+impl Plan {
+    pub(crate) fn new(spec: &JobSpec, site: &SiteConfig, state: &StateDir) -> Result<Plan> {
+        let o = &site.ondemand;
+        let node = spec.node_name();
+        let me = resolve(&format!("{node}{}", o.resolve_suffix))?;
+        let node0 = resolve(&format!("{}{}", spec.nodes[0], o.resolve_suffix))?;
+        let p = o.first_port(&spec.job_id);
+        let job = &spec.job_id;
+        let user = &spec.user.name;
+        let job_dir = state.job_dir(job);
+        Ok(Plan {
+            mgmtd: SocketAddr::new(node0, p),
+            metad: SocketAddr::new(node0, p + 1),
+            stored: SocketAddr::new(me, p + 2),
+            bulk: SocketAddr::new(me, p + 3),
+            agent: SocketAddr::new(me, p + 4),
+            data_dirs: o
+                .data_paths
+                .iter()
+                .map(|d| PathBuf::from(expand(d, job, user, node)).join(format!("odfs.{job}")))
+                .collect(),
+            ram_dir: spec.has_feature(&o.ram_feature).then(|| job_dir.join("ram")),
+            mount: PathBuf::from(expand(&o.mount, job, user, node)),
+            job_dir,
+        })
+    }
+
+    /// Targets per node: one per data path, plus the RAM target.
+    fn per_node(&self) -> u32 {
+        self.data_dirs.len() as u32 + self.ram_dir.is_some() as u32
+    }
+
+    /// This node's (service, address, udp) list, for the port check.
+    fn ports(&self, node0: bool) -> Vec<(&'static str, SocketAddr, bool)> {
+        let mut v = vec![("stored", self.stored, true), ("stored bulk", self.bulk, false), ("agent", self.agent, true)];
+        if node0 {
+            v.insert(0, ("mgmtd", self.mgmtd, true));
+            v.insert(1, ("metad", self.metad, true));
+        }
+        v
+    }
+}
+
+/// Fails with a clear line if a port this node needs is taken.
+fn check_ports(plan: &Plan, spec: &JobSpec, site: &SiteConfig) -> Result<()> {
+    for (what, addr, udp) in plan.ports(spec.is_node0()) {
+        let r =
+            if udp { std::net::UdpSocket::bind(addr).map(drop) } else { std::net::TcpListener::bind(addr).map(drop) };
+        if let Err(e) = r {
+            bail!(
+                "port {}/{} for {what} is not free on {} ({e}): another odfs job whose id equals {} modulo {} \
+                 (port_slots), or another service, holds it",
+                addr.port(),
+                if udp { "udp" } else { "tcp" },
+                addr.ip(),
+                spec.job_id,
+                site.ondemand.port_slots
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Creates a data directory (root-only) and proves it takes a write.
+fn prepare_data_dir(d: &Path) -> Result<()> {
+    let probe = || -> std::io::Result<()> {
+        std::fs::create_dir_all(d)?;
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700))?;
+        let p = d.join(".odfs-write-probe");
+        std::fs::write(&p, b"odfs")?;
+        std::fs::remove_file(&p)
+    };
+    probe().with_context(|| format!("data path {} is not writable", d.display()))
+}
+
+fn mount_tmpfs(dir: &Path, size: &str) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    nix::mount::mount(
+        Some("odfs-ram"),
+        dir,
+        Some("tmpfs"),
+        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+        Some(format!("size={size},mode=0700").as_str()),
+    )
+    .with_context(|| format!("cannot mount the RAM target (tmpfs size={size}) at {}", dir.display()))
+}
+
+/// Prepares the mount point: parents as root, the point itself the user's with mode 0700.
+fn prepare_mount_point(mp: &Path, uid: u32, gid: u32) -> Result<()> {
+    for line in mount::unmount(mp)? {
+        eprintln!("odfs: cleaning up a stale mount: {line}");
+    }
+    std::fs::create_dir_all(mp).with_context(|| format!("cannot create mount point {}", mp.display()))?;
+    std::os::unix::fs::chown(mp, Some(uid), Some(gid))
+        .with_context(|| format!("cannot give mount point {} to uid {uid}", mp.display()))?;
+    std::fs::set_permissions(mp, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("cannot set the mode of {}", mp.display()))
+}
+
+/// The job's directives (node 0): from Slurm's copy of the batch script, or `--script`.
+fn read_directives(spec: &JobSpec, ctx: &NodeContext) -> Result<Directives, String> {
+    let text = match &ctx.script {
+        Some(p) => Some(std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?),
+        None if spec.slurm => slurm::batch_script(&spec.job_id).map_err(|e| format!("{e:#}"))?,
+        None => None,
+    };
+    let Some(text) = text else { return Ok(Directives::default()) };
+    directives::parse(&text, &spec.job_id, &spec.user.name).map_err(|e| format!("batch script {e}"))
+}
+
+/// The filesystem's default layout: the site's, changed by the job's directives.
+fn job_layout(site: &SiteConfig, spec: &JobSpec, d: &Directives) -> Result<odfs_proto::DirLayout, String> {
+    let o = &site.ondemand;
+    let mut l = o.layout();
+    if let Some(n) = d.stripe_count {
+        l.stripe_count = n;
+    }
+    if let Some(c) = d.chunk_size {
+        l.chunk_size = c;
+    }
+    if let Some(p) = &d.pool {
+        let ram = spec.has_feature(&o.ram_feature);
+        if *p != o.pool && !(ram && *p == o.ram_pool) {
+            return Err(if *p == o.ram_pool {
+                format!("pool {p}: this job has no RAM pool (ask for it with --constraint={})", o.ram_feature)
+            } else {
+                format!(
+                    "pool {p}: no such pool (this job has {}{})",
+                    o.pool,
+                    if ram { format!(", {}", o.ram_pool) } else { String::new() }
+                )
+            });
+        }
+        l.pool = p.clone();
+    }
+    l.validate().map_err(|e| format!("layout: {e}"))?;
+    Ok(l)
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Starts one process of the job and records it.
+fn spawn(rec: &mut Record, state: &StateDir, service: &str, node: u32, config: &Path, log: &Path) -> Result<()> {
+    let bin = procs::binary(&format!("odfs-{service}"))?;
+    let pid = procs::spawn_daemon(&bin, config, log)?;
+    rec.procs.push(ProcEntry { service: service.into(), node, pid, config: config.into(), log: log.into() });
+    state.save(rec)
+}
+
+/// Fails naming the process if one of ours died, with the end of its log.
+pub(crate) fn check_alive(rec: &Record) -> Result<()> {
+    for p in &rec.procs {
+        if !procs::runs(p.pid, &p.config) {
+            bail!(
+                "odfs-{} exited; last log lines of {}: {}",
+                p.service,
+                p.log.display(),
+                log_tail(&p.log, 3).replace('\n', " | ")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Writes the configs and starts this node's services; node 0's first.
+fn start_services(
+    rec: &mut Record,
+    state: &StateDir,
+    plan: &Plan,
+    spec: &JobSpec,
+    site: &SiteConfig,
+    layout: odfs_proto::DirLayout,
+) -> Result<()> {
+    let o = &site.ondemand;
+    let job = JobSection { id: spec.job_id.clone(), site_key: o.site_key.clone() };
+    let k = spec.index;
+    let dir = &plan.job_dir;
+    if spec.is_node0() {
+        let m = MgmtdConfig {
+            job: job.clone(),
+            listen: plan.mgmtd,
+            expect_storage_nodes: spec.nodes.len() as u32,
+            expect_meta: 1,
+            default_layout: layout,
+            ..MgmtdConfig::default()
+        };
+        write_toml(&dir.join("mgmtd.toml"), &m)?;
+        spawn(rec, state, "mgmtd", k, &dir.join("mgmtd.toml"), &dir.join("mgmtd.log"))?;
+        let meta = MetadConfig {
+            job: job.clone(),
+            listen: plan.metad,
+            mgmtd: plan.mgmtd,
+            node: k,
+            shard: 0,
+            data_dir: plan.data_dirs[0].join("meta"),
+            register_timeout_secs: o.ready_timeout_secs,
+            root_owner: Some(RootOwner { uid: spec.user.uid, gid: spec.user.gid, mode: 0o700 }),
+            ..MetadConfig::default()
+        };
+        write_toml(&dir.join("metad.toml"), &meta)?;
+        spawn(rec, state, "metad", k, &dir.join("metad.toml"), &dir.join("metad.log"))?;
+    }
+    let per = plan.per_node();
+    let mut targets: Vec<TargetSection> = plan
+        .data_dirs
+        .iter()
+        .enumerate()
+        .map(|(j, d)| {
+            let id = k * per + j as u32 + 1;
+            TargetSection { id, path: d.join(format!("target{id}")), pool: o.pool.clone() }
+        })
+        .collect();
+    if let Some(r) = &plan.ram_dir {
+        targets.push(TargetSection { id: k * per + per, path: r.clone(), pool: o.ram_pool.clone() });
+    }
+    let s = StoredConfig {
+        job: job.clone(),
+        listen: plan.stored,
+        bulk_listen: Some(plan.bulk),
+        mgmtd: plan.mgmtd,
+        node: k,
+        targets,
+        io_backend: o.io_backend.clone(),
+        register_timeout_secs: o.ready_timeout_secs,
+        ..StoredConfig::default()
+    };
+    write_toml(&dir.join("stored.toml"), &s)?;
+    spawn(rec, state, "stored", k, &dir.join("stored.toml"), &dir.join("stored.log"))?;
+    let a = AgentConfig {
+        job: job.clone(),
+        listen: plan.agent,
+        mgmtd: plan.mgmtd,
+        node: k,
+        register_timeout_secs: o.ready_timeout_secs,
+        ..AgentConfig::default()
+    };
+    write_toml(&dir.join("agent.toml"), &a)?;
+    spawn(rec, state, "agent", k, &dir.join("agent.toml"), &dir.join("agent.log"))?;
+    let c = ClientConfig {
+        job,
+        mgmtd: plan.mgmtd,
+        bulk_transport: o.bulk,
+        node: k,
+        retry_secs: o.ready_timeout_secs.max(30),
+        ..ClientConfig::default()
+    };
+    write_toml(&rec.client_config, &c)
+}
+
+/// Another node's failure, seen on the job board while this node was starting.
+#[derive(Debug)]
+pub(crate) struct AbortedBy(pub String);
+
+impl std::fmt::Display for AbortedBy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for AbortedBy {}
+
+/// What the board says against going on: node 0 sees another node's `StartFailed`, the others
+/// see node 0's `Abort`.
+fn board_objection(link: &BoardLink, spec: &JobSpec) -> Option<String> {
+    let b = link.board().ok()?;
+    if spec.is_node0() {
+        b.nodes.iter().find_map(|r| match &r.phase {
+            NodePhase::StartFailed { reason } => Some(reason.clone()),
+            _ => None,
+        })
+    } else {
+        match b.verdict {
+            Some(Verdict::Abort { reason }) => Some(reason),
+            _ => None,
+        }
+    }
+}
+
+/// Mounts the filesystem for the job's user and waits until the mount is there (the FUSE
+/// client waits for the filesystem to be ready, so for every node's stored), watching the
+/// board: another node's failure ends the wait at once.
+fn start_mount(
+    rec: &mut Record,
+    state: &StateDir,
+    plan: &Plan,
+    spec: &JobSpec,
+    link: &BoardLink,
+    deadline: Instant,
+) -> Result<()> {
+    prepare_mount_point(&plan.mount, spec.user.uid, spec.user.gid)?;
+    let bin = procs::binary("odfs-fuse")?;
+    let log = plan.job_dir.join("fuse.log");
+    let cfg = rec.client_config.clone();
+    let args = [
+        std::ffi::OsStr::new("--fs"),
+        cfg.as_os_str(),
+        std::ffi::OsStr::new("--mountpoint"),
+        plan.mount.as_os_str(),
+        std::ffi::OsStr::new("--allow-other"),
+    ];
+    let pid = procs::spawn_detached(&bin, &args, &log)?;
+    rec.procs.push(ProcEntry { service: "fuse".into(), node: spec.index, pid, config: cfg.clone(), log: log.clone() });
+    rec.mount = Some(plan.mount.clone());
+    state.save(rec)?;
+    let mut polls = 0u32;
+    loop {
+        if mount::mount_at(&plan.mount).is_some_and(|m| m.fstype.starts_with("fuse")) {
+            return Ok(());
+        }
+        check_alive(rec)?;
+        polls += 1;
+        if polls.is_multiple_of(5) {
+            if let Some(reason) = board_objection(link, spec) {
+                return Err(AbortedBy(reason).into());
+            }
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{} was not mounted in time; last log lines of {}: {}",
+                plan.mount.display(),
+                log.display(),
+                log_tail(&log, 3).replace('\n', " | ")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// This node's services, up to (not including) the mount.
+fn start_node_services(
+    rec: &mut Record,
+    state: &StateDir,
+    plan: &Plan,
+    spec: &JobSpec,
+    site: &SiteConfig,
+    layout: odfs_proto::DirLayout,
+) -> Result<()> {
+    check_ports(plan, spec, site)?;
+    for d in &plan.data_dirs {
+        rec.data_dirs.push(d.clone());
+        state.save(rec)?;
+        prepare_data_dir(d)?;
+    }
+    if let Some(r) = &plan.ram_dir {
+        mount_tmpfs(r, &site.ondemand.ram_size)?;
+        rec.ram_mount = Some(r.clone());
+        state.save(rec)?;
+    }
+    start_services(rec, state, plan, spec, site, layout)
+}
+
+/// Node 0: waits until every node reported `Started`, the filesystem is ready and every stage
+/// agent is registered. Err(reason) names the node that failed or is missing.
+fn wait_all_started(link: &BoardLink, rec: &Record, spec: &JobSpec, deadline: Instant) -> Result<(), String> {
+    let n = spec.nodes.len();
+    let mut last = String::from("mgmtd did not answer");
+    loop {
+        check_alive(rec).map_err(|e| format!("{}: {e:#}", spec.where_()))?;
+        if let (Ok(b), Ok(v)) = (link.board(), link.cluster()) {
+            if let Some(r) = b.nodes.iter().find_map(|r| match &r.phase {
+                NodePhase::StartFailed { reason } => Some(reason.clone()),
+                _ => None,
+            }) {
+                return Err(r);
+            }
+            let started: Vec<u32> = b.nodes.iter().filter(|r| r.phase == NodePhase::Started).map(|r| r.node).collect();
+            let agents = v.services.iter().filter(|s| s.kind == ServiceKind::Agent && s.online).count();
+            if started.len() == n && v.state == FsState::Ready && agents >= n {
+                return Ok(());
+            }
+            let missing: Vec<&str> =
+                (0..n as u32).filter(|k| !started.contains(k)).map(|k| spec.nodes[k as usize].as_str()).collect();
+            last = format!("no word from {} ({agents} of {n} stage agents registered)", missing.join(", "));
+        }
+        if Instant::now() > deadline {
+            return Err(format!("the filesystem was not up on every node in time: {last}"));
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// Other nodes: waits for node 0's verdict. Ok(None) = Ready; Ok(Some(reason)) = Abort.
+fn wait_verdict(link: &BoardLink, spec: &JobSpec, deadline: Instant) -> Result<Option<String>> {
+    let mut reached = false;
+    let mut lost_since: Option<Instant> = None;
+    loop {
+        match link.board() {
+            Ok(b) => {
+                reached = true;
+                lost_since = None;
+                match b.verdict {
+                    Some(Verdict::Ready) => return Ok(None),
+                    Some(Verdict::Abort { reason }) => return Ok(Some(reason)),
+                    _ => {}
+                }
+            }
+            // Node 0 stops mgmtd soon after an Abort; a board that vanishes after answering is
+            // that, not a fault of this node.
+            Err(_) if reached => {
+                let since = *lost_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > Duration::from_secs(3) {
+                    return Ok(Some(format!("node 0 ({}) went away during the start", spec.nodes[0])));
+                }
+            }
+            Err(_) => {}
+        }
+        if Instant::now() > deadline {
+            bail!("no word from node 0 ({}, mgmtd {}) in time", spec.nodes[0], link.mgmtd);
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// Node 0 after `Abort`: gives the other nodes a moment to see it before mgmtd goes.
+fn wait_others_rolled_back(link: &BoardLink, spec: &JobSpec) {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(5) {
+        if let Ok(b) = link.board() {
+            let done = (1..spec.nodes.len() as u32)
+                .all(|k| matches!(b.phase(k), Some(NodePhase::Aborted | NodePhase::StartFailed { .. })));
+            if done {
+                return;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Runs stage transfers as the job's user; Err(reason) on the first that is not verified.
+pub(crate) fn run_stages(
+    link: &BoardLink,
+    rec: &Record,
+    ctx: &NodeContext,
+    inward: bool,
+    cancel_watch: bool,
+) -> Result<bool, String> {
+    let d = &rec.directives;
+    let list: &[Transfer] = if inward { &d.stage_in } else { &d.stage_out };
+    if list.is_empty() {
+        return Ok(true);
+    }
+    let kind = if inward { "stage-in" } else { "stage-out" };
+    let job = rec.spec.job_id.clone();
+    let limit = Duration::from_secs(ctx.site.ondemand.stage_timeout_secs.max(1));
+    link.block_on(async {
+        let cfg = ClientConfig::load(&rec.client_config).map_err(|e| e.to_string())?;
+        let client =
+            odfs_client::Client::connect(cfg).await.map_err(|e| format!("{kind}: cannot reach the filesystem: {e}"))?;
+        let work = async {
+            for t in list {
+                let args = crate::stage::StageArgs {
+                    src: t.src.clone(),
+                    dst: t.dst.clone(),
+                    endpoint_url: d.endpoint_url.clone(),
+                    region: d.region.clone(),
+                    path_style: d.path_style,
+                    concurrency: d.concurrency,
+                    max_bandwidth: d.max_bandwidth,
+                    site_config: Some(ctx.site_path.clone()),
+                    ..Default::default()
+                };
+                let report = crate::stage::run_as(&client, &rec.spec.user.ctx(), &args, inward)
+                    .await
+                    .map_err(|e| format!("{kind} {} -> {}: {e:#}", t.src, t.dst))?;
+                eprintln!("odfs: {}", report.summary());
+                crate::stage::check(&report).map_err(|e| format!("{kind} {} -> {}: {e:#}", t.src, t.dst))?;
+            }
+            Ok::<(), String>(())
+        };
+        let cancelled = async {
+            if !cancel_watch {
+                return std::future::pending::<()>().await;
+            }
+            loop {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                let j = job.clone();
+                if tokio::task::spawn_blocking(move || slurm::job_active(&j)).await.ok().flatten() == Some(false) {
+                    return;
+                }
+            }
+        };
+        let r = tokio::select! {
+            r = tokio::time::timeout(limit, work) => match r {
+                Ok(r) => r.map(|()| true),
+                Err(_) => Err(format!("{kind} did not finish within {} s (stage_timeout_secs)", limit.as_secs())),
+            },
+            () = cancelled => Ok(false),
+        };
+        client.shutdown();
+        r
+    })
+}
+
+/// One line for the user and the admin: "odfs: job 12 on n3 (node 2 of 4): ...".
+fn line(spec: &JobSpec, msg: &str) -> String {
+    format!("odfs: job {}: {msg}", spec.job_id)
+}
+
+/// `odfs start` on this node.
+pub fn start(spec: &JobSpec, ctx: &NodeContext) -> Result<StartOutcome> {
+    let site = &ctx.site;
+    let o = &site.ondemand;
+    if spec.slurm && !o.wanted(&spec.features) {
+        return Ok(StartOutcome::NotAsked);
+    }
+    // SAFETY: geteuid has no preconditions.
+    anyhow::ensure!(
+        unsafe { libc::geteuid() } == 0,
+        "odfs start must run as root (it mounts the filesystem for the job's user)"
+    );
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_secs(o.ready_timeout_secs);
+    let state = StateDir::new(&o.state_dir, spec.node_name());
+    state.create()?;
+    for l in super::cleanup::stale(&state, spec.node_name(), Some(&spec.job_id)) {
+        eprintln!("odfs: {l}");
+    }
+    let _lock = state.lock(&spec.job_id, Duration::from_secs(10))?;
+    if let Some(mut prev) = state.load(&spec.job_id)? {
+        if let Phase::Retained { reason } = &prev.phase {
+            bail!(
+                "job {} has data kept on this node from an earlier run ({reason}); finish it with `odfs recover --job {}` \
+                 or drop it with `odfs cleanup --job {} --discard`",
+                spec.job_id,
+                spec.job_id,
+                spec.job_id
+            );
+        }
+        eprintln!("odfs: removing what an earlier start of job {} left on this node", spec.job_id);
+        prev.teardown(true)?;
+        state.forget(&spec.job_id)?;
+    }
+    let plan = Plan::new(spec, site, &state).map_err(|e| anyhow!(line(spec, &format!("{}: {e:#}", spec.where_()))))?;
+    let cred = JobSection { id: spec.job_id.clone(), site_key: o.site_key.clone() }.credential().map_err(|e| {
+        anyhow!(line(spec, &format!("{}: {e} (odfs keygen makes one; every node needs the same file)", spec.where_())))
+    })?;
+    let link = BoardLink::new(cred, plan.mgmtd, spec.index, spec.node_name())?;
+    let directives = if spec.is_node0() { read_directives(spec, ctx) } else { Ok(Directives::default()) };
+    let mut rec = Record {
+        spec: spec.clone(),
+        phase: Phase::Starting,
+        directives: directives.clone().unwrap_or_default(),
+        mgmtd: plan.mgmtd,
+        client_config: plan.job_dir.join("odfs.toml"),
+        procs: Vec::new(),
+        mount: None,
+        ram_mount: None,
+        data_dirs: Vec::new(),
+        since: now_unix(),
+    };
+    std::fs::create_dir_all(&plan.job_dir)?;
+    std::fs::set_permissions(&plan.job_dir, std::fs::Permissions::from_mode(0o700))?;
+    state.save(&rec)?;
+
+    let fail = |rec: &mut Record, reason: String, own: bool| -> Result<StartOutcome> {
+        if spec.is_node0() {
+            let _ = link.set_verdict(Verdict::Abort { reason: reason.clone() });
+            wait_others_rolled_back(&link, spec);
+        }
+        for l in rec.teardown(true)? {
+            eprintln!("odfs: rollback: {l}");
+        }
+        let msg = line(spec, &format!("could not start: {reason}"));
+        if spec.is_node0() {
+            // The epilog returns the batch host to service when the failure was not its own.
+            rec.procs.clear();
+            rec.phase = Phase::StartFailed { reason: reason.clone(), own };
+            state.save(rec)?;
+            slurm_failure(spec, site, &msg, own);
+            if spec.slurm {
+                slurm::tell_user(spec, &format!("{msg}. Every node rolled back; the job is requeued and held."));
+            }
+        } else {
+            state.forget(&spec.job_id)?;
+            slurm_failure(spec, site, &msg, own);
+        }
+        bail!(msg)
+    };
+    // The layout the job asked for (node 0); an invalid one is the job's fault, not the node's.
+    let layout = match &directives {
+        Ok(d) => job_layout(site, spec, d),
+        Err(e) => Err(e.clone()),
+    };
+    let services =
+        start_node_services(&mut rec, &state, &plan, spec, site, layout.clone().unwrap_or_else(|_| o.layout()));
+    let up = match (services, &layout) {
+        (Err(e), _) => Err((e, true)),
+        (Ok(()), Err(e)) if spec.is_node0() => Err((anyhow!(e.clone()), false)),
+        (Ok(()), _) => start_mount(&mut rec, &state, &plan, spec, &link, deadline)
+            .and_then(|()| check_alive(&rec))
+            .map_err(|e| (e, true)),
+    };
+    if let Err((e, own)) = up {
+        if let Some(AbortedBy(reason)) = e.downcast_ref::<AbortedBy>() {
+            if spec.is_node0() {
+                return fail(&mut rec, reason.clone(), false);
+            }
+            let _ = link.report(NodePhase::Aborted);
+            rec.teardown(true)?;
+            state.forget(&spec.job_id)?;
+            return Ok(StartOutcome::Aborted { reason: reason.clone() });
+        }
+        let reason = if own { format!("{}: {e:#}", spec.where_()) } else { format!("{e:#}") }.replace('\n', " | ");
+        let _ = link.report_within(NodePhase::StartFailed { reason: reason.clone() }, Duration::from_secs(3));
+        return fail(&mut rec, reason, own);
+    }
+    let _ = link.report_within(NodePhase::Started, deadline.saturating_duration_since(Instant::now()));
+
+    if !spec.is_node0() {
+        return match wait_verdict(&link, spec, deadline) {
+            Ok(None) => {
+                rec.phase = Phase::Running;
+                state.save(&rec)?;
+                Ok(StartOutcome::Ready { secs: t0.elapsed().as_secs_f64(), stage_secs: 0.0, mount: plan.mount })
+            }
+            Ok(Some(reason)) => {
+                let _ = link.report(NodePhase::Aborted);
+                rec.teardown(true)?;
+                state.forget(&spec.job_id)?;
+                Ok(StartOutcome::Aborted { reason })
+            }
+            Err(e) => fail(&mut rec, format!("{}: {e:#}", spec.where_()), true),
+        };
+    }
+
+    if let Err(reason) = wait_all_started(&link, &rec, spec, deadline) {
+        let own = reason.starts_with(&spec.where_());
+        return fail(&mut rec, reason, own);
+    }
+    link.set_verdict(Verdict::Ready).context("cannot post the verdict to mgmtd")?;
+    let ready = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "odfs: job {}: filesystem ready on {} nodes in {ready:.2} s, mounted at {}",
+        spec.job_id,
+        spec.nodes.len(),
+        plan.mount.display()
+    );
+
+    rec.phase = Phase::Staging;
+    state.save(&rec)?;
+    let t1 = Instant::now();
+    match run_stages(&link, &rec, ctx, true, spec.slurm) {
+        Ok(true) => {
+            rec.phase = Phase::Running;
+            state.save(&rec)?;
+            Ok(StartOutcome::Ready { secs: ready, stage_secs: t1.elapsed().as_secs_f64(), mount: plan.mount })
+        }
+        Ok(false) => {
+            rec.phase = Phase::Cancelled;
+            state.save(&rec)?;
+            Ok(StartOutcome::Cancelled)
+        }
+        Err(reason) => {
+            // The job must not run without its data; every node's services stay up until the
+            // epilog tears them down (Slurm runs it after requeueing the job).
+            let msg = line(spec, &format!("could not start: {reason}"));
+            rec.phase = Phase::StartFailed { reason, own: false };
+            state.save(&rec)?;
+            slurm_failure(spec, site, &msg, false);
+            if spec.slurm {
+                slurm::tell_user(spec, &format!("{msg}. The job is requeued and held."));
+            }
+            bail!(msg)
+        }
+    }
+}
+
+/// After a failure in a Slurm prolog: the node's drain reason becomes odfs's line (marked as
+/// the batch host's when the fault is not this node's, so its epilog can return it).
+fn slurm_failure(spec: &JobSpec, site: &SiteConfig, msg: &str, own: bool) {
+    if !spec.slurm || !site.ondemand.slurm_drain_reason {
+        return;
+    }
+    let reason = if own { msg.to_string() } else { format!("{} {msg}", slurm::BATCH_HOST_MARK) };
+    slurm::drain(spec.node_name(), &reason);
+}
