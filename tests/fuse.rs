@@ -790,47 +790,6 @@ fn flock_and_fcntl_locks_hold_between_processes_of_one_node() {
     assert_eq!(python(probe, &path).trim(), "locked locked 0", "after F_UNLCK");
 }
 
-/// A local user and group made for one test with useradd/groupadd, removed on drop.
-struct TestUser {
-    name: String,
-    group: String,
-    uid: u32,
-    gid: u32,
-    extra_gid: u32,
-}
-
-impl TestUser {
-    fn create(tag: &str) -> TestUser {
-        let name = format!("odfs{tag}{}", std::process::id() % 100_000);
-        let group = format!("{name}x");
-        let run = |cmd: &str, args: &[&str]| {
-            let out =
-                Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("run {cmd} (passwd package): {e}"));
-            assert!(out.status.success(), "{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-            String::from_utf8_lossy(&out.stdout).trim().to_string()
-        };
-        let _ = Command::new("userdel").arg(&name).output();
-        let _ = Command::new("groupdel").arg(&group).output();
-        run("groupadd", &[&group]);
-        run("useradd", &["--no-create-home", "--user-group", "--groups", &group, "--shell", "/bin/sh", &name]);
-        let id = |flag: &str| run("id", &[flag, &name]).parse::<u32>().expect("numeric id");
-        let extra_gid = run("getent", &["group", &group]).split(':').nth(2).unwrap().parse().unwrap();
-        TestUser { uid: id("-u"), gid: id("-g"), extra_gid, name, group }
-    }
-
-    /// Runs `cmd args` as this user (primary group and the extra group).
-    fn run(&self, cmd: &str, args: &[&Path]) -> std::process::Output {
-        as_user(self.uid, self.gid, &[self.gid, self.extra_gid], cmd, args)
-    }
-}
-
-impl Drop for TestUser {
-    fn drop(&mut self) {
-        let _ = Command::new("userdel").arg(&self.name).output();
-        let _ = Command::new("groupdel").arg(&self.group).output();
-    }
-}
-
 fn denied(out: &std::process::Output, what: &str, msg: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains(msg), "{what}: expected \"{msg}\", got {:?}: {err}", out.status);

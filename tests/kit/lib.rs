@@ -222,6 +222,11 @@ pub use fuse::*;
 pub mod s3;
 pub use s3::*;
 
+pub mod user;
+pub use user::*;
+
+pub mod slurm;
+
 /// A whole file read through the client library (another "node"), by inode.
 pub async fn read_all(c: &Client, ctx: &Ctx, ino: InodeId) -> Vec<u8> {
     let h = c.open(ctx, ino, true, false, false).await.expect("open");

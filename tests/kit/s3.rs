@@ -6,7 +6,7 @@
 //! scripts/test installs both servers; when one is missing the test fails saying so.
 
 use std::io::ErrorKind;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,13 +16,13 @@ use std::time::{Duration, Instant};
 pub const ACCESS_KEY: &str = "odfstestkey";
 pub const SECRET_KEY: &str = "odfstestsecret";
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+fn free_port(host: IpAddr) -> u16 {
+    TcpListener::bind((host, 0)).expect("bind").local_addr().expect("addr").port()
 }
 
-fn wait_listening(port: u16, child: &mut Child, what: &str, log: &Path) {
+fn wait_listening(host: IpAddr, port: u16, child: &mut Child, what: &str, log: &Path) {
     let t = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+    while TcpStream::connect((host, port)).is_err() {
         if let Ok(Some(st)) = child.try_wait() {
             panic!("{what} exited ({st}) before listening:\n{}", std::fs::read_to_string(log).unwrap_or_default());
         }
@@ -34,6 +34,8 @@ fn wait_listening(port: u16, child: &mut Child, what: &str, log: &Path) {
 /// A running S3-compatible server.
 pub struct S3Server {
     child: Option<Child>,
+    /// Address it listens on (loopback unless made with `s3s_on`).
+    pub host: IpAddr,
     pub port: u16,
     /// s3s-fs: objects live at `dir/<bucket>/<key>`.
     pub dir: PathBuf,
@@ -44,12 +46,18 @@ pub struct S3Server {
 impl S3Server {
     /// `s3s-fs` over `dir` with the kit's credentials; `buckets` are created as directories.
     pub fn s3s(dir: &Path, buckets: &[&str]) -> S3Server {
+        Self::s3s_on(dir, buckets, IpAddr::from([127, 0, 0, 1]))
+    }
+
+    /// `s3s-fs` listening on `host` (e.g. a bridge that test nodes in network namespaces reach).
+    pub fn s3s_on(dir: &Path, buckets: &[&str], host: IpAddr) -> S3Server {
         for b in buckets {
             std::fs::create_dir_all(dir.join(b)).expect("bucket directory");
         }
         let mut s = S3Server {
             child: None,
-            port: free_port(),
+            host,
+            port: free_port(host),
             dir: dir.to_path_buf(),
             moto: false,
             log: dir.with_extension("log"),
@@ -60,8 +68,15 @@ impl S3Server {
 
     /// `moto_server` (in memory; any key is accepted, as some stores do).
     pub fn moto(log_dir: &Path) -> S3Server {
-        let mut s =
-            S3Server { child: None, port: free_port(), dir: PathBuf::new(), moto: true, log: log_dir.join("moto.log") };
+        let host = IpAddr::from([127, 0, 0, 1]);
+        let mut s = S3Server {
+            child: None,
+            host,
+            port: free_port(host),
+            dir: PathBuf::new(),
+            moto: true,
+            log: log_dir.join("moto.log"),
+        };
         s.start();
         s
     }
@@ -75,7 +90,7 @@ impl S3Server {
             c
         } else {
             let mut c = Command::new("s3s-fs");
-            c.args(["--host", "127.0.0.1", "--port", &self.port.to_string()])
+            c.args(["--host", &self.host.to_string(), "--port", &self.port.to_string()])
                 .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
                 .arg(&self.dir);
             c
@@ -87,7 +102,7 @@ impl S3Server {
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {name}; scripts/test installs it: {e}"));
-        wait_listening(self.port, &mut child, name, &self.log);
+        wait_listening(self.host, self.port, &mut child, name, &self.log);
         self.child = Some(child);
     }
 
@@ -100,7 +115,7 @@ impl S3Server {
     }
 
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("http://{}:{}", self.host, self.port)
     }
 
     /// Environment for `odfs stage-*` and other S3 clients: the kit's credentials and region.

@@ -97,14 +97,26 @@ pub fn run(args: &MountArgs) -> Result<(), FuseError> {
         .build()
         .map_err(FuseError::Runtime)?;
     // Signal handlers go in before the mount, so a SIGTERM during mounting still unmounts.
-    let signals = {
+    let mut signals = {
         let _guard = rt.enter();
         let term = signal(SignalKind::terminate()).map_err(FuseError::Runtime)?;
         let int = signal(SignalKind::interrupt()).map_err(FuseError::Runtime)?;
         (term, int)
     };
-    let client =
-        rt.block_on(Client::connect(cfg.clone())).map_err(|e| FuseError::Connect { addr: cfg.mgmtd, source: e })?;
+    // A signal while the filesystem is still forming (a job's start being rolled back) ends the
+    // wait at once: nothing is mounted yet.
+    let connected = rt.block_on(async {
+        tokio::select! {
+            c = Client::connect(cfg.clone()) => Some(c),
+            _ = signals.0.recv() => None,
+            _ = signals.1.recv() => None,
+        }
+    });
+    let Some(client) = connected else {
+        info!("stopped before the filesystem was ready; nothing mounted");
+        return Ok(());
+    };
+    let client = client.map_err(|e| FuseError::Connect { addr: cfg.mgmtd, source: e })?;
     rt.block_on(client.register(cfg.node)).map_err(FuseError::Register)?;
 
     let fs = OdfsFuse::new(client.clone(), rt.handle().clone());

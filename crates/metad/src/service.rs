@@ -141,7 +141,9 @@ pub async fn run(cfg: MetadConfig, shutdown: Shutdown) -> anyhow::Result<()> {
         PoolConfig { retry_deadline: Duration::from_secs(cfg.register_timeout_secs), ..PoolConfig::default() },
     ));
     // The root's default layout comes from mgmtd, so every metad of the job agrees on it.
-    let view = pool.call(cfg.mgmtd, Transport::Quic, &RequestHeader::default(), &GetCluster {}).await?;
+    let header = RequestHeader::default();
+    let view = pool.call(cfg.mgmtd, Transport::Quic, &header, &GetCluster {});
+    let Some(view) = odfs_service::until_shutdown(&shutdown, view).await.transpose()? else { return Ok(()) };
     std::fs::create_dir_all(&cfg.data_dir)
         .map_err(|e| anyhow::anyhow!("cannot create metadata directory {}: {e}", cfg.data_dir.display()))?;
     let opts = StoreOptions {
@@ -195,7 +197,9 @@ pub async fn run(cfg: MetadConfig, shutdown: Shutdown) -> anyhow::Result<()> {
             pid: std::process::id(),
         },
     };
-    let first = link.register(Duration::from_secs(cfg.register_timeout_secs)).await?;
+    let registered =
+        odfs_service::until_shutdown(&shutdown, link.register(Duration::from_secs(cfg.register_timeout_secs)));
+    let Some(first) = registered.await.transpose()? else { return Ok(()) };
     info!(%addr, shard = cfg.shard, service_id = first.service_id, "metad serving");
     link.run(first, Arc::new(Vec::new), shutdown).await;
     let _ = serve.await;

@@ -92,6 +92,14 @@ enum Cmd {
         #[arg(long, env = "ODFS_SITE_CONFIG")]
         site_config: Option<PathBuf>,
     },
+    /// Check the site config and print it with every default filled in (`--defaults`: the
+    /// defaults alone).
+    SiteConfig {
+        #[arg(long)]
+        defaults: bool,
+        #[arg(long, env = "ODFS_SITE_CONFIG")]
+        site_config: Option<PathBuf>,
+    },
     /// Print `export` lines for the job's tasks (Slurm TaskProlog): ODFS_MOUNT, ODFS_JOB.
     TaskEnv {
         #[arg(long, env = "ODFS_SITE_CONFIG")]
@@ -335,7 +343,8 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 
 fn main() {
     if let Err(e) = real_main() {
-        eprintln!("odfs: {e:#}");
+        let e = format!("{e:#}");
+        eprintln!("{}", if e.starts_with("odfs: ") { e } else { format!("odfs: {e}") });
         std::process::exit(1);
     }
 }
@@ -483,6 +492,16 @@ fn real_main() -> Result<()> {
             for l in job::cleanup::cleanup(&state, &node, id.as_deref(), discard)? {
                 println!("odfs cleanup: {l}");
             }
+        }
+        Cmd::SiteConfig { defaults, site_config } => {
+            let cfg = if defaults {
+                job::SiteConfig::default()
+            } else {
+                let (cfg, path) = job::SiteConfig::load(site_config.as_deref())?;
+                println!("# {} (checked)", path.display());
+                cfg
+            };
+            print!("{}", toml::to_string_pretty(&cfg)?);
         }
         Cmd::TaskEnv { site_config } => {
             let (site, _) = job::SiteConfig::load(site_config.as_deref())?;

@@ -163,8 +163,9 @@ pub enum NodePhase {
 /// Node 0's decision for the whole job.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Verdict {
-    /// Every node started: the job may run.
-    Ready,
+    /// Every node started: the job may run. `outputs`: the job stages outputs out when it
+    /// ends, so a node that cannot learn the stop's verdict keeps its data.
+    Ready { outputs: bool },
     /// The start failed: every node rolls back.
     Abort { reason: String },
     /// Stop: outputs verified (or nothing to keep): wipe everything.

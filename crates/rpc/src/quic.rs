@@ -109,6 +109,10 @@ fn transport_config() -> quinn::TransportConfig {
     t.receive_window((64u32 << 20).into());
     t.send_window(64 << 20);
     t.keep_alive_interval(Some(Duration::from_secs(2)));
+    // Every peer is in the same cluster: a 10 ms first guess of the round trip (quinn's default,
+    // 333 ms, is for the internet) resends a lost first packet — one sent while a daemon was
+    // still binding its port, during a job's start — after tens of milliseconds, not a second.
+    t.initial_rtt(Duration::from_millis(10));
     t.max_idle_timeout(Some(Duration::from_secs(10).try_into().expect("10 s is a valid idle timeout")));
     t
 }

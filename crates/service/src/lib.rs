@@ -12,4 +12,4 @@ pub mod runtime;
 pub use config::{load_config, JobSection};
 pub use daemon::daemon_main;
 pub use mgmt_link::MgmtLink;
-pub use runtime::{hostname, init_logging, shutdown_channel, write_addr_file};
+pub use runtime::{hostname, init_logging, shutdown_channel, until_shutdown, write_addr_file};

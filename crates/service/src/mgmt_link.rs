@@ -66,8 +66,9 @@ impl MgmtLink {
                 Err(e) => warn!(error = %e, "heartbeat failed"),
             }
         }
+        // A courtesy: mgmtd may be stopping too (a job's teardown), and then nothing answers.
         let _ = tokio::time::timeout(
-            Duration::from_secs(1),
+            Duration::from_millis(250),
             self.pool.call(
                 self.mgmtd,
                 Transport::Quic,

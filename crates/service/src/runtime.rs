@@ -14,6 +14,19 @@ pub fn init_logging(default_level: &str) {
 /// The receiving end of the shutdown signal.
 pub type ShutdownRx = watch::Receiver<bool>;
 
+/// Runs `f` unless shutdown is asked for first (None then): a daemon still starting up —
+/// waiting for an unreachable mgmtd — stops at once on SIGTERM instead of after its timeout.
+pub async fn until_shutdown<F: std::future::Future>(shutdown: &ShutdownRx, f: F) -> Option<F::Output> {
+    let mut s = shutdown.clone();
+    if *s.borrow() {
+        return None;
+    }
+    tokio::select! {
+        r = f => Some(r),
+        _ = s.changed() => None,
+    }
+}
+
 /// A shutdown channel that fires on SIGTERM or SIGINT.
 pub fn shutdown_channel() -> (watch::Sender<bool>, watch::Receiver<bool>) {
     let (tx, rx) = watch::channel(false);

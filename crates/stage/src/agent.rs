@@ -591,7 +591,9 @@ pub async fn run(cfg: AgentConfig, shutdown: Shutdown) -> anyhow::Result<()> {
             pid: std::process::id(),
         },
     };
-    let first = link.register(Duration::from_secs(cfg.register_timeout_secs)).await?;
+    let registered =
+        odfs_service::until_shutdown(&shutdown, link.register(Duration::from_secs(cfg.register_timeout_secs)));
+    let Some(first) = registered.await.transpose()? else { return Ok(()) };
     info!(%addr, node = cfg.node, service_id = first.service_id, "stage agent serving");
     link.run(first, Arc::new(Vec::new), shutdown).await;
     let _ = serve.await;

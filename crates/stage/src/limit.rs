@@ -26,7 +26,11 @@ impl Limits {
             let burst = per_sec.max((16 << 20) / UNIT as u32);
             let q = Quota::per_second(NonZeroU32::new(per_sec).expect("at least 1"))
                 .allow_burst(NonZeroU32::new(burst).expect("at least 1"));
-            (RateLimiter::direct(q), burst)
+            let r = RateLimiter::direct(q);
+            // A new limiter starts full; emptied, it paces from the first byte instead of letting
+            // every agent send a whole burst at once.
+            let _ = r.check_n(NonZeroU32::new(burst).expect("at least 1"));
+            (r, burst)
         });
         Limits { requests, bytes }
     }
@@ -70,5 +74,10 @@ mod tests {
         }
         // 11 requests at 20/s: the first is free, ten more need 0.5 s.
         assert!(t.elapsed().as_millis() >= 450, "{:?}", t.elapsed());
+        // Bytes are paced from the first one: 1 MiB at 4 MiB/s takes a quarter of a second.
+        let b = Limits::new(&StageLimits { concurrency: 1, requests_per_sec: 0.0, bytes_per_sec: 4 << 20 });
+        let t = Instant::now();
+        b.bytes(1 << 20).await;
+        assert!(t.elapsed().as_millis() >= 200, "{:?}", t.elapsed());
     }
 }

@@ -125,7 +125,9 @@ pub async fn run(cfg: StoredConfig, shutdown: Shutdown) -> anyhow::Result<()> {
             pid: std::process::id(),
         },
     };
-    let first = link.register(Duration::from_secs(cfg.register_timeout_secs)).await?;
+    let registered =
+        odfs_service::until_shutdown(&shutdown, link.register(Duration::from_secs(cfg.register_timeout_secs)));
+    let Some(first) = registered.await.transpose()? else { return Ok(()) };
     info!(%addr, bulk = ?bulk_addr, service_id = first.service_id, "stored serving");
     let probe_store = store.clone();
     let ids: Vec<u32> = cfg.targets.iter().map(|t| t.id).collect();

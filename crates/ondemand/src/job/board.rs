@@ -9,6 +9,9 @@ use odfs_rpc::{JobCredential, Pool, PoolConfig, Transport};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+/// Longest wait for one board call.
+const CALL_LIMIT: Duration = Duration::from_secs(2);
+
 pub struct BoardLink {
     rt: tokio::runtime::Runtime,
     pool: Pool,
@@ -23,18 +26,21 @@ impl BoardLink {
         let pool = rt.block_on(async {
             Pool::new(
                 cred,
-                PoolConfig {
-                    call_timeout: Duration::from_secs(2),
-                    retry_deadline: Duration::from_millis(1),
-                    conns_per_peer: 1,
-                },
+                PoolConfig { call_timeout: CALL_LIMIT, retry_deadline: Duration::from_millis(1), conns_per_peer: 1 },
             )
         })?;
         Ok(BoardLink { rt, pool, mgmtd, node, host: host.to_string() })
     }
 
+    /// One call, bounded as a whole: a connection attempt to a host whose mgmtd is gone would
+    /// otherwise wait for QUIC's idle timeout.
     fn call<R: odfs_proto::Rpc>(&self, req: &R) -> Result<R::Reply> {
-        Ok(self.rt.block_on(self.pool.call(self.mgmtd, Transport::Quic, &RequestHeader::default(), req))?)
+        let header = RequestHeader::default();
+        let call = self.pool.call(self.mgmtd, Transport::Quic, &header, req);
+        match self.rt.block_on(async { tokio::time::timeout(CALL_LIMIT, call).await }) {
+            Ok(r) => Ok(r?),
+            Err(_) => anyhow::bail!("mgmtd at {} did not answer within {} s", self.mgmtd, CALL_LIMIT.as_secs()),
+        }
     }
 
     pub fn board(&self) -> Result<Board> {

@@ -23,8 +23,39 @@ pub mod stop;
 
 pub use site::SiteConfig;
 pub use spec::{JobSpec, SpecArgs};
-pub use start::{start, NodeContext, StartOutcome};
-pub use stop::{recover, stop, StopOutcome};
+pub use start::{NodeContext, StartOutcome};
+pub use stop::StopOutcome;
+
+use anyhow::Result;
+use record::StateDir;
+
+/// Runs one node-local command; its error is also written to the node's event log.
+fn logged<T>(ctx: &NodeContext, node: &str, job: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let r = f();
+    if let Err(e) = &r {
+        let state = StateDir::new(&ctx.site.ondemand.state_dir, node);
+        if state.0.is_dir() {
+            let e = format!("{e:#}");
+            state.say(job, &format!("FAILED: {}", e.strip_prefix(&format!("job {job}: ")).unwrap_or(&e)));
+        }
+    }
+    r
+}
+
+/// `odfs start` on this node (see `start`).
+pub fn start(spec: &JobSpec, ctx: &NodeContext) -> Result<StartOutcome> {
+    logged(ctx, spec.node_name(), &spec.job_id, || start::start_node(spec, ctx))
+}
+
+/// `odfs stop` on this node (see `stop`).
+pub fn stop(spec: &JobSpec, ctx: &NodeContext) -> Result<StopOutcome> {
+    logged(ctx, spec.node_name(), &spec.job_id, || stop::stop_node(spec, ctx))
+}
+
+/// `odfs recover --job ID` on this node (see `stop`).
+pub fn recover(job: &str, node: &str, ctx: &NodeContext) -> Result<StopOutcome> {
+    logged(ctx, node, job, || stop::recover_node(job, node, ctx))
+}
 
 /// `odfs task-env`: `export` lines for the job's tasks (Slurm's TaskProlog prints them into
 /// the task environment): `ODFS_MOUNT`, `ODFS_JOB`. Nothing when the job has no odfs mount

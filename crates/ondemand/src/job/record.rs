@@ -61,6 +61,10 @@ pub struct Record {
     pub data_dirs: Vec<PathBuf>,
     /// Seconds since the epoch when the start began.
     pub since: u64,
+    /// The job stages outputs out at its end (node 0's word at the start): without a verdict
+    /// at the stop, this node's data must be kept.
+    #[serde(default)]
+    pub outputs: bool,
 }
 
 /// The state directory of this node (STATE_DIR with `%n` expanded).
@@ -128,6 +132,18 @@ impl StateDir {
         v
     }
 
+    /// Prints a progress line (prolog and epilog output, which slurmd logs on failure) and
+    /// appends it, timestamped, to `STATE_DIR/odfs.log`, which outlives the job's directory.
+    pub fn say(&self, job: &str, msg: &str) {
+        eprintln!("odfs: job {job}: {msg}");
+        let line = format!("{} job {job}: {msg}\n", utc_now());
+        let _ = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.0.join("odfs.log"))
+            .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+    }
+
     /// Removes the job's directory and lock file (after a wipe).
     pub fn forget(&self, job: &str) -> Result<()> {
         let d = self.job_dir(job);
@@ -137,6 +153,25 @@ impl StateDir {
         let _ = std::fs::remove_file(self.0.join(format!("{job}.lock")));
         Ok(())
     }
+}
+
+/// The time as `2026-11-23T14:18:21.812Z`.
+fn utc_now() -> String {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let t = now.as_secs() as libc::time_t;
+    // SAFETY: gmtime_r writes into the zeroed struct we own.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    unsafe { libc::gmtime_r(&t, &mut tm) };
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec,
+        now.subsec_millis()
+    )
 }
 
 impl Record {
@@ -158,10 +193,18 @@ impl Record {
         Ok(steps)
     }
 
-    /// Stops every process of the job on this node (TERM, then KILL after `grace`).
+    /// Stops every process of the job on this node (TERM, then KILL after `grace`); mgmtd
+    /// last, so the others' goodbyes to it are answered instead of timing out.
     pub fn stop_services(&mut self, grace: Duration) {
-        let all: Vec<(u32, &Path)> = self.procs.iter().map(|p| (p.pid, p.config.as_path())).collect();
-        procs::stop_all(&all, grace);
+        for last in [false, true] {
+            let some: Vec<(u32, &Path)> = self
+                .procs
+                .iter()
+                .filter(|p| (p.service == "mgmtd") == last)
+                .map(|p| (p.pid, p.config.as_path()))
+                .collect();
+            procs::stop_all(&some, grace);
+        }
     }
 
     /// Takes everything down: mount, processes; with `wipe` also the RAM target, the data and the
@@ -178,7 +221,8 @@ impl Record {
         for d in &self.data_dirs {
             match std::fs::remove_dir_all(d) {
                 Ok(()) => steps.push(format!("wiped {}", d.display())),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                // Never created (its parent is missing or not a directory).
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory) => {}
                 Err(e) => return Err(e).with_context(|| format!("cannot wipe {}", d.display())),
             }
         }

@@ -1,6 +1,6 @@
 //! The site config's `[ondemand]` table: how `odfs start` lays a job's filesystem out on a node
 //! (data paths, mount point, ports, timeouts, the Slurm features). Every key has a documented
-//! default here; `odfs start --print-site-defaults` prints them. The same file's `[stage]` table
+//! default here; `odfs site-config --defaults` prints them. The same file's `[stage]` table
 //! belongs to staging (`odfs_stage::SiteStage`).
 
 use anyhow::{bail, Context, Result};
@@ -158,6 +158,10 @@ impl SiteOndemand {
             anyhow::ensure!(p.starts_with('/'), "[ondemand] data_paths: {p:?} is not an absolute path");
         }
         anyhow::ensure!(self.state_dir.starts_with('/'), "[ondemand] state_dir must be an absolute path");
+        anyhow::ensure!(
+            !self.state_dir.contains("%j") && !self.state_dir.contains("%u"),
+            "[ondemand] state_dir may use %n only (it holds every job of the node)"
+        );
         anyhow::ensure!(self.mount.starts_with('/'), "[ondemand] mount must be an absolute path");
         anyhow::ensure!(self.mount.contains("%j"), "[ondemand] mount must contain %j (jobs can share a node)");
         anyhow::ensure!(self.port_slots >= 1, "[ondemand] port_slots must be at least 1");
@@ -222,6 +226,16 @@ mod tests {
         let back: SiteConfig = toml::from_str(&text).unwrap();
         assert_eq!(back, SiteConfig::default());
         back.ondemand.validate().unwrap();
+    }
+
+    #[test]
+    fn the_shipped_example_parses_and_validates() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("site.toml");
+        std::fs::write(&p, include_str!("../../../../slurm/site.toml")).unwrap();
+        let (cfg, _) = SiteConfig::load(Some(&p)).unwrap();
+        assert_eq!(cfg.ondemand.data_paths.len(), 2);
+        assert_eq!(cfg.stage.credentials_file.as_deref(), Some(Path::new("/etc/odfs/s3.credentials")));
     }
 
     #[test]

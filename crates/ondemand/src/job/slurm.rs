@@ -45,21 +45,31 @@ pub fn batch_script(job: &str) -> Result<Option<String>> {
     if !ok {
         bail!("scontrol write batch_script {job}: {err}");
     }
-    // salloc/srun jobs: "Job script not specified" (on stdout or stderr, with status 0).
-    if out.trim().is_empty() || out.contains("Job script not specified") && !out.starts_with("#!") {
+    // sbatch insists on a first line "#!"; salloc/srun jobs print "Job script not specified".
+    if !out.starts_with("#!") {
         return Ok(None);
     }
     Ok(Some(out))
 }
 
+/// The job's state as squeue names it ("RUNNING", "COMPLETING", "PENDING", ...; "GONE" once
+/// Slurm has forgotten it) and its nodes (for a completing job: those still completing); None
+/// when Slurm cannot be asked.
+pub fn job_state(job: &str) -> Option<(String, Vec<String>)> {
+    let (ok, out, err) = run("squeue", &["-h", "-j", job, "-o", "%T %N"], Duration::from_secs(10)).ok()?;
+    if !ok {
+        return err.contains("Invalid job id").then(|| ("GONE".to_string(), Vec::new()));
+    }
+    let mut w = out.split_whitespace();
+    let state = w.next().unwrap_or("GONE").to_string();
+    let nodes = w.next().and_then(|l| super::hostlist::expand(l).ok()).unwrap_or_default();
+    Some((state, nodes))
+}
+
 /// Whether Slurm still runs the job: Some(false) once it is cancelled, completing, requeued or
 /// gone; None when Slurm cannot be asked.
 pub fn job_active(job: &str) -> Option<bool> {
-    let (ok, out, err) = run("squeue", &["-h", "-j", job, "-o", "%T"], Duration::from_secs(10)).ok()?;
-    if !ok {
-        return err.contains("Invalid job id").then_some(false);
-    }
-    Some(matches!(out.trim(), "RUNNING" | "CONFIGURING"))
+    job_state(job).map(|(s, _)| matches!(s.as_str(), "RUNNING" | "CONFIGURING"))
 }
 
 /// Jobs Slurm runs (or is completing) on `node`; None when Slurm cannot be asked.
@@ -68,14 +78,14 @@ pub fn jobs_on(node: &str) -> Option<Vec<String>> {
     ok.then(|| out.lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect())
 }
 
-/// Marker in a drain reason set for the batch host only to stop the batch script.
-pub const BATCH_HOST_MARK: &str = "[odfs: batch host]";
+/// Start of a drain reason set on the batch host only to keep the batch script from running.
+pub const BATCH_HOST_MARK: &str = "batch host:";
 
 /// Drains `node` with `reason` (Slurm drains a node whose prolog or epilog fails; this makes
 /// its reason odfs's one line instead of "Prolog error"). Best effort.
 pub fn drain(node: &str, reason: &str) {
     // Slurm keeps reasons short; one line is enough to act on.
-    let reason: String = reason.chars().filter(|c| *c != '\n').take(200).collect();
+    let reason: String = format!("odfs: {reason}").chars().filter(|c| *c != '\n').take(200).collect();
     let r = format!("reason={reason}");
     if let Err(e) =
         run("scontrol", &["update", &format!("nodename={node}"), "state=drain", &r], Duration::from_secs(10))
@@ -88,7 +98,7 @@ pub fn drain(node: &str, reason: &str) {
 pub fn resume_batch_host(node: &str) -> Result<bool> {
     let (ok, out, err) = run("scontrol", &["show", "node", node], Duration::from_secs(10))?;
     anyhow::ensure!(ok, "scontrol show node {node}: {err}");
-    if !out.contains(BATCH_HOST_MARK) {
+    if !out.contains(&format!("Reason=odfs: {BATCH_HOST_MARK}")) {
         return Ok(false);
     }
     let (ok, _, err) =
@@ -97,11 +107,11 @@ pub fn resume_batch_host(node: &str) -> Result<bool> {
     Ok(true)
 }
 
-/// Appends `line` to the job's output file, written as the job's user (a user cannot make
+/// Appends `odfs: LINE` to the job's output file, written as the job's user (a user cannot make
 /// root write to a file they could not write themselves).
 pub fn tell_user(spec: &JobSpec, line: &str) {
     let Some(path) = spec.stdout.clone() else { return };
-    let text = format!("{line}\n");
+    let text = format!("odfs: {line}\n");
     let r = odfs_stage::posix::as_user_blocking(&spec.user.ctx(), move || {
         use std::os::unix::fs::OpenOptionsExt;
         let mut f = std::fs::OpenOptions::new()

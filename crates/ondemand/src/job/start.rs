@@ -32,6 +32,7 @@ use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use tracing::debug;
 
 /// What a node-local command needs besides the job.
 #[derive(Debug, Clone)]
@@ -404,6 +405,7 @@ fn start_mount(
         polls += 1;
         if polls.is_multiple_of(5) {
             if let Some(reason) = board_objection(link, spec) {
+                debug!(node = spec.index, %reason, "start objected to");
                 return Err(AbortedBy(reason).into());
             }
         }
@@ -472,8 +474,8 @@ fn wait_all_started(link: &BoardLink, rec: &Record, spec: &JobSpec, deadline: In
     }
 }
 
-/// Other nodes: waits for node 0's verdict. Ok(None) = Ready; Ok(Some(reason)) = Abort.
-fn wait_verdict(link: &BoardLink, spec: &JobSpec, deadline: Instant) -> Result<Option<String>> {
+/// Other nodes: waits for node 0's verdict. Ok(Ok(outputs)) = Ready; Ok(Err(reason)) = Abort.
+fn wait_verdict(link: &BoardLink, spec: &JobSpec, deadline: Instant) -> Result<Result<bool, String>> {
     let mut reached = false;
     let mut lost_since: Option<Instant> = None;
     loop {
@@ -482,8 +484,8 @@ fn wait_verdict(link: &BoardLink, spec: &JobSpec, deadline: Instant) -> Result<O
                 reached = true;
                 lost_since = None;
                 match b.verdict {
-                    Some(Verdict::Ready) => return Ok(None),
-                    Some(Verdict::Abort { reason }) => return Ok(Some(reason)),
+                    Some(Verdict::Ready { outputs }) => return Ok(Ok(outputs)),
+                    Some(Verdict::Abort { reason }) => return Ok(Err(reason)),
                     _ => {}
                 }
             }
@@ -492,7 +494,7 @@ fn wait_verdict(link: &BoardLink, spec: &JobSpec, deadline: Instant) -> Result<O
             Err(_) if reached => {
                 let since = *lost_since.get_or_insert_with(Instant::now);
                 if since.elapsed() > Duration::from_secs(3) {
-                    return Ok(Some(format!("node 0 ({}) went away during the start", spec.nodes[0])));
+                    return Ok(Err(format!("node 0 ({}) went away during the start", spec.nodes[0])));
                 }
             }
             Err(_) => {}
@@ -522,6 +524,7 @@ fn wait_others_rolled_back(link: &BoardLink, spec: &JobSpec) {
 /// Runs stage transfers as the job's user; Err(reason) on the first that is not verified.
 pub(crate) fn run_stages(
     link: &BoardLink,
+    state: &StateDir,
     rec: &Record,
     ctx: &NodeContext,
     inward: bool,
@@ -555,7 +558,7 @@ pub(crate) fn run_stages(
                 let report = crate::stage::run_as(&client, &rec.spec.user.ctx(), &args, inward)
                     .await
                     .map_err(|e| format!("{kind} {} -> {}: {e:#}", t.src, t.dst))?;
-                eprintln!("odfs: {}", report.summary());
+                state.say(&job, &report.summary());
                 crate::stage::check(&report).map_err(|e| format!("{kind} {} -> {}: {e:#}", t.src, t.dst))?;
             }
             Ok::<(), String>(())
@@ -584,13 +587,13 @@ pub(crate) fn run_stages(
     })
 }
 
-/// One line for the user and the admin: "odfs: job 12 on n3 (node 2 of 4): ...".
+/// One line for the user and the admin: "job 12: could not start: n3 (node 2 of 4): ...".
 fn line(spec: &JobSpec, msg: &str) -> String {
-    format!("odfs: job {}: {msg}", spec.job_id)
+    format!("job {}: {msg}", spec.job_id)
 }
 
 /// `odfs start` on this node.
-pub fn start(spec: &JobSpec, ctx: &NodeContext) -> Result<StartOutcome> {
+pub(crate) fn start_node(spec: &JobSpec, ctx: &NodeContext) -> Result<StartOutcome> {
     let site = &ctx.site;
     let o = &site.ondemand;
     if spec.slurm && !o.wanted(&spec.features) {
@@ -606,7 +609,7 @@ pub fn start(spec: &JobSpec, ctx: &NodeContext) -> Result<StartOutcome> {
     let state = StateDir::new(&o.state_dir, spec.node_name());
     state.create()?;
     for l in super::cleanup::stale(&state, spec.node_name(), Some(&spec.job_id)) {
-        eprintln!("odfs: {l}");
+        state.say(&spec.job_id, &format!("cleanup: {l}"));
     }
     let _lock = state.lock(&spec.job_id, Duration::from_secs(10))?;
     if let Some(mut prev) = state.load(&spec.job_id)? {
@@ -619,7 +622,7 @@ pub fn start(spec: &JobSpec, ctx: &NodeContext) -> Result<StartOutcome> {
                 spec.job_id
             );
         }
-        eprintln!("odfs: removing what an earlier start of job {} left on this node", spec.job_id);
+        state.say(&spec.job_id, "removing what an earlier start left on this node");
         prev.teardown(true)?;
         state.forget(&spec.job_id)?;
     }
@@ -640,6 +643,7 @@ pub fn start(spec: &JobSpec, ctx: &NodeContext) -> Result<StartOutcome> {
         ram_mount: None,
         data_dirs: Vec::new(),
         since: now_unix(),
+        outputs: false,
     };
     std::fs::create_dir_all(&plan.job_dir)?;
     std::fs::set_permissions(&plan.job_dir, std::fs::Permissions::from_mode(0o700))?;
@@ -648,10 +652,12 @@ pub fn start(spec: &JobSpec, ctx: &NodeContext) -> Result<StartOutcome> {
     let fail = |rec: &mut Record, reason: String, own: bool| -> Result<StartOutcome> {
         if spec.is_node0() {
             let _ = link.set_verdict(Verdict::Abort { reason: reason.clone() });
+            debug!("abort posted");
             wait_others_rolled_back(&link, spec);
+            debug!("others rolled back");
         }
         for l in rec.teardown(true)? {
-            eprintln!("odfs: rollback: {l}");
+            state.say(&spec.job_id, &format!("rollback: {l}"));
         }
         let msg = line(spec, &format!("could not start: {reason}"));
         if spec.is_node0() {
@@ -683,6 +689,7 @@ pub fn start(spec: &JobSpec, ctx: &NodeContext) -> Result<StartOutcome> {
             .and_then(|()| check_alive(&rec))
             .map_err(|e| (e, true)),
     };
+    debug!(node = spec.index, ok = up.is_ok(), "services and mount");
     if let Err((e, own)) = up {
         if let Some(AbortedBy(reason)) = e.downcast_ref::<AbortedBy>() {
             if spec.is_node0() {
@@ -691,25 +698,29 @@ pub fn start(spec: &JobSpec, ctx: &NodeContext) -> Result<StartOutcome> {
             let _ = link.report(NodePhase::Aborted);
             rec.teardown(true)?;
             state.forget(&spec.job_id)?;
+            state.say(&spec.job_id, &format!("rolled back: {reason}"));
             return Ok(StartOutcome::Aborted { reason: reason.clone() });
         }
         let reason = if own { format!("{}: {e:#}", spec.where_()) } else { format!("{e:#}") }.replace('\n', " | ");
-        let _ = link.report_within(NodePhase::StartFailed { reason: reason.clone() }, Duration::from_secs(3));
+        let r = link.report_within(NodePhase::StartFailed { reason: reason.clone() }, Duration::from_secs(3));
+        debug!(node = spec.index, reported = r.is_ok(), "start failed");
         return fail(&mut rec, reason, own);
     }
     let _ = link.report_within(NodePhase::Started, deadline.saturating_duration_since(Instant::now()));
 
     if !spec.is_node0() {
         return match wait_verdict(&link, spec, deadline) {
-            Ok(None) => {
+            Ok(Ok(outputs)) => {
                 rec.phase = Phase::Running;
+                rec.outputs = outputs;
                 state.save(&rec)?;
                 Ok(StartOutcome::Ready { secs: t0.elapsed().as_secs_f64(), stage_secs: 0.0, mount: plan.mount })
             }
-            Ok(Some(reason)) => {
+            Ok(Err(reason)) => {
                 let _ = link.report(NodePhase::Aborted);
                 rec.teardown(true)?;
                 state.forget(&spec.job_id)?;
+                state.say(&spec.job_id, &format!("rolled back: {reason}"));
                 Ok(StartOutcome::Aborted { reason })
             }
             Err(e) => fail(&mut rec, format!("{}: {e:#}", spec.where_()), true),
@@ -720,19 +731,18 @@ pub fn start(spec: &JobSpec, ctx: &NodeContext) -> Result<StartOutcome> {
         let own = reason.starts_with(&spec.where_());
         return fail(&mut rec, reason, own);
     }
-    link.set_verdict(Verdict::Ready).context("cannot post the verdict to mgmtd")?;
+    rec.outputs = !rec.directives.stage_out.is_empty();
+    link.set_verdict(Verdict::Ready { outputs: rec.outputs }).context("cannot post the verdict to mgmtd")?;
     let ready = t0.elapsed().as_secs_f64();
-    eprintln!(
-        "odfs: job {}: filesystem ready on {} nodes in {ready:.2} s, mounted at {}",
-        spec.job_id,
-        spec.nodes.len(),
-        plan.mount.display()
+    state.say(
+        &spec.job_id,
+        &format!("filesystem ready on {} nodes in {ready:.2} s, mounted at {}", spec.nodes.len(), plan.mount.display()),
     );
 
     rec.phase = Phase::Staging;
     state.save(&rec)?;
     let t1 = Instant::now();
-    match run_stages(&link, &rec, ctx, true, spec.slurm) {
+    match run_stages(&link, &state, &rec, ctx, true, spec.slurm) {
         Ok(true) => {
             rec.phase = Phase::Running;
             state.save(&rec)?;
@@ -741,6 +751,7 @@ pub fn start(spec: &JobSpec, ctx: &NodeContext) -> Result<StartOutcome> {
         Ok(false) => {
             rec.phase = Phase::Cancelled;
             state.save(&rec)?;
+            state.say(&spec.job_id, "cancelled during the stage-in; the epilog tears the filesystem down");
             Ok(StartOutcome::Cancelled)
         }
         Err(reason) => {

@@ -36,11 +36,11 @@ pub enum StopOutcome {
 }
 
 fn line(job: &str, msg: &str) -> String {
-    format!("odfs: job {job}: {msg}")
+    format!("job {job}: {msg}")
 }
 
 /// `odfs stop` on this node.
-pub fn stop(spec: &JobSpec, ctx: &NodeContext) -> Result<StopOutcome> {
+pub(crate) fn stop_node(spec: &JobSpec, ctx: &NodeContext) -> Result<StopOutcome> {
     let o = &ctx.site.ondemand;
     let state = StateDir::new(&o.state_dir, spec.node_name());
     if !state.job_dir(&spec.job_id).exists() {
@@ -59,9 +59,9 @@ pub fn stop(spec: &JobSpec, ctx: &NodeContext) -> Result<StopOutcome> {
             // service if it was drained only to keep the batch script from running.
             if !own && spec.slurm && o.slurm_drain_reason {
                 match slurm::resume_batch_host(spec.node_name()) {
-                    Ok(true) => eprintln!("odfs: {} returned to service", spec.node_name()),
+                    Ok(true) => state.say(&spec.job_id, &format!("{} returned to service", spec.node_name())),
                     Ok(false) => {}
-                    Err(e) => eprintln!("odfs: cannot return {} to service: {e:#}", spec.node_name()),
+                    Err(e) => state.say(&spec.job_id, &format!("cannot return {} to service: {e:#}", spec.node_name())),
                 }
             }
             rec.teardown(true)?;
@@ -77,11 +77,12 @@ pub fn stop(spec: &JobSpec, ctx: &NodeContext) -> Result<StopOutcome> {
         _ => {}
     }
     for l in rec.unmount()? {
-        eprintln!("odfs: {l}");
+        state.say(&spec.job_id, &l);
     }
     state.save(&rec)?;
     let link = link_for(&rec, ctx)?;
-    let _ = link.report_within(NodePhase::Unmounted, Duration::from_secs(5));
+    // One attempt: node 0 also learns of a node that stays silent (its services go offline).
+    let _ = link.report(NodePhase::Unmounted);
     finish(&mut rec, &state, &link, ctx, t0)
 }
 
@@ -121,14 +122,14 @@ fn finish(rec: &mut Record, state: &StateDir, link: &BoardLink, ctx: &NodeContex
     let spec = rec.spec.clone();
     let grace = Duration::from_secs(o.stop_grace_secs);
     let mut stage_secs = 0.0;
+    // Whether node 0's mgmtd still answers (no point saying goodbye to it otherwise).
+    let mut heard = true;
     let verdict = if spec.is_node0() {
         let missing = wait_nodes(link, &spec, &[NodePhase::Unmounted, NodePhase::Started, NodePhase::Stopped], grace);
         if !missing.is_empty() {
-            eprintln!(
-                "odfs: job {}: going on without {} (no report within {} s)",
-                spec.job_id,
-                missing.join(", "),
-                grace.as_secs()
+            state.say(
+                &spec.job_id,
+                &format!("going on without {} (no report within {} s)", missing.join(", "), grace.as_secs()),
             );
         }
         // Outputs exist only if the job ran; a job stopped before (or during) its stage-in has
@@ -136,7 +137,7 @@ fn finish(rec: &mut Record, state: &StateDir, link: &BoardLink, ctx: &NodeContex
         let ran = matches!(rec.phase, Phase::Running | Phase::Retained { .. });
         let t1 = Instant::now();
         let v = if ran {
-            match run_stages(link, rec, ctx, false, false) {
+            match run_stages(link, state, rec, ctx, false, false) {
                 Ok(_) => Verdict::Wipe,
                 Err(reason) => Verdict::Retain { reason },
             }
@@ -147,33 +148,42 @@ fn finish(rec: &mut Record, state: &StateDir, link: &BoardLink, ctx: &NodeContex
         link.set_verdict(v.clone()).context("cannot post the verdict to mgmtd")?;
         v
     } else {
-        wait_stop_verdict(link, &spec, Duration::from_secs(o.stage_timeout_secs) + grace)
+        match wait_stop_verdict(link, &spec, Duration::from_secs(o.stage_timeout_secs) + grace) {
+            Ok(v) => v,
+            // Only node 0 can say the outputs are safe; a job that stages nothing out has
+            // nothing on this node anyone could need.
+            Err(why) if rec.outputs => {
+                heard = false;
+                Verdict::Retain { reason: why }
+            }
+            Err(why) => {
+                heard = false;
+                state.say(&spec.job_id, &format!("{why}; the job stages nothing out, so this node's part is wiped"));
+                Verdict::Wipe
+            }
+        }
     };
     if spec.is_node0() {
         let missing = wait_nodes(link, &spec, &[NodePhase::Stopped], grace);
         if !missing.is_empty() {
-            eprintln!(
-                "odfs: job {}: {} did not report stopping within {} s",
-                spec.job_id,
-                missing.join(", "),
-                grace.as_secs()
+            state.say(
+                &spec.job_id,
+                &format!("{} did not report stopping within {} s", missing.join(", "), grace.as_secs()),
             );
         }
     }
     match verdict {
         Verdict::Wipe => {
             for l in rec.teardown(true)? {
-                eprintln!("odfs: {l}");
+                state.say(&spec.job_id, &l);
             }
             state.forget(&spec.job_id)?;
-            if !spec.is_node0() {
+            if !spec.is_node0() && heard {
                 let _ = link.report(NodePhase::Stopped);
             }
-            eprintln!(
-                "odfs: job {}: stopped and wiped on {} in {:.2} s",
-                spec.job_id,
-                spec.where_(),
-                t0.elapsed().as_secs_f64()
+            state.say(
+                &spec.job_id,
+                &format!("stopped and wiped on {} in {:.2} s", spec.where_(), t0.elapsed().as_secs_f64()),
             );
             Ok(StopOutcome::Wiped { secs: t0.elapsed().as_secs_f64(), stage_secs })
         }
@@ -181,7 +191,7 @@ fn finish(rec: &mut Record, state: &StateDir, link: &BoardLink, ctx: &NodeContex
             rec.teardown(false)?;
             rec.phase = Phase::Retained { reason: reason.clone() };
             state.save(rec)?;
-            if !spec.is_node0() {
+            if !spec.is_node0() && heard {
                 let _ = link.report(NodePhase::Stopped);
             }
             let kept: Vec<String> = rec.data_dirs.iter().map(|d| d.display().to_string()).collect();
@@ -205,13 +215,14 @@ fn finish(rec: &mut Record, state: &StateDir, link: &BoardLink, ctx: &NodeContex
             }
             bail!(msg)
         }
-        Verdict::Ready => unreachable!("wait_stop_verdict returns Wipe, Retain or Abort"),
+        Verdict::Ready { .. } => bail!("node 0 posted no stop verdict"),
     }
 }
 
-/// Other nodes: waits for node 0's stop verdict. No word (node 0 gone, or too slow) keeps the
-/// data: only node 0 can say the outputs are safe.
-fn wait_stop_verdict(link: &BoardLink, spec: &JobSpec, limit: Duration) -> Verdict {
+/// Other nodes: waits for node 0's stop verdict (`Wipe` or `Retain`). Err(why) when there is
+/// none to be had: node 0's mgmtd is gone and Slurm says the job is no longer completing (node
+/// 0's epilog is over, or this node came back after the job left it), or it stays silent.
+fn wait_stop_verdict(link: &BoardLink, spec: &JobSpec, limit: Duration) -> Result<Verdict, String> {
     let t = Instant::now();
     let mut lost_since: Option<Instant> = None;
     loop {
@@ -219,22 +230,31 @@ fn wait_stop_verdict(link: &BoardLink, spec: &JobSpec, limit: Duration) -> Verdi
             Ok(b) => {
                 lost_since = None;
                 if let Some(v @ (Verdict::Wipe | Verdict::Retain { .. })) = b.verdict {
-                    return v;
+                    return Ok(v);
                 }
             }
             Err(_) => {
                 let since = *lost_since.get_or_insert_with(Instant::now);
-                if since.elapsed() > Duration::from_secs(30) {
-                    return Verdict::Retain {
-                        reason: format!("node 0 ({}) did not answer for 30 s during the stop", spec.nodes[0]),
-                    };
+                let lost = since.elapsed();
+                if lost > Duration::from_secs(3) && spec.slurm {
+                    // Node 0's epilog is over when Slurm no longer counts node 0 among the job's
+                    // completing nodes (this node's own epilog keeps the job completing).
+                    if let Some((st, nodes)) = slurm::job_state(&spec.job_id) {
+                        if st != "COMPLETING" || !nodes.contains(&spec.nodes[0]) {
+                            return Err(format!(
+                                "no verdict from node 0 ({}): its mgmtd is gone and Slurm has the job {st} on {:?}",
+                                spec.nodes[0], nodes
+                            ));
+                        }
+                    }
+                }
+                if lost > Duration::from_secs(30) {
+                    return Err(format!("node 0 ({}) did not answer for 30 s during the stop", spec.nodes[0]));
                 }
             }
         }
         if t.elapsed() > limit {
-            return Verdict::Retain {
-                reason: format!("no verdict from node 0 ({}) within {} s", spec.nodes[0], limit.as_secs()),
-            };
+            return Err(format!("no verdict from node 0 ({}) within {} s", spec.nodes[0], limit.as_secs()));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -242,7 +262,7 @@ fn wait_stop_verdict(link: &BoardLink, spec: &JobSpec, limit: Duration) -> Verdi
 
 /// `odfs recover --job ID` on this node: restarts the services of a retained job from its kept
 /// targets and finishes its stop (stage-out, verify, wipe).
-pub fn recover(job_id: &str, node: &str, ctx: &NodeContext) -> Result<StopOutcome> {
+pub(crate) fn recover_node(job_id: &str, node: &str, ctx: &NodeContext) -> Result<StopOutcome> {
     let o = &ctx.site.ondemand;
     let state = StateDir::new(&o.state_dir, node);
     let t0 = Instant::now();
@@ -253,7 +273,7 @@ pub fn recover(job_id: &str, node: &str, ctx: &NodeContext) -> Result<StopOutcom
     let Phase::Retained { reason } = rec.phase.clone() else {
         bail!("job {job_id} has no kept data on this node (its record says {:?})", rec.phase);
     };
-    eprintln!("odfs: job {job_id}: recovering (kept because: {reason})");
+    state.say(job_id, &format!("recovering (kept because: {reason})"));
     rec.procs.retain(|p| p.service != "fuse");
     for p in rec.procs.iter_mut() {
         let bin = procs::binary(&format!("odfs-{}", p.service))?;

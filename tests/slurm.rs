@@ -1,0 +1,396 @@
+//! odfs under a real Slurm: slurmctld and four slurmd, each node in its own network and mount
+//! namespace, running the project's prolog, epilog and TaskProlog (kit/slurm.rs). Jobs are
+//! submitted with sbatch by ordinary users the tests create; S3 is s3s-fs on the cluster's
+//! bridge.
+//!
+//! Needs root, /dev/fuse, munge, Slurm, iproute2 and s3s-fs (scripts/test installs them).
+
+use odfs_tests::slurm::{Cluster, ClusterOptions, BUCKET};
+use odfs_tests::*;
+use std::fs;
+use std::path::Path;
+use std::time::Duration;
+
+const LONG: Duration = Duration::from_secs(180);
+
+/// Objects under `s3://odfs/PREFIX/`: written as s3s-fs's files. Returns (relative key, sha256).
+fn dataset(c: &Cluster, prefix: &str, sizes: &[usize]) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (i, &n) in sizes.iter().enumerate() {
+        let rel = if i % 3 == 0 { format!("sub/f{i:03}") } else { format!("f{i:03}") };
+        let p = c.s3.object_path(BUCKET, &format!("{prefix}/{rel}"));
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        let data = pattern(n, i as u64 + 7);
+        fs::write(&p, &data).unwrap();
+        out.push((rel, sha256(&data)));
+    }
+    out.sort();
+    out
+}
+
+/// `sha256sum` output ("HASH  ./rel" lines) as sorted (rel, hash) pairs, without the stage-in
+/// manifest odfs writes beside the data.
+fn parse_sums(text: &str) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = text
+        .lines()
+        .filter_map(|l| l.split_once("  ./"))
+        .filter(|(_, rel)| *rel != ".odfs-stage-in.json")
+        .map(|(h, rel)| (rel.to_string(), h.to_string()))
+        .collect();
+    v.sort();
+    v
+}
+
+fn assert_all_clean(c: &Cluster) {
+    for k in 0..c.nodes.len() {
+        c.assert_clean(k);
+    }
+}
+
+#[test]
+fn a_four_node_job_gets_its_dataset_everywhere_and_its_outputs_back_in_s3() {
+    let c = Cluster::new(ClusterOptions::default());
+    let user = TestUser::create("sj");
+    let mut sizes: Vec<usize> = (0..40).map(|i| 1000 + i * 7919).collect();
+    sizes.push((80 << 20) + 12345); // split over every node's agent
+    let files = dataset(&c, "ds", &sizes);
+    let out = c.dir.path().join("out");
+    let script = format!(
+        "#!/bin/sh\n#SBATCH -N 4\n#SBATCH -C odfs\n\
+         #ODFS stage-in s3://{BUCKET}/ds /data\n#ODFS stage-out /results s3://{BUCKET}/run-%j\n#ODFS stripe-count -1\n\
+         set -e\necho \"mount=$ODFS_MOUNT job=$ODFS_JOB\"\nstat -c 'owner=%U mode=%a' \"$ODFS_MOUNT\"\n\
+         mkdir \"$ODFS_MOUNT/results\"\n\
+         srun -N 4 --ntasks-per-node=1 sh -c 'set -e; cd \"$ODFS_MOUNT/data\"; \
+           find . -type f | sort | xargs sha256sum > {out}/sums.$SLURMD_NODENAME; \
+           head -c $((3*1048576+SLURM_NODEID)) /dev/urandom > {out}/expected.$SLURMD_NODENAME; \
+           cp {out}/expected.$SLURMD_NODENAME \"$ODFS_MOUNT/results/$SLURMD_NODENAME.bin\"'\n",
+        out = out.display()
+    );
+    let job = c.sbatch(&user.name, "train", &script, &[]);
+    let info = c.wait_ended(&job, LONG);
+    let log = c.output(&job);
+    assert_eq!((info.state.as_str(), info.exit_code.as_str()), ("COMPLETED", "0:0"), "{log}\n{}", c.logs());
+
+    // The job saw its filesystem, owned by its user, at the per-job mount point.
+    let mnt = c.dir.path().join("n1/mnt").join(&job);
+    assert!(log.contains(&format!("mount={} job={job}", mnt.display())), "{log}");
+    assert!(log.contains(&format!("owner={} mode=700", user.name)), "{log}");
+    // Every node saw the same, complete dataset.
+    for n in &c.nodes {
+        let got = fs::read_to_string(out.join(format!("sums.{n}"))).unwrap_or_else(|e| panic!("{n}: {e}\n{log}"));
+        assert_eq!(parse_sums(&got), files, "{n} sees a different dataset");
+    }
+    // Every node's output is in S3, byte for byte, with the manifest and the marker written last.
+    for n in &c.nodes {
+        let want = fs::read(out.join(format!("expected.{n}"))).unwrap();
+        let got = fs::read(c.s3.object_path(BUCKET, &format!("run-{job}/{n}.bin"))).unwrap_or_default();
+        assert_bytes(&got, &want, &format!("s3://{BUCKET}/run-{job}/{n}.bin"));
+    }
+    let marker = c.s3.object_path(BUCKET, &format!("run-{job}/.odfs-stage-out.complete"));
+    assert!(marker.exists(), "no completion marker\n{}", c.logs());
+    // Afterwards nothing is left on any node: no process, no mount, no data, no record.
+    assert_all_clean(&c);
+    for n in &c.nodes {
+        assert_eq!(c.node_state(n).0, "IDLE", "{n} must be back in service");
+    }
+}
+
+#[test]
+fn a_job_without_the_feature_starts_nothing() {
+    let c = Cluster::new(ClusterOptions { nodes: 2, ..Default::default() });
+    let user = TestUser::create("sn");
+    let script = "#!/bin/sh\n#ODFS stage-in s3://nowhere/x /data\necho \"mount=[$ODFS_MOUNT]\"\nsrun -N 2 true\n";
+    let job = c.sbatch(&user.name, "plain", script, &["-N", "2"]);
+    let info = c.wait_ended(&job, LONG);
+    assert_eq!(info.state, "COMPLETED", "{}", c.output(&job));
+    assert!(c.output(&job).contains("mount=[]"), "no odfs variables for a plain job: {}", c.output(&job));
+    for k in 0..2 {
+        // The prolog returned before odfs ran: no state directory, no event log at all.
+        assert!(!c.dir.path().join(&c.nodes[k]).join("state").exists(), "odfs ran on {}", c.nodes[k]);
+        c.assert_clean(k);
+    }
+}
+
+/// A batch script that marks itself running, then waits (bounded) for the test's go-ahead.
+fn waiting_script(c: &Cluster, directives: &str, body: &str) -> String {
+    let d = c.dir.path().display();
+    format!(
+        "#!/bin/sh\n{directives}set -e\n{body}\ntouch {d}/out/ready.$SLURM_JOB_ID\n\
+         i=0; while [ ! -e {d}/jobs/go.$SLURM_JOB_ID ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i+1)); done\n"
+    )
+}
+
+fn wait_ready(c: &Cluster, job: &str) {
+    let f = c.dir.path().join("out").join(format!("ready.{job}"));
+    c.wait_for(&format!("job {job} running"), LONG, || (f.exists(), c.job(job)));
+}
+
+fn go(c: &Cluster, job: &str) {
+    fs::write(c.dir.path().join("jobs").join(format!("go.{job}")), b"").unwrap();
+}
+
+/// Value of `key = ...` in a TOML file, as written.
+fn toml_line<'a>(text: &'a str, key: &str) -> &'a str {
+    text.lines().find(|l| l.starts_with(&format!("{key} ="))).unwrap_or_else(|| panic!("no {key} in {text}"))
+}
+
+#[test]
+fn two_jobs_sharing_nodes_each_see_only_their_own_filesystem() {
+    let c = Cluster::new(ClusterOptions { nodes: 2, ..Default::default() });
+    let (ua, ub) = (TestUser::create("sa"), TestUser::create("sb"));
+    let args = ["-N", "2", "-w", "n1,n2", "--ntasks-per-node=1", "-c", "1", "-C", "odfs"];
+    let body = |tag: &str| format!("echo {tag} > \"$ODFS_MOUNT/secret\"");
+    let ja = c.sbatch(&ua.name, "a", &waiting_script(&c, "", &body("alpha")), &args);
+    let jb = c.sbatch(&ub.name, "b", &waiting_script(&c, "", &body("bravo")), &args);
+    wait_ready(&c, &ja);
+    wait_ready(&c, &jb);
+    let mnt = |k: usize, job: &str| c.dir.path().join(&c.nodes[k]).join("mnt").join(job).display().to_string();
+    for k in 0..2 {
+        assert_eq!(
+            c.odfs_mounts(k).iter().filter(|l| l.contains("fuse.odfs")).count(),
+            2,
+            "{}: two mounts",
+            c.nodes[k]
+        );
+        for (job, user, tag) in [(&ja, &ua, "alpha"), (&jb, &ub, "bravo")] {
+            let m = mnt(k, job);
+            assert_eq!(c.node_ok(k, &format!("stat -c '%u %a' {m}")).trim(), format!("{} 700", user.uid));
+            // Each job sees its own files only, on every node.
+            assert_eq!(c.node_ok(k, &format!("runuser -u {} -- ls -A {m}", user.name)).trim(), "secret");
+            assert_eq!(c.node_ok(k, &format!("runuser -u {} -- cat {m}/secret", user.name)).trim(), tag);
+        }
+        // The other job's user is refused at the mount.
+        for (job, other) in [(&ja, &ub), (&jb, &ua)] {
+            let out = c.node_sh(k, &format!("runuser -u {} -- ls {}", other.name, mnt(k, job)));
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                !out.status.success() && err.contains("Permission denied"),
+                "{} entered job {job}'s mount: {err}",
+                other.name
+            );
+        }
+    }
+    // A client holding job b's credential is refused by job a's daemons, and so is a client with
+    // job a's id derived from another site key; job a's own client is served.
+    let state = |job: &str| c.dir.path().join("n1/state").join(job).join("odfs.toml");
+    let (ta, tb) = (fs::read_to_string(state(&ja)).unwrap(), fs::read_to_string(state(&jb)).unwrap());
+    let tmp = c.dir.path().join("jobs");
+    let b_at_a = tmp.join("b-at-a.toml");
+    fs::write(
+        &b_at_a,
+        tb.replace(toml_line(&tb, "mgmtd"), toml_line(&ta, "mgmtd"))
+            .replace(toml_line(&tb, "retry_secs"), "retry_secs = 2"),
+    )
+    .unwrap();
+    let other_key = tmp.join("other.key");
+    odfs_rpc::SiteKey::generate().write_new(&other_key).unwrap();
+    let forged = tmp.join("forged.toml");
+    fs::write(
+        &forged,
+        ta.replace(toml_line(&ta, "site_key"), &format!("site_key = \"{}\"", other_key.display()))
+            .replace(toml_line(&ta, "retry_secs"), "retry_secs = 2"),
+    )
+    .unwrap();
+    let odfs = bin_dir().join("odfs");
+    let status = |cfg: &Path| c.node_sh(0, &format!("{} status --fs {}", odfs.display(), cfg.display()));
+    let own = status(&state(&ja));
+    assert!(own.status.success(), "job a's own client: {}", String::from_utf8_lossy(&own.stderr));
+    for cfg in [&b_at_a, &forged] {
+        let out = status(cfg);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("mgmtd"), "{} must be refused: {err}", cfg.display());
+    }
+    go(&c, &ja);
+    go(&c, &jb);
+    for j in [&ja, &jb] {
+        assert_eq!(c.wait_ended(j, LONG).state, "COMPLETED", "{}", c.output(j));
+    }
+    assert_all_clean(&c);
+}
+
+#[test]
+fn a_prolog_failure_on_one_node_rolls_every_node_back() {
+    let c = Cluster::new(ClusterOptions::default());
+    let user = TestUser::create("sf");
+    // n3's NVMe turns read-only.
+    let nvme = c.nvme(2).display().to_string();
+    c.node_ok(2, &format!("mount --bind {nvme} {nvme} && mount -o remount,bind,ro {nvme}"));
+    let job = c.sbatch(&user.name, "f", "#!/bin/sh\n#SBATCH -N 4\n#SBATCH -C odfs\necho ran\n", &[]);
+    let info = c.wait_for("the job requeued and held", LONG, || {
+        let j = c.job(&job);
+        (j.state == "PENDING" && j.reason.contains("held") && j.restarts >= 1, j)
+    });
+    // The broken node is drained, with odfs's one-line cause as the reason.
+    let (state, reason) = c.wait_for("n3 drained", LONG, || {
+        let s = c.node_state("n3");
+        (s.0.contains("DRAIN") && !s.0.contains("COMPLETING"), s)
+    });
+    assert!(reason.contains("n3") && reason.contains("not writable"), "n3 reason: {reason} ({state}, {info:?})");
+    // The others are back in service (the batch host's prolog had to fail too; its epilog
+    // returns it), and every node rolled back.
+    c.wait_nodes_idle(&["n1".into(), "n2".into(), "n4".into()], LONG);
+    let out = c.output(&job);
+    assert!(out.contains("could not start: n3") && out.contains("not writable") && !out.contains("ran"), "{out}");
+    c.node_ok(2, &format!("umount {nvme}"));
+    assert_all_clean(&c);
+}
+
+#[test]
+fn an_invalid_directive_fails_the_start_naming_its_line() {
+    let c = Cluster::new(ClusterOptions { nodes: 2, ..Default::default() });
+    let user = TestUser::create("sd");
+    let script =
+        "#!/bin/sh\n#SBATCH -N 2 -C odfs\n#ODFS stage-in s3://odfs/ds /data\n#ODFS stripe-count four\necho ran\n";
+    let job = c.sbatch(&user.name, "d", script, &[]);
+    c.wait_for("the job requeued and held", LONG, || {
+        let j = c.job(&job);
+        (j.state == "PENDING" && j.reason.contains("held"), j)
+    });
+    let out = c.wait_for("the message in the job's output", LONG, || {
+        let o = c.output(&job);
+        (o.contains("line 4"), o)
+    });
+    assert!(out.contains("`#ODFS stripe-count four`") && out.contains("is not a number"), "{out}");
+    // The job's mistake drains no node for long: both are back in service, nothing is left.
+    c.wait_nodes_idle(&c.nodes.clone(), LONG);
+    assert_all_clean(&c);
+}
+
+/// Runs `odfs recover --job JOB` on every node at once (as an admin would with pdsh).
+fn recover_everywhere(c: &Cluster, job: &str) -> Vec<std::process::Output> {
+    let odfs = bin_dir().join("odfs");
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..c.nodes.len())
+            .map(|k| {
+                let cmd = format!("{} recover --job {job} --node {}", odfs.display(), c.nodes[k]);
+                s.spawn(move || c.node_sh(k, &cmd))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn a_failed_stage_out_keeps_the_data_until_odfs_recover_finishes_it() {
+    let mut c = Cluster::new(ClusterOptions::default());
+    let user = TestUser::create("so");
+    let out = c.dir.path().join("out");
+    let body = format!(
+        "mkdir \"$ODFS_MOUNT/results\"\nsrun -N 4 --ntasks-per-node=1 sh -c 'head -c $((2*1048576+SLURM_NODEID)) /dev/urandom | \
+         tee {o}/expected.$SLURMD_NODENAME > \"$ODFS_MOUNT/results/$SLURMD_NODENAME.bin\"'",
+        o = out.display()
+    );
+    let directives = format!("#SBATCH -N 4 -C odfs\n#ODFS stage-out /results s3://{BUCKET}/run-%j\n");
+    let job = c.sbatch(&user.name, "so", &waiting_script(&c, &directives, &body), &[]);
+    wait_ready(&c, &job);
+    // S3 goes away before the job ends.
+    c.s3.kill();
+    go(&c, &job);
+    let info = c.wait_ended(&job, LONG);
+    assert_eq!(info.state, "COMPLETED", "the job itself succeeded: {}", c.output(&job));
+    for (k, n) in c.nodes.clone().iter().enumerate() {
+        let (state, reason) = c.wait_for(&format!("{n} drained after its epilog"), LONG, || {
+            let s = c.node_state(n);
+            (s.0.contains("DRAIN") && !s.0.contains("COMPLETING"), s)
+        });
+        assert!(reason.contains("not verified"), "{n}: {state} {reason}");
+        // Kept: the data and the record; gone: processes and mounts.
+        assert!(!c.data_entries(k).is_empty(), "{n}: data must be kept\n{}", c.logs());
+        assert_eq!(c.state_entries(k), std::slice::from_ref(&job), "{n}: its record says the data is kept");
+        assert!(c.odfs_processes(k).is_empty(), "{n}: {:?}", c.odfs_processes(k));
+        assert!(c.odfs_mounts(k).is_empty(), "{n}: {:?}", c.odfs_mounts(k));
+    }
+    let msg = c.output(&job);
+    assert!(msg.contains("outputs not verified") && msg.contains(&format!("odfs recover --job {job}")), "{msg}");
+    assert!(!c.s3.object_path(BUCKET, &format!("run-{job}/.odfs-stage-out.complete")).exists());
+
+    // S3 is back: odfs recover on every node restarts the filesystem from the kept data,
+    // finishes the stage-out, verifies it, then wipes.
+    c.s3.start();
+    for (k, o) in recover_everywhere(&c, &job).iter().enumerate() {
+        assert!(
+            o.status.success(),
+            "{}: odfs recover: {}\n{}",
+            c.nodes[k],
+            String::from_utf8_lossy(&o.stderr),
+            c.logs()
+        );
+    }
+    for n in &c.nodes {
+        let want = fs::read(out.join(format!("expected.{n}"))).unwrap();
+        let got = fs::read(c.s3.object_path(BUCKET, &format!("run-{job}/{n}.bin"))).unwrap_or_default();
+        assert_bytes(&got, &want, &format!("run-{job}/{n}.bin after recovery"));
+    }
+    assert!(c.s3.object_path(BUCKET, &format!("run-{job}/.odfs-stage-out.complete")).exists());
+    assert!(c.output(&job).contains("recovered"), "{}", c.output(&job));
+    assert_all_clean(&c);
+}
+
+#[test]
+fn scancel_during_the_stage_in_tears_everything_down() {
+    let c = Cluster::new(ClusterOptions::default());
+    let user = TestUser::create("sc");
+    dataset(&c, "big", &[8 << 20; 8]);
+    // 64 MiB at 2 MiB/s: the stage-in is still running when the job is cancelled.
+    let script = format!(
+        "#!/bin/sh\n#SBATCH -N 4 -C odfs\n#ODFS stage-in s3://{BUCKET}/big /data\n#ODFS max-bandwidth 2M\necho ran\n"
+    );
+    let job = c.sbatch(&user.name, "c", &script, &[]);
+    c.wait_for("the stage-in to begin", LONG, || (c.event_log(0).contains("filesystem ready"), c.job(&job)));
+    c.slurm_ok("scancel", &[&job]);
+    let info = c.wait_ended(&job, LONG);
+    assert_eq!(info.state, "CANCELLED");
+    c.wait_nodes_idle(&c.nodes.clone(), LONG);
+    assert!(c.event_log(0).contains("cancelled during the stage-in"), "{}", c.logs());
+    assert!(!c.output(&job).contains("ran"));
+    assert_all_clean(&c);
+}
+
+#[test]
+fn a_node_killed_mid_job_is_cleaned_by_its_next_prolog() {
+    let mut c = Cluster::new(ClusterOptions::default());
+    let user = TestUser::create("sk");
+    let job =
+        c.sbatch(&user.name, "k", &waiting_script(&c, "#SBATCH -N 4 -C odfs\n", "echo up > \"$ODFS_MOUNT/f\""), &[]);
+    wait_ready(&c, &job);
+    c.kill_node(2);
+    // Slurm notices, requeues the job; the surviving nodes' epilogs tear their part down.
+    c.wait_for("the job requeued", LONG, || {
+        let j = c.job(&job);
+        (j.restarts >= 1 && j.state == "PENDING", j)
+    });
+    c.slurm_ok("scontrol", &["hold", &job]);
+    for k in [0, 1, 3] {
+        let n = c.nodes[k].clone();
+        c.wait_for(&format!("{n} cleaned by its epilog"), LONG, || {
+            let clean = c.odfs_processes(k).is_empty() && c.data_entries(k).is_empty() && c.state_entries(k).is_empty();
+            (clean, (c.odfs_processes(k), c.data_entries(k)))
+        });
+        c.assert_clean(k);
+    }
+    // The dead node still holds the job's data and record.
+    assert!(!c.data_entries(2).is_empty() && c.state_entries(2) == [job.clone()], "n3 must have leftovers");
+    // n3 comes back. Slurm may run the dead job's epilog there (it finds node 0 gone and the job
+    // requeued; the job stages nothing out, so n3's part is wiped); the next odfs job's prolog
+    // on n3 cleans whatever is still left. Either way nothing of the job survives, and n3 is
+    // not drained for it.
+    c.restart_node(2);
+    c.wait_nodes_idle(&["n3".into()], LONG);
+    c.wait_for("the dead job's epilog on n3 (if Slurm runs one) to end", LONG, || {
+        let p = c.odfs_processes(2);
+        (p.is_empty(), p)
+    });
+    let next = c.sbatch(&user.name, "next", "#!/bin/sh\n#SBATCH -N 1 -w n3 -C odfs\nls \"$ODFS_MOUNT\"\n", &[]);
+    assert_eq!(c.wait_ended(&next, LONG).state, "COMPLETED", "{}", c.output(&next));
+    let log = c.event_log(2);
+    assert!(
+        log.contains(&format!("job {job}: cleanup: job {job}: cleaned up"))
+            || log.contains(&format!("job {next}: cleanup: job {job}: cleaned up"))
+            || log.contains(&format!("job {job}: wiped")),
+        "n3's leftovers of job {job} were not removed by an epilog or the next prolog:\n{}",
+        c.logs()
+    );
+    c.assert_clean(2);
+    c.wait_nodes_idle(&["n3".into()], LONG);
+    c.slurm_ok("scancel", &[&job]);
+}
