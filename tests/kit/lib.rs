@@ -227,6 +227,8 @@ pub use user::*;
 
 pub mod slurm;
 
+pub mod launch;
+
 /// A whole file read through the client library (another "node"), by inode.
 pub async fn read_all(c: &Client, ctx: &Ctx, ino: InodeId) -> Vec<u8> {
     let h = c.open(ctx, ino, true, false, false).await.expect("open");

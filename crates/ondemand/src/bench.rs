@@ -11,6 +11,7 @@
 
 pub mod mount;
 pub mod stage;
+pub mod startup;
 
 use crate::local::{self, UpOptions};
 use crate::procs;

@@ -182,6 +182,13 @@ struct BenchArgs {
     /// `aws s3 cp --recursive` (needs s3s-fs; awscli optional).
     #[arg(long, conflicts_with = "mount")]
     stage: bool,
+    /// A job's start (prolog) and stop (epilog) on --nodes loopback nodes, staging excluded,
+    /// --rounds times (needs root).
+    #[arg(long, conflicts_with_all = ["mount", "stage"])]
+    startup: bool,
+    /// Rounds of --startup.
+    #[arg(long, default_value_t = 10, requires = "startup")]
+    rounds: u32,
     #[arg(long, value_enum, default_value = "full")]
     scale: Scale,
     /// Sequential clients (with --mount: fio jobs), one file each [default 4].
@@ -223,6 +230,17 @@ struct BenchArgs {
 impl BenchArgs {
     fn run(self) -> Result<()> {
         let small = matches!(self.scale, Scale::Small);
+        if self.startup {
+            let o = bench::startup::StartupBenchOptions {
+                root: self.root,
+                nodes: self.nodes,
+                rounds: self.rounds,
+                keep: self.keep,
+            };
+            let rounds = bench::startup::run(&o)?;
+            print!("{}", bench::startup::render(o.nodes, &rounds));
+            return Ok(());
+        }
         if self.stage {
             let d = if small { bench::stage::StageBenchOptions::small() } else { Default::default() };
             let o = bench::stage::StageBenchOptions { root: self.root, nodes: self.nodes, keep: self.keep, ..d };

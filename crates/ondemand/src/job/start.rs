@@ -649,30 +649,28 @@ pub(crate) fn start_node(spec: &JobSpec, ctx: &NodeContext) -> Result<StartOutco
     std::fs::set_permissions(&plan.job_dir, std::fs::Permissions::from_mode(0o700))?;
     state.save(&rec)?;
 
+    // Node 0's board exists once its mgmtd runs; before that, nobody can be told.
+    let has_board = |rec: &Record| !spec.is_node0() || rec.procs.iter().any(|p| p.service == "mgmtd");
     let fail = |rec: &mut Record, reason: String, own: bool| -> Result<StartOutcome> {
-        if spec.is_node0() {
+        if spec.is_node0() && has_board(rec) {
             let _ = link.set_verdict(Verdict::Abort { reason: reason.clone() });
-            debug!("abort posted");
             wait_others_rolled_back(&link, spec);
-            debug!("others rolled back");
         }
-        for l in rec.teardown(true)? {
-            state.say(&spec.job_id, &format!("rollback: {l}"));
+        match rec.teardown(true) {
+            Ok(lines) => lines.iter().for_each(|l| state.say(&spec.job_id, &format!("rollback: {l}"))),
+            Err(e) => state.say(&spec.job_id, &format!("rollback incomplete: {e:#}")),
         }
         let msg = line(spec, &format!("could not start: {reason}"));
-        if spec.is_node0() {
+        if spec.is_node0() && spec.slurm {
             // The epilog returns the batch host to service when the failure was not its own.
             rec.procs.clear();
             rec.phase = Phase::StartFailed { reason: reason.clone(), own };
             state.save(rec)?;
-            slurm_failure(spec, site, &msg, own);
-            if spec.slurm {
-                slurm::tell_user(spec, &format!("{msg}. Every node rolled back; the job is requeued and held."));
-            }
-        } else {
-            state.forget(&spec.job_id)?;
-            slurm_failure(spec, site, &msg, own);
+            slurm::tell_user(spec, &format!("{msg}. Every node rolled back; the job is requeued and held."));
+        } else if let Err(e) = state.forget(&spec.job_id) {
+            state.say(&spec.job_id, &format!("rollback incomplete: {e:#}"));
         }
+        slurm_failure(spec, site, &msg, own);
         bail!(msg)
     };
     // The layout the job asked for (node 0); an invalid one is the job's fault, not the node's.
@@ -702,8 +700,10 @@ pub(crate) fn start_node(spec: &JobSpec, ctx: &NodeContext) -> Result<StartOutco
             return Ok(StartOutcome::Aborted { reason: reason.clone() });
         }
         let reason = if own { format!("{}: {e:#}", spec.where_()) } else { format!("{e:#}") }.replace('\n', " | ");
-        let r = link.report_within(NodePhase::StartFailed { reason: reason.clone() }, Duration::from_secs(3));
-        debug!(node = spec.index, reported = r.is_ok(), "start failed");
+        if has_board(&rec) {
+            let r = link.report_within(NodePhase::StartFailed { reason: reason.clone() }, Duration::from_secs(3));
+            debug!(node = spec.index, reported = r.is_ok(), "start failed");
+        }
         return fail(&mut rec, reason, own);
     }
     let _ = link.report_within(NodePhase::Started, deadline.saturating_duration_since(Instant::now()));
