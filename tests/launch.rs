@@ -183,3 +183,64 @@ fn an_unverified_stage_out_is_kept_and_recovered() {
     assert!(dst.join(".odfs-stage-out.complete").exists());
     l.assert_clean();
 }
+
+#[test]
+fn stages_use_the_job_users_own_s3_credentials_never_roots() {
+    let l = Launch::new(1, "");
+    let n = l.node_list();
+    let s3 = S3Server::s3s(&l.dir.path().join("s3"), &["lab"]);
+    let data = pattern(300_000, 3);
+    fs::create_dir_all(s3.object_path("lab", "ds")).unwrap();
+    fs::write(s3.object_path("lab", "ds/x"), &data).unwrap();
+    // The site gives an endpoint but no staging account.
+    let mut site = fs::read_to_string(&l.site).unwrap();
+    site += &format!("[stage]\nendpoint_url = \"{}\"\npath_style = true\nregion = \"us-east-1\"\n", s3.url());
+    fs::write(&l.site, site).unwrap();
+    let script = l.dir.path().join("in.sh");
+    fs::write(&script, "#!/bin/sh\n#ODFS stage-in s3://lab/ds /data\n").unwrap();
+    let sc = script.display().to_string();
+    // A root-only credentials file with working keys, as a site might keep for itself.
+    let roots = l.dir.path().join("root-credentials");
+    fs::write(&roots, format!("[default]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n"))
+        .unwrap();
+    fs::set_permissions(&roots, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+
+    let user = TestUser::create("cr");
+    let home = l.dir.path().join("home");
+    let aws = home.join(".aws");
+    fs::create_dir_all(&aws).unwrap();
+    let run = |cmd: &str, args: &[&str]| {
+        let o = std::process::Command::new(cmd).args(args).output().unwrap();
+        assert!(o.status.success(), "{cmd} {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    };
+    run("usermod", &["-d", &home.display().to_string(), &user.name]);
+    // The user points ~/.aws/credentials at root's file: reading it as the user fails, so the
+    // stage is refused instead of borrowing root's keys.
+    std::os::unix::fs::symlink(&roots, aws.join("credentials")).unwrap();
+    run("chown", &["-R", &format!("{}:{}", user.uid, user.gid), &home.display().to_string()]);
+    let out = l.on(0, &["start", "--job-id", "c1", "--nodes", &n, "--user", &user.name, "--script", &sc]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("credentials as") && err.contains("Permission denied"), "{err}");
+    // As after any failed start, the launcher runs the stop (Slurm runs the epilog).
+    all_ok(&[l.on(0, &["stop", "--job-id", "c1", "--nodes", &n])], "stop after the failed start");
+
+    // With keys of their own, the user's stage-in works, and the data is theirs.
+    fs::remove_file(aws.join("credentials")).unwrap();
+    fs::write(
+        aws.join("credentials"),
+        format!("[default]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n"),
+    )
+    .unwrap();
+    run("chown", &["-R", &format!("{}:{}", user.uid, user.gid), &home.display().to_string()]);
+    all_ok(&[l.on(0, &["start", "--job-id", "c2", "--nodes", &n, "--user", &user.name, "--script", &sc])], "start");
+    let p = l.mount(0, "c2").join("data/x");
+    assert_bytes(&fs::read(&p).unwrap(), &data, "staged with the user's keys");
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::uid(&fs::metadata(&p).unwrap()),
+        user.uid,
+        "the user owns the staged file"
+    );
+    assert!(l.event_log(0).contains(&format!("S3 credentials: {}'s own", user.name)), "{}", l.event_log(0));
+    all_ok(&[l.on(0, &["stop", "--job-id", "c2", "--nodes", &n])], "stop");
+    l.assert_clean();
+}

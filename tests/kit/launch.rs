@@ -116,7 +116,8 @@ impl Launch {
             let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
             let cmd = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            if cmd.contains("odfs-") && cmd.contains(&marker) && crate::alive(pid) {
+            let exe = cmd.split(' ').next().unwrap_or("").rsplit('/').next().unwrap_or("");
+            if exe.starts_with("odfs-") && cmd.contains(&marker) && crate::alive(pid) {
                 v.push(pid);
             }
         }

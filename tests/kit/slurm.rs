@@ -475,10 +475,15 @@ impl Cluster {
         self.node_processes(k).into_iter().filter(|(_, c)| c.starts_with("odfs")).collect()
     }
 
-    /// odfs mounts in node k's mount namespace (lines of its mountinfo).
+    /// This cluster's odfs mounts in node k's mount namespace (lines of its mountinfo; the
+    /// host's own mounts show there too and are not the cluster's).
     pub fn odfs_mounts(&self, k: usize) -> Vec<String> {
         let info = fs::read_to_string(format!("/proc/{}/mountinfo", self.node_pid(k))).unwrap_or_default();
-        info.lines().filter(|l| l.contains("fuse.odfs") || l.contains(" odfs-ram ")).map(str::to_string).collect()
+        let d = self.dir.path().display().to_string();
+        info.lines()
+            .filter(|l| l.contains(&d) && (l.contains("fuse.odfs") || l.contains(" odfs-ram ")))
+            .map(str::to_string)
+            .collect()
     }
 
     /// What a node keeps under its data path (job data directories).

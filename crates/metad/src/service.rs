@@ -135,11 +135,12 @@ pub async fn run(cfg: MetadConfig, shutdown: Shutdown) -> anyhow::Result<()> {
     let cred = cfg.job.credential()?;
     let endpoint = QuicEndpoint::server(&cred, cfg.listen)?;
     let addr = endpoint.local_addr()?;
-    let pool = Arc::new(Pool::with_endpoint(
+    // Its own client endpoint: the server endpoint closes at shutdown, before the goodbye to
+    // mgmtd (unregister) has gone out.
+    let pool = Arc::new(Pool::new(
         cred,
-        endpoint.clone(),
         PoolConfig { retry_deadline: Duration::from_secs(cfg.register_timeout_secs), ..PoolConfig::default() },
-    ));
+    )?);
     // The root's default layout comes from mgmtd, so every metad of the job agrees on it.
     let header = RequestHeader::default();
     let view = pool.call(cfg.mgmtd, Transport::Quic, &header, &GetCluster {});

@@ -572,11 +572,10 @@ pub async fn run(cfg: AgentConfig, shutdown: Shutdown) -> anyhow::Result<()> {
         let (ep, sd) = (endpoint.clone(), shutdown.clone());
         async move { ep.serve(router, sd).await }
     });
-    let pool = Arc::new(Pool::with_endpoint(
-        cred,
-        endpoint.clone(),
-        PoolConfig { retry_deadline: Duration::from_secs(2), ..PoolConfig::default() },
-    ));
+    // Its own client endpoint: the server endpoint closes at shutdown, before the goodbye to
+    // mgmtd (unregister) has gone out.
+    let pool =
+        Arc::new(Pool::new(cred, PoolConfig { retry_deadline: Duration::from_secs(2), ..PoolConfig::default() })?);
     let link = MgmtLink {
         pool,
         mgmtd: cfg.mgmtd,

@@ -106,11 +106,10 @@ pub async fn run(cfg: StoredConfig, shutdown: Shutdown) -> anyhow::Result<()> {
     for t in &cfg.targets {
         offers.push(TargetOffer { id: t.id, pool: t.pool.clone(), space: store.space(t.id)? });
     }
-    let pool = Arc::new(Pool::with_endpoint(
-        cred,
-        endpoint.clone(),
-        PoolConfig { retry_deadline: Duration::from_secs(2), ..PoolConfig::default() },
-    ));
+    // Its own client endpoint: the server endpoint closes at shutdown, before the goodbye to
+    // mgmtd (unregister) has gone out.
+    let pool =
+        Arc::new(Pool::new(cred, PoolConfig { retry_deadline: Duration::from_secs(2), ..PoolConfig::default() })?);
     let link = MgmtLink {
         pool,
         mgmtd: cfg.mgmtd,

@@ -39,11 +39,13 @@ pub struct Directives {
     pub path_style: bool,
     pub concurrency: Option<u32>,
     pub max_bandwidth: Option<u64>,
+    /// AWS profile of the job user's own credentials to stage with.
+    pub profile: Option<String>,
 }
 
 /// The help text listing every directive (printed with errors).
 pub const HELP: &str = "stage-in SRC DST | stage-out SRC DST | stripe-count N | chunk-size SIZE | pool NAME | \
-                        endpoint-url URL | region NAME | path-style | concurrency N | max-bandwidth SIZE";
+                        endpoint-url URL | region NAME | path-style | profile NAME | concurrency N | max-bandwidth SIZE";
 
 /// Splits one directive's arguments (blanks; quotes group).
 fn words(s: &str) -> Result<Vec<String>, String> {
@@ -157,6 +159,10 @@ fn one_directive(d: &mut Directives, w: &[String]) -> Result<(), String> {
             want(0, "no argument")?;
             d.path_style = true;
         }
+        "profile" => {
+            want(1, "the name of a profile in your ~/.aws/credentials or ~/.aws/config")?;
+            d.profile = Some(args[0].clone());
+        }
         "concurrency" => {
             want(1, "a number of transfers per node")?;
             let n: u32 = args[0]
@@ -211,7 +217,7 @@ mod tests {
     fn parses_every_directive() {
         let s = "#!/bin/bash\n#SBATCH -N 4\n#ODFS stage-in s3://ds/imagenet /data\n#ODFS stage-in /pfs/x odfs:/x\n\
                  #ODFS stage-out /out s3://runs/%u/run-%j\n#ODFS stripe-count -1\n#ODFS chunk-size 4M\n#ODFS pool ram\n\
-                 #ODFS endpoint-url http://s3:9000\n#ODFS region eu-1\n  #ODFS path-style\n#ODFS concurrency 8\n\
+                 #ODFS endpoint-url http://s3:9000\n#ODFS region eu-1\n  #ODFS path-style\n#ODFS profile lab\n#ODFS concurrency 8\n\
                  #ODFS max-bandwidth 1G\n#ODFS stage-in 's3://b/with space' \"/my data\"\nsrun train.py\n# #ODFS in a comment later is fine\n";
         let d = parse(s, "42", "ana").unwrap();
         assert_eq!(d.stage_in[0], Transfer { src: "s3://ds/imagenet".into(), dst: "odfs:/data".into() });
@@ -223,8 +229,17 @@ mod tests {
             (d.endpoint_url.as_deref(), d.region.as_deref(), d.path_style),
             (Some("http://s3:9000"), Some("eu-1"), true)
         );
-        assert_eq!((d.concurrency, d.max_bandwidth), (Some(8), Some(1 << 30)));
+        assert_eq!((d.concurrency, d.max_bandwidth, d.profile.as_deref()), (Some(8), Some(1 << 30), Some("lab")));
         assert_eq!(parse("#!/bin/sh\necho hi\n", "1", "u").unwrap(), Directives::default());
+    }
+
+    #[test]
+    fn the_shipped_examples_parse() {
+        let t = parse(include_str!("../../../../slurm/examples/train.sbatch"), "7", "ana").unwrap();
+        assert_eq!(t.stage_out[0].dst, "s3://runs/ana/train-7");
+        assert_eq!((t.stripe_count, t.chunk_size), (Some(-1), Some(4 << 20)));
+        let c = parse(include_str!("../../../../slurm/examples/checkpoint.sbatch"), "8", "bo").unwrap();
+        assert_eq!(c.pool.as_deref(), Some("ram"));
     }
 
     #[test]

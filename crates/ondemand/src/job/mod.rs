@@ -9,9 +9,11 @@
 //! - `board`: the job board on node 0's mgmtd, through which the nodes agree.
 //! - `start`, `stop`, `cleanup`: the protocols.
 //! - `slurm`: the few Slurm commands used, and the message left in the job's output file.
+//! - `creds`: whose S3 credentials a job's stages use.
 
 pub mod board;
 pub mod cleanup;
+pub mod creds;
 pub mod directives;
 pub mod hostlist;
 pub mod record;
@@ -36,7 +38,7 @@ fn logged<T>(ctx: &NodeContext, node: &str, job: &str, f: impl FnOnce() -> Resul
         let state = StateDir::new(&ctx.site.ondemand.state_dir, node);
         if state.0.is_dir() {
             let e = format!("{e:#}");
-            state.say(job, &format!("FAILED: {}", e.strip_prefix(&format!("job {job}: ")).unwrap_or(&e)));
+            state.note(job, &format!("FAILED: {}", e.strip_prefix(&format!("job {job}: ")).unwrap_or(&e)));
         }
     }
     r

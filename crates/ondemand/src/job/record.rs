@@ -136,6 +136,12 @@ impl StateDir {
     /// appends it, timestamped, to `STATE_DIR/odfs.log`, which outlives the job's directory.
     pub fn say(&self, job: &str, msg: &str) {
         eprintln!("odfs: job {job}: {msg}");
+        self.note(job, msg);
+    }
+
+    /// Appends a line to the event log only (details that would bury the one line a failing
+    /// prolog prints).
+    pub fn note(&self, job: &str, msg: &str) {
         let line = format!("{} job {job}: {msg}\n", utc_now());
         let _ = std::fs::OpenOptions::new()
             .create(true)

@@ -538,6 +538,12 @@ pub(crate) fn run_stages(
     let kind = if inward { "stage-in" } else { "stage-out" };
     let job = rec.spec.job_id.clone();
     let limit = Duration::from_secs(ctx.site.ondemand.stage_timeout_secs.max(1));
+    let job_dir = rec.client_config.parent().unwrap_or(Path::new("/"));
+    let creds = super::creds::prepare(&ctx.site, &rec.spec.user, job_dir).map_err(|e| format!("{kind}: {e:#}"))?;
+    state.say(&job, &creds);
+    if let Some(p) = &d.profile {
+        std::env::set_var("AWS_PROFILE", p);
+    }
     link.block_on(async {
         let cfg = ClientConfig::load(&rec.client_config).map_err(|e| e.to_string())?;
         let client =
@@ -657,7 +663,7 @@ pub(crate) fn start_node(spec: &JobSpec, ctx: &NodeContext) -> Result<StartOutco
             wait_others_rolled_back(&link, spec);
         }
         match rec.teardown(true) {
-            Ok(lines) => lines.iter().for_each(|l| state.say(&spec.job_id, &format!("rollback: {l}"))),
+            Ok(lines) => lines.iter().for_each(|l| state.note(&spec.job_id, &format!("rollback: {l}"))),
             Err(e) => state.say(&spec.job_id, &format!("rollback incomplete: {e:#}")),
         }
         let msg = line(spec, &format!("could not start: {reason}"));

@@ -91,7 +91,7 @@ fn link_for(rec: &Record, ctx: &NodeContext) -> Result<BoardLink> {
     BoardLink::new(cred, rec.mgmtd, rec.spec.index, rec.spec.node_name())
 }
 
-/// Waits until every other node reported one of `phases`, or its storage service is offline
+/// Waits until every other node reported one of `phases`, or its storage service went silent
 /// (a dead node), or `limit` passes. Returns the nodes still missing.
 fn wait_nodes(link: &BoardLink, spec: &JobSpec, phases: &[NodePhase], limit: Duration) -> Vec<String> {
     let t = Instant::now();
@@ -101,7 +101,10 @@ fn wait_nodes(link: &BoardLink, spec: &JobSpec, phases: &[NodePhase], limit: Dur
             (Ok(b), Ok(v)) => {
                 for k in 1..spec.nodes.len() as u32 {
                     let reported = b.phase(k).is_some_and(|p| phases.contains(p));
-                    let dead = !v.services.iter().any(|s| s.kind == ServiceKind::Storage && s.node == k && s.online);
+                    // Dead: its stored is registered but silent. (One that unregistered stopped
+                    // in order; its node's report follows within moments.)
+                    let dead = v.services.iter().any(|s| s.kind == ServiceKind::Storage && s.node == k)
+                        && !v.services.iter().any(|s| s.kind == ServiceKind::Storage && s.node == k && s.online);
                     if !reported && !dead {
                         missing.push(spec.nodes[k as usize].clone());
                     }
