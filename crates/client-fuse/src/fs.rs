@@ -565,6 +565,9 @@ impl Filesystem for OdfsFuse {
             // a file opened for writing but not written, as mdtest's creates are). A
             // read-only handle never publishes: the inode's data state is shared with this
             // process's writers, whose own close publishes their writes (with their identity).
+            // The reference goes before the reply: the kernel's RELEASE can follow at once, and
+            // its close must hold the last one.
+            drop(f);
             reply.ok();
             return;
         }

@@ -453,14 +453,15 @@ impl Drop for FileHandle {
             let data = self.data.clone();
             let ctx = self.ctx.clone();
             let writable = self.writable;
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(async move {
-                    if writable {
-                        let _ = data.flush(&client, &ctx, false).await;
-                    }
-                    client.release(&data).await;
-                });
-            }
+            // On the client's own runtime: a handle can be dropped on a thread that has none,
+            // and skipping the release would leave an unlinked file's chunks behind.
+            let rt = tokio::runtime::Handle::try_current().unwrap_or_else(|_| client.inner.runtime.clone());
+            rt.spawn(async move {
+                if writable {
+                    let _ = data.flush(&client, &ctx, false).await;
+                }
+                client.release(&data).await;
+            });
         }
     }
 }

@@ -53,6 +53,9 @@ pub(crate) struct Inner {
     /// Bounds bytes of written data in flight (units of 4 KiB).
     pub write_budget: Arc<Semaphore>,
     stop: watch::Sender<bool>,
+    /// The runtime the client was made on, for work started where none is current (a handle
+    /// dropped on a FUSE reader thread).
+    pub runtime: tokio::runtime::Handle,
 }
 
 /// A connection to one odfs filesystem. Cheap to clone.
@@ -104,6 +107,7 @@ impl Client {
             pool,
             cfg,
             stop,
+            runtime: tokio::runtime::Handle::current(),
         });
         let client = Client { inner };
         client.spawn_background(stop_rx);
