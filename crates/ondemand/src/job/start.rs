@@ -233,11 +233,21 @@ fn now_unix() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-/// Starts one process of the job and records it.
-fn spawn(rec: &mut Record, state: &StateDir, service: &str, node: u32, config: &Path, log: &Path) -> Result<()> {
+/// Writes `DIR/SERVICE.toml`, starts `odfs-SERVICE` with it (log `DIR/SERVICE.log`) and
+/// records the process.
+fn launch<T: serde::Serialize>(
+    rec: &mut Record,
+    state: &StateDir,
+    dir: &Path,
+    service: &str,
+    node: u32,
+    cfg: &T,
+) -> Result<()> {
+    let (config, log) = (dir.join(format!("{service}.toml")), dir.join(format!("{service}.log")));
+    write_toml(&config, cfg)?;
     let bin = procs::binary(&format!("odfs-{service}"))?;
-    let pid = procs::spawn_daemon(&bin, config, log)?;
-    rec.procs.push(ProcEntry { service: service.into(), node, pid, config: config.into(), log: log.into() });
+    let pid = procs::spawn_daemon(&bin, &config, &log)?;
+    rec.procs.push(ProcEntry { service: service.into(), node, pid, config, log });
     state.save(rec)
 }
 
@@ -278,8 +288,7 @@ fn start_services(
             default_layout: layout,
             ..MgmtdConfig::default()
         };
-        write_toml(&dir.join("mgmtd.toml"), &m)?;
-        spawn(rec, state, "mgmtd", k, &dir.join("mgmtd.toml"), &dir.join("mgmtd.log"))?;
+        launch(rec, state, dir, "mgmtd", k, &m)?;
         let meta = MetadConfig {
             job: job.clone(),
             listen: plan.metad,
@@ -291,8 +300,7 @@ fn start_services(
             root_owner: Some(RootOwner { uid: spec.user.uid, gid: spec.user.gid, mode: 0o700 }),
             ..MetadConfig::default()
         };
-        write_toml(&dir.join("metad.toml"), &meta)?;
-        spawn(rec, state, "metad", k, &dir.join("metad.toml"), &dir.join("metad.log"))?;
+        launch(rec, state, dir, "metad", k, &meta)?;
     }
     let per = plan.per_node();
     let mut targets: Vec<TargetSection> = plan
@@ -318,8 +326,7 @@ fn start_services(
         register_timeout_secs: o.ready_timeout_secs,
         ..StoredConfig::default()
     };
-    write_toml(&dir.join("stored.toml"), &s)?;
-    spawn(rec, state, "stored", k, &dir.join("stored.toml"), &dir.join("stored.log"))?;
+    launch(rec, state, dir, "stored", k, &s)?;
     let a = AgentConfig {
         job: job.clone(),
         listen: plan.agent,
@@ -328,8 +335,7 @@ fn start_services(
         register_timeout_secs: o.ready_timeout_secs,
         ..AgentConfig::default()
     };
-    write_toml(&dir.join("agent.toml"), &a)?;
-    spawn(rec, state, "agent", k, &dir.join("agent.toml"), &dir.join("agent.log"))?;
+    launch(rec, state, dir, "agent", k, &a)?;
     let c = ClientConfig {
         job,
         mgmtd: plan.mgmtd,
