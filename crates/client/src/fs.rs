@@ -471,6 +471,9 @@ impl Client {
     }
 
     pub async fn setxattr(&self, ctx: &Ctx, ino: InodeId, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
+        if name.starts_with(crate::vxattr::PREFIX) {
+            return self.set_virtual(ctx, ino, name, value).await;
+        }
         let req = SetXattr { ino, name: name.to_vec(), value: value.to_vec(), flags };
         let r = self.meta(ctx, Self::shard_of(ino), &req).await;
         self.invalidate(ino);
@@ -478,6 +481,9 @@ impl Client {
     }
 
     pub async fn getxattr(&self, ctx: &Ctx, ino: InodeId, name: &[u8]) -> Result<Vec<u8>> {
+        if name.starts_with(crate::vxattr::PREFIX) {
+            return self.get_virtual(ctx, ino, name).await;
+        }
         self.meta(ctx, Self::shard_of(ino), &GetXattr { ino, name: name.to_vec() }).await
     }
 
@@ -486,6 +492,12 @@ impl Client {
     }
 
     pub async fn removexattr(&self, ctx: &Ctx, ino: InodeId, name: &[u8]) -> Result<()> {
+        if name.starts_with(crate::vxattr::PREFIX) {
+            return Err(ClientError::new(
+                odfs_proto::ErrorCode::Perm,
+                "odfs.* attributes cannot be removed (set another layout instead)",
+            ));
+        }
         let r = self.meta(ctx, Self::shard_of(ino), &RemoveXattr { ino, name: name.to_vec() }).await;
         self.invalidate(ino);
         r
@@ -501,6 +513,15 @@ impl Client {
 
     pub async fn get_dir_layout(&self, ctx: &Ctx, ino: InodeId) -> Result<DirLayout> {
         self.meta(ctx, Self::shard_of(ino), &GetDirLayout { ino }).await
+    }
+
+    /// Creates, fills, empties or destroys a storage pool (at mgmtd; metad follows within a
+    /// second, and looks again at once when a layout names a pool it does not know yet).
+    pub async fn change_pool(&self, ctx: &Ctx, name: &str, change: odfs_proto::mgmt::PoolChange) -> Result<()> {
+        let req = odfs_proto::mgmt::ChangePool { name: name.to_string(), change };
+        let r = self.inner.pool.call(self.inner.cfg.mgmtd, Transport::Quic, &self.header(ctx), &req).await;
+        let _ = self.inner.cluster.refresh().await;
+        r.map_err(Into::into)
     }
 
     /// Opens an existing file. `truncate` empties it (O_TRUNC).

@@ -14,6 +14,7 @@ pub mod error;
 pub mod file;
 pub mod fs;
 pub mod path;
+pub mod vxattr;
 
 pub use config::ClientConfig;
 pub use error::ClientError;

@@ -29,6 +29,8 @@ pub struct MetadConfig {
     pub dedup_capacity: usize,
     /// Seconds to keep trying to reach mgmtd at start.
     pub register_timeout_secs: u64,
+    /// Only root may set layouts (`setstripe`); by default a directory's or file's owner may.
+    pub root_only_layouts: bool,
     /// Owner, group and mode given to the root directory when the filesystem is new (the
     /// job's user in the Slurm mode); none keeps root 0:0 mode 0755.
     pub root_owner: Option<RootOwner>,
@@ -58,6 +60,7 @@ impl Default for MetadConfig {
             snapshot_every_bytes: 64 << 20,
             dedup_capacity: 262_144,
             register_timeout_secs: 30,
+            root_only_layouts: false,
             root_owner: None,
         }
     }

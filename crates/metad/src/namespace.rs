@@ -63,6 +63,7 @@ pub enum MetaOp {
         gid: u32,
         mode: u32,
     },
+    SetFileLayout(SetFileLayout),
 }
 
 /// The successful reply of a [`MetaOp`]. Stored in snapshots: add variants at the end only.
@@ -623,6 +624,7 @@ impl Namespace {
             MetaOp::RemoveXattr(r) => self.removexattr(h, now, r),
             MetaOp::ExtendSize(r) => self.extend_size(r),
             MetaOp::SetDirLayout(r) => self.set_dir_layout(h, now, r),
+            MetaOp::SetFileLayout(r) => self.set_file_layout(h, now, r, choice, choose),
             MetaOp::SetRootOwner { uid, gid, mode } => {
                 let root = self.node_mut(InodeId::ROOT)?;
                 root.uid = *uid;
@@ -1124,6 +1126,39 @@ impl Namespace {
         node.size = node.size.max(req.size);
         node.mtime = req.mtime;
         node.ctime = req.mtime;
+        Applied::changed(MetaReply::Attr(node.attr(req.ino)))
+    }
+
+    /// A new layout for an empty regular file (`setstripe` on a file that has no data yet).
+    fn set_file_layout(
+        &mut self,
+        h: &RequestHeader,
+        now: Timespec,
+        req: &SetFileLayout,
+        choice: &mut Choice,
+        choose: Chooser,
+    ) -> RpcResult<Applied> {
+        let node = self.node(req.ino)?;
+        if !matches!(node.body, Body::File(_)) {
+            return Err(RemoteError::new(ErrorCode::Invalid, format!("inode {} is not a regular file", req.ino)));
+        }
+        if !permission::is_owner(h, node) {
+            return Err(RemoteError::new(ErrorCode::Perm, "only the owner or root may set a file's layout"));
+        }
+        if node.size > 0 {
+            return Err(RemoteError::new(
+                ErrorCode::Invalid,
+                format!("the file has {} bytes: a layout can only be set while a file is empty", node.size),
+            ));
+        }
+        req.layout.validate().map_err(|m| RemoteError::new(ErrorCode::Invalid, m))?;
+        let layout = match choice.layout.take() {
+            Some(l) => l,
+            None => choose(&req.layout)?,
+        };
+        let node = self.node_mut(req.ino)?;
+        node.ctime = now;
+        node.body = Body::File(layout);
         Applied::changed(MetaReply::Attr(node.attr(req.ino)))
     }
 

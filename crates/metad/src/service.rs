@@ -74,34 +74,66 @@ impl TargetSync {
     }
 }
 
+/// Applies `op`; if it fails with one of the codes in `again`, refreshes the target list from
+/// mgmtd once and tries again. Until mgmtd has reported every expected target, it refreshes
+/// first (a layout would otherwise be chosen from a partial list).
+async fn mutate_fresh(
+    sync: &TargetSync,
+    h: &RequestHeader,
+    op: MetaOp,
+    again: &[ErrorCode],
+) -> odfs_proto::error::RpcResult<MetaReply> {
+    if !sync.ready.load(std::sync::atomic::Ordering::Acquire) {
+        if let Err(err) = sync.refresh().await {
+            warn!(error = %err, "cannot refresh targets from mgmtd");
+        }
+    }
+    let first = sync.store.lock().expect("store lock").mutate(h, op.clone());
+    match first {
+        Err(e) if again.contains(&e.code) => {
+            if let Err(err) = sync.refresh().await {
+                warn!(error = %err, "cannot refresh targets from mgmtd");
+                return Err(e);
+            }
+            sync.store.lock().expect("store lock").mutate(h, op)
+        }
+        other => other,
+    }
+}
+
 /// Maps metad's requests to the store.
 pub fn router(store: Shared, sync: TargetSync) -> Router {
     let mut r = Router::new();
-    // A create that finds no usable target may be racing a target's registration or a space
-    // report: look at mgmtd's current view once before failing.
+    // Creates and layout changes judge against mgmtd's target list: a failure that a fresher
+    // list could change (a target registering, a space report, a pool just changed) is tried
+    // once more after looking at mgmtd's current view.
+    let s = sync.clone();
     r.add::<Create, _, _>(move |h: RequestHeader, q: Create| {
-        let sync = sync.clone();
+        let s = s.clone();
         async move {
-            // Until mgmtd has reported every expected target, a layout would be chosen from a
-            // partial list: look again first.
-            if !sync.ready.load(std::sync::atomic::Ordering::Acquire) {
-                if let Err(err) = sync.refresh().await {
-                    warn!(error = %err, "cannot refresh targets from mgmtd");
-                }
-            }
-            let first = sync.store.lock().expect("store lock").mutate(&h, MetaOp::Create(q.clone()));
-            let reply = match first {
-                Err(e) if matches!(e.code, ErrorCode::Invalid | ErrorCode::NoSpace) => {
-                    if let Err(err) = sync.refresh().await {
-                        warn!(error = %err, "cannot refresh targets from mgmtd");
-                        return Err(e);
-                    }
-                    sync.store.lock().expect("store lock").mutate(&h, MetaOp::Create(q))?
-                }
-                other => other?,
-            };
-            match reply {
+            match mutate_fresh(&s, &h, MetaOp::Create(q), &[ErrorCode::Invalid, ErrorCode::NoSpace]).await? {
                 MetaReply::Create(c) => Ok(c),
+                other => Err(unexpected(other)),
+            }
+        }
+    });
+    let s = sync.clone();
+    r.add::<SetDirLayout, _, _>(move |h: RequestHeader, q: SetDirLayout| {
+        let s = s.clone();
+        async move {
+            match mutate_fresh(&s, &h, MetaOp::SetDirLayout(q), &[ErrorCode::Invalid]).await? {
+                MetaReply::Unit => Ok(()),
+                other => Err(unexpected(other)),
+            }
+        }
+    });
+    let s = sync;
+    r.add::<SetFileLayout, _, _>(move |h: RequestHeader, q: SetFileLayout| {
+        let s = s.clone();
+        async move {
+            let again = [ErrorCode::Invalid, ErrorCode::NoSpace];
+            match mutate_fresh(&s, &h, MetaOp::SetFileLayout(q), &again).await? {
+                MetaReply::Attr(a) => Ok(a),
                 other => Err(unexpected(other)),
             }
         }
@@ -126,7 +158,7 @@ pub fn router(store: Shared, sync: TargetSync) -> Router {
     mutation!(r, store, SetXattr, MetaReply::Unit => ());
     mutation!(r, store, RemoveXattr, MetaReply::Unit => ());
     mutation!(r, store, ExtendSize, MetaReply::Attr(a) => a);
-    mutation!(r, store, SetDirLayout, MetaReply::Unit => ());
+
     r
 }
 
@@ -152,6 +184,7 @@ pub async fn run(cfg: MetadConfig, shutdown: Shutdown) -> anyhow::Result<()> {
         sync_wal: cfg.sync_wal,
         snapshot_every_bytes: cfg.snapshot_every_bytes,
         dedup_capacity: cfg.dedup_capacity,
+        root_only_layouts: cfg.root_only_layouts,
     };
     let mut store = MetaStore::open(&cfg.data_dir, opts, view.default_layout.clone())?;
     if let (true, Some(o)) = (store.root_created(), cfg.root_owner) {

@@ -38,11 +38,19 @@ pub struct StoreOptions {
     pub snapshot_every_bytes: u64,
     /// Replies remembered for retried requests.
     pub dedup_capacity: usize,
+    /// Only root may set directory and file layouts (a site's choice; owners may by default).
+    pub root_only_layouts: bool,
 }
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        StoreOptions { shard: 0, sync_wal: false, snapshot_every_bytes: 64 << 20, dedup_capacity: 262_144 }
+        StoreOptions {
+            shard: 0,
+            sync_wal: false,
+            snapshot_every_bytes: 64 << 20,
+            dedup_capacity: 262_144,
+            root_only_layouts: false,
+        }
     }
 }
 
@@ -82,6 +90,39 @@ impl Placement {
             self.pools.entry(t.pool.clone()).or_default().push((t.id, t.free > 0));
         }
         self.targets = targets;
+    }
+
+    /// Refuses a layout that could not be honoured, naming why: an unknown or empty pool, more
+    /// stripes than the pool has targets, a start target outside the pool. (Placement itself
+    /// uses what is online; this judges against every known target of the pool.)
+    fn check(&self, dl: &DirLayout) -> RpcResult<()> {
+        let invalid = |m: String| RemoteError::new(ErrorCode::Invalid, m);
+        dl.validate().map_err(invalid)?;
+        let members: Vec<TargetId> = self.targets.iter().filter(|t| t.pool == dl.pool).map(|t| t.id).collect();
+        if members.is_empty() {
+            let mut known: Vec<&str> = self.targets.iter().map(|t| t.pool.as_str()).collect();
+            known.sort();
+            known.dedup();
+            return Err(invalid(format!(
+                "pool \"{}\" does not exist or has no targets (pools with targets: {})",
+                dl.pool,
+                known.join(", ")
+            )));
+        }
+        if dl.stripe_count > members.len() as i32 {
+            return Err(invalid(format!(
+                "stripe count {} is more than the {} targets of pool \"{}\"",
+                dl.stripe_count,
+                members.len(),
+                dl.pool
+            )));
+        }
+        if let Some(t) = dl.start_target {
+            if !members.contains(&t) {
+                return Err(invalid(format!("start target {t} is not in pool \"{}\" (targets {members:?})", dl.pool)));
+            }
+        }
+        Ok(())
     }
 
     fn choose(&mut self, dl: &DirLayout) -> RpcResult<Layout> {
@@ -224,6 +265,7 @@ fn resolved<'a>(op: &MetaOp, reply: &'a MetaReply) -> (Option<InodeId>, Option<&
     match (op, reply) {
         (MetaOp::Create(_), MetaReply::Create(r)) if r.created => (Some(r.attr.ino), r.attr.layout.as_ref()),
         (MetaOp::Mkdir(_) | MetaOp::Symlink(_), MetaReply::Attr(a)) => (Some(a.ino), None),
+        (MetaOp::SetFileLayout(_), MetaReply::Attr(a)) => (None, a.layout.as_ref()),
         _ => (None, None),
     }
 }
@@ -463,6 +505,15 @@ impl MetaStore {
                 ErrorCode::Invalid,
                 format!("request carries {} groups; the limit is {MAX_GROUPS}", h.groups.len()),
             ));
+        }
+        match &op {
+            MetaOp::SetDirLayout(SetDirLayout { layout, .. }) | MetaOp::SetFileLayout(SetFileLayout { layout, .. }) => {
+                if self.opts.root_only_layouts && !h.is_root() {
+                    return Err(RemoteError::new(ErrorCode::Perm, "this site lets only root change layouts"));
+                }
+                self.placement.check(layout)?;
+            }
+            _ => {}
         }
         let now = Timespec::now();
         let placement = &mut self.placement;

@@ -576,3 +576,65 @@ fn idempotent_retries_in_process() {
     assert_eq!(code(s.mutate(&h, op.clone())).map(|_| ()), Err(Exists));
     assert_eq!(code(s.mutate(&h, op)).map(|_| ()), Err(Exists));
 }
+
+#[test]
+fn layouts_are_judged_against_the_pools_and_survive_a_restart() {
+    let d = tempfile::tempdir().unwrap();
+    let mut s = open(d.path());
+    let u = user(1000);
+    s.set_root_owner(0, 0, 0o777).unwrap();
+    let dir = s.mkdir(&u, ROOT, b"d", 0o755).unwrap();
+    let set = |s: &mut MetaStore, h: &RequestHeader, layout: DirLayout| {
+        s.mutate(h, MetaOp::SetDirLayout(SetDirLayout { ino: dir.ino, layout }))
+    };
+    let dl = |count: i32, pool: &str, start: Option<u32>| DirLayout {
+        chunk_size: 1 << 18,
+        stripe_count: count,
+        pool: pool.into(),
+        start_target: start,
+    };
+    // Refused, naming the problem: unknown pool, more stripes than the pool has, a start
+    // target outside the pool, another user's directory.
+    for (layout, want) in [
+        (dl(2, "gold", None), "pool \"gold\" does not exist"),
+        (dl(5, "default", None), "more than the 4 targets"),
+        (dl(1, "fast", Some(3)), "start target 3 is not in pool \"fast\""),
+    ] {
+        let e = set(&mut s, &u, layout).unwrap_err();
+        assert!(e.code == Invalid && e.message.contains(want), "{e}");
+    }
+    assert_eq!(code(set(&mut s, &user(1001), dl(1, "fast", None))).map(|_| ()), Err(Perm));
+    set(&mut s, &u, dl(-1, "default", None)).unwrap();
+    // A new file takes every target of the pool; an empty file can be given another layout,
+    // a file with data cannot.
+    let f = s.create(&u, dir.ino, b"f", 0o644).unwrap();
+    assert_eq!(f.layout.as_ref().unwrap().targets.len(), 4);
+    let relayout = |s: &mut MetaStore, h: &RequestHeader, ino| {
+        s.mutate(h, MetaOp::SetFileLayout(SetFileLayout { ino, layout: dl(1, "fast", None) }))
+    };
+    let a = relayout(&mut s, &u, f.ino).unwrap().into_attr().unwrap();
+    assert_eq!(a.layout.as_ref().map(|l| (l.targets.clone(), l.pool.as_str())), Some((vec![10], "fast")));
+    let g = s.create(&u, dir.ino, b"g", 0o644).unwrap();
+    s.mutate(&u, MetaOp::ExtendSize(ExtendSize { ino: g.ino, size: 10, mtime: Timespec::now() })).unwrap();
+    let e = relayout(&mut s, &u, g.ino).unwrap_err();
+    assert!(e.code == Invalid && e.message.contains("only be set while a file is empty"), "{e}");
+    assert_eq!(code(relayout(&mut s, &user(1001), f.ino)).map(|_| ()), Err(Perm));
+    assert_eq!(code(relayout(&mut s, &u, dir.ino)).map(|_| ()), Err(Invalid));
+    // The chosen layout is in the log: a restart replays it exactly.
+    drop(s);
+    let s = open(d.path());
+    assert_eq!(s.getattr(&root(), &GetAttr { ino: f.ino }).unwrap().layout, a.layout);
+    assert_eq!(s.get_dir_layout(&root(), &GetDirLayout { ino: dir.ino }).unwrap(), dl(-1, "default", None));
+}
+
+#[test]
+fn a_site_can_keep_layouts_to_root() {
+    let d = tempfile::tempdir().unwrap();
+    let mut s = open_with(d.path(), StoreOptions { root_only_layouts: true, ..StoreOptions::default() });
+    s.set_root_owner(1000, 1000, 0o755).unwrap();
+    let layout = DirLayout { stripe_count: 1, ..DirLayout::default() };
+    let e =
+        s.mutate(&user(1000), MetaOp::SetDirLayout(SetDirLayout { ino: ROOT, layout: layout.clone() })).unwrap_err();
+    assert!(e.code == Perm && e.message.contains("only root"), "{e}");
+    s.mutate(&root(), MetaOp::SetDirLayout(SetDirLayout { ino: ROOT, layout })).unwrap();
+}

@@ -1,9 +1,10 @@
 //! The registry: services, targets, liveness, filesystem state.
 
 use crate::MgmtdConfig;
+use odfs_proto::error::RpcResult;
 use odfs_proto::mgmt::*;
-use odfs_proto::{DirLayout, ServiceId, TargetId, Timespec};
-use std::collections::BTreeMap;
+use odfs_proto::{DirLayout, ErrorCode, RemoteError, ServiceId, TargetId, Timespec};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tracing::info;
@@ -26,6 +27,12 @@ struct State {
     /// The job board: each node's latest phase and node 0's verdict.
     board: BTreeMap<u32, ReportNode>,
     verdict: Option<Verdict>,
+    /// Pools created empty (pools that targets name exist without this).
+    created_pools: BTreeSet<String>,
+    /// Targets moved out of the pool they registered with (kept across re-registration).
+    moved: BTreeMap<TargetId, String>,
+    /// The pool each target registered with.
+    home_pool: BTreeMap<TargetId, String>,
 }
 
 pub struct Registry {
@@ -58,6 +65,9 @@ impl Registry {
                 version: 1,
                 board: BTreeMap::new(),
                 verdict: None,
+                created_pools: BTreeSet::new(),
+                moved: BTreeMap::new(),
+                home_pool: BTreeMap::new(),
             }),
         }
     }
@@ -86,17 +96,12 @@ impl Registry {
         let id = st.next_id;
         st.next_id += 1;
         for t in &r.targets {
+            st.home_pool.insert(t.id, t.pool.clone());
+            let pool = st.moved.get(&t.id).cloned().unwrap_or_else(|| t.pool.clone());
             st.targets.insert(
                 t.id,
                 Target {
-                    info: TargetInfo {
-                        id: t.id,
-                        node: r.node,
-                        service_id: id,
-                        pool: t.pool.clone(),
-                        space: t.space,
-                        online: true,
-                    },
+                    info: TargetInfo { id: t.id, node: r.node, service_id: id, pool, space: t.space, online: true },
                 },
             );
         }
@@ -172,6 +177,85 @@ impl Registry {
         }
     }
 
+    /// Every pool: created ones and those targets are in.
+    fn pools(st: &State) -> Vec<String> {
+        let mut v: BTreeSet<String> = st.created_pools.clone();
+        v.extend(st.targets.values().map(|t| t.info.pool.clone()));
+        v.into_iter().collect()
+    }
+
+    pub fn change_pool(&self, c: ChangePool) -> RpcResult<()> {
+        let invalid = |m: String| RemoteError::new(ErrorCode::Invalid, m);
+        valid_pool_name(&c.name).map_err(invalid)?;
+        let mut st = self.state.lock().expect("registry lock");
+        let exists = Self::pools(&st).contains(&c.name);
+        match c.change {
+            PoolChange::Create => {
+                if exists {
+                    return Err(RemoteError::new(ErrorCode::Exists, format!("pool {} exists already", c.name)));
+                }
+                st.created_pools.insert(c.name.clone());
+            }
+            PoolChange::Destroy => {
+                if !exists {
+                    return Err(RemoteError::new(ErrorCode::NotFound, format!("no pool {}", c.name)));
+                }
+                if st.targets.values().any(|t| t.info.pool == c.name) {
+                    return Err(RemoteError::new(
+                        ErrorCode::NotEmpty,
+                        format!("pool {} still has targets; move them out first", c.name),
+                    ));
+                }
+                st.created_pools.remove(&c.name);
+            }
+            PoolChange::Add(ref ids) | PoolChange::Remove(ref ids) => {
+                if !exists {
+                    return Err(RemoteError::new(ErrorCode::NotFound, format!("no pool {} (create it first)", c.name)));
+                }
+                if ids.is_empty() {
+                    return Err(invalid("name at least one target".into()));
+                }
+                let add = matches!(c.change, PoolChange::Add(_));
+                // Check every target before moving any: a bad list changes nothing.
+                let mut to = Vec::new();
+                for id in ids {
+                    let t = st
+                        .targets
+                        .get(id)
+                        .ok_or_else(|| RemoteError::new(ErrorCode::NotFound, format!("no target {id}")))?;
+                    if add {
+                        to.push((*id, c.name.clone()));
+                    } else {
+                        if t.info.pool != c.name {
+                            return Err(invalid(format!("target {id} is in pool {}, not {}", t.info.pool, c.name)));
+                        }
+                        let home = st.home_pool.get(id).cloned().unwrap_or_default();
+                        if home == c.name {
+                            return Err(invalid(format!(
+                                "target {id} belongs to pool {} by its configuration; add it to another pool instead",
+                                c.name
+                            )));
+                        }
+                        to.push((*id, home));
+                    }
+                }
+                for (id, pool) in to {
+                    if st.home_pool.get(&id) == Some(&pool) {
+                        st.moved.remove(&id);
+                    } else {
+                        st.moved.insert(id, pool.clone());
+                    }
+                    if let Some(t) = st.targets.get_mut(&id) {
+                        t.info.pool = pool;
+                    }
+                }
+            }
+        }
+        st.version += 1;
+        info!(pool = %c.name, change = ?c.change, "pools changed");
+        Ok(())
+    }
+
     pub fn report_node(&self, r: ReportNode) {
         let mut st = self.state.lock().expect("registry lock");
         info!(node = r.node, host = %r.hostname, phase = ?r.phase, "node report");
@@ -221,6 +305,7 @@ impl Registry {
             targets,
             default_layout: self.default_layout.clone(),
             version: st.version,
+            pools: Self::pools(&st),
         }
     }
 }

@@ -47,10 +47,17 @@ pub fn router(reg: Arc<Registry>) -> Router {
             Ok(())
         }
     });
-    let g = reg;
+    let g = reg.clone();
     r.add::<GetBoard, _, _>(move |_h, _req| {
         let g = g.clone();
         async move { Ok(g.board()) }
+    });
+    // Pools are the site's and the filesystem owner's to shape; the caller's word is its
+    // header (as everywhere in a job: whoever holds the job's credential is trusted).
+    let g = reg;
+    r.add::<ChangePool, _, _>(move |_h, req: ChangePool| {
+        let g = g.clone();
+        async move { g.change_pool(req) }
     });
     r
 }

@@ -9,6 +9,7 @@ pub mod copy;
 pub mod demo;
 pub mod fsref;
 pub mod job;
+pub mod lfs;
 pub mod local;
 pub mod lock;
 pub mod mount;

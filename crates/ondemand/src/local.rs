@@ -39,6 +39,8 @@ pub struct UpOptions {
     pub bind: IpAddr,
     /// Where to mount the filesystem (None: no mount).
     pub mount: Option<PathBuf>,
+    /// Give every node a RAM target of this size (a tmpfs; tmpfs `size=` syntax) in pool `ram`.
+    pub ram_pool: Option<String>,
 }
 
 impl Default for UpOptions {
@@ -57,6 +59,7 @@ impl Default for UpOptions {
             io_backend: "auto".into(),
             bind: IpAddr::from([127, 0, 0, 1]),
             mount: None,
+            ram_pool: None,
         }
     }
 }
@@ -81,6 +84,9 @@ pub struct LocalState {
     /// FUSE mount points made by `up`.
     #[serde(default)]
     pub mounts: Vec<PathBuf>,
+    /// tmpfs mounts of RAM targets, unmounted after the daemons stop.
+    #[serde(default)]
+    pub tmpfs: Vec<PathBuf>,
 }
 
 pub fn state_path(root: &Path) -> PathBuf {
@@ -195,6 +201,7 @@ pub fn up(opts: &UpOptions) -> Result<LocalState> {
     let mgmtd_addr = addr(true)?;
 
     let mut plan: Vec<(String, u32, PathBuf, PathBuf)> = Vec::new();
+    let mut tmpfs: Vec<PathBuf> = Vec::new();
     let n0 = node_dir(&root, 0);
     std::fs::create_dir_all(&n0)?;
     let mcfg = MgmtdConfig {
@@ -222,13 +229,25 @@ pub fn up(opts: &UpOptions) -> Result<LocalState> {
     for k in 0..opts.nodes {
         let nd = node_dir(&root, k);
         std::fs::create_dir_all(&nd)?;
-        let targets = (0..opts.targets_per_node)
+        let per = opts.targets_per_node + u32::from(opts.ram_pool.is_some());
+        let mut targets: Vec<TargetSection> = (0..opts.targets_per_node)
             .map(|j| TargetSection {
-                id: k * opts.targets_per_node + j + 1,
-                path: nd.join(format!("target{}", k * opts.targets_per_node + j + 1)),
+                id: k * per + j + 1,
+                path: nd.join(format!("target{}", k * per + j + 1)),
                 pool: opts.pool.clone(),
             })
             .collect();
+        if let Some(size) = &opts.ram_pool {
+            let dir = nd.join("ram");
+            if let Err(e) = mount::mount_tmpfs(&dir, size) {
+                for t in &tmpfs {
+                    let _ = mount::unmount(t);
+                }
+                return Err(e);
+            }
+            tmpfs.push(dir.clone());
+            targets.push(TargetSection { id: k * per + per, path: dir, pool: "ram".into() });
+        }
         let scfg = StoredConfig {
             job: job.clone(),
             listen: addr(true)?,
@@ -248,7 +267,8 @@ pub fn up(opts: &UpOptions) -> Result<LocalState> {
         plan.push(("agent".into(), k, nd.join("agent.toml"), nd.join("agent.log")));
     }
 
-    let mut state = LocalState { job_id: job_id.clone(), nodes: opts.nodes, procs: Vec::new(), mounts: Vec::new() };
+    let mut state =
+        LocalState { job_id: job_id.clone(), nodes: opts.nodes, procs: Vec::new(), mounts: Vec::new(), tmpfs };
     let started = (|| -> Result<()> {
         for (service, node, config, log) in &plan {
             let bin = procs::binary(&format!("odfs-{service}"))?;
@@ -278,6 +298,9 @@ pub fn up(opts: &UpOptions) -> Result<LocalState> {
         }
         let pids: Vec<(u32, &Path)> = state.procs.iter().map(|p| (p.pid, p.config.as_path())).collect();
         procs::stop_all(&pids, Duration::from_secs(2));
+        for t in &state.tmpfs {
+            let _ = mount::unmount(t);
+        }
         let _ = std::fs::remove_file(state_path(&root));
         return Err(e.context(format!("odfs local up on {} failed; everything it started was stopped", root.display())));
     }
@@ -383,6 +406,9 @@ pub fn down(root: &Path) -> Result<DownReport> {
     let pids: Vec<(u32, &Path)> = state.procs.iter().map(|p| (p.pid, p.config.as_path())).collect();
     let live = state.live_pids().len();
     let killed = procs::stop_all(&pids, Duration::from_secs(3));
+    for t in &state.tmpfs {
+        unmount_steps.extend(mount::unmount(t)?);
+    }
     std::fs::remove_file(state_path(root))?;
     Ok(DownReport { stopped: live, killed, unmount_steps })
 }

@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use odfs_ondemand::{bench, copy, demo, fsref, job, local, stage, status};
+use odfs_ondemand::{bench, copy, demo, fsref, job, lfs, local, stage, status};
 use odfs_rpc::{SiteKey, Transport};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -92,6 +92,65 @@ enum Cmd {
         #[arg(long, env = "ODFS_SITE_CONFIG")]
         site_config: Option<PathBuf>,
     },
+    /// Set the layout of a directory (the default for new files and subdirectories) or of a new
+    /// or empty file, like lfs setstripe. PATH is in a mount, or odfs:/PATH with --fs.
+    Setstripe {
+        /// Stripe count (-1 = every target of the pool).
+        #[arg(short = 'c', long = "stripe-count", allow_hyphen_values = true)]
+        count: Option<i32>,
+        /// Stripe (chunk) size: a power of two from 64K to 1G (K/M/G suffix).
+        #[arg(short = 'S', long = "stripe-size", value_parser = stage::parse_size)]
+        size: Option<u64>,
+        /// Pool.
+        #[arg(short = 'p', long)]
+        pool: Option<String>,
+        /// First target (-1 = any).
+        #[arg(short = 'i', long = "stripe-index", allow_hyphen_values = true)]
+        index: Option<i64>,
+        path: String,
+    },
+    /// Show layouts like lfs getstripe: a file's stripes and targets, a directory's default
+    /// and its files'.
+    Getstripe {
+        #[arg(short = 'v', long)]
+        verbose: bool,
+        #[arg(short = 'y', long)]
+        yaml: bool,
+        /// Only the stripe count.
+        #[arg(short = 'c', long = "stripe-count")]
+        count: bool,
+        /// Only the stripe size.
+        #[arg(short = 'S', long = "stripe-size")]
+        size: bool,
+        /// Only the pool.
+        #[arg(short = 'p', long)]
+        pool: bool,
+        /// A directory itself, not its files.
+        #[arg(short = 'd', long)]
+        directory: bool,
+        /// Into subdirectories.
+        #[arg(short = 'r', long)]
+        recursive: bool,
+        path: String,
+    },
+    /// Space or inodes per target, per pool and in all, like lfs df.
+    #[command(disable_help_flag = true)]
+    Df {
+        /// Sizes for people (K, M, G).
+        #[arg(short = 'h', long = "human-readable")]
+        human: bool,
+        #[arg(short = 'i', long)]
+        inodes: bool,
+        #[arg(long)]
+        pool: Option<String>,
+        /// A path in the mount, or odfs:/ with --fs [default: $ODFS_MOUNT, else odfs:/].
+        path: Option<String>,
+        #[arg(long, action = clap::ArgAction::Help)]
+        help: Option<bool>,
+    },
+    /// Storage pools: list them; create, fill, empty or destroy one (with --fs).
+    #[command(subcommand)]
+    Pool(PoolCmd),
     /// Check the site config and print it with every default filled in (`--defaults`: the
     /// defaults alone).
     SiteConfig {
@@ -105,6 +164,28 @@ enum Cmd {
         #[arg(long, env = "ODFS_SITE_CONFIG")]
         site_config: Option<PathBuf>,
     },
+}
+
+#[derive(Subcommand)]
+enum PoolCmd {
+    /// Every pool and its targets.
+    List {
+        /// A path in the mount, or odfs:/ with --fs [default: $ODFS_MOUNT, else odfs:/].
+        path: Option<String>,
+    },
+    /// A new, empty pool.
+    Create { name: String },
+    /// Move targets into a pool.
+    Add { name: String, targets: Vec<u32> },
+    /// Move targets of a pool back to the pool they were configured with.
+    Remove { name: String, targets: Vec<u32> },
+    /// Forget an empty pool.
+    Destroy { name: String },
+}
+
+/// A command's place when it names none: the job's mount, else the library's root.
+fn default_place(path: Option<String>) -> String {
+    path.or_else(|| std::env::var("ODFS_MOUNT").ok().filter(|v| !v.is_empty())).unwrap_or_else(|| "odfs:/".into())
 }
 
 /// The job a node-local command serves; unset flags come from Slurm's prolog/epilog environment.
@@ -337,6 +418,10 @@ enum LocalCmd {
         /// makes the filesystem reachable from network namespaces or other hosts).
         #[arg(long, default_value = "127.0.0.1")]
         bind: std::net::IpAddr,
+        /// Also give every node a RAM target of this size (a tmpfs, e.g. 256M) in pool "ram"
+        /// (needs root).
+        #[arg(long)]
+        ram_pool: Option<String>,
     },
     /// Stop everything `up` started on ROOT.
     Down {
@@ -386,6 +471,7 @@ fn real_main() -> Result<()> {
             timeout,
             io_backend,
             bind,
+            ram_pool,
         }) => {
             let opts = local::UpOptions {
                 root: root.clone(),
@@ -400,6 +486,7 @@ fn real_main() -> Result<()> {
                 timeout: Duration::from_secs(timeout),
                 io_backend,
                 bind,
+                ram_pool,
                 mount: if no_mount { None } else { Some(mount.unwrap_or_else(|| root.join("mnt"))) },
             };
             let st = local::up(&opts)?;
@@ -510,6 +597,57 @@ fn real_main() -> Result<()> {
             for l in job::cleanup::cleanup(&state, &node, id.as_deref(), discard)? {
                 println!("odfs cleanup: {l}");
             }
+        }
+        Cmd::Setstripe { count, size, pool, index, path } => {
+            let rt = runtime()?;
+            rt.block_on(async {
+                let place = lfs::Place::open(&path, cli.fs.as_deref()).await?;
+                lfs::setstripe(&place, &lfs::StripeArgs { count, size, pool, start: index }).await
+            })?;
+        }
+        Cmd::Getstripe { verbose, yaml, count, size, pool, directory, recursive, path } => {
+            let rt = runtime()?;
+            let a = lfs::GetStripeArgs { verbose, yaml, count, size, pool, dir_only: directory, recursive };
+            let out = rt.block_on(async {
+                let place = lfs::Place::open(&path, cli.fs.as_deref()).await?;
+                lfs::getstripe(&place, &a).await
+            })?;
+            print!("{out}");
+        }
+        Cmd::Df { human, inodes, pool, path, help: _ } => {
+            let rt = runtime()?;
+            let out = rt.block_on(async {
+                let place = lfs::Place::open(&default_place(path), cli.fs.as_deref()).await?;
+                lfs::df(&place, &lfs::DfArgs { human, inodes, pool }).await
+            })?;
+            print!("{out}");
+        }
+        Cmd::Pool(cmd) => {
+            use odfs_proto::mgmt::PoolChange;
+            let rt = runtime()?;
+            let (name, change) = match cmd {
+                PoolCmd::List { path } => {
+                    let out = rt.block_on(async {
+                        let place = lfs::Place::open(&default_place(path), cli.fs.as_deref()).await?;
+                        lfs::pool_list(&place).await
+                    })?;
+                    print!("{out}");
+                    return Ok(());
+                }
+                PoolCmd::Create { name } => (name, PoolChange::Create),
+                PoolCmd::Add { name, targets } => (name, PoolChange::Add(targets)),
+                PoolCmd::Remove { name, targets } => (name, PoolChange::Remove(targets)),
+                PoolCmd::Destroy { name } => (name, PoolChange::Destroy),
+            };
+            rt.block_on(async {
+                let client = fsref::connect(cli.fs.as_deref()).await?;
+                let r = client.change_pool(&odfs_client::Ctx::current(), &name, change).await;
+                client.shutdown();
+                r.map_err(|e| match e {
+                    odfs_client::ClientError::Remote(r) => anyhow::anyhow!(r.message),
+                    other => anyhow::anyhow!(other),
+                })
+            })?;
         }
         Cmd::SiteConfig { defaults, site_config } => {
             let cfg = if defaults {

@@ -77,6 +77,20 @@ pub fn wait_mounted(path: &Path, timeout: Duration, alive: impl Fn() -> bool) ->
     }
 }
 
+/// Mounts a tmpfs of `size` (tmpfs syntax: `8G`, `25%`) at `dir` for a RAM-backed target.
+pub fn mount_tmpfs(dir: &Path, size: &str) -> Result<()> {
+    use anyhow::Context;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    nix::mount::mount(
+        Some("odfs-ram"),
+        dir,
+        Some("tmpfs"),
+        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+        Some(format!("size={size},mode=0700").as_str()),
+    )
+    .with_context(|| format!("cannot mount the RAM target (tmpfs size={size}) at {}", dir.display()))
+}
+
 /// Runs `f` on a helper thread and gives up waiting after `limit` (the thread is left behind
 /// if the kernel never returns; the caller moves on to a stronger measure).
 fn bounded<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {

@@ -73,6 +73,79 @@ pub fn validate_chunk_size(chunk_size: u32) -> Result<(), String> {
     Ok(())
 }
 
+/// The text form of layouts, as the `odfs.layout` extended attribute and `odfs getstripe`
+/// show them: `stripe_count=2 stripe_size=262144 pool=nvme stripe_offset=-1`, and for a file
+/// also `targets=3,4` (its stripe count is the number of targets). A directory's layout is
+/// the default its new files and subdirectories get.
+pub fn dir_layout_text(dl: &DirLayout) -> String {
+    format!(
+        "stripe_count={} stripe_size={} pool={} stripe_offset={}",
+        dl.stripe_count,
+        dl.chunk_size,
+        dl.pool,
+        dl.start_target.map_or(-1, |t| t as i64)
+    )
+}
+
+/// See [`dir_layout_text`].
+pub fn file_layout_text(l: &Layout) -> String {
+    let targets: Vec<String> = l.targets.iter().map(|t| t.to_string()).collect();
+    format!(
+        "stripe_count={} stripe_size={} pool={} stripe_offset={} targets={}",
+        l.targets.len(),
+        l.chunk_size,
+        l.pool,
+        l.targets.first().map_or(-1, |&t| t as i64),
+        targets.join(",")
+    )
+}
+
+/// Reads the text form, starting from `base` for the keys it leaves out (`stripe_count`,
+/// `stripe_size`, `pool`, `stripe_offset`; `targets` is ignored: it is chosen, not set).
+/// Sizes take K/M/G suffixes. Errors name the key and the problem; the result is validated.
+pub fn parse_layout_text(text: &str, base: &DirLayout) -> Result<DirLayout, String> {
+    let mut dl = base.clone();
+    let text = text.trim_end_matches('\0');
+    for item in text.split_whitespace() {
+        let (k, v) = item.split_once('=').ok_or_else(|| format!("{item:?} is not key=value"))?;
+        match k {
+            "stripe_count" | "count" => {
+                dl.stripe_count = v.parse().map_err(|_| format!("stripe_count {v:?} is not a number"))?;
+            }
+            "stripe_size" | "size" => {
+                let n = parse_size(v).ok_or_else(|| format!("stripe_size {v:?} is not a size (e.g. 1M)"))?;
+                dl.chunk_size = u32::try_from(n).map_err(|_| format!("stripe_size {v} is too large"))?;
+            }
+            "pool" => dl.pool = v.to_string(),
+            "stripe_offset" | "offset" => {
+                let n: i64 = v.parse().map_err(|_| format!("stripe_offset {v:?} is not a number"))?;
+                dl.start_target = match n {
+                    -1 => None,
+                    n if n >= 0 && n <= u32::MAX as i64 => Some(n as u32),
+                    _ => return Err(format!("stripe_offset {v} is invalid: a target id, or -1 for any")),
+                };
+            }
+            "targets" => {}
+            other => {
+                return Err(format!("unknown layout key {other:?} (stripe_count, stripe_size, pool, stripe_offset)"))
+            }
+        }
+    }
+    dl.validate()?;
+    Ok(dl)
+}
+
+/// "1048576", "256K", "4M", "1G" (powers of 1024).
+pub fn parse_size(s: &str) -> Option<u64> {
+    let (num, mult) = match s.chars().last()? {
+        'k' | 'K' => (&s[..s.len() - 1], 1u64 << 10),
+        'm' | 'M' => (&s[..s.len() - 1], 1 << 20),
+        'g' | 'G' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>().ok()?.checked_mul(mult)
+}
+
 /// One contiguous piece of a file range that lives in a single chunk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Segment {
@@ -141,6 +214,30 @@ mod tests {
 
     fn layout(cs: u32, n: u32) -> Layout {
         Layout { chunk_size: cs, pool: "p".into(), targets: (1..=n).collect() }
+    }
+
+    #[test]
+    fn layout_text_round_trips_and_names_bad_keys() {
+        let dl = DirLayout { chunk_size: 262144, stripe_count: 2, pool: "nvme".into(), start_target: Some(3) };
+        let t = dir_layout_text(&dl);
+        assert_eq!(t, "stripe_count=2 stripe_size=262144 pool=nvme stripe_offset=3");
+        assert_eq!(parse_layout_text(&t, &DirLayout::default()).unwrap(), dl);
+        let l = Layout { chunk_size: 65536, pool: "p".into(), targets: vec![4, 1] };
+        assert_eq!(file_layout_text(&l), "stripe_count=2 stripe_size=65536 pool=p stripe_offset=4 targets=4,1");
+        let base = DirLayout::default();
+        let d = parse_layout_text("stripe_size=4M stripe_count=-1", &base).unwrap();
+        assert_eq!((d.chunk_size, d.stripe_count, d.pool.as_str()), (4 << 20, -1, DEFAULT_POOL));
+        for (bad, want) in [
+            ("stripe_size=1000", "power of two"),
+            ("stripe_count=0", "stripe count 0"),
+            ("stripe_count=x", "not a number"),
+            ("colour=red", "unknown layout key"),
+            ("pool", "not key=value"),
+            ("stripe_offset=-5", "invalid"),
+        ] {
+            let e = parse_layout_text(bad, &base).unwrap_err();
+            assert!(e.contains(want), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -267,6 +267,13 @@ pub struct GetDirLayout {
     pub ino: InodeId,
 }
 
+/// Give an empty regular file a new layout (targets chosen from `layout` as for a create).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetFileLayout {
+    pub ino: InodeId,
+    pub layout: DirLayout,
+}
+
 crate::rpc! {
     Lookup = 100 => Attr,
     GetAttr = 101 => Attr,
@@ -290,4 +297,5 @@ crate::rpc! {
     Access = 119 => (),
     SetDirLayout = 120 => (),
     GetDirLayout = 121 => DirLayout,
+    SetFileLayout = 122 => Attr,
 }

@@ -122,6 +122,8 @@ pub struct ClusterView {
     pub default_layout: DirLayout,
     /// Grows whenever services or targets change.
     pub version: u64,
+    /// Every pool: those targets name and those created empty (sorted).
+    pub pools: Vec<String>,
 }
 
 impl ClusterView {
@@ -205,6 +207,43 @@ impl Board {
     }
 }
 
+/// A change to the storage pools. A target belongs to exactly one pool: the one its stored
+/// names at registration, until it is moved.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PoolChange {
+    /// A new, empty pool.
+    Create,
+    /// Move targets into the pool.
+    Add(Vec<TargetId>),
+    /// Move targets of the pool back to the pool they registered with.
+    Remove(Vec<TargetId>),
+    /// Forget an empty pool.
+    Destroy,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangePool {
+    pub name: String,
+    pub change: PoolChange,
+}
+
+/// A pool name: 1-64 letters, digits, '-', '_' or '.'.
+pub fn valid_pool_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+        return Err(format!("pool name {name:?} must be 1-64 letters, digits, '-', '_' or '.'"));
+    }
+    Ok(())
+}
+
+impl ClusterView {
+    /// Targets of a pool, in id order.
+    pub fn pool_targets(&self, pool: &str) -> Vec<&TargetInfo> {
+        let mut v: Vec<&TargetInfo> = self.targets.iter().filter(|t| t.pool == pool).collect();
+        v.sort_by_key(|t| t.id);
+        v
+    }
+}
+
 crate::rpc! {
     Register = 1 => RegisterReply,
     Heartbeat = 2 => HeartbeatReply,
@@ -213,4 +252,5 @@ crate::rpc! {
     ReportNode = 5 => (),
     SetVerdict = 6 => (),
     GetBoard = 7 => Board,
+    ChangePool = 8 => (),
 }

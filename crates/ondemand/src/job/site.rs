@@ -52,6 +52,9 @@ pub struct SiteOndemand {
     /// Default layout of a job's filesystem; `#ODFS stripe-count`, `chunk-size` and `pool` win.
     pub stripe_count: i32,
     pub chunk_size: u32,
+    /// The job's user may set layouts in their filesystem (`odfs setstripe`, the `odfs.layout`
+    /// attribute); false keeps layouts to root.
+    pub user_layouts: bool,
     /// Chunk data transport: tcp or quic.
     pub bulk: Transport,
     /// Storage I/O engine: auto, uring or syscall.
@@ -89,6 +92,7 @@ impl Default for SiteOndemand {
             resolve_suffix: String::new(),
             stripe_count: odfs_proto::layout::DEFAULT_STRIPE_COUNT,
             chunk_size: odfs_proto::layout::DEFAULT_CHUNK_SIZE,
+            user_layouts: true,
             bulk: Transport::Tcp,
             io_backend: "auto".into(),
             ready_timeout_secs: 60,

@@ -165,18 +165,6 @@ fn prepare_data_dir(d: &Path) -> Result<()> {
     probe().with_context(|| format!("data path {} is not writable", d.display()))
 }
 
-fn mount_tmpfs(dir: &Path, size: &str) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    nix::mount::mount(
-        Some("odfs-ram"),
-        dir,
-        Some("tmpfs"),
-        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
-        Some(format!("size={size},mode=0700").as_str()),
-    )
-    .with_context(|| format!("cannot mount the RAM target (tmpfs size={size}) at {}", dir.display()))
-}
-
 /// Prepares the mount point: parents as root, the point itself the user's with mode 0700.
 fn prepare_mount_point(mp: &Path, uid: u32, gid: u32) -> Result<()> {
     for line in mount::unmount(mp)? {
@@ -298,6 +286,7 @@ fn start_services(
             data_dir: plan.data_dirs[0].join("meta"),
             register_timeout_secs: o.ready_timeout_secs,
             root_owner: Some(RootOwner { uid: spec.user.uid, gid: spec.user.gid, mode: 0o700 }),
+            root_only_layouts: !o.user_layouts,
             ..MetadConfig::default()
         };
         launch(rec, state, dir, "metad", k, &meta)?;
@@ -443,7 +432,7 @@ fn start_node_services(
         prepare_data_dir(d)?;
     }
     if let Some(r) = &plan.ram_dir {
-        mount_tmpfs(r, &site.ondemand.ram_size)?;
+        mount::mount_tmpfs(r, &site.ondemand.ram_size)?;
         rec.ram_mount = Some(r.clone());
         state.save(rec)?;
     }

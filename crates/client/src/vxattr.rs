@@ -1,0 +1,198 @@
+//! Virtual extended attributes, computed and never stored (as CephFS exposes its layouts), so
+//! that layouts can be read and set through a mount with `getfattr`/`setfattr` — and by
+//! `odfs getstripe/setstripe/df` for users who only have the mount:
+//!
+//! - `odfs.layout`: a file's layout (`stripe_count=2 stripe_size=262144 pool=nvme
+//!   stripe_offset=3 targets=3,4`), settable while the file is empty; a directory's default
+//!   layout for new files and subdirectories, settable by its owner. Keys left out of a value
+//!   keep their current setting.
+//! - `odfs.dir_layout`: how a directory's entries are spread over metadata shards
+//!   (`stripe_count=N shards=0,1,...`); read-only.
+//! - `odfs.targets`: every storage target (`target=3 node=1 pool=nvme online=1 capacity=…
+//!   free=… inodes=… inodes_free=…`) and every pool (`pool=nvme`), one per line; read-only.
+//!
+//! Names under `odfs.` are reserved: unknown ones have no data and cannot be set. None is
+//! listed by listxattr.
+
+use crate::{Client, ClientError, Ctx, Result};
+use odfs_proto::layout::{dir_layout_text, file_layout_text, parse_layout_text};
+use odfs_proto::meta::{Attr, FileKind, SetFileLayout};
+use odfs_proto::mgmt::ClusterView;
+use odfs_proto::{DirLayout, ErrorCode, InodeId};
+
+pub const PREFIX: &[u8] = b"odfs.";
+pub const LAYOUT: &[u8] = b"odfs.layout";
+pub const DIR_LAYOUT: &[u8] = b"odfs.dir_layout";
+pub const TARGETS: &[u8] = b"odfs.targets";
+
+/// A target as `odfs.targets` describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetRow {
+    pub id: u32,
+    pub node: u32,
+    pub pool: String,
+    pub online: bool,
+    pub capacity: u64,
+    pub free: u64,
+    pub inodes: u64,
+    pub inodes_free: u64,
+}
+
+/// One line of `odfs.targets`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetsLine {
+    Target(TargetRow),
+    Pool(String),
+}
+
+/// The `odfs.targets` text of a cluster view.
+pub fn targets_text(v: &ClusterView) -> String {
+    let mut s = String::new();
+    let mut targets: Vec<_> = v.targets.iter().collect();
+    targets.sort_by_key(|t| t.id);
+    for t in targets {
+        s += &format!(
+            "target={} node={} pool={} online={} capacity={} free={} inodes={} inodes_free={}\n",
+            t.id,
+            t.node,
+            t.pool,
+            u8::from(t.online),
+            t.space.capacity,
+            t.space.free,
+            t.space.inodes_total,
+            t.space.inodes_free
+        );
+    }
+    for p in &v.pools {
+        s += &format!("pool={p}\n");
+    }
+    s
+}
+
+/// Reads `odfs.targets` text back.
+pub fn parse_targets(text: &str) -> std::result::Result<Vec<TargetsLine>, String> {
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let kv: Vec<(&str, &str)> = line.split_whitespace().filter_map(|i| i.split_once('=')).collect();
+        let get = |k: &str| kv.iter().find(|(a, _)| *a == k).map(|(_, v)| *v);
+        let num = |k: &str| -> std::result::Result<u64, String> {
+            get(k).and_then(|v| v.parse().ok()).ok_or_else(|| format!("odfs.targets line {line:?}: no number {k}"))
+        };
+        if let Some(p) = get("pool").filter(|_| get("target").is_none()) {
+            out.push(TargetsLine::Pool(p.to_string()));
+            continue;
+        }
+        out.push(TargetsLine::Target(TargetRow {
+            id: num("target")? as u32,
+            node: num("node")? as u32,
+            pool: get("pool").unwrap_or("").to_string(),
+            online: get("online") == Some("1"),
+            capacity: num("capacity")?,
+            free: num("free")?,
+            inodes: num("inodes")?,
+            inodes_free: num("inodes_free")?,
+        }));
+    }
+    Ok(out)
+}
+
+/// A file layout as the default it would be made from (for keys a `setstripe` leaves out).
+fn as_dir_layout(a: &Attr) -> DirLayout {
+    match &a.layout {
+        Some(l) => DirLayout {
+            chunk_size: l.chunk_size,
+            stripe_count: l.targets.len().max(1) as i32,
+            pool: l.pool.clone(),
+            start_target: None,
+        },
+        None => DirLayout::default(),
+    }
+}
+
+impl Client {
+    /// Gives an empty regular file a new layout.
+    pub async fn set_file_layout(&self, ctx: &Ctx, ino: InodeId, layout: DirLayout) -> Result<Attr> {
+        let a = self.meta(ctx, ino.shard(), &SetFileLayout { ino, layout }).await;
+        self.invalidate(ino);
+        let a = a?;
+        self.cache_attr(&a);
+        Ok(a)
+    }
+
+    /// The value of a virtual attribute (`name` starts with `odfs.`).
+    pub(crate) async fn get_virtual(&self, ctx: &Ctx, ino: InodeId, name: &[u8]) -> Result<Vec<u8>> {
+        match name {
+            LAYOUT => {
+                let a = self.getattr(ctx, ino).await?;
+                match a.kind {
+                    FileKind::Dir => Ok(dir_layout_text(&self.get_dir_layout(ctx, ino).await?).into_bytes()),
+                    FileKind::File => match &a.layout {
+                        Some(l) => Ok(file_layout_text(l).into_bytes()),
+                        None => Err(ClientError::new(ErrorCode::NoData, "the file has no layout")),
+                    },
+                    FileKind::Symlink => Err(ClientError::new(ErrorCode::NoData, "a symbolic link has no layout")),
+                }
+            }
+            DIR_LAYOUT => {
+                let a = self.getattr(ctx, ino).await?;
+                if a.kind != FileKind::Dir {
+                    return Err(ClientError::new(ErrorCode::NoData, "only directories have a metadata layout"));
+                }
+                Ok(format!("stripe_count=1 shards={}", ino.shard()).into_bytes())
+            }
+            TARGETS => Ok(targets_text(&*self.cluster().refresh().await?).into_bytes()),
+            _ => Err(ClientError::new(ErrorCode::NoData, format!("no attribute {}", String::from_utf8_lossy(name)))),
+        }
+    }
+
+    /// Sets a virtual attribute: only `odfs.layout` can be set.
+    pub(crate) async fn set_virtual(&self, ctx: &Ctx, ino: InodeId, name: &[u8], value: &[u8]) -> Result<()> {
+        if name != LAYOUT {
+            let what = String::from_utf8_lossy(name);
+            return Err(ClientError::new(ErrorCode::Perm, format!("{what} is read-only")));
+        }
+        let text = std::str::from_utf8(value).map_err(|_| ClientError::new(ErrorCode::Invalid, "a layout is text"))?;
+        let a = self.getattr(ctx, ino).await?;
+        match a.kind {
+            FileKind::Dir => {
+                let base = self.get_dir_layout(ctx, ino).await?;
+                let dl = parse_layout_text(text, &base).map_err(|m| ClientError::new(ErrorCode::Invalid, m))?;
+                self.set_dir_layout(ctx, ino, dl).await
+            }
+            FileKind::File => {
+                let dl =
+                    parse_layout_text(text, &as_dir_layout(&a)).map_err(|m| ClientError::new(ErrorCode::Invalid, m))?;
+                self.set_file_layout(ctx, ino, dl).await.map(drop)
+            }
+            FileKind::Symlink => Err(ClientError::new(ErrorCode::Invalid, "a symbolic link has no layout")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_text_round_trips() {
+        let text =
+            "target=3 node=1 pool=nvme online=1 capacity=100 free=40 inodes=10 inodes_free=7\npool=nvme\npool=ram\n";
+        let v = parse_targets(text).unwrap();
+        assert_eq!(v.len(), 3);
+        assert_eq!(
+            v[0],
+            TargetsLine::Target(TargetRow {
+                id: 3,
+                node: 1,
+                pool: "nvme".into(),
+                online: true,
+                capacity: 100,
+                free: 40,
+                inodes: 10,
+                inodes_free: 7
+            })
+        );
+        assert_eq!(v[2], TargetsLine::Pool("ram".into()));
+        assert!(parse_targets("target=x node=1").is_err());
+    }
+}

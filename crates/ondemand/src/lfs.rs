@@ -1,0 +1,592 @@
+//! The lfs-style layout commands: `odfs setstripe`, `getstripe`, `df` and `pool`.
+//!
+//! Every command takes a path in a mount — and then works through the mount's virtual
+//! extended attributes (`odfs.layout`, `odfs.targets`), so any user who may use the mount may
+//! use it — or `odfs:/PATH`, which goes through the client library (it needs the filesystem's
+//! client config, `--fs`, and so its root-only site key). Both ways end in the same metad
+//! checks.
+//!
+//! Owns the command-line forms and their output. Layout rules and their errors are metad's.
+
+use crate::fsref;
+use anyhow::{bail, Context, Result};
+use odfs_client::vxattr::{self, TargetRow, TargetsLine};
+use odfs_client::{Client, Ctx};
+use odfs_proto::layout::parse_layout_text;
+use odfs_proto::meta::FileKind;
+use odfs_proto::DirLayout;
+use std::ffi::CString;
+use std::fmt::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+/// Where a command acts.
+#[derive(Clone)]
+pub enum Place {
+    /// Inside odfs through the client library.
+    Lib { client: Client, path: String },
+    /// A path in an odfs mount, through extended attributes.
+    Mount(PathBuf),
+}
+
+fn cpath(p: &Path) -> Result<CString> {
+    CString::new(p.as_os_str().as_bytes()).with_context(|| format!("{} contains a NUL byte", p.display()))
+}
+
+/// getxattr(2) on a mount path, growing the buffer as needed.
+fn get_xattr(p: &Path, name: &[u8]) -> std::io::Result<Vec<u8>> {
+    let c = cpath(p).map_err(std::io::Error::other)?;
+    let n = CString::new(name).map_err(std::io::Error::other)?;
+    let mut buf = vec![0u8; 4096];
+    loop {
+        // SAFETY: valid NUL-terminated strings and a buffer of the given length.
+        let r = unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        if r >= 0 {
+            buf.truncate(r as usize);
+            return Ok(buf);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ERANGE) || buf.len() >= 16 << 20 {
+            return Err(e);
+        }
+        buf.resize(buf.len() * 4, 0);
+    }
+}
+
+fn set_xattr(p: &Path, name: &[u8], value: &[u8]) -> std::io::Result<()> {
+    let c = cpath(p).map_err(std::io::Error::other)?;
+    let n = CString::new(name).map_err(std::io::Error::other)?;
+    // SAFETY: valid NUL-terminated strings and a value of the given length.
+    let r = unsafe { libc::setxattr(c.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The odfs mount holding `p` (its mount point), if any.
+pub fn mount_of(p: &Path) -> Option<PathBuf> {
+    let abs = std::path::absolute(p).ok()?;
+    odfs_stage::location::odfs_mounts().into_iter().filter(|m| abs.starts_with(m)).max_by_key(|m| m.as_os_str().len())
+}
+
+/// The server's message of a client error, without the code prefix.
+fn why(e: odfs_client::ClientError) -> anyhow::Error {
+    match e {
+        odfs_client::ClientError::Remote(r) => anyhow::anyhow!(r.message),
+        other => anyhow::anyhow!(other),
+    }
+}
+
+impl Place {
+    /// `odfs:/PATH` (library, `--fs`) or a path in a mount.
+    pub async fn open(arg: &str, fs: Option<&Path>) -> Result<Place> {
+        if let Some(p) = arg.strip_prefix("odfs:") {
+            let client = fsref::connect(fs).await?;
+            let path = if p.starts_with('/') { p.to_string() } else { format!("/{p}") };
+            return Ok(Place::Lib { client, path });
+        }
+        let p = PathBuf::from(arg);
+        if mount_of(&p).is_none() {
+            bail!("{arg} is not in an odfs mount (name a path in the mount, or odfs:/PATH with --fs FILE)");
+        }
+        Ok(Place::Mount(p))
+    }
+
+    pub fn show(&self) -> String {
+        match self {
+            Place::Lib { path, .. } => format!("odfs:{path}"),
+            Place::Mount(p) => p.display().to_string(),
+        }
+    }
+
+    fn child(&self, name: &str) -> Place {
+        match self {
+            Place::Lib { client, path } => {
+                Place::Lib { client: client.clone(), path: format!("{}/{name}", path.trim_end_matches('/')) }
+            }
+            Place::Mount(p) => Place::Mount(p.join(name)),
+        }
+    }
+
+    /// None when the path does not exist.
+    pub async fn kind(&self) -> Result<Option<FileKind>> {
+        match self {
+            Place::Lib { client, path } => match client.resolve(&Ctx::current(), path, false).await {
+                Ok(a) => Ok(Some(a.kind)),
+                Err(e) if e.errno() == libc::ENOENT => Ok(None),
+                Err(e) => Err(why(e)),
+            },
+            Place::Mount(p) => match std::fs::symlink_metadata(p) {
+                Ok(m) if m.is_dir() => Ok(Some(FileKind::Dir)),
+                Ok(m) if m.file_type().is_symlink() => Ok(Some(FileKind::Symlink)),
+                Ok(_) => Ok(Some(FileKind::File)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(e).with_context(|| format!("cannot stat {}", p.display())),
+            },
+        }
+    }
+
+    pub async fn get(&self, name: &[u8]) -> Result<String> {
+        let v = match self {
+            Place::Lib { client, path } => {
+                let ctx = Ctx::current();
+                let a = client.resolve(&ctx, path, true).await.map_err(why)?;
+                client.getxattr(&ctx, a.ino, name).await.map_err(why)?
+            }
+            Place::Mount(p) => get_xattr(p, name).with_context(|| format!("{}", p.display()))?,
+        };
+        Ok(String::from_utf8_lossy(&v).into_owned())
+    }
+
+    pub async fn set(&self, name: &[u8], value: &str) -> Result<()> {
+        match self {
+            Place::Lib { client, path } => {
+                let ctx = Ctx::current();
+                let a = client.resolve(&ctx, path, true).await.map_err(why)?;
+                client.setxattr(&ctx, a.ino, name, value.as_bytes(), 0).await.map_err(why)
+            }
+            Place::Mount(p) => set_xattr(p, name, value.as_bytes()).map_err(|e| match e.raw_os_error() {
+                Some(libc::EINVAL) => anyhow::anyhow!("{}: the layout was refused (invalid)", p.display()),
+                _ => anyhow::anyhow!("{}: {e}", p.display()),
+            }),
+        }
+    }
+
+    /// Creates an empty regular file (for `setstripe` of a new file).
+    async fn create_empty(&self) -> Result<()> {
+        match self {
+            Place::Lib { client, path } => {
+                let ctx = Ctx::current();
+                let (parent, name) = client.resolve_parent(&ctx, path).await.map_err(why)?;
+                client.create(&ctx, parent.ino, &name, 0o644, true, None).await.map_err(why)?;
+                Ok(())
+            }
+            Place::Mount(p) => {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(p)
+                    .with_context(|| format!("cannot create {}", p.display()))?;
+                Ok(())
+            }
+        }
+    }
+
+    /// Names in a directory, sorted.
+    async fn list(&self) -> Result<Vec<String>> {
+        let mut v: Vec<String> = match self {
+            Place::Lib { client, path } => {
+                let ctx = Ctx::current();
+                let a = client.resolve(&ctx, path, true).await.map_err(why)?;
+                client
+                    .readdir_all(&ctx, a.ino, false)
+                    .await
+                    .map_err(why)?
+                    .into_iter()
+                    .map(|e| String::from_utf8_lossy(&e.name).into_owned())
+                    .filter(|n| n != "." && n != "..")
+                    .collect()
+            }
+            Place::Mount(p) => std::fs::read_dir(p)
+                .with_context(|| format!("cannot list {}", p.display()))?
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect(),
+        };
+        v.sort();
+        Ok(v)
+    }
+
+    /// The filesystem's root (where the filesystem-wide attributes are read: the place itself
+    /// may not exist yet).
+    fn root(&self) -> Place {
+        match self {
+            Place::Lib { client, .. } => Place::Lib { client: client.clone(), path: "/".into() },
+            Place::Mount(p) => Place::Mount(mount_of(p).unwrap_or_else(|| p.clone())),
+        }
+    }
+
+    /// The filesystem's inode totals as statfs gives them (what `df -i` on the mount shows):
+    /// (total, free). They count metadata inodes: one per file, directory or link.
+    pub async fn statfs_inodes(&self) -> Result<(u64, u64)> {
+        match self.root() {
+            Place::Lib { client, .. } => {
+                let st = client.statfs(&Ctx::current()).await.map_err(why)?;
+                Ok((st.total_inodes, st.free_inodes))
+            }
+            Place::Mount(p) => {
+                let st = nix::sys::statvfs::statvfs(&p).with_context(|| format!("statfs {}", p.display()))?;
+                Ok((st.files() as u64, st.files_free() as u64))
+            }
+        }
+    }
+
+    /// The filesystem's targets and pools (`odfs.targets`).
+    pub async fn targets(&self) -> Result<Vec<TargetsLine>> {
+        vxattr::parse_targets(&self.root().get(vxattr::TARGETS).await?).map_err(anyhow::Error::msg)
+    }
+}
+
+/// What `odfs setstripe` asks for; unset fields keep the current setting.
+#[derive(Debug, Clone, Default)]
+pub struct StripeArgs {
+    pub count: Option<i32>,
+    pub size: Option<u64>,
+    pub pool: Option<String>,
+    pub start: Option<i64>,
+}
+
+impl StripeArgs {
+    /// The `odfs.layout` value: only the keys given.
+    pub fn text(&self) -> Result<String> {
+        let mut v = Vec::new();
+        if let Some(c) = self.count {
+            v.push(format!("stripe_count={c}"));
+        }
+        if let Some(s) = self.size {
+            v.push(format!("stripe_size={s}"));
+        }
+        if let Some(p) = &self.pool {
+            v.push(format!("pool={p}"));
+        }
+        if let Some(i) = self.start {
+            v.push(format!("stripe_offset={i}"));
+        }
+        if v.is_empty() {
+            bail!("setstripe needs at least one of -c COUNT, -S SIZE, -p POOL, -i START_TARGET");
+        }
+        let text = v.join(" ");
+        // The same rules metad applies, checked here first for a message without a round trip.
+        parse_layout_text(&text, &DirLayout::default()).map_err(anyhow::Error::msg)?;
+        Ok(text)
+    }
+}
+
+/// The checks metad makes, made here first: through a mount only the errno of a refusal comes
+/// back, and the user deserves its reason.
+async fn precheck(place: &Place, a: &StripeArgs, kind: Option<FileKind>) -> Result<()> {
+    let lines = place.targets().await?;
+    let members = |pool: &str| -> Vec<u32> {
+        lines
+            .iter()
+            .filter_map(|l| match l {
+                TargetsLine::Target(t) if t.pool == pool => Some(t.id),
+                _ => None,
+            })
+            .collect()
+    };
+    let current = match kind {
+        Some(_) => kv(&place.get(vxattr::LAYOUT).await?),
+        // A new file starts from its directory's default.
+        None => match place {
+            Place::Mount(p) => match p.parent() {
+                Some(d) => kv(&Place::Mount(d.to_path_buf()).get(vxattr::LAYOUT).await?),
+                None => Vec::new(),
+            },
+            Place::Lib { .. } => Vec::new(),
+        },
+    };
+    let pool = a.pool.clone().unwrap_or_else(|| field(&current, "pool").to_string());
+    let ids = members(&pool);
+    if !pool.is_empty() && ids.is_empty() {
+        let mut have: Vec<String> = lines
+            .iter()
+            .filter_map(|l| match l {
+                TargetsLine::Target(t) => Some(t.pool.clone()),
+                _ => None,
+            })
+            .collect();
+        have.sort();
+        have.dedup();
+        bail!("pool {pool} does not exist or has no targets (pools with targets: {})", have.join(", "));
+    }
+    if let Some(c) = a.count.filter(|&c| c > ids.len() as i32 && !ids.is_empty()) {
+        bail!("stripe count {c} is more than the {} targets of pool {pool}", ids.len());
+    }
+    if let Some(i) = a.start.filter(|&i| i >= 0) {
+        if !ids.contains(&(i as u32)) {
+            bail!("start target {i} is not in pool {pool} (targets {ids:?})");
+        }
+    }
+    if kind == Some(FileKind::File) {
+        if let Place::Mount(p) = place {
+            let len = std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+            if len > 0 {
+                bail!("{} has {len} bytes: a layout can only be set while a file is empty", p.display());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `odfs setstripe`: a directory's default layout, or a new (or empty) file's layout.
+pub async fn setstripe(place: &Place, a: &StripeArgs) -> Result<()> {
+    let text = a.text()?;
+    let kind = place.kind().await?;
+    if kind == Some(FileKind::Symlink) {
+        bail!("{} is a symbolic link; name what it points to", place.show());
+    }
+    precheck(place, a, kind).await?;
+    let created = match kind {
+        Some(_) => false,
+        None => {
+            place.create_empty().await?;
+            true
+        }
+    };
+    let r = place.set(vxattr::LAYOUT, &text).await;
+    if r.is_err() && created {
+        // A refused layout leaves nothing behind.
+        if let Place::Mount(p) = place {
+            let _ = std::fs::remove_file(p);
+        }
+        if let Place::Lib { client, path } = place {
+            let ctx = Ctx::current();
+            if let Ok((parent, name)) = client.resolve_parent(&ctx, path).await {
+                let _ = client.unlink(&ctx, parent.ino, &name).await;
+            }
+        }
+    }
+    r
+}
+
+/// What `odfs getstripe` shows.
+#[derive(Debug, Clone, Default)]
+pub struct GetStripeArgs {
+    pub verbose: bool,
+    pub yaml: bool,
+    pub count: bool,
+    pub size: bool,
+    pub pool: bool,
+    /// A directory only, not its files.
+    pub dir_only: bool,
+    pub recursive: bool,
+}
+
+fn kv(text: &str) -> Vec<(String, String)> {
+    text.split_whitespace().filter_map(|i| i.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+fn field<'a>(f: &'a [(String, String)], k: &str) -> &'a str {
+    f.iter().find(|(a, _)| a == k).map_or("", |(_, v)| v.as_str())
+}
+
+/// One entry's layout, lfs-style.
+fn render_one(out: &mut String, name: &str, kind: FileKind, text: &str, nodes: &[(u32, u32)], a: &GetStripeArgs) {
+    let f = kv(text);
+    let only: Vec<&str> = [("stripe_count", a.count), ("stripe_size", a.size), ("pool", a.pool)]
+        .into_iter()
+        .filter(|(_, on)| *on)
+        .map(|(k, _)| field(&f, k))
+        .collect();
+    if !only.is_empty() {
+        let _ = writeln!(out, "{}", only.join(" "));
+        return;
+    }
+    let targets: Vec<u32> = field(&f, "targets").split(',').filter_map(|t| t.parse().ok()).collect();
+    let node_of = |t: u32| nodes.iter().find(|(id, _)| *id == t).map_or("-".to_string(), |(_, n)| n.to_string());
+    if a.yaml {
+        let _ = writeln!(out, "{name}:");
+        for k in ["stripe_count", "stripe_size", "pool", "stripe_offset"] {
+            let _ = writeln!(out, "  {k}: {}", field(&f, k));
+        }
+        if kind == FileKind::File {
+            let _ = writeln!(out, "  targets:");
+            for t in &targets {
+                let _ = writeln!(out, "    - {{ target: {t}, node: {} }}", node_of(*t));
+            }
+        }
+        return;
+    }
+    let _ = writeln!(out, "{name}");
+    if kind == FileKind::Dir {
+        let _ = writeln!(
+            out,
+            "stripe_count:  {} stripe_size:   {} pattern:       raid0 stripe_offset: {} pool:          {}",
+            field(&f, "stripe_count"),
+            field(&f, "stripe_size"),
+            field(&f, "stripe_offset"),
+            field(&f, "pool")
+        );
+        return;
+    }
+    let _ = writeln!(out, "lmm_stripe_count:  {}", field(&f, "stripe_count"));
+    let _ = writeln!(out, "lmm_stripe_size:   {}", field(&f, "stripe_size"));
+    let _ = writeln!(out, "lmm_pattern:       raid0");
+    if a.verbose {
+        let _ = writeln!(out, "lmm_layout_gen:    0");
+    }
+    let _ = writeln!(out, "lmm_stripe_offset: {}", field(&f, "stripe_offset"));
+    let _ = writeln!(out, "lmm_pool:          {}", field(&f, "pool"));
+    let _ = writeln!(out, "\tobdidx\t\t node");
+    for t in targets {
+        let _ = writeln!(out, "\t{t:>6}\t\t{:>5}", node_of(t));
+    }
+}
+
+/// `odfs getstripe`: the layout of a file, or a directory's default and (unless `-d`) its files'.
+pub async fn getstripe(place: &Place, a: &GetStripeArgs) -> Result<String> {
+    let nodes: Vec<(u32, u32)> = place
+        .targets()
+        .await?
+        .into_iter()
+        .filter_map(|l| match l {
+            TargetsLine::Target(t) => Some((t.id, t.node)),
+            TargetsLine::Pool(_) => None,
+        })
+        .collect();
+    let mut out = String::new();
+    let mut todo = vec![(place.show(), place.clone())];
+    let mut first = true;
+    while let Some((name, p)) = todo.pop() {
+        let kind = p.kind().await?.with_context(|| format!("{name}: no such file or directory"))?;
+        if kind == FileKind::Symlink {
+            continue;
+        }
+        let text = p.get(vxattr::LAYOUT).await.with_context(|| name.clone())?;
+        render_one(&mut out, &name, kind, &text, &nodes, a);
+        if kind == FileKind::Dir && !a.dir_only && (first || a.recursive) {
+            let mut kids = p.list().await?;
+            kids.reverse();
+            for k in kids {
+                let show = format!("{}/{k}", name.trim_end_matches('/'));
+                todo.push((show, p.child(&k)));
+            }
+        }
+        first = false;
+    }
+    Ok(out)
+}
+
+/// Bytes for people, as df -h: "1.5G".
+fn human(b: u64) -> String {
+    const U: [&str; 6] = ["", "K", "M", "G", "T", "P"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < U.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b}")
+    } else if v < 10.0 {
+        format!("{v:.1}{}", U[i])
+    } else {
+        format!("{v:.0}{}", U[i])
+    }
+}
+
+/// What `odfs df` shows.
+#[derive(Debug, Clone, Default)]
+pub struct DfArgs {
+    pub human: bool,
+    pub inodes: bool,
+    pub pool: Option<String>,
+}
+
+/// One row of `odfs df`: (total, used, available).
+fn df_row(out: &mut String, label: &str, total: u64, used: u64, avail: u64, a: &DfArgs, tail: &str) {
+    let pct = if total > 0 { format!("{}%", (used as f64 * 100.0 / total as f64).ceil() as u64) } else { "-".into() };
+    let n = |v: u64| if a.human && !a.inodes { human(v) } else { v.to_string() };
+    let _ = writeln!(out, "{label:<24} {:>16} {:>16} {:>16} {pct:>5} {tail}", n(total), n(used), n(avail));
+}
+
+/// `odfs df`: space (or, with -i, inodes) per target, per pool and in all; bytes in 1K
+/// blocks unless -h. The byte summary is the sum over the online targets, as `df` on the mount
+/// shows it; the inode summary is the filesystem's metadata inodes, as `df -i` shows them.
+pub async fn df(place: &Place, a: &DfArgs) -> Result<String> {
+    let lines = place.targets().await?;
+    let mut targets: Vec<TargetRow> = Vec::new();
+    let mut pools: Vec<String> = Vec::new();
+    for l in lines {
+        match l {
+            TargetsLine::Target(t) => targets.push(t),
+            TargetsLine::Pool(p) => pools.push(p),
+        }
+    }
+    if let Some(p) = &a.pool {
+        if !pools.contains(p) {
+            bail!("no pool {p} (pools: {})", pools.join(", "));
+        }
+    }
+    let scale = |b: u64| if a.human || a.inodes { b } else { b / 1024 };
+    let (h1, h2, h3) = if a.inodes {
+        ("Inodes", "IUsed", "IFree")
+    } else if a.human {
+        ("Size", "Used", "Avail")
+    } else {
+        ("1K-blocks", "Used", "Available")
+    };
+    let mut out = format!("{:<24} {h1:>16} {h2:>16} {h3:>16} {:>5} {}\n", "TARGET", "Use%", "Node Pool");
+    let pick = |t: &TargetRow| -> (u64, u64) {
+        if a.inodes {
+            (t.inodes, t.inodes_free)
+        } else {
+            (scale(t.capacity), scale(t.free))
+        }
+    };
+    let mut sums: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+    let mut all = (0u64, 0u64);
+    for t in &targets {
+        if a.pool.as_ref().is_some_and(|p| *p != t.pool) {
+            continue;
+        }
+        let (total, free) = pick(t);
+        let state = if t.online { "" } else { " OFFLINE" };
+        let tail = format!("{:>4} {}{state}", t.node, t.pool);
+        df_row(&mut out, &format!("odfs-T{:04}", t.id), total, total.saturating_sub(free), free, a, &tail);
+        if t.online {
+            let s = sums.entry(t.pool.clone()).or_default();
+            s.0 += total;
+            s.1 += free;
+            all.0 += total;
+            all.1 += free;
+        }
+    }
+    out.push('\n');
+    for p in &pools {
+        if a.pool.as_ref().is_some_and(|x| x != p) {
+            continue;
+        }
+        let (total, free) = sums.get(p).copied().unwrap_or((0, 0));
+        df_row(&mut out, &format!("pool {p}"), total, total.saturating_sub(free), free, a, "");
+    }
+    if a.pool.is_none() {
+        out.push('\n');
+        if a.inodes {
+            // A filesystem's inodes are its metadata inodes (each file one, however many
+            // targets hold its chunks): the totals `df -i` shows on the mount.
+            let (total, free) = place.statfs_inodes().await?;
+            df_row(&mut out, "filesystem_summary:", total, total.saturating_sub(free), free, a, "(metadata)");
+        } else {
+            df_row(&mut out, "filesystem_summary:", all.0, all.0.saturating_sub(all.1), all.1, a, "");
+        }
+    }
+    Ok(out)
+}
+
+/// `odfs pool list`: each pool and its targets.
+pub async fn pool_list(place: &Place) -> Result<String> {
+    let lines = place.targets().await?;
+    let mut out = String::new();
+    let pools: Vec<String> = lines
+        .iter()
+        .filter_map(|l| match l {
+            TargetsLine::Pool(p) => Some(p.clone()),
+            _ => None,
+        })
+        .collect();
+    for p in pools {
+        let ids: Vec<String> = lines
+            .iter()
+            .filter_map(|l| match l {
+                TargetsLine::Target(t) if t.pool == p => Some(t.id.to_string()),
+                _ => None,
+            })
+            .collect();
+        let _ = writeln!(out, "{p}: {}", if ids.is_empty() { "(no targets)".into() } else { ids.join(" ") });
+    }
+    Ok(out)
+}

@@ -1,0 +1,313 @@
+//! lfs-style layout control on a real 4-node filesystem and its FUSE mount: `odfs setstripe`,
+//! `getstripe`, `df`, `pool`, and the `odfs.*` virtual extended attributes read and set with
+//! getfattr/setfattr. Bytes are checked where they land: in the chunk files on the targets'
+//! disks. Every node has an NVMe target (pool `nvme`) and a RAM target (pool `ram`, a tmpfs).
+//!
+//! Needs root (tmpfs, FUSE) and the attr package (getfattr, setfattr).
+
+use odfs_proto::Layout;
+use odfs_tests::*;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const KIB: u64 = 1024;
+
+fn up() -> (LocalFs, FuseMount) {
+    let fs = LocalFs::up(4, &["--pool", "nvme", "--ram-pool", "64M"]);
+    let m = FuseMount::start(&fs);
+    (fs, m)
+}
+
+/// `odfs ARGS` against this filesystem (library paths need --fs).
+fn cli(fs: &LocalFs, args: &[&str]) -> Output {
+    Command::new(bin_dir().join("odfs")).arg("--fs").arg(fs.config_path()).args(args).output().expect("run odfs")
+}
+
+fn cli_ok(fs: &LocalFs, args: &[&str]) -> String {
+    let o = cli(fs, args);
+    assert!(
+        o.status.success(),
+        "odfs {args:?}: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn cli_err(fs: &LocalFs, args: &[&str]) -> String {
+    let o = cli(fs, args);
+    assert!(!o.status.success(), "odfs {args:?} must fail: {}", String::from_utf8_lossy(&o.stdout));
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// `getfattr -n NAME --only-values PATH`.
+fn getfattr(p: &Path, name: &str) -> String {
+    let o = Command::new("getfattr")
+        .args(["-n", name, "--only-values"])
+        .arg(p)
+        .output()
+        .expect("run getfattr (attr package)");
+    assert!(o.status.success(), "getfattr {name} {}: {}", p.display(), String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// `key=value` of a layout text.
+fn key(text: &str, k: &str) -> String {
+    text.split_whitespace().find_map(|i| i.strip_prefix(&format!("{k}="))).unwrap_or("").to_string()
+}
+
+/// Every target: id → (directory, pool), from `odfs.targets` and the local layout of ROOT.
+fn target_dirs(fs: &LocalFs, m: &FuseMount) -> Vec<(u32, PathBuf, String)> {
+    let text = getfattr(&m.path, "odfs.targets");
+    let mut v = Vec::new();
+    for l in text.lines().filter(|l| l.starts_with("target=")) {
+        let id: u32 = key(l, "target").parse().unwrap();
+        let node: u32 = key(l, "node").parse().unwrap();
+        let pool = key(l, "pool");
+        // odfs local: node k's targets are ROOT/node<k>/target<id>, its RAM target ROOT/node<k>/ram.
+        let nd = fs.node_dir(node);
+        let dir = if nd.join(format!("target{id}")).is_dir() { nd.join(format!("target{id}")) } else { nd.join("ram") };
+        v.push((id, dir, pool));
+    }
+    v
+}
+
+/// The chunk file of inode `ino` in a target directory, if any.
+fn chunk_file(dir: &Path, ino: u64) -> Option<PathBuf> {
+    let p = dir.join("chunks").join(format!("{:02x}", ino & 0xff)).join(format!("{ino:016x}"));
+    p.exists().then_some(p)
+}
+
+#[test]
+fn a_striped_directory_puts_each_files_bytes_on_exactly_its_targets() {
+    let (fs, m) = up();
+    let dir = m.p("ckpt");
+    fs::create_dir(&dir).unwrap();
+    cli_ok(&fs, &["setstripe", "-c", "2", "-S", "256K", "-p", "nvme", &s(&dir)]);
+    let data = pattern((5 << 20) + 12_345, 11);
+    let f = dir.join("model.bin");
+    fs::write(&f, &data).unwrap();
+
+    // getstripe names the targets; the layout attribute says the same.
+    let out = cli_ok(&fs, &["getstripe", &s(&f)]);
+    assert!(out.contains("lmm_stripe_count:  2") && out.contains("lmm_stripe_size:   262144"), "{out}");
+    assert!(out.contains("lmm_pool:          nvme"), "{out}");
+    let text = getfattr(&f, "odfs.layout");
+    let named: Vec<u32> = key(&text, "targets").split(',').map(|t| t.parse().unwrap()).collect();
+    assert_eq!(named.len(), 2, "{text}");
+    for t in &named {
+        assert!(
+            out.lines().any(|l| l.split_whitespace().next() == Some(&t.to_string())),
+            "getstripe lists target {t}:\n{out}"
+        );
+    }
+
+    // On the disks: chunk files only on those two targets, both in pool nvme, and the file
+    // reassembled from them in 256 KiB chunks is the file.
+    let ino = fs::metadata(&f).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
+    let layout = Layout { chunk_size: 256 * KIB as u32, pool: "nvme".into(), targets: named.clone() };
+    let mut rebuilt = vec![0u8; data.len()];
+    for (id, tdir, pool) in target_dirs(&fs, &m) {
+        match chunk_file(&tdir, ino) {
+            Some(p) => {
+                assert!(named.contains(&id), "target {id} holds a chunk file of the file but is not in its layout");
+                assert_eq!(pool, "nvme", "target {id}");
+                let bytes = fs::read(&p).unwrap();
+                let i = named.iter().position(|t| *t == id).unwrap();
+                assert_eq!(
+                    bytes.len() as u64,
+                    layout.local_len(i, data.len() as u64),
+                    "target {id}: chunk file length"
+                );
+                for seg in layout.segments(0, data.len() as u64).filter(|g| g.stripe_index == i) {
+                    let (lo, fo, n) = (seg.local_offset as usize, seg.file_offset as usize, seg.len as usize);
+                    rebuilt[fo..fo + n].copy_from_slice(&bytes[lo..lo + n]);
+                }
+            }
+            None => assert!(!named.contains(&id), "target {id} is named but holds nothing"),
+        }
+    }
+    assert_bytes(&rebuilt, &data, "the file rebuilt from its chunk files in 256 KiB chunks");
+}
+
+#[test]
+fn layouts_are_inherited_survive_rename_and_minus_one_takes_every_target() {
+    let (fs, m) = up();
+    let top = m.p("top");
+    fs::create_dir(&top).unwrap();
+    cli_ok(&fs, &["setstripe", "-c", "2", "-S", "128K", "-p", "ram", &s(&top)]);
+    // A subdirectory made afterwards inherits the default, and so do its files.
+    fs::create_dir_all(top.join("a/b")).unwrap();
+    assert_eq!(cli_ok(&fs, &["getstripe", "-d", "-S", &s(&top.join("a/b"))]).trim(), "131072");
+    assert_eq!(cli_ok(&fs, &["getstripe", "-d", "-p", &s(&top.join("a/b"))]).trim(), "ram");
+    fs::write(top.join("a/b/f"), pattern(1 << 20, 1)).unwrap();
+    let before = getfattr(&top.join("a/b/f"), "odfs.layout");
+    assert_eq!((key(&before, "stripe_count"), key(&before, "pool")), ("2".into(), "ram".into()));
+    // Renames keep both the directory defaults and the files' layouts.
+    fs::rename(top.join("a"), m.p("moved")).unwrap();
+    assert_eq!(getfattr(&m.p("moved/b/f"), "odfs.layout"), before);
+    assert_eq!(cli_ok(&fs, &["getstripe", "-d", "-c", &s(&m.p("moved/b"))]).trim(), "2");
+    fs::write(m.p("moved/b/g"), b"x").unwrap();
+    assert_eq!(key(&getfattr(&m.p("moved/b/g"), "odfs.layout"), "pool"), "ram");
+    // -c -1: every target of the pool.
+    let all = m.p("all");
+    fs::create_dir(&all).unwrap();
+    cli_ok(&fs, &["setstripe", "-c", "-1", "-p", "nvme", &s(&all)]);
+    fs::write(all.join("f"), pattern(8 << 20, 2)).unwrap();
+    let t = getfattr(&all.join("f"), "odfs.layout");
+    let mut ids: Vec<u32> = key(&t, "targets").split(',').map(|x| x.parse().unwrap()).collect();
+    ids.sort();
+    let nvme: Vec<u32> = target_dirs(&fs, &m).into_iter().filter(|(_, _, p)| p == "nvme").map(|(i, _, _)| i).collect();
+    assert_eq!(ids, nvme, "-c -1 uses every target of pool nvme");
+    // setstripe on a new file, and setfattr on an empty one.
+    cli_ok(&fs, &["setstripe", "-c", "3", "-S", "64K", &s(&m.p("new"))]);
+    assert_eq!(key(&getfattr(&m.p("new"), "odfs.layout"), "stripe_count"), "3");
+    let st = Command::new("setfattr")
+        .args(["-n", "odfs.layout", "-v", "stripe_count=1 pool=ram"])
+        .arg(m.p("new"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let t = getfattr(&m.p("new"), "odfs.layout");
+    assert_eq!(
+        (key(&t, "stripe_count"), key(&t, "pool"), key(&t, "stripe_size")),
+        ("1".into(), "ram".into(), "65536".into())
+    );
+    // The library path sees the same.
+    assert!(cli_ok(&fs, &["getstripe", "odfs:/new"]).contains("lmm_pool:          ram"));
+}
+
+#[test]
+fn invalid_layouts_are_refused_with_their_reason_and_change_nothing() {
+    let (fs, m) = up();
+    let d = m.p("d");
+    fs::create_dir(&d).unwrap();
+    cli_ok(&fs, &["setstripe", "-c", "2", "-S", "256K", "-p", "nvme", &s(&d)]);
+    fs::write(d.join("full"), b"data").unwrap();
+    let before_dir = getfattr(&d, "odfs.layout");
+    let before_file = getfattr(&d.join("full"), "odfs.layout");
+    for (args, want) in [
+        (vec!["-S", "1000"], "power of two"),
+        (vec!["-S", "96K"], "power of two"),
+        (vec!["-S", "32K"], "between 64 KiB"),
+        (vec!["-c", "5", "-p", "nvme"], "more than the 4 targets of pool nvme"),
+        (vec!["-c", "0"], "stripe count 0"),
+        (vec!["-p", "gold"], "pool gold does not exist"),
+        (vec!["-i", "99"], "start target 99 is not in pool nvme"),
+    ] {
+        for path in [s(&d), "odfs:/d".to_string()] {
+            let mut a = vec!["setstripe"];
+            a.extend(args.iter().copied());
+            a.push(&path);
+            let e = cli_err(&fs, &a);
+            assert!(e.contains(want), "setstripe {args:?} {path}: {e}");
+        }
+    }
+    let e = cli_err(&fs, &["setstripe", "-c", "1", &s(&d.join("full"))]);
+    assert!(e.contains("has 4 bytes") && e.contains("only be set while a file is empty"), "{e}");
+    let e = cli_err(&fs, &["setstripe", "-c", "1", "odfs:/d/full"]);
+    assert!(e.contains("has 4 bytes"), "{e}");
+    // Through setfattr the refusal is EINVAL; nothing changed anywhere.
+    let o = Command::new("setfattr").args(["-n", "odfs.layout", "-v", "stripe_count=99"]).arg(&d).output().unwrap();
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("Invalid argument"));
+    let o = Command::new("setfattr").args(["-n", "odfs.targets", "-v", "x"]).arg(&d).output().unwrap();
+    assert!(!o.status.success(), "odfs.targets is read-only");
+    assert_eq!(getfattr(&d, "odfs.layout"), before_dir);
+    assert_eq!(getfattr(&d.join("full"), "odfs.layout"), before_file);
+    // A refused layout for a new file leaves no file behind.
+    let e = cli_err(&fs, &["setstripe", "-c", "9", &s(&d.join("nope"))]);
+    assert!(e.contains("more than"), "{e}");
+    assert!(!d.join("nope").exists());
+    // Only the owner (or root) sets a directory's layout.
+    let u = TestUser::create("ly");
+    fs::set_permissions(&m.path, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let o = Command::new("setfattr").args(["-n", "odfs.layout", "-v", "stripe_count=1"]).arg(&d).output().unwrap();
+    assert!(o.status.success(), "root may");
+    let out = u.run(
+        "setfattr",
+        &[Path::new("-n"), Path::new("odfs.layout"), Path::new("-v"), Path::new("stripe_count=2"), &d],
+    );
+    assert!(!out.status.success(), "another user must not change root's directory");
+}
+
+/// `df -B1 PATH` → (size, used, avail) in bytes; `df -i` → (inodes, used, free).
+fn sys_df(p: &Path, inodes: bool) -> (u64, u64, u64) {
+    let flag = if inodes { "-i" } else { "-B1" };
+    let o = Command::new("df").arg(flag).arg(p).output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    let f: Vec<u64> =
+        text.lines().nth(1).unwrap().split_whitespace().skip(1).take(3).map(|x| x.parse().unwrap()).collect();
+    (f[0], f[1], f[2])
+}
+
+#[test]
+fn df_totals_are_the_sum_of_the_targets_and_match_df_on_the_mount() {
+    let (fs, m) = up();
+    fs::write(m.p("f"), pattern(3 << 20, 3)).unwrap();
+    let out = cli_ok(&fs, &["df", &s(&m.path)]);
+    let rows: Vec<Vec<&str>> = out.lines().map(|l| l.split_whitespace().collect()).collect();
+    let target_rows: Vec<&Vec<&str>> =
+        rows.iter().filter(|r| r.first().is_some_and(|c| c.starts_with("odfs-T"))).collect();
+    assert_eq!(target_rows.len(), 8, "4 nodes x (nvme + ram):\n{out}");
+    let col = |r: &[&str], i: usize| -> u64 { r[i].parse().unwrap() };
+    let sum = |i: usize| -> u64 { target_rows.iter().map(|r| col(r, i)).sum() };
+    let summary = rows.iter().find(|r| r.first() == Some(&"filesystem_summary:")).expect("summary");
+    assert_eq!(col(summary, 1), sum(1), "total = sum over targets:\n{out}");
+    assert_eq!(col(summary, 3), sum(3), "available = sum over targets:\n{out}");
+    for p in ["nvme", "ram"] {
+        let pr = rows.iter().find(|r| r.len() > 1 && r[0] == "pool" && r[1] == p).expect("pool row");
+        let want: u64 = target_rows.iter().filter(|r| r.last() == Some(&p)).map(|r| col(r, 1)).sum();
+        assert_eq!(pr[2].parse::<u64>().unwrap(), want, "pool {p} total");
+    }
+    // The same totals as df on the mount (1K blocks); free space moves with the machine's own
+    // writes between the two reads, so it agrees within 1%.
+    let (size, _, avail) = sys_df(&m.path, false);
+    assert_eq!(col(summary, 1), size / 1024, "odfs df total vs df:\n{out}");
+    let ours = col(summary, 3);
+    assert!(ours.abs_diff(avail / 1024) * 100 <= ours.max(1), "available: odfs df {ours} KiB, df {} KiB", avail / 1024);
+    // Inodes: the summary is the metadata's, as df -i shows.
+    let out = cli_ok(&fs, &["df", "-i", "odfs:/"]);
+    let summary: Vec<&str> =
+        out.lines().find(|l| l.starts_with("filesystem_summary:")).unwrap().split_whitespace().collect();
+    let (inodes, used, _) = sys_df(&m.path, true);
+    assert_eq!((summary[1].parse::<u64>().unwrap(), summary[2].parse::<u64>().unwrap()), (inodes, used), "{out}");
+    // One pool only, and an unknown pool named.
+    let out = cli_ok(&fs, &["df", "--pool", "ram", &s(&m.path)]);
+    assert_eq!(out.lines().filter(|l| l.starts_with("odfs-T")).count(), 4, "{out}");
+    assert!(cli_err(&fs, &["df", "--pool", "gold", &s(&m.path)]).contains("no pool gold"));
+}
+
+#[test]
+fn pools_are_listed_created_filled_emptied_and_destroyed() {
+    let (fs, m) = up();
+    let list = cli_ok(&fs, &["pool", "list", &s(&m.path)]);
+    assert!(list.contains("nvme: 1 3 5 7") && list.contains("ram: 2 4 6 8"), "{list}");
+    cli_ok(&fs, &["pool", "create", "fast"]);
+    assert!(cli_ok(&fs, &["pool", "list", "odfs:/"]).contains("fast: (no targets)"));
+    assert!(cli_err(&fs, &["pool", "create", "fast"]).contains("exists already"));
+    assert!(cli_err(&fs, &["pool", "add", "fast", "42"]).contains("no target 42"));
+    assert!(cli_err(&fs, &["pool", "add", "nope", "1"]).contains("no pool nope"));
+    cli_ok(&fs, &["pool", "add", "fast", "1", "3"]);
+    let list = cli_ok(&fs, &["pool", "list", &s(&m.path)]);
+    assert!(list.contains("fast: 1 3") && list.contains("nvme: 5 7"), "{list}");
+    // New files can land in the new pool at once.
+    let d = m.p("d");
+    fs::create_dir(&d).unwrap();
+    cli_ok(&fs, &["setstripe", "-c", "-1", "-p", "fast", &s(&d)]);
+    fs::write(d.join("f"), pattern(3 << 20, 4)).unwrap();
+    let mut ids: Vec<String> =
+        key(&getfattr(&d.join("f"), "odfs.layout"), "targets").split(',').map(String::from).collect();
+    ids.sort();
+    assert_eq!(ids, ["1", "3"]);
+    assert!(cli_err(&fs, &["pool", "destroy", "fast"]).contains("still has targets"));
+    assert!(cli_err(&fs, &["pool", "remove", "nvme", "5"]).contains("by its configuration"));
+    cli_ok(&fs, &["pool", "remove", "fast", "1", "3"]);
+    cli_ok(&fs, &["pool", "destroy", "fast"]);
+    let list = cli_ok(&fs, &["pool", "list", &s(&m.path)]);
+    assert!(!list.contains("fast") && list.contains("nvme: 1 3 5 7"), "{list}");
+}
