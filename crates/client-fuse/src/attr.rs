@@ -122,6 +122,7 @@ mod tests {
             mtime: Timespec { sec: 20, nsec: 6 },
             ctime: Timespec { sec: 30, nsec: 7 },
             layout,
+            dir_stripes: Vec::new(),
         }
     }
 

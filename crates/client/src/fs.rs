@@ -56,6 +56,9 @@ pub(crate) struct Inner {
     /// The runtime the client was made on, for work started where none is current (a handle
     /// dropped on a FUSE reader thread).
     pub runtime: tokio::runtime::Handle,
+    /// Directories' metadata stripes as last seen (striping changes only while a directory is
+    /// empty, and a shard asked about a name it does not hold says so: see `entry_call`).
+    stripes: Mutex<HashMap<InodeId, Vec<u16>>>,
 }
 
 /// A connection to one odfs filesystem. Cheap to clone.
@@ -108,6 +111,7 @@ impl Client {
             cfg,
             stop,
             runtime: tokio::runtime::Handle::current(),
+            stripes: Mutex::new(HashMap::new()),
         });
         let client = Client { inner };
         client.spawn_background(stop_rx);
@@ -226,8 +230,9 @@ impl Client {
         if let Some(a) = self.inner.cache.lookup(parent, name, who) {
             return Ok(self.merge_local(a));
         }
-        let a = self.meta(ctx, Self::shard_of(parent), &Lookup { parent, name: name.to_vec() }).await?;
+        let a = self.entry_call(ctx, parent, name, &Lookup { parent, name: name.to_vec() }).await?;
         self.inner.cache.put_entry(parent, name, &a, who);
+        self.note_stripes(&a);
         Ok(self.merge_local(a))
     }
 
@@ -236,6 +241,7 @@ impl Client {
             return Ok(self.merge_local(a));
         }
         let a = self.meta(ctx, Self::shard_of(ino), &GetAttr { ino }).await?;
+        self.note_stripes(&a);
         self.inner.cache.put_attr(&a);
         Ok(self.merge_local(a))
     }
@@ -247,6 +253,52 @@ impl Client {
 
     pub(crate) fn cache_attr(&self, a: &Attr) {
         self.inner.cache.put_attr(a);
+        self.note_stripes(a);
+    }
+
+    /// Remembers a directory's metadata stripes.
+    fn note_stripes(&self, a: &Attr) {
+        if a.kind == FileKind::Dir && self.sharded() {
+            self.inner.stripes.lock().expect("stripes lock").insert(a.ino, a.dir_stripes.clone());
+        }
+    }
+
+    /// More than one metadata shard: entries must be routed by their directory's stripes.
+    fn sharded(&self) -> bool {
+        self.inner.cluster.view().meta_shards() > 1
+    }
+
+    /// The shard holding entry `name` of directory `parent`.
+    async fn entry_shard(&self, ctx: &Ctx, parent: InodeId, name: &[u8]) -> Result<u16> {
+        if !self.sharded() {
+            return Ok(parent.shard());
+        }
+        let known = self.inner.stripes.lock().expect("stripes lock").get(&parent).cloned();
+        let stripes = match known {
+            Some(s) => s,
+            None => {
+                let a = self.meta(ctx, Self::shard_of(parent), &GetAttr { ino: parent }).await?;
+                self.cache_attr(&a);
+                a.dir_stripes
+            }
+        };
+        Ok(odfs_proto::meta::entry_shard(&stripes, name).unwrap_or(parent.shard()))
+    }
+
+    /// A request about entry `name` of `parent`, sent to the shard that holds it. A shard that
+    /// does not (the directory was striped since this client looked) says so: the stripes are
+    /// read again and the request goes once more.
+    async fn entry_call<R: Rpc>(&self, ctx: &Ctx, parent: InodeId, name: &[u8], req: &R) -> Result<R::Reply> {
+        let shard = self.entry_shard(ctx, parent, name).await?;
+        match self.meta(ctx, shard, req).await {
+            Err(e) if e.code() == ErrorCode::WrongShard => {
+                self.inner.stripes.lock().expect("stripes lock").remove(&parent);
+                self.invalidate(parent);
+                let shard = self.entry_shard(ctx, parent, name).await?;
+                self.meta(ctx, shard, req).await
+            }
+            other => other,
+        }
     }
 
     pub async fn access(&self, ctx: &Ctx, ino: InodeId, mask: u32) -> Result<()> {
@@ -367,7 +419,7 @@ impl Client {
         layout: Option<DirLayout>,
     ) -> Result<CreateReply> {
         let req = Create { parent, name: name.to_vec(), mode, exclusive, layout };
-        let r = self.meta(ctx, Self::shard_of(parent), &req).await?;
+        let r = self.entry_call(ctx, parent, name, &req).await?;
         self.inner.cache.put_entry(parent, name, &r.attr, (ctx.uid, ctx.gid));
         if r.created {
             self.invalidate(parent);
@@ -376,7 +428,7 @@ impl Client {
     }
 
     pub async fn mkdir(&self, ctx: &Ctx, parent: InodeId, name: &[u8], mode: u32) -> Result<Attr> {
-        let a = self.meta(ctx, Self::shard_of(parent), &Mkdir { parent, name: name.to_vec(), mode }).await?;
+        let a = self.entry_call(ctx, parent, name, &Mkdir { parent, name: name.to_vec(), mode }).await?;
         self.inner.cache.put_entry(parent, name, &a, (ctx.uid, ctx.gid));
         self.invalidate(parent);
         Ok(a)
@@ -384,7 +436,7 @@ impl Client {
 
     pub async fn unlink(&self, ctx: &Ctx, parent: InodeId, name: &[u8]) -> Result<()> {
         self.inner.cache.forget_entry(parent, name);
-        let r = self.meta(ctx, Self::shard_of(parent), &Unlink { parent, name: name.to_vec() }).await;
+        let r = self.entry_call(ctx, parent, name, &Unlink { parent, name: name.to_vec() }).await;
         self.invalidate(parent);
         self.reclaim(r?.removed).await;
         Ok(())
@@ -392,7 +444,7 @@ impl Client {
 
     pub async fn rmdir(&self, ctx: &Ctx, parent: InodeId, name: &[u8]) -> Result<()> {
         self.inner.cache.forget_entry(parent, name);
-        let r = self.meta(ctx, Self::shard_of(parent), &Rmdir { parent, name: name.to_vec() }).await;
+        let r = self.entry_call(ctx, parent, name, &Rmdir { parent, name: name.to_vec() }).await;
         self.invalidate(parent);
         r
     }
@@ -409,7 +461,17 @@ impl Client {
         self.inner.cache.forget_entry(parent, name);
         self.inner.cache.forget_entry(new_parent, new_name);
         let req = Rename { parent, name: name.to_vec(), new_parent, new_name: new_name.to_vec(), flags };
-        let r = self.meta(ctx, Self::shard_of(parent), &req).await;
+        // Both names must live on one shard: a rename between shards is refused as between
+        // filesystems (EXDEV; mv then copies).
+        let (from, to) =
+            (self.entry_shard(ctx, parent, name).await?, self.entry_shard(ctx, new_parent, new_name).await?);
+        if from != to {
+            return Err(ClientError::new(
+                ErrorCode::CrossDevice,
+                format!("the two names live on metadata shards {from} and {to}"),
+            ));
+        }
+        let r = self.entry_call(ctx, parent, name, &req).await;
         self.invalidate(parent);
         self.invalidate(new_parent);
         self.reclaim(r?.removed).await;
@@ -418,7 +480,7 @@ impl Client {
 
     pub async fn symlink(&self, ctx: &Ctx, parent: InodeId, name: &[u8], target: &[u8]) -> Result<Attr> {
         let req = Symlink { parent, name: name.to_vec(), target: target.to_vec() };
-        let a = self.meta(ctx, Self::shard_of(parent), &req).await?;
+        let a = self.entry_call(ctx, parent, name, &req).await?;
         self.inner.cache.put_entry(parent, name, &a, (ctx.uid, ctx.gid));
         self.invalidate(parent);
         Ok(a)
@@ -430,7 +492,14 @@ impl Client {
 
     pub async fn link(&self, ctx: &Ctx, ino: InodeId, new_parent: InodeId, new_name: &[u8]) -> Result<Attr> {
         let req = Link { ino, new_parent, new_name: new_name.to_vec() };
-        let a = self.meta(ctx, Self::shard_of(new_parent), &req).await?;
+        let shard = self.entry_shard(ctx, new_parent, new_name).await?;
+        if shard != ino.shard() {
+            return Err(ClientError::new(
+                ErrorCode::CrossDevice,
+                format!("the file lives on metadata shard {}, the new name on shard {shard}", ino.shard()),
+            ));
+        }
+        let a = self.entry_call(ctx, new_parent, new_name, &req).await?;
         self.inner.cache.put_entry(new_parent, new_name, &a, (ctx.uid, ctx.gid));
         self.invalidate(new_parent);
         Ok(self.merge_local(a))
@@ -444,14 +513,78 @@ impl Client {
         max_entries: u32,
         plus: bool,
     ) -> Result<ReadDirReply> {
-        let mut r = self.meta(ctx, Self::shard_of(ino), &ReadDir { ino, cookie, max_entries, plus }).await?;
+        let mut r = self.readdir_parts(ctx, ino, cookie, max_entries, plus).await?;
         for e in r.entries.iter_mut() {
             if let Some(a) = e.attr.take() {
                 self.inner.cache.put_entry(ino, &e.name, &a, (ctx.uid, ctx.gid));
+                self.note_stripes(&a);
                 e.attr = Some(self.merge_local(a));
             }
         }
         Ok(r)
+    }
+
+    /// A listing from `cookie`. A striped directory is listed part by part, shard after shard;
+    /// its cookies carry the part's index in their top 16 bits, so one listing (and the
+    /// kernel's readdir offsets) runs across every part, each entry exactly once.
+    async fn readdir_parts(&self, ctx: &Ctx, ino: InodeId, cookie: u64, max: u32, plus: bool) -> Result<ReadDirReply> {
+        const PART: u32 = 48;
+        let stripes = if self.sharded() {
+            let known = self.inner.stripes.lock().expect("stripes lock").get(&ino).cloned();
+            match known {
+                Some(s) => s,
+                None => self.getattr(ctx, ino).await?.dir_stripes,
+            }
+        } else {
+            Vec::new()
+        };
+        if stripes.len() < 2 {
+            return self.meta(ctx, Self::shard_of(ino), &ReadDir { ino, cookie, max_entries: max, plus }).await;
+        }
+        let mut idx = (cookie >> PART) as usize;
+        let mut c = cookie & ((1 << PART) - 1);
+        loop {
+            let Some(&shard) = stripes.get(idx) else {
+                return Ok(ReadDirReply { entries: Vec::new(), eof: true });
+            };
+            let mut r = self.meta(ctx, shard, &ReadDir { ino, cookie: c, max_entries: max, plus }).await?;
+            let last_part = idx + 1 == stripes.len();
+            for e in r.entries.iter_mut() {
+                e.cookie |= (idx as u64) << PART;
+            }
+            if r.eof && !last_part {
+                // The next listing starts at the next part.
+                if let Some(e) = r.entries.last_mut() {
+                    e.cookie = ((idx + 1) as u64) << PART;
+                }
+                r.eof = false;
+            }
+            if !r.entries.is_empty() || last_part {
+                return Ok(r);
+            }
+            idx += 1;
+            c = 0;
+        }
+    }
+
+    /// Spreads an empty directory's entries over `count` metadata shards (-1 = every shard).
+    pub async fn stripe_dir(&self, ctx: &Ctx, ino: InodeId, count: i32) -> Result<Attr> {
+        let a = self.meta(ctx, Self::shard_of(ino), &StripeDir { ino, count }).await;
+        self.invalidate(ino);
+        let a = a?;
+        self.cache_attr(&a);
+        Ok(a)
+    }
+
+    /// Entries of each part of a directory: (shard, entries), in stripe order.
+    pub async fn dir_parts(&self, ctx: &Ctx, ino: InodeId) -> Result<Vec<(u16, u64)>> {
+        let a = self.getattr(ctx, ino).await?;
+        let shards = if a.dir_stripes.len() > 1 { a.dir_stripes } else { vec![ino.shard()] };
+        let mut out = Vec::with_capacity(shards.len());
+        for s in shards {
+            out.push((s, self.meta(ctx, s, &CountEntries { ino }).await?));
+        }
+        Ok(out)
     }
 
     /// Every entry of a directory (following cookies to the end).
@@ -503,8 +636,16 @@ impl Client {
         r
     }
 
+    /// Space from shard 0 (every shard sees the same targets); inodes summed over the shards.
     pub async fn statfs(&self, ctx: &Ctx) -> Result<StatFsReply> {
-        self.meta(ctx, 0, &StatFs {}).await
+        let mut st: StatFsReply = self.meta(ctx, 0, &StatFs {}).await?;
+        for shard in 1..self.inner.cluster.view().meta_shards() {
+            let o: StatFsReply = self.meta(ctx, shard, &StatFs {}).await?;
+            st.used_inodes += o.used_inodes;
+            st.total_inodes = st.total_inodes.max(o.total_inodes).max(st.used_inodes);
+        }
+        st.free_inodes = st.total_inodes - st.used_inodes;
+        Ok(st)
     }
 
     pub async fn set_dir_layout(&self, ctx: &Ctx, ino: InodeId, layout: DirLayout) -> Result<()> {

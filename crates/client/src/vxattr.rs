@@ -7,9 +7,11 @@
 //!   layout for new files and subdirectories, settable by its owner. Keys left out of a value
 //!   keep their current setting.
 //! - `odfs.dir_layout`: how a directory's entries are spread over metadata shards
-//!   (`stripe_count=N shards=0,1,...`); read-only.
+//!   (`stripe_count=N shards=0,1,... entries=…`, the entries each shard holds); setting
+//!   `stripe_count=N` on an empty directory spreads it over N shards (-1 = all).
 //! - `odfs.targets`: every storage target (`target=3 node=1 pool=nvme online=1 capacity=…
-//!   free=… inodes=… inodes_free=…`) and every pool (`pool=nvme`), one per line; read-only.
+//!   free=… inodes=… inodes_free=…`), every pool (`pool=nvme`) and every metadata shard
+//!   (`meta=0 node=0 online=1`), one per line; read-only.
 //!
 //! Names under `odfs.` are reserved: unknown ones have no data and cannot be set. None is
 //! listed by listxattr.
@@ -43,6 +45,8 @@ pub struct TargetRow {
 pub enum TargetsLine {
     Target(TargetRow),
     Pool(String),
+    /// A metadata shard: (shard, node, online).
+    Meta(u16, u32, bool),
 }
 
 /// The `odfs.targets` text of a cluster view.
@@ -66,6 +70,11 @@ pub fn targets_text(v: &ClusterView) -> String {
     for p in &v.pools {
         s += &format!("pool={p}\n");
     }
+    for shard in 0..v.meta_shards() {
+        if let Some(m) = v.meta_for_shard(shard) {
+            s += &format!("meta={shard} node={} online={}\n", m.node, u8::from(m.online));
+        }
+    }
     s
 }
 
@@ -80,6 +89,10 @@ pub fn parse_targets(text: &str) -> std::result::Result<Vec<TargetsLine>, String
         };
         if let Some(p) = get("pool").filter(|_| get("target").is_none()) {
             out.push(TargetsLine::Pool(p.to_string()));
+            continue;
+        }
+        if get("meta").is_some() {
+            out.push(TargetsLine::Meta(num("meta")? as u16, num("node")? as u32, get("online") == Some("1")));
             continue;
         }
         out.push(TargetsLine::Target(TargetRow {
@@ -138,15 +151,49 @@ impl Client {
                 if a.kind != FileKind::Dir {
                     return Err(ClientError::new(ErrorCode::NoData, "only directories have a metadata layout"));
                 }
-                Ok(format!("stripe_count=1 shards={}", ino.shard()).into_bytes())
+                let parts = self.dir_parts(ctx, ino).await?;
+                let list = |f: &dyn Fn(&(u16, u64)) -> String| parts.iter().map(f).collect::<Vec<_>>().join(",");
+                Ok(format!(
+                    "stripe_count={} shards={} entries={}",
+                    parts.len(),
+                    list(&|p| p.0.to_string()),
+                    list(&|p| p.1.to_string())
+                )
+                .into_bytes())
             }
             TARGETS => Ok(targets_text(&*self.cluster().refresh().await?).into_bytes()),
             _ => Err(ClientError::new(ErrorCode::NoData, format!("no attribute {}", String::from_utf8_lossy(name)))),
         }
     }
 
-    /// Sets a virtual attribute: only `odfs.layout` can be set.
+    /// Sets a virtual attribute: `odfs.layout`, and `odfs.dir_layout` of an empty directory
+    /// (`stripe_count=N`: spread its entries over N metadata shards; -1 = all).
     pub(crate) async fn set_virtual(&self, ctx: &Ctx, ino: InodeId, name: &[u8], value: &[u8]) -> Result<()> {
+        if name == DIR_LAYOUT {
+            let text =
+                std::str::from_utf8(value).map_err(|_| ClientError::new(ErrorCode::Invalid, "a layout is text"))?;
+            let text = text.trim_end_matches('\0');
+            let mut count = None;
+            for item in text.split_whitespace() {
+                match item.split_once('=') {
+                    Some(("stripe_count", v)) => {
+                        count = Some(v.parse::<i32>().map_err(|_| {
+                            ClientError::new(ErrorCode::Invalid, format!("stripe_count {v:?} is not a number"))
+                        })?)
+                    }
+                    Some(("shards" | "entries", _)) => {}
+                    _ => {
+                        return Err(ClientError::new(
+                            ErrorCode::Invalid,
+                            format!("{item:?}: odfs.dir_layout takes stripe_count=N"),
+                        ))
+                    }
+                }
+            }
+            let count =
+                count.ok_or_else(|| ClientError::new(ErrorCode::Invalid, "odfs.dir_layout takes stripe_count=N"))?;
+            return self.stripe_dir(ctx, ino, count).await.map(drop);
+        }
         if name != LAYOUT {
             let what = String::from_utf8_lossy(name);
             return Err(ClientError::new(ErrorCode::Perm, format!("{what} is read-only")));

@@ -15,6 +15,7 @@ pub mod error;
 pub mod namespace;
 pub mod permission;
 pub mod service;
+mod shards;
 pub mod snapshot;
 pub mod store;
 pub mod wal;

@@ -64,6 +64,16 @@ pub enum MetaOp {
         mode: u32,
     },
     SetFileLayout(SetFileLayout),
+    CreateShadow(CreateShadow),
+    SyncShadow(SyncShadow),
+    SealShadow(SealShadow),
+    DropShadow(DropShadow),
+    /// Marks an empty directory of this shard striped over `stripes` (the other shards' parts
+    /// exist by now: its shard's service made them first).
+    SetDirStripes {
+        ino: InodeId,
+        stripes: Vec<u16>,
+    },
 }
 
 /// The successful reply of a [`MetaOp`]. Stored in snapshots: add variants at the end only.
@@ -225,10 +235,10 @@ impl Inode {
 
     /// The wire attributes of this inode.
     pub fn attr(&self, ino: InodeId) -> Attr {
-        let (size, layout) = match &self.body {
-            Body::File(l) => (self.size, Some(l.clone())),
-            Body::Dir(_) => (DIR_SIZE, None),
-            Body::Symlink(_) => (self.size, None),
+        let (size, layout, dir_stripes) = match &self.body {
+            Body::File(l) => (self.size, Some(l.clone()), Vec::new()),
+            Body::Dir(d) => (DIR_SIZE, None, d.stripes.clone()),
+            Body::Symlink(_) => (self.size, None, Vec::new()),
         };
         Attr {
             ino,
@@ -242,6 +252,7 @@ impl Inode {
             mtime: self.mtime,
             ctime: self.ctime,
             layout,
+            dir_stripes,
         }
     }
 
@@ -265,11 +276,42 @@ pub(crate) struct Dir {
     names: HashMap<Box<[u8]>, (u64, InodeId)>,
     /// sequence number → name, in insertion order: the readdir order and cookies.
     order: BTreeMap<u64, Box<[u8]>>,
+    /// Shards holding the entries of a striped directory (see `entry_shard`); empty otherwise.
+    pub stripes: Vec<u16>,
+    /// A part of a striped directory being removed: it refuses new entries.
+    pub sealed: bool,
 }
 
 impl Dir {
     fn new(parent: InodeId, layout: DirLayout) -> Dir {
-        Dir { parent, layout, next_seq: 1, names: HashMap::new(), order: BTreeMap::new() }
+        Dir {
+            parent,
+            layout,
+            next_seq: 1,
+            names: HashMap::new(),
+            order: BTreeMap::new(),
+            stripes: Vec::new(),
+            sealed: false,
+        }
+    }
+
+    /// Refuses a name that a striped directory keeps on another shard.
+    fn holds_name(&self, name: &[u8], shard: u16) -> RpcResult<()> {
+        match entry_shard(&self.stripes, name) {
+            Some(s) if s != shard => Err(RemoteError::new(
+                ErrorCode::WrongShard,
+                format!("\"{}\" belongs to metadata shard {s}", show(name)),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Refuses new entries in a part being removed.
+    fn accepts_entries(&self) -> RpcResult<()> {
+        if self.sealed {
+            return Err(RemoteError::new(ErrorCode::NotFound, "the directory is being removed"));
+        }
+        Ok(())
     }
 
     fn get(&self, name: &[u8]) -> Option<InodeId> {
@@ -319,6 +361,8 @@ struct DirImage {
     layout: DirLayout,
     next_seq: u64,
     entries: Vec<(u64, Vec<u8>, InodeId)>,
+    stripes: Vec<u16>,
+    sealed: bool,
 }
 
 impl From<DirImage> for Dir {
@@ -330,7 +374,15 @@ impl From<DirImage> for Dir {
             names.insert(name.clone(), (seq, ino));
             order.insert(seq, name);
         }
-        Dir { parent: img.parent, layout: img.layout, next_seq: img.next_seq, names, order }
+        Dir {
+            parent: img.parent,
+            layout: img.layout,
+            next_seq: img.next_seq,
+            names,
+            order,
+            stripes: img.stripes,
+            sealed: img.sealed,
+        }
     }
 }
 
@@ -348,11 +400,13 @@ impl Serialize for Dir {
             }
         }
         // Field order must match `DirImage`: the encoding is positional.
-        let mut st = s.serialize_struct("Dir", 4)?;
+        let mut st = s.serialize_struct("Dir", 6)?;
         st.serialize_field("parent", &self.parent)?;
         st.serialize_field("layout", &self.layout)?;
         st.serialize_field("next_seq", &self.next_seq)?;
         st.serialize_field("entries", &Entries(self))?;
+        st.serialize_field("stripes", &self.stripes)?;
+        st.serialize_field("sealed", &self.sealed)?;
         st.end()
     }
 }
@@ -449,8 +503,9 @@ impl Namespace {
         self.shard
     }
 
+    /// Inodes of this shard (parts of other shards' striped directories not counted).
     pub fn inode_count(&self) -> u64 {
-        self.inodes.len() as u64
+        self.inodes.keys().filter(|i| i.shard() == self.shard).count() as u64
     }
 
     pub fn has_root(&self) -> bool {
@@ -528,6 +583,7 @@ impl Namespace {
         check_name(&req.name)?;
         let (parent, dir) = self.dir_node(req.parent)?;
         permission::require(h, parent, req.parent, MAY_EXEC)?;
+        dir.holds_name(&req.name, self.shard)?;
         let ino = dir.get(&req.name).ok_or_else(|| not_found(&req.name))?;
         Ok(self.node(ino)?.attr(ino))
     }
@@ -625,6 +681,47 @@ impl Namespace {
             MetaOp::ExtendSize(r) => self.extend_size(r),
             MetaOp::SetDirLayout(r) => self.set_dir_layout(h, now, r),
             MetaOp::SetFileLayout(r) => self.set_file_layout(h, now, r, choice, choose),
+            MetaOp::CreateShadow(r) => self.create_shadow(now, r),
+            MetaOp::SyncShadow(r) => {
+                let node = self.shadow_mut(r.ino)?;
+                (node.mode, node.uid, node.gid) = (r.mode, r.uid, r.gid);
+                node.dir_mut()?.layout = r.layout.clone();
+                Applied::changed(MetaReply::Unit)
+            }
+            MetaOp::SealShadow(r) => {
+                let d = self.shadow_mut(r.ino)?.dir_mut()?;
+                if r.seal && !d.is_empty() {
+                    return Err(RemoteError::new(ErrorCode::NotEmpty, "the directory is not empty"));
+                }
+                d.sealed = r.seal;
+                Applied::changed(MetaReply::Unit)
+            }
+            MetaOp::DropShadow(r) => {
+                if !self.inodes.contains_key(&r.ino) {
+                    return Applied::unchanged(MetaReply::Unit);
+                }
+                if !self.shadow_mut(r.ino)?.dir_mut()?.is_empty() {
+                    return Err(RemoteError::new(ErrorCode::NotEmpty, "the directory part is not empty"));
+                }
+                self.inodes.remove(&r.ino);
+                Applied::changed(MetaReply::Unit)
+            }
+            MetaOp::SetDirStripes { ino, stripes } => {
+                if ino.shard() != self.shard {
+                    return Err(internal("a directory is striped by its own shard"));
+                }
+                let node = self.node_mut(*ino)?;
+                let d = node.dir_mut().map_err(|_| RemoteError::new(ErrorCode::NotDir, "not a directory"))?;
+                if !d.is_empty() {
+                    return Err(RemoteError::new(
+                        ErrorCode::NotEmpty,
+                        "only an empty directory can be striped over metadata shards",
+                    ));
+                }
+                d.stripes = stripes.clone();
+                node.ctime = now;
+                Applied::changed(MetaReply::Attr(node.attr(*ino)))
+            }
             MetaOp::SetRootOwner { uid, gid, mode } => {
                 let root = self.node_mut(InodeId::ROOT)?;
                 root.uid = *uid;
@@ -659,6 +756,8 @@ impl Namespace {
         check_name(&req.name)?;
         let (parent, dir) = self.dir_node(req.parent)?;
         permission::require(h, parent, req.parent, MAY_EXEC)?;
+        dir.holds_name(&req.name, self.shard)?;
+        dir.accepts_entries()?;
         if let Some(ino) = dir.get(&req.name) {
             if req.exclusive {
                 return Err(exists(&req.name));
@@ -702,6 +801,8 @@ impl Namespace {
     fn check_new_entry(&self, h: &RequestHeader, parent_ino: InodeId, name: &[u8]) -> RpcResult<(&Inode, &Dir)> {
         check_name(name)?;
         let (parent, dir) = self.dir_node(parent_ino)?;
+        dir.holds_name(name, self.shard)?;
+        dir.accepts_entries()?;
         permission::require(h, parent, parent_ino, MAY_EXEC)?;
         if dir.get(name).is_some() {
             return Err(exists(name));
@@ -778,6 +879,7 @@ impl Namespace {
         check_name(name)?;
         let (parent, dir) = self.dir_node(parent_ino)?;
         permission::require(h, parent, parent_ino, MAY_EXEC)?;
+        dir.holds_name(name, self.shard)?;
         let ino = dir.get(name).ok_or_else(|| not_found(name))?;
         let victim = self.node(ino)?;
         permission::require(h, parent, parent_ino, MAY_WRITE | MAY_EXEC)?;
@@ -842,8 +944,11 @@ impl Namespace {
         check_name(&req.new_name)?;
         let (old_parent, old_dir) = self.dir_node(req.parent)?;
         permission::require(h, old_parent, req.parent, MAY_EXEC)?;
+        old_dir.holds_name(&req.name, self.shard)?;
         let (new_parent, new_dir) = self.dir_node(req.new_parent)?;
         permission::require(h, new_parent, req.new_parent, MAY_EXEC)?;
+        new_dir.holds_name(&req.new_name, self.shard)?;
+        new_dir.accepts_entries()?;
         let src_ino = old_dir.get(&req.name).ok_or_else(|| not_found(&req.name))?;
         let dst_ino = new_dir.get(&req.new_name);
         if flags & RENAME_NOREPLACE != 0 && dst_ino.is_some() {
@@ -1127,6 +1232,46 @@ impl Namespace {
         node.mtime = req.mtime;
         node.ctime = req.mtime;
         Applied::changed(MetaReply::Attr(node.attr(req.ino)))
+    }
+
+    /// The part of another shard's striped directory kept here.
+    fn shadow_mut(&mut self, ino: InodeId) -> RpcResult<&mut Inode> {
+        if ino.shard() == self.shard {
+            return Err(internal("a directory's own shard holds no part of it"));
+        }
+        self.node_mut(ino)
+    }
+
+    fn create_shadow(&mut self, now: Timespec, r: &CreateShadow) -> RpcResult<Applied> {
+        if r.ino.shard() == self.shard {
+            return Err(internal("a directory's own shard holds no part of it"));
+        }
+        if let Some(node) = self.inodes.get_mut(&r.ino) {
+            (node.mode, node.uid, node.gid) = (r.mode, r.uid, r.gid);
+            let d = node.dir_mut()?;
+            d.layout = r.layout.clone();
+            d.stripes = r.stripes.clone();
+            d.sealed = false;
+            return Applied::changed(MetaReply::Unit);
+        }
+        let mut dir = Dir::new(r.parent, r.layout.clone());
+        dir.stripes = r.stripes.clone();
+        let mut node = Inode::new(r.mode, r.uid, r.gid, now, Body::Dir(Box::new(dir)));
+        node.nlink = 2;
+        self.inodes.insert(r.ino, node);
+        Applied::changed(MetaReply::Unit)
+    }
+
+    /// Entries of the part of a directory held here.
+    pub fn count_entries(&self, ino: InodeId) -> RpcResult<u64> {
+        Ok(self.dir_node(ino)?.1.len() as u64)
+    }
+
+    /// What a directory's parts on other shards copy: (attributes, parent, default layout,
+    /// entries here).
+    pub fn dir_info(&self, ino: InodeId) -> RpcResult<(Attr, InodeId, DirLayout, usize)> {
+        let (node, d) = self.dir_node(ino)?;
+        Ok((node.attr(ino), d.parent, d.layout.clone(), d.len()))
     }
 
     /// A new layout for an empty regular file (`setstripe` on a file that has no data yet).

@@ -15,7 +15,7 @@ use tracing::{info, warn};
 
 type Shared = Arc<Mutex<MetaStore>>;
 
-fn unexpected(r: MetaReply) -> RemoteError {
+pub(crate) fn unexpected(r: MetaReply) -> RemoteError {
     RemoteError::new(ErrorCode::Internal, format!("unexpected reply {r:?}"))
 }
 
@@ -44,7 +44,7 @@ macro_rules! mutation {
     }};
 }
 
-/// Keeps the store's target list in step with mgmtd.
+/// Keeps the store's target list (and the other shards' addresses) in step with mgmtd.
 #[derive(Clone)]
 pub struct TargetSync {
     pub pool: Arc<Pool>,
@@ -52,11 +52,43 @@ pub struct TargetSync {
     pub store: Shared,
     /// mgmtd reported the filesystem ready in the last refresh: every expected target is known.
     pub ready: Arc<std::sync::atomic::AtomicBool>,
+    /// The metad of every shard, and how many shards the filesystem has.
+    pub peers: Arc<std::sync::RwLock<(std::collections::BTreeMap<u16, std::net::SocketAddr>, u16)>>,
 }
 
 impl TargetSync {
+    pub fn new(pool: Arc<Pool>, mgmtd: std::net::SocketAddr, store: Shared) -> TargetSync {
+        TargetSync { pool, mgmtd, store, ready: Default::default(), peers: Default::default() }
+    }
+
+    /// The address of the metad serving `shard` (looking at mgmtd again if it is not known).
+    pub(crate) async fn peer_addr(&self, shard: u16) -> Result<std::net::SocketAddr, RemoteError> {
+        for attempt in 0..2 {
+            if let Some(a) = self.peers.read().expect("peers lock").0.get(&shard) {
+                return Ok(*a);
+            }
+            if attempt == 0 {
+                let _ = self.refresh().await;
+            }
+        }
+        Err(RemoteError::new(ErrorCode::Unavailable, format!("no metadata service for shard {shard}")))
+    }
+
+    /// The number of metadata shards (at least this one).
+    pub(crate) async fn shard_count(&self) -> Result<u16, RemoteError> {
+        self.refresh().await.map_err(|e| RemoteError::new(ErrorCode::Unavailable, format!("mgmtd: {e}")))?;
+        Ok(self.peers.read().expect("peers lock").1.max(1))
+    }
+
     pub async fn refresh(&self) -> Result<(), odfs_rpc::RpcError> {
         let v = self.pool.call(self.mgmtd, Transport::Quic, &RequestHeader::default(), &GetCluster {}).await?;
+        let peers = v
+            .services
+            .iter()
+            .filter(|s| s.kind == ServiceKind::Meta && s.online)
+            .filter_map(|s| Some((s.shard?, s.addr?)))
+            .collect();
+        *self.peers.write().expect("peers lock") = (peers, v.expected_meta.max(v.meta_shards() as u32) as u16);
         let t = v
             .targets
             .iter()
@@ -121,13 +153,43 @@ pub fn router(store: Shared, sync: TargetSync) -> Router {
     r.add::<SetDirLayout, _, _>(move |h: RequestHeader, q: SetDirLayout| {
         let s = s.clone();
         async move {
+            let ino = q.ino;
             match mutate_fresh(&s, &h, MetaOp::SetDirLayout(q), &[ErrorCode::Invalid]).await? {
-                MetaReply::Unit => Ok(()),
+                MetaReply::Unit => {
+                    s.sync_parts(ino).await;
+                    Ok(())
+                }
                 other => Err(unexpected(other)),
             }
         }
     });
-    let s = sync;
+    let s = sync.clone();
+    r.add::<StripeDir, _, _>(move |h: RequestHeader, q: StripeDir| {
+        let s = s.clone();
+        async move { s.stripe_dir(&h, q).await }
+    });
+    let s = sync.clone();
+    r.add::<Rmdir, _, _>(move |h: RequestHeader, q: Rmdir| {
+        let s = s.clone();
+        async move { s.rmdir(&h, q).await }
+    });
+    let s = sync.clone();
+    r.add::<SetAttr, _, _>(move |h: RequestHeader, q: SetAttr| {
+        let s = s.clone();
+        async move {
+            let r = s.store.lock().expect("store lock").mutate(&h, MetaOp::SetAttr(q));
+            match r? {
+                MetaReply::Attr(a) => {
+                    if a.dir_stripes.len() > 1 {
+                        s.sync_parts(a.ino).await;
+                    }
+                    Ok(a)
+                }
+                other => Err(unexpected(other)),
+            }
+        }
+    });
+    let s = sync.clone();
     r.add::<SetFileLayout, _, _>(move |h: RequestHeader, q: SetFileLayout| {
         let s = s.clone();
         async move {
@@ -148,13 +210,16 @@ pub fn router(store: Shared, sync: TargetSync) -> Router {
     read_op!(r, store, ListXattr, listxattr);
     read_op!(r, store, StatFs, statfs);
     read_op!(r, store, GetDirLayout, get_dir_layout);
+    read_op!(r, store, CountEntries, count_entries);
     mutation!(r, store, Mkdir, MetaReply::Attr(a) => a);
     mutation!(r, store, Unlink, MetaReply::Unlink(u) => u);
-    mutation!(r, store, Rmdir, MetaReply::Unit => ());
     mutation!(r, store, Rename, MetaReply::Rename(x) => x);
     mutation!(r, store, Symlink, MetaReply::Attr(a) => a);
     mutation!(r, store, Link, MetaReply::Attr(a) => a);
-    mutation!(r, store, SetAttr, MetaReply::Attr(a) => a);
+    mutation!(r, store, CreateShadow, MetaReply::Unit => ());
+    mutation!(r, store, SyncShadow, MetaReply::Unit => ());
+    mutation!(r, store, SealShadow, MetaReply::Unit => ());
+    mutation!(r, store, DropShadow, MetaReply::Unit => ());
     mutation!(r, store, SetXattr, MetaReply::Unit => ());
     mutation!(r, store, RemoveXattr, MetaReply::Unit => ());
     mutation!(r, store, ExtendSize, MetaReply::Attr(a) => a);
@@ -191,7 +256,7 @@ pub async fn run(cfg: MetadConfig, shutdown: Shutdown) -> anyhow::Result<()> {
         store.set_root_owner(o.uid, o.gid, o.mode).map_err(|e| anyhow::anyhow!("cannot set the root's owner: {e}"))?;
     }
     let store: Shared = Arc::new(Mutex::new(store));
-    let sync = TargetSync { pool: pool.clone(), mgmtd: cfg.mgmtd, store: store.clone(), ready: Default::default() };
+    let sync = TargetSync::new(pool.clone(), cfg.mgmtd, store.clone());
     sync.refresh().await?;
     if let Some(p) = &cfg.addr_file {
         odfs_service::write_addr_file(p, &[("metad", addr)])?;

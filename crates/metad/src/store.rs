@@ -484,6 +484,17 @@ impl MetaStore {
         self.ns.get_dir_layout(req.ino)
     }
 
+    /// Entries of the part of a directory held by this shard.
+    pub fn count_entries(&self, _h: &RequestHeader, req: &CountEntries) -> RpcResult<u64> {
+        self.ns.count_entries(req.ino)
+    }
+
+    /// A directory's attributes, parent, default layout and entry count (for its parts on
+    /// other shards).
+    pub fn dir_info(&self, ino: InodeId) -> RpcResult<(Attr, InodeId, DirLayout, usize)> {
+        self.ns.dir_info(ino)
+    }
+
     // ---- mutations ----
 
     /// Applies one mutation and makes it durable before returning `Ok`.

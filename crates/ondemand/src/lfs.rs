@@ -352,6 +352,47 @@ pub async fn setstripe(place: &Place, a: &StripeArgs) -> Result<()> {
     r
 }
 
+/// `odfs mkdir [-p] [-c N]`: a directory, spread over N metadata shards when asked.
+pub async fn mkdir(place: &Place, parents: bool, count: Option<i32>) -> Result<()> {
+    match place {
+        Place::Lib { client, path } => {
+            let ctx = Ctx::current();
+            if parents {
+                client.mkdir_all(&ctx, path, 0o755).await.map_err(why)?;
+            } else {
+                let (parent, name) = client.resolve_parent(&ctx, path).await.map_err(why)?;
+                client.mkdir(&ctx, parent.ino, &name, 0o755).await.map_err(why)?;
+            }
+        }
+        Place::Mount(p) => {
+            let r = if parents { std::fs::create_dir_all(p) } else { std::fs::create_dir(p) };
+            r.with_context(|| format!("cannot create {}", p.display()))?;
+        }
+    }
+    let Some(n) = count else { return Ok(()) };
+    let shards = place.targets().await?.iter().filter(|l| matches!(l, TargetsLine::Meta(..))).count() as i32;
+    let r = if n == 0 || n < -1 || n > shards {
+        Err(anyhow::anyhow!("-c {n}: this filesystem has {shards} metadata shards (-1 = all)"))
+    } else {
+        place.set(vxattr::DIR_LAYOUT, &format!("stripe_count={n}")).await
+    };
+    if r.is_err() {
+        // A directory that cannot be spread as asked is not left behind half made.
+        match place {
+            Place::Mount(p) => {
+                let _ = std::fs::remove_dir(p);
+            }
+            Place::Lib { client, path } => {
+                let ctx = Ctx::current();
+                if let Ok((parent, name)) = client.resolve_parent(&ctx, path).await {
+                    let _ = client.rmdir(&ctx, parent.ino, &name).await;
+                }
+            }
+        }
+    }
+    r
+}
+
 /// What `odfs getstripe` shows.
 #[derive(Debug, Clone, Default)]
 pub struct GetStripeArgs {
@@ -434,7 +475,7 @@ pub async fn getstripe(place: &Place, a: &GetStripeArgs) -> Result<String> {
         .into_iter()
         .filter_map(|l| match l {
             TargetsLine::Target(t) => Some((t.id, t.node)),
-            TargetsLine::Pool(_) => None,
+            _ => None,
         })
         .collect();
     let mut out = String::new();
@@ -504,6 +545,7 @@ pub async fn df(place: &Place, a: &DfArgs) -> Result<String> {
         match l {
             TargetsLine::Target(t) => targets.push(t),
             TargetsLine::Pool(p) => pools.push(p),
+            TargetsLine::Meta(..) => {}
         }
     }
     if let Some(p) = &a.pool {

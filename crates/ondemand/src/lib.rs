@@ -7,6 +7,7 @@
 pub mod bench;
 pub mod copy;
 pub mod demo;
+pub mod find;
 pub mod fsref;
 pub mod job;
 pub mod lfs;

@@ -41,6 +41,8 @@ pub struct UpOptions {
     pub mount: Option<PathBuf>,
     /// Give every node a RAM target of this size (a tmpfs; tmpfs `size=` syntax) in pool `ram`.
     pub ram_pool: Option<String>,
+    /// Metadata services: shard k on node k, for k < meta (0 = one on every node).
+    pub meta: u32,
 }
 
 impl Default for UpOptions {
@@ -60,6 +62,7 @@ impl Default for UpOptions {
             bind: IpAddr::from([127, 0, 0, 1]),
             mount: None,
             ram_pool: None,
+            meta: 1,
         }
     }
 }
@@ -200,6 +203,13 @@ pub fn up(opts: &UpOptions) -> Result<LocalState> {
     };
     let mgmtd_addr = addr(true)?;
 
+    let metas = if opts.meta == 0 { opts.nodes } else { opts.meta };
+    anyhow::ensure!(
+        metas <= opts.nodes && metas <= u16::MAX as u32,
+        "--meta {} is more than the {} nodes",
+        opts.meta,
+        opts.nodes
+    );
     let mut plan: Vec<(String, u32, PathBuf, PathBuf)> = Vec::new();
     let mut tmpfs: Vec<PathBuf> = Vec::new();
     let n0 = node_dir(&root, 0);
@@ -209,23 +219,27 @@ pub fn up(opts: &UpOptions) -> Result<LocalState> {
         listen: mgmtd_addr,
         addr_file: None,
         expect_storage_nodes: opts.nodes,
-        expect_meta: 1,
+        expect_meta: metas,
         default_layout: layout,
         ..MgmtdConfig::default()
     };
     write_toml(&n0.join("mgmtd.toml"), &mcfg)?;
     plan.push(("mgmtd".into(), 0, n0.join("mgmtd.toml"), n0.join("mgmtd.log")));
-    let meta_cfg = MetadConfig {
-        job: job.clone(),
-        listen: addr(true)?,
-        mgmtd: mgmtd_addr,
-        node: 0,
-        shard: 0,
-        data_dir: n0.join("meta"),
-        ..MetadConfig::default()
-    };
-    write_toml(&n0.join("metad.toml"), &meta_cfg)?;
-    plan.push(("metad".into(), 0, n0.join("metad.toml"), n0.join("metad.log")));
+    for k in 0..metas {
+        let nd = node_dir(&root, k);
+        std::fs::create_dir_all(&nd)?;
+        let meta_cfg = MetadConfig {
+            job: job.clone(),
+            listen: addr(true)?,
+            mgmtd: mgmtd_addr,
+            node: k,
+            shard: k as u16,
+            data_dir: nd.join("meta"),
+            ..MetadConfig::default()
+        };
+        write_toml(&nd.join("metad.toml"), &meta_cfg)?;
+        plan.push(("metad".into(), k, nd.join("metad.toml"), nd.join("metad.log")));
+    }
     for k in 0..opts.nodes {
         let nd = node_dir(&root, k);
         std::fs::create_dir_all(&nd)?;

@@ -148,6 +148,24 @@ enum Cmd {
         #[arg(long, action = clap::ArgAction::Help)]
         help: Option<bool>,
     },
+    /// Make a directory; with -c N its entries are spread over N metadata shards (-1 = all),
+    /// like lfs mkdir -c. PATH is in a mount, or odfs:/PATH with --fs.
+    Mkdir {
+        /// Metadata shards to spread the entries over (-1 = every shard).
+        #[arg(short = 'c', long = "mdt-count", allow_hyphen_values = true)]
+        count: Option<i32>,
+        /// Make missing parents too.
+        #[arg(short = 'p', long)]
+        parents: bool,
+        path: String,
+    },
+    /// Find files like find(1), in parallel: odfs find PATH [-name GLOB] [-type f|d|l]
+    /// [-size [+-]N[ckMG]] [-newer FILE] [--stripe-count N] [--pool P].
+    Find {
+        path: String,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        tests: Vec<String>,
+    },
     /// Storage pools: list them; create, fill, empty or destroy one (with --fs).
     #[command(subcommand)]
     Pool(PoolCmd),
@@ -422,6 +440,9 @@ enum LocalCmd {
         /// (needs root).
         #[arg(long)]
         ram_pool: Option<String>,
+        /// Metadata services (shards) on the first N nodes; 0 = every node.
+        #[arg(long, default_value_t = 1)]
+        meta: u32,
     },
     /// Stop everything `up` started on ROOT.
     Down {
@@ -472,6 +493,7 @@ fn real_main() -> Result<()> {
             io_backend,
             bind,
             ram_pool,
+            meta,
         }) => {
             let opts = local::UpOptions {
                 root: root.clone(),
@@ -487,6 +509,7 @@ fn real_main() -> Result<()> {
                 io_backend,
                 bind,
                 ram_pool,
+                meta,
                 mount: if no_mount { None } else { Some(mount.unwrap_or_else(|| root.join("mnt"))) },
             };
             let st = local::up(&opts)?;
@@ -621,6 +644,23 @@ fn real_main() -> Result<()> {
                 lfs::df(&place, &lfs::DfArgs { human, inodes, pool }).await
             })?;
             print!("{out}");
+        }
+        Cmd::Find { path, tests } => {
+            let rt = runtime()?;
+            rt.block_on(async {
+                let t = odfs_ondemand::find::parse_tests(&tests, cli.fs.as_deref()).await?;
+                let mut out = std::io::BufWriter::new(std::io::stdout());
+                odfs_ondemand::find::find(&path, cli.fs.as_deref(), &t, &mut out).await?;
+                std::io::Write::flush(&mut out)?;
+                anyhow::Ok(())
+            })?;
+        }
+        Cmd::Mkdir { count, parents, path } => {
+            let rt = runtime()?;
+            rt.block_on(async {
+                let place = lfs::Place::open(&path, cli.fs.as_deref()).await?;
+                lfs::mkdir(&place, parents, count).await
+            })?;
         }
         Cmd::Pool(cmd) => {
             use odfs_proto::mgmt::PoolChange;

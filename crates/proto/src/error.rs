@@ -81,6 +81,9 @@ error_codes! {
     AuthFailed = 24 => libc::EACCES,
     /// Read-only (retained) filesystem.
     ReadOnly = 25 => libc::EROFS,
+    /// The entry belongs to another shard of a striped directory: the client asks again there
+    /// (after learning the directory's stripes anew).
+    WrongShard = 26 => libc::EIO,
 }
 
 impl fmt::Display for ErrorCode {

@@ -28,6 +28,20 @@ pub struct Attr {
     pub ctime: Timespec,
     /// Regular files: where the data lives.
     pub layout: Option<Layout>,
+    /// Directories striped over metadata shards: the shards holding their entries, in order
+    /// (an entry's shard is `stripes[hash(name) % len]`); empty when the directory's own shard
+    /// holds every entry.
+    pub dir_stripes: Vec<u16>,
+}
+
+/// The shard holding entry `name` of a directory striped over `stripes` (FNV-1a 64 of the
+/// name, as Lustre's `fnv_1a_64`); None for a directory that is not striped.
+pub fn entry_shard(stripes: &[u16], name: &[u8]) -> Option<u16> {
+    if stripes.len() < 2 {
+        return None;
+    }
+    let h = name.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
+    Some(stripes[(h % stripes.len() as u64) as usize])
 }
 
 /// A time to set: the server's clock, or a given time.
@@ -267,6 +281,59 @@ pub struct GetDirLayout {
     pub ino: InodeId,
 }
 
+/// Spread an empty directory's entries over `count` metadata shards (-1 = every shard):
+/// asked of the directory's own shard, which sets up the parts on the other shards first
+/// (`odfs mkdir -c N`, the `odfs.dir_layout` attribute).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StripeDir {
+    pub ino: InodeId,
+    pub count: i32,
+}
+
+/// Between metadata services: a striped directory's part on another shard, with the
+/// directory's permissions and default layout (for the checks and the new files made there).
+/// Creating an existing part updates it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateShadow {
+    pub ino: InodeId,
+    pub parent: InodeId,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub layout: DirLayout,
+    pub stripes: Vec<u16>,
+}
+
+/// Between metadata services: a striped directory's permissions or layout changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncShadow {
+    pub ino: InodeId,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub layout: DirLayout,
+}
+
+/// Between metadata services, removing a striped directory: `seal` an empty part (it then
+/// refuses new entries) or fail with `NotEmpty`; or unseal it again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SealShadow {
+    pub ino: InodeId,
+    pub seal: bool,
+}
+
+/// Between metadata services: forget an empty part of a removed striped directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DropShadow {
+    pub ino: InodeId,
+}
+
+/// Entries of the part of a directory on the shard asked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CountEntries {
+    pub ino: InodeId,
+}
+
 /// Give an empty regular file a new layout (targets chosen from `layout` as for a create).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SetFileLayout {
@@ -298,4 +365,10 @@ crate::rpc! {
     SetDirLayout = 120 => (),
     GetDirLayout = 121 => DirLayout,
     SetFileLayout = 122 => Attr,
+    StripeDir = 123 => Attr,
+    CreateShadow = 124 => (),
+    SyncShadow = 125 => (),
+    SealShadow = 126 => (),
+    DropShadow = 127 => (),
+    CountEntries = 128 => u64,
 }

@@ -417,7 +417,20 @@ async fn write_odfs_file(client: &Client, ctx: &Ctx, path: &str, data: &[u8]) ->
 
 /// Makes every directory (parents first, one depth level at a time in parallel).
 async fn make_dirs(client: &Client, ctx: &Ctx, root: &str, dirs: &BTreeSet<String>) -> Result<()> {
-    client.mkdir_all(ctx, root, 0o755).await.with_context(|| format!("cannot create odfs:{root}"))?;
+    let top = client.mkdir_all(ctx, root, 0o755).await.with_context(|| format!("cannot create odfs:{root}"))?;
+    // A dataset's top directory is spread over every metadata shard, so its files and
+    // subdirectories (and whatever reads them) are too. Only a new, empty one: an existing
+    // directory keeps its layout.
+    if client.cluster().view().meta_shards() > 1 && top.dir_stripes.is_empty() {
+        match client.dir_parts(ctx, top.ino).await {
+            Ok(parts) if parts.iter().all(|&(_, n)| n == 0) => {
+                if let Err(e) = client.stripe_dir(ctx, top.ino, -1).await {
+                    warn!(dir = root, error = %e, "cannot stripe the stage-in directory over the metadata shards");
+                }
+            }
+            _ => {}
+        }
+    }
     let mut by_depth: BTreeMap<usize, Vec<&String>> = BTreeMap::new();
     for d in dirs {
         by_depth.entry(d.matches('/').count()).or_default().push(d);

@@ -1,0 +1,173 @@
+//! Work that spans metadata shards, coordinated by a directory's own shard: striping an empty
+//! directory over several shards (the other shards' parts are made first, then the directory
+//! is marked striped, so no entry can land on a shard without its part), removing a striped
+//! directory (every part is sealed while empty, then the directory goes, then the parts), and
+//! keeping the parts' permissions and default layout in step with the directory.
+//!
+//! Every change is a logged mutation of one store; what spans shards is ordered so that a
+//! failure midway leaves, at worst, an unused empty part behind — never an entry without its
+//! directory. Owns no state.
+
+use crate::service::{unexpected, TargetSync};
+use crate::store::{MetaOp, MetaReply};
+use odfs_proto::error::RpcResult;
+use odfs_proto::meta::*;
+use odfs_proto::{ErrorCode, InodeId, RemoteError, RequestHeader};
+use tracing::{info, warn};
+
+impl TargetSync {
+    /// Sends a request to the metad of `shard`.
+    async fn peer<R: odfs_proto::Rpc>(&self, shard: u16, req: &R) -> RpcResult<R::Reply> {
+        let addr = self.peer_addr(shard).await?;
+        self.pool.call(addr, odfs_rpc::Transport::Quic, &RequestHeader::default(), req).await.map_err(|e| match e {
+            odfs_rpc::RpcError::Remote(r) => r,
+            other => RemoteError::new(ErrorCode::Unavailable, format!("metadata shard {shard}: {other}")),
+        })
+    }
+
+    /// `StripeDir`: spreads an empty directory of this shard over `count` shards.
+    pub async fn stripe_dir(&self, h: &RequestHeader, q: StripeDir) -> RpcResult<Attr> {
+        let own = self.store.lock().expect("store lock").shard();
+        if q.ino.shard() != own {
+            return Err(RemoteError::new(ErrorCode::Invalid, "ask the directory's own shard"));
+        }
+        let shards = self.shard_count().await?;
+        let (attr, parent, layout, entries) = self.store.lock().expect("store lock").dir_info(q.ino)?;
+        if !(h.is_root() || h.uid == attr.uid) {
+            return Err(RemoteError::new(ErrorCode::Perm, "only the owner or root may stripe a directory"));
+        }
+        let count = match q.count {
+            -1 => shards,
+            n if n >= 1 && n as u32 <= shards as u32 => n as u16,
+            n => {
+                return Err(RemoteError::new(
+                    ErrorCode::Invalid,
+                    format!("stripe count {n} is invalid: this filesystem has {shards} metadata shards (-1 = all)"),
+                ))
+            }
+        };
+        let current = attr.dir_stripes.len().max(1) as u16;
+        if current == count {
+            return Ok(attr);
+        }
+        if current > 1 {
+            return Err(RemoteError::new(ErrorCode::Invalid, "the directory is striped already"));
+        }
+        if entries > 0 {
+            return Err(RemoteError::new(
+                ErrorCode::NotEmpty,
+                "only an empty directory can be striped over metadata shards",
+            ));
+        }
+        if count == 1 {
+            return Ok(attr);
+        }
+        let stripes: Vec<u16> = (0..count).map(|i| (own + i) % shards).collect();
+        let part = CreateShadow {
+            ino: q.ino,
+            parent,
+            mode: attr.mode,
+            uid: attr.uid,
+            gid: attr.gid,
+            layout,
+            stripes: stripes.clone(),
+        };
+        let mut made = Vec::new();
+        for &s in &stripes[1..] {
+            if let Err(e) = self.peer(s, &part).await {
+                self.drop_parts(q.ino, &made).await;
+                return Err(e);
+            }
+            made.push(s);
+        }
+        let op = MetaOp::SetDirStripes { ino: q.ino, stripes: stripes.clone() };
+        let r = self.store.lock().expect("store lock").mutate(h, op);
+        match r {
+            Ok(MetaReply::Attr(a)) => {
+                info!(ino = %q.ino, ?stripes, "directory striped over metadata shards");
+                Ok(a)
+            }
+            Ok(other) => Err(unexpected(other)),
+            Err(e) => {
+                self.drop_parts(q.ino, &made).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn drop_parts(&self, ino: InodeId, shards: &[u16]) {
+        for &s in shards {
+            if let Err(e) = self.peer(s, &DropShadow { ino }).await {
+                warn!(%ino, shard = s, error = %e, "an empty part of a directory stays behind");
+            }
+        }
+    }
+
+    /// `Rmdir`, for a striped directory among others: its parts are sealed (each must be
+    /// empty) before the directory goes, and dropped after.
+    pub async fn rmdir(&self, h: &RequestHeader, q: Rmdir) -> RpcResult<()> {
+        let victim =
+            self.store.lock().expect("store lock").lookup(h, &Lookup { parent: q.parent, name: q.name.clone() });
+        let (ino, others): (InodeId, Vec<u16>) = match victim {
+            Ok(a) if a.kind == FileKind::Dir && a.dir_stripes.len() > 1 => {
+                (a.ino, a.dir_stripes.iter().copied().filter(|&s| s != a.ino.shard()).collect())
+            }
+            _ => (InodeId::ROOT, Vec::new()),
+        };
+        let mut sealed = Vec::new();
+        for &s in &others {
+            match self.peer(s, &SealShadow { ino, seal: true }).await {
+                Ok(()) => sealed.push(s),
+                Err(e) => {
+                    self.unseal(ino, &sealed).await;
+                    return Err(if e.code == ErrorCode::NotEmpty {
+                        RemoteError::new(
+                            ErrorCode::NotEmpty,
+                            format!("directory \"{}\" is not empty", String::from_utf8_lossy(&q.name)),
+                        )
+                    } else {
+                        e
+                    });
+                }
+            }
+        }
+        let r = self.store.lock().expect("store lock").mutate(h, MetaOp::Rmdir(q));
+        match r {
+            Ok(MetaReply::Unit) => {
+                self.drop_parts(ino, &sealed).await;
+                Ok(())
+            }
+            Ok(other) => Err(unexpected(other)),
+            Err(e) => {
+                self.unseal(ino, &sealed).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn unseal(&self, ino: InodeId, shards: &[u16]) {
+        for &s in shards {
+            if let Err(e) = self.peer(s, &SealShadow { ino, seal: false }).await {
+                warn!(%ino, shard = s, error = %e, "a part of a directory stays sealed");
+            }
+        }
+    }
+
+    /// After a change of a striped directory's permissions or layout: the parts follow.
+    pub async fn sync_parts(&self, ino: InodeId) {
+        let (info, own) = {
+            let st = self.store.lock().expect("store lock");
+            (st.dir_info(ino), st.shard())
+        };
+        let Ok((a, _, layout, _)) = info else { return };
+        if a.dir_stripes.len() < 2 || ino.shard() != own {
+            return;
+        }
+        let req = SyncShadow { ino, mode: a.mode, uid: a.uid, gid: a.gid, layout };
+        for &s in a.dir_stripes.iter().filter(|&&s| s != ino.shard()) {
+            if let Err(e) = self.peer(s, &req).await {
+                warn!(%ino, shard = s, error = %e, "a part of a striped directory did not follow a change");
+            }
+        }
+    }
+}
