@@ -34,14 +34,39 @@ pub struct Attr {
     pub dir_stripes: Vec<u16>,
 }
 
-/// The shard holding entry `name` of a directory striped over `stripes` (FNV-1a 64 of the
-/// name, as Lustre's `fnv_1a_64`); None for a directory that is not striped.
+/// The shard holding entry `name` of a directory striped over `stripes`; None for a directory
+/// that is not striped. FNV-1a 64 of the name (as Lustre's `fnv_1a_64`), then mixed: FNV's
+/// low bits depend only on the low bits of each byte, so names like `f1` and `r1` would
+/// always share a shard of a power-of-two count.
 pub fn entry_shard(stripes: &[u16], name: &[u8]) -> Option<u16> {
     if stripes.len() < 2 {
         return None;
     }
-    let h = name.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
+    let mut h = name.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
     Some(stripes[(h % stripes.len() as u64) as usize])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_spread_evenly_over_the_shards() {
+        let stripes = [0u16, 1, 2, 3];
+        assert_eq!(entry_shard(&[5], b"x"), None, "a plain directory");
+        let mut n = [0u32; 4];
+        for i in 0..40_000 {
+            n[entry_shard(&stripes, format!("f{i}").as_bytes()).unwrap() as usize] += 1;
+        }
+        assert!(n.iter().all(|&c| (9_000..=11_000).contains(&c)), "{n:?}");
+        // Names that differ only in bytes equal modulo 4 still spread.
+        let s: std::collections::HashSet<u16> =
+            [&b"f1"[..], b"r1", b"b1", b"n1", b"j1", b"v1"].iter().map(|nm| entry_shard(&stripes, nm).unwrap()).collect();
+        assert!(s.len() > 1, "{s:?}");
+    }
 }
 
 /// A time to set: the server's clock, or a given time.
