@@ -244,3 +244,42 @@ fn stages_use_the_job_users_own_s3_credentials_never_roots() {
     all_ok(&[l.on(0, &["stop", "--job-id", "c2", "--nodes", &n])], "stop");
     l.assert_clean();
 }
+
+#[test]
+fn a_metadata_service_on_every_node_serves_striped_directories() {
+    let l = Launch::new(4, "");
+    let n = l.node_list();
+    all_ok(&l.all(&["start", "--job-id", "m1", "--nodes", &n, "--meta", "0"]), "start");
+    let metads: Vec<u32> = l
+        .processes()
+        .into_iter()
+        .filter(|&p| fs::read_to_string(format!("/proc/{p}/cmdline")).unwrap_or_default().contains("metad.toml"))
+        .collect();
+    assert_eq!(metads.len(), 4, "one metad per node");
+    // A striped directory through node 2's mount, filled through node 3's, read through node 0's.
+    let d = l.mount(2, "m1").join("wide");
+    let out = std::process::Command::new(bin_dir().join("odfs")).args(["mkdir", "-c", "-1"]).arg(&d).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for i in 0..100 {
+        fs::write(l.mount(3, "m1").join(format!("wide/f{i}")), format!("{i}")).unwrap();
+    }
+    let mut names: Vec<String> = fs::read_dir(l.mount(0, "m1").join("wide"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 100);
+    assert_eq!(fs::read_to_string(l.mount(0, "m1").join("wide/f42")).unwrap(), "42");
+    let layout = String::from_utf8_lossy(
+        &std::process::Command::new("getfattr")
+            .args(["-n", "odfs.dir_layout", "--only-values"])
+            .arg(&d)
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .into_owned();
+    assert!(layout.starts_with("stripe_count=4 shards="), "{layout}");
+    all_ok(&l.all(&["stop", "--job-id", "m1", "--nodes", &n]), "stop");
+    l.assert_clean();
+}

@@ -17,7 +17,12 @@ fn cli(fs: &LocalFs, args: &[&str]) -> Output {
 
 fn cli_ok(fs: &LocalFs, args: &[&str]) -> String {
     let o = cli(fs, args);
-    assert!(o.status.success(), "odfs {args:?}: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "odfs {args:?}: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
@@ -90,7 +95,8 @@ fn two_hundred_thousand_entries_from_four_clients_spread_evenly_and_list_once() 
     });
     let names: HashSet<Vec<u8>> = listed.iter().map(|e| e.name.clone()).collect();
     assert_eq!((listed.len(), names.len()), (total as usize, total as usize), "library readdir: each name once");
-    let through_mount: Vec<String> = fs::read_dir(m.p("wide")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let through_mount: Vec<String> =
+        fs::read_dir(m.p("wide")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     let unique: HashSet<&String> = through_mount.iter().collect();
     assert_eq!((through_mount.len(), unique.len()), (total as usize, total as usize), "readdir through the mount");
     assert!(unique.contains(&"c3-049999".to_string()) && unique.contains(&"c0-000000".to_string()));
@@ -117,7 +123,11 @@ fn striping_rules_renames_removal_permissions_and_restarts() {
     // Only an empty directory is striped; not beyond the shards there are.
     fs::create_dir(m.p("full")).unwrap();
     fs::write(m.p("full/x"), b"x").unwrap();
-    let o = Command::new("setfattr").args(["-n", "odfs.dir_layout", "-v", "stripe_count=2"]).arg(m.p("full")).output().unwrap();
+    let o = Command::new("setfattr")
+        .args(["-n", "odfs.dir_layout", "-v", "stripe_count=2"])
+        .arg(m.p("full"))
+        .output()
+        .unwrap();
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("Directory not empty"), "{o:?}");
     let o = cli(&fs, &["mkdir", "-c", "5", &m.p("five").display().to_string()]);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("4 metadata shards"));
@@ -181,7 +191,10 @@ fn striping_rules_renames_removal_permissions_and_restarts() {
         if now.status.success() && lines(&now) == lines(&before) {
             break;
         }
-        assert!(start.elapsed() < std::time::Duration::from_secs(30), "the tree did not come back after a metad restart");
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "the tree did not come back after a metad restart"
+        );
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
     // Empty the striped directory; now it goes, with every part.

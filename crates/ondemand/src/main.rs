@@ -230,6 +230,10 @@ struct NodeArgs {
     /// A batch script (or any file) whose #ODFS lines apply [default in Slurm: the job's script].
     #[arg(long)]
     script: Option<PathBuf>,
+    /// Metadata services on the first N nodes; 0 = every node [default: the site's meta, or
+    /// every node for a job with the odfs_meta feature].
+    #[arg(long)]
+    meta: Option<u32>,
     /// Site config [default: /etc/odfs/site.toml].
     #[arg(long, env = "ODFS_SITE_CONFIG")]
     site_config: Option<PathBuf>,
@@ -246,7 +250,7 @@ impl NodeArgs {
             user: self.user.clone(),
             features: self.features.clone(),
         })?;
-        Ok((spec, job::NodeContext { site, site_path, script: self.script.clone() }))
+        Ok((spec, job::NodeContext { site, site_path, script: self.script.clone(), meta: self.meta }))
     }
 }
 
@@ -609,7 +613,7 @@ fn real_main() -> Result<()> {
         }
         Cmd::Recover { job: id, node, site_config } => {
             let (site, site_path) = job::SiteConfig::load(site_config.as_deref())?;
-            let ctx = job::NodeContext { site, site_path, script: None };
+            let ctx = job::NodeContext { site, site_path, script: None, meta: None };
             job::recover(&id, &node_name(node), &ctx)?;
             println!("odfs: job {id} recovered on this node: outputs verified, data wiped");
         }

@@ -63,8 +63,10 @@ mod tests {
         }
         assert!(n.iter().all(|&c| (9_000..=11_000).contains(&c)), "{n:?}");
         // Names that differ only in bytes equal modulo 4 still spread.
-        let s: std::collections::HashSet<u16> =
-            [&b"f1"[..], b"r1", b"b1", b"n1", b"j1", b"v1"].iter().map(|nm| entry_shard(&stripes, nm).unwrap()).collect();
+        let s: std::collections::HashSet<u16> = [&b"f1"[..], b"r1", b"b1", b"n1", b"j1", b"v1"]
+            .iter()
+            .map(|nm| entry_shard(&stripes, nm).unwrap())
+            .collect();
         assert!(s.len() > 1, "{s:?}");
     }
 }

@@ -27,6 +27,10 @@ pub struct SiteOndemand {
     pub feature: String,
     /// The feature that adds a RAM-backed pool (a tmpfs on every node) to the job's filesystem.
     pub ram_feature: String,
+    /// The feature that runs a metadata service on every node of the job.
+    pub meta_feature: String,
+    /// Metadata services of a job: on its first N nodes (0 = every node).
+    pub meta: u32,
     /// Directories on local NVMe, one storage target each. A job's data lives in
     /// `PATH/odfs.JOBID/`. `%n` is replaced by the node name.
     pub data_paths: Vec<String>,
@@ -81,6 +85,8 @@ impl Default for SiteOndemand {
             site_key: PathBuf::from("/etc/odfs/site.key"),
             feature: "odfs".into(),
             ram_feature: "odfs_ram".into(),
+            meta_feature: "odfs_meta".into(),
+            meta: 1,
             data_paths: vec!["/var/lib/odfs/data".into()],
             pool: "nvme".into(),
             ram_pool: "ram".into(),
@@ -207,7 +213,7 @@ impl SiteOndemand {
 
     /// True when the job asked for odfs (the base feature or a variant).
     pub fn wanted(&self, features: &[String]) -> bool {
-        features.iter().any(|f| *f == self.feature || *f == self.ram_feature)
+        features.iter().any(|f| *f == self.feature || *f == self.ram_feature || *f == self.meta_feature)
     }
 
     /// First port of a job's range on every node.

@@ -42,6 +42,23 @@ pub struct NodeContext {
     pub site_path: PathBuf,
     /// Outside Slurm: a batch script (or any file) whose `#ODFS` lines apply.
     pub script: Option<PathBuf>,
+    /// Metadata services on the first N nodes (0 = every node); default: the site's, or every
+    /// node for a job with the metadata feature.
+    pub meta: Option<u32>,
+}
+
+impl NodeContext {
+    /// How many nodes of `spec` run a metadata service (shard k on node k).
+    pub fn metas(&self, spec: &JobSpec) -> u32 {
+        let o = &self.site.ondemand;
+        let n = self.meta.unwrap_or(if spec.has_feature(&o.meta_feature) { 0 } else { o.meta });
+        let nodes = spec.nodes.len() as u32;
+        if n == 0 {
+            nodes
+        } else {
+            n.min(nodes)
+        }
+    }
 }
 
 /// How a start ended (errors aside).
@@ -102,7 +119,7 @@ impl Plan {
         let job_dir = state.job_dir(job);
         Ok(Plan {
             mgmtd: SocketAddr::new(node0, p),
-            metad: SocketAddr::new(node0, p + 1),
+            metad: SocketAddr::new(me, p + 1),
             stored: SocketAddr::new(me, p + 2),
             bulk: SocketAddr::new(me, p + 3),
             agent: SocketAddr::new(me, p + 4),
@@ -123,19 +140,21 @@ impl Plan {
     }
 
     /// This node's (service, address, udp) list, for the port check.
-    fn ports(&self, node0: bool) -> Vec<(&'static str, SocketAddr, bool)> {
+    fn ports(&self, node0: bool, meta: bool) -> Vec<(&'static str, SocketAddr, bool)> {
         let mut v = vec![("stored", self.stored, true), ("stored bulk", self.bulk, false), ("agent", self.agent, true)];
+        if meta {
+            v.insert(0, ("metad", self.metad, true));
+        }
         if node0 {
             v.insert(0, ("mgmtd", self.mgmtd, true));
-            v.insert(1, ("metad", self.metad, true));
         }
         v
     }
 }
 
 /// Fails with a clear line if a port this node needs is taken.
-fn check_ports(plan: &Plan, spec: &JobSpec, site: &SiteConfig) -> Result<()> {
-    for (what, addr, udp) in plan.ports(spec.is_node0()) {
+fn check_ports(plan: &Plan, spec: &JobSpec, site: &SiteConfig, metas: u32) -> Result<()> {
+    for (what, addr, udp) in plan.ports(spec.is_node0(), spec.index < metas) {
         let r =
             if udp { std::net::UdpSocket::bind(addr).map(drop) } else { std::net::TcpListener::bind(addr).map(drop) };
         if let Err(e) = r {
@@ -262,6 +281,7 @@ fn start_services(
     spec: &JobSpec,
     site: &SiteConfig,
     layout: odfs_proto::DirLayout,
+    metas: u32,
 ) -> Result<()> {
     let o = &site.ondemand;
     let job = JobSection { id: spec.job_id.clone(), site_key: o.site_key.clone() };
@@ -272,17 +292,19 @@ fn start_services(
             job: job.clone(),
             listen: plan.mgmtd,
             expect_storage_nodes: spec.nodes.len() as u32,
-            expect_meta: 1,
+            expect_meta: metas,
             default_layout: layout,
             ..MgmtdConfig::default()
         };
         launch(rec, state, dir, "mgmtd", k, &m)?;
+    }
+    if k < metas {
         let meta = MetadConfig {
             job: job.clone(),
             listen: plan.metad,
             mgmtd: plan.mgmtd,
             node: k,
-            shard: 0,
+            shard: k as u16,
             data_dir: plan.data_dirs[0].join("meta"),
             register_timeout_secs: o.ready_timeout_secs,
             root_owner: Some(RootOwner { uid: spec.user.uid, gid: spec.user.gid, mode: 0o700 }),
@@ -424,8 +446,9 @@ fn start_node_services(
     spec: &JobSpec,
     site: &SiteConfig,
     layout: odfs_proto::DirLayout,
+    metas: u32,
 ) -> Result<()> {
-    check_ports(plan, spec, site)?;
+    check_ports(plan, spec, site, metas)?;
     for d in &plan.data_dirs {
         rec.data_dirs.push(d.clone());
         state.save(rec)?;
@@ -436,7 +459,7 @@ fn start_node_services(
         rec.ram_mount = Some(r.clone());
         state.save(rec)?;
     }
-    start_services(rec, state, plan, spec, site, layout)
+    start_services(rec, state, plan, spec, site, layout, metas)
 }
 
 /// Node 0: waits until every node reported `Started`, the filesystem is ready and every stage
@@ -679,8 +702,15 @@ pub(crate) fn start_node(spec: &JobSpec, ctx: &NodeContext) -> Result<StartOutco
         Ok(d) => job_layout(site, spec, d),
         Err(e) => Err(e.clone()),
     };
-    let services =
-        start_node_services(&mut rec, &state, &plan, spec, site, layout.clone().unwrap_or_else(|_| o.layout()));
+    let services = start_node_services(
+        &mut rec,
+        &state,
+        &plan,
+        spec,
+        site,
+        layout.clone().unwrap_or_else(|_| o.layout()),
+        ctx.metas(spec),
+    );
     let up = match (services, &layout) {
         (Err(e), _) => Err((e, true)),
         (Ok(()), Err(e)) if spec.is_node0() => Err((anyhow!(e.clone()), false)),
