@@ -65,8 +65,7 @@ fn two_hundred_thousand_entries_from_four_clients_spread_evenly_and_list_once() 
                     let ctx = Ctx::root();
                     let dir = client.resolve(&ctx, "/wide", true).await.unwrap();
                     let names: Vec<String> = (0..PER).map(|i| format!("c{c}-{i:06}")).collect();
-                    let mut it = names.chunks(64);
-                    while let Some(batch) = it.next() {
+                    for batch in names.chunks(64) {
                         let futs = batch.iter().map(|n| client.create(&ctx, dir.ino, n.as_bytes(), 0o644, true, None));
                         for r in futures::future::join_all(futs).await {
                             r.expect("create");
