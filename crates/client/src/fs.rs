@@ -567,6 +567,35 @@ impl Client {
         }
     }
 
+    /// Every entry of a directory, the parts of a striped directory listed at once (one
+    /// listing per shard, in parallel), in no particular order. For walks (`odfs find`).
+    pub async fn list_dir(&self, ctx: &Ctx, ino: InodeId, plus: bool) -> Result<Vec<DirEntry>> {
+        let stripes = if self.sharded() { self.getattr(ctx, ino).await?.dir_stripes } else { Vec::new() };
+        if stripes.len() < 2 {
+            return self.readdir_all(ctx, ino, plus).await;
+        }
+        let parts = futures::future::join_all(stripes.iter().map(|&shard| async move {
+            let mut out = Vec::new();
+            let mut cookie = 0;
+            loop {
+                let r = self.meta(ctx, shard, &ReadDir { ino, cookie, max_entries: 4096, plus }).await?;
+                if let Some(last) = r.entries.last() {
+                    cookie = last.cookie;
+                }
+                out.extend(r.entries);
+                if r.eof {
+                    return Ok::<_, ClientError>(out);
+                }
+            }
+        }))
+        .await;
+        let mut all = Vec::new();
+        for p in parts {
+            all.extend(p?);
+        }
+        Ok(all)
+    }
+
     /// Spreads an empty directory's entries over `count` metadata shards (-1 = every shard).
     pub async fn stripe_dir(&self, ctx: &Ctx, ino: InodeId, count: i32) -> Result<Attr> {
         let a = self.meta(ctx, Self::shard_of(ino), &StripeDir { ino, count }).await;

@@ -10,6 +10,7 @@
 //! small file-I/O helpers the demo uses too.
 
 pub mod mount;
+pub mod shards;
 pub mod stage;
 pub mod startup;
 

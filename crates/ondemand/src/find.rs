@@ -94,6 +94,22 @@ impl Tests {
         self.stripe_count.is_some() || self.pool.is_some()
     }
 
+    /// Whether any test needs more than an entry's name and type (readdir without attributes
+    /// is enough otherwise, as it is for GNU find).
+    fn wants_attrs(&self) -> bool {
+        self.size.is_some() || self.newer.is_some() || self.wants_layout()
+    }
+
+    /// The tests that need only a name and a type.
+    fn matches_name(&self, name: &str, kind: FileKind) -> bool {
+        let opts = glob::MatchOptions {
+            case_sensitive: true,
+            require_literal_separator: true,
+            require_literal_leading_dot: false,
+        };
+        self.name.as_ref().is_none_or(|p| p.matches_with(name, opts)) && self.kind.is_none_or(|k| k == kind)
+    }
+
     fn matches(&self, name: &str, a: &Attr) -> bool {
         let opts = glob::MatchOptions {
             case_sensitive: true,
@@ -144,8 +160,9 @@ pub async fn walk_lib(client: &Client, top: &str, show: &str, t: &Tests, out: &m
         while pending.len() < PARALLEL {
             let Some((path, ino)) = queue.pop_front() else { break };
             let ctx = ctx.clone();
+            let plus = t.wants_attrs();
             pending.push(async move {
-                let r = client.readdir_all(&ctx, ino, true).await;
+                let r = client.list_dir(&ctx, ino, plus).await;
                 (path, r)
             });
         }
@@ -158,14 +175,19 @@ pub async fn walk_lib(client: &Client, top: &str, show: &str, t: &Tests, out: &m
             seen += 1;
             let name = String::from_utf8_lossy(&e.name);
             let p = format!("{path}/{name}");
-            let a = match e.attr {
-                Some(a) => a,
-                None => client.getattr(&ctx, e.ino).await.map_err(|err| anyhow::anyhow!("{p}: {err}"))?,
+            let hit = if t.wants_attrs() {
+                let a = match e.attr {
+                    Some(a) => a,
+                    None => client.getattr(&ctx, e.ino).await.map_err(|err| anyhow::anyhow!("{p}: {err}"))?,
+                };
+                t.matches(&name, &a)
+            } else {
+                t.matches_name(&name, e.kind)
             };
-            if t.matches(&name, &a) {
+            if hit {
                 writeln!(out, "{p}")?;
             }
-            if a.kind == FileKind::Dir {
+            if e.kind == FileKind::Dir {
                 queue.push_back((p, e.ino));
             }
         }

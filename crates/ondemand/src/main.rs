@@ -289,6 +289,13 @@ struct BenchArgs {
     /// --rounds times (needs root).
     #[arg(long, conflicts_with_all = ["mount", "stage"])]
     startup: bool,
+    /// Creates in one shared directory from --clients clients with one metadata service and
+    /// one per node (striped), then odfs find beside GNU find over them (--files, needs root).
+    #[arg(long, conflicts_with_all = ["mount", "stage", "startup"])]
+    shards: bool,
+    /// Files of --shards [default 200000].
+    #[arg(long, requires = "shards")]
+    files: Option<usize>,
     /// Rounds of --startup.
     #[arg(long, default_value_t = 10, requires = "startup")]
     rounds: u32,
@@ -342,6 +349,18 @@ impl BenchArgs {
             };
             let rounds = bench::startup::run(&o)?;
             print!("{}", bench::startup::render(o.nodes, &rounds));
+            return Ok(());
+        }
+        if self.shards {
+            let d = bench::shards::ShardBenchOptions::default();
+            let o = bench::shards::ShardBenchOptions {
+                root: self.root,
+                nodes: self.nodes,
+                clients: self.clients.unwrap_or(d.clients),
+                files: self.files.unwrap_or(if small { 20_000 } else { d.files }),
+                keep: self.keep,
+            };
+            print!("{}", bench::shards::render(&bench::shards::run(&o)?));
             return Ok(());
         }
         if self.stage {
