@@ -557,9 +557,14 @@ fn statfs_and_shard_ids() {
     let st = s.statfs(&root(), &StatFs {}).unwrap();
     assert_eq!(st.total_bytes, 4 * (1 << 31) + (1 << 21));
     assert_eq!(st.free_bytes, 4 * (1 << 30) + (1 << 20));
-    assert_eq!(st.used_inodes, 2);
-    assert_eq!(st.free_inodes, st.total_inodes - 2);
+    // A shard counts its own inodes: the root belongs to shard 0 (this shard's copy of it is
+    // not counted, so the shards' counts add up to the filesystem's).
+    assert_eq!(st.used_inodes, 1);
+    assert_eq!(st.free_inodes, st.total_inodes - 1);
     assert_eq!(st.block_size, 4096);
+    let d = tempfile::tempdir().unwrap();
+    let s0 = MetaStore::open(d.path(), StoreOptions::default(), DirLayout::default()).unwrap();
+    assert_eq!(s0.statfs(&root(), &StatFs {}).unwrap().used_inodes, 1, "shard 0 counts the root");
 }
 
 #[test]
