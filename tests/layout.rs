@@ -9,7 +9,7 @@ use odfs_proto::Layout;
 use odfs_tests::*;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 const KIB: u64 = 1024;
 
@@ -17,28 +17,6 @@ fn up() -> (LocalFs, FuseMount) {
     let fs = LocalFs::up(4, &["--pool", "nvme", "--ram-pool", "64M"]);
     let m = FuseMount::start(&fs);
     (fs, m)
-}
-
-/// `odfs ARGS` against this filesystem (library paths need --fs).
-fn cli(fs: &LocalFs, args: &[&str]) -> Output {
-    Command::new(bin_dir().join("odfs")).arg("--fs").arg(fs.config_path()).args(args).output().expect("run odfs")
-}
-
-fn cli_ok(fs: &LocalFs, args: &[&str]) -> String {
-    let o = cli(fs, args);
-    assert!(
-        o.status.success(),
-        "odfs {args:?}: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn cli_err(fs: &LocalFs, args: &[&str]) -> String {
-    let o = cli(fs, args);
-    assert!(!o.status.success(), "odfs {args:?} must fail: {}", String::from_utf8_lossy(&o.stdout));
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 fn s(p: &Path) -> String {
@@ -88,13 +66,13 @@ fn a_striped_directory_puts_each_files_bytes_on_exactly_its_targets() {
     let (fs, m) = up();
     let dir = m.p("ckpt");
     fs::create_dir(&dir).unwrap();
-    cli_ok(&fs, &["setstripe", "-c", "2", "-S", "256K", "-p", "nvme", &s(&dir)]);
+    fs.cli_ok(&["setstripe", "-c", "2", "-S", "256K", "-p", "nvme", &s(&dir)]);
     let data = pattern((5 << 20) + 12_345, 11);
     let f = dir.join("model.bin");
     fs::write(&f, &data).unwrap();
 
     // getstripe names the targets; the layout attribute says the same.
-    let out = cli_ok(&fs, &["getstripe", &s(&f)]);
+    let out = fs.cli_ok(&["getstripe", &s(&f)]);
     assert!(out.contains("lmm_stripe_count:  2") && out.contains("lmm_stripe_size:   262144"), "{out}");
     assert!(out.contains("lmm_pool:          nvme"), "{out}");
     let text = getfattr(&f, "odfs.layout");
@@ -140,24 +118,24 @@ fn layouts_are_inherited_survive_rename_and_minus_one_takes_every_target() {
     let (fs, m) = up();
     let top = m.p("top");
     fs::create_dir(&top).unwrap();
-    cli_ok(&fs, &["setstripe", "-c", "2", "-S", "128K", "-p", "ram", &s(&top)]);
+    fs.cli_ok(&["setstripe", "-c", "2", "-S", "128K", "-p", "ram", &s(&top)]);
     // A subdirectory made afterwards inherits the default, and so do its files.
     fs::create_dir_all(top.join("a/b")).unwrap();
-    assert_eq!(cli_ok(&fs, &["getstripe", "-d", "-S", &s(&top.join("a/b"))]).trim(), "131072");
-    assert_eq!(cli_ok(&fs, &["getstripe", "-d", "-p", &s(&top.join("a/b"))]).trim(), "ram");
+    assert_eq!(fs.cli_ok(&["getstripe", "-d", "-S", &s(&top.join("a/b"))]).trim(), "131072");
+    assert_eq!(fs.cli_ok(&["getstripe", "-d", "-p", &s(&top.join("a/b"))]).trim(), "ram");
     fs::write(top.join("a/b/f"), pattern(1 << 20, 1)).unwrap();
     let before = getfattr(&top.join("a/b/f"), "odfs.layout");
     assert_eq!((key(&before, "stripe_count"), key(&before, "pool")), ("2".into(), "ram".into()));
     // Renames keep both the directory defaults and the files' layouts.
     fs::rename(top.join("a"), m.p("moved")).unwrap();
     assert_eq!(getfattr(&m.p("moved/b/f"), "odfs.layout"), before);
-    assert_eq!(cli_ok(&fs, &["getstripe", "-d", "-c", &s(&m.p("moved/b"))]).trim(), "2");
+    assert_eq!(fs.cli_ok(&["getstripe", "-d", "-c", &s(&m.p("moved/b"))]).trim(), "2");
     fs::write(m.p("moved/b/g"), b"x").unwrap();
     assert_eq!(key(&getfattr(&m.p("moved/b/g"), "odfs.layout"), "pool"), "ram");
     // -c -1: every target of the pool.
     let all = m.p("all");
     fs::create_dir(&all).unwrap();
-    cli_ok(&fs, &["setstripe", "-c", "-1", "-p", "nvme", &s(&all)]);
+    fs.cli_ok(&["setstripe", "-c", "-1", "-p", "nvme", &s(&all)]);
     fs::write(all.join("f"), pattern(8 << 20, 2)).unwrap();
     let t = getfattr(&all.join("f"), "odfs.layout");
     let mut ids: Vec<u32> = key(&t, "targets").split(',').map(|x| x.parse().unwrap()).collect();
@@ -165,7 +143,7 @@ fn layouts_are_inherited_survive_rename_and_minus_one_takes_every_target() {
     let nvme: Vec<u32> = target_dirs(&fs, &m).into_iter().filter(|(_, _, p)| p == "nvme").map(|(i, _, _)| i).collect();
     assert_eq!(ids, nvme, "-c -1 uses every target of pool nvme");
     // setstripe on a new file, and setfattr on an empty one.
-    cli_ok(&fs, &["setstripe", "-c", "3", "-S", "64K", &s(&m.p("new"))]);
+    fs.cli_ok(&["setstripe", "-c", "3", "-S", "64K", &s(&m.p("new"))]);
     assert_eq!(key(&getfattr(&m.p("new"), "odfs.layout"), "stripe_count"), "3");
     let st = Command::new("setfattr")
         .args(["-n", "odfs.layout", "-v", "stripe_count=1 pool=ram"])
@@ -179,7 +157,7 @@ fn layouts_are_inherited_survive_rename_and_minus_one_takes_every_target() {
         ("1".into(), "ram".into(), "65536".into())
     );
     // The library path sees the same.
-    assert!(cli_ok(&fs, &["getstripe", "odfs:/new"]).contains("lmm_pool:          ram"));
+    assert!(fs.cli_ok(&["getstripe", "odfs:/new"]).contains("lmm_pool:          ram"));
 }
 
 #[test]
@@ -187,7 +165,7 @@ fn invalid_layouts_are_refused_with_their_reason_and_change_nothing() {
     let (fs, m) = up();
     let d = m.p("d");
     fs::create_dir(&d).unwrap();
-    cli_ok(&fs, &["setstripe", "-c", "2", "-S", "256K", "-p", "nvme", &s(&d)]);
+    fs.cli_ok(&["setstripe", "-c", "2", "-S", "256K", "-p", "nvme", &s(&d)]);
     fs::write(d.join("full"), b"data").unwrap();
     let before_dir = getfattr(&d, "odfs.layout");
     let before_file = getfattr(&d.join("full"), "odfs.layout");
@@ -204,13 +182,13 @@ fn invalid_layouts_are_refused_with_their_reason_and_change_nothing() {
             let mut a = vec!["setstripe"];
             a.extend(args.iter().copied());
             a.push(&path);
-            let e = cli_err(&fs, &a);
+            let e = fs.cli_err(&a);
             assert!(e.contains(want), "setstripe {args:?} {path}: {e}");
         }
     }
-    let e = cli_err(&fs, &["setstripe", "-c", "1", &s(&d.join("full"))]);
+    let e = fs.cli_err(&["setstripe", "-c", "1", &s(&d.join("full"))]);
     assert!(e.contains("has 4 bytes") && e.contains("only be set while a file is empty"), "{e}");
-    let e = cli_err(&fs, &["setstripe", "-c", "1", "odfs:/d/full"]);
+    let e = fs.cli_err(&["setstripe", "-c", "1", "odfs:/d/full"]);
     assert!(e.contains("has 4 bytes"), "{e}");
     // Through setfattr the refusal is EINVAL; nothing changed anywhere.
     let o = Command::new("setfattr").args(["-n", "odfs.layout", "-v", "stripe_count=99"]).arg(&d).output().unwrap();
@@ -220,7 +198,7 @@ fn invalid_layouts_are_refused_with_their_reason_and_change_nothing() {
     assert_eq!(getfattr(&d, "odfs.layout"), before_dir);
     assert_eq!(getfattr(&d.join("full"), "odfs.layout"), before_file);
     // A refused layout for a new file leaves no file behind.
-    let e = cli_err(&fs, &["setstripe", "-c", "9", &s(&d.join("nope"))]);
+    let e = fs.cli_err(&["setstripe", "-c", "9", &s(&d.join("nope"))]);
     assert!(e.contains("more than"), "{e}");
     assert!(!d.join("nope").exists());
     // Only the owner (or root) sets a directory's layout.
@@ -249,7 +227,7 @@ fn sys_df(p: &Path, inodes: bool) -> (u64, u64, u64) {
 fn df_totals_are_the_sum_of_the_targets_and_match_df_on_the_mount() {
     let (fs, m) = up();
     fs::write(m.p("f"), pattern(3 << 20, 3)).unwrap();
-    let out = cli_ok(&fs, &["df", &s(&m.path)]);
+    let out = fs.cli_ok(&["df", &s(&m.path)]);
     let rows: Vec<Vec<&str>> = out.lines().map(|l| l.split_whitespace().collect()).collect();
     let target_rows: Vec<&Vec<&str>> =
         rows.iter().filter(|r| r.first().is_some_and(|c| c.starts_with("odfs-T"))).collect();
@@ -271,43 +249,43 @@ fn df_totals_are_the_sum_of_the_targets_and_match_df_on_the_mount() {
     let ours = col(summary, 3);
     assert!(ours.abs_diff(avail / 1024) * 100 <= ours.max(1), "available: odfs df {ours} KiB, df {} KiB", avail / 1024);
     // Inodes: the summary is the metadata's, as df -i shows.
-    let out = cli_ok(&fs, &["df", "-i", "odfs:/"]);
+    let out = fs.cli_ok(&["df", "-i", "odfs:/"]);
     let summary: Vec<&str> =
         out.lines().find(|l| l.starts_with("filesystem_summary:")).unwrap().split_whitespace().collect();
     let (inodes, used, _) = sys_df(&m.path, true);
     assert_eq!((summary[1].parse::<u64>().unwrap(), summary[2].parse::<u64>().unwrap()), (inodes, used), "{out}");
     // One pool only, and an unknown pool named.
-    let out = cli_ok(&fs, &["df", "--pool", "ram", &s(&m.path)]);
+    let out = fs.cli_ok(&["df", "--pool", "ram", &s(&m.path)]);
     assert_eq!(out.lines().filter(|l| l.starts_with("odfs-T")).count(), 4, "{out}");
-    assert!(cli_err(&fs, &["df", "--pool", "gold", &s(&m.path)]).contains("no pool gold"));
+    assert!(fs.cli_err(&["df", "--pool", "gold", &s(&m.path)]).contains("no pool gold"));
 }
 
 #[test]
 fn pools_are_listed_created_filled_emptied_and_destroyed() {
     let (fs, m) = up();
-    let list = cli_ok(&fs, &["pool", "list", &s(&m.path)]);
+    let list = fs.cli_ok(&["pool", "list", &s(&m.path)]);
     assert!(list.contains("nvme: 1 3 5 7") && list.contains("ram: 2 4 6 8"), "{list}");
-    cli_ok(&fs, &["pool", "create", "fast"]);
-    assert!(cli_ok(&fs, &["pool", "list", "odfs:/"]).contains("fast: (no targets)"));
-    assert!(cli_err(&fs, &["pool", "create", "fast"]).contains("exists already"));
-    assert!(cli_err(&fs, &["pool", "add", "fast", "42"]).contains("no target 42"));
-    assert!(cli_err(&fs, &["pool", "add", "nope", "1"]).contains("no pool nope"));
-    cli_ok(&fs, &["pool", "add", "fast", "1", "3"]);
-    let list = cli_ok(&fs, &["pool", "list", &s(&m.path)]);
+    fs.cli_ok(&["pool", "create", "fast"]);
+    assert!(fs.cli_ok(&["pool", "list", "odfs:/"]).contains("fast: (no targets)"));
+    assert!(fs.cli_err(&["pool", "create", "fast"]).contains("exists already"));
+    assert!(fs.cli_err(&["pool", "add", "fast", "42"]).contains("no target 42"));
+    assert!(fs.cli_err(&["pool", "add", "nope", "1"]).contains("no pool nope"));
+    fs.cli_ok(&["pool", "add", "fast", "1", "3"]);
+    let list = fs.cli_ok(&["pool", "list", &s(&m.path)]);
     assert!(list.contains("fast: 1 3") && list.contains("nvme: 5 7"), "{list}");
     // New files can land in the new pool at once.
     let d = m.p("d");
     fs::create_dir(&d).unwrap();
-    cli_ok(&fs, &["setstripe", "-c", "-1", "-p", "fast", &s(&d)]);
+    fs.cli_ok(&["setstripe", "-c", "-1", "-p", "fast", &s(&d)]);
     fs::write(d.join("f"), pattern(3 << 20, 4)).unwrap();
     let mut ids: Vec<String> =
         key(&getfattr(&d.join("f"), "odfs.layout"), "targets").split(',').map(String::from).collect();
     ids.sort();
     assert_eq!(ids, ["1", "3"]);
-    assert!(cli_err(&fs, &["pool", "destroy", "fast"]).contains("still has targets"));
-    assert!(cli_err(&fs, &["pool", "remove", "nvme", "5"]).contains("by its configuration"));
-    cli_ok(&fs, &["pool", "remove", "fast", "1", "3"]);
-    cli_ok(&fs, &["pool", "destroy", "fast"]);
-    let list = cli_ok(&fs, &["pool", "list", &s(&m.path)]);
+    assert!(fs.cli_err(&["pool", "destroy", "fast"]).contains("still has targets"));
+    assert!(fs.cli_err(&["pool", "remove", "nvme", "5"]).contains("by its configuration"));
+    fs.cli_ok(&["pool", "remove", "fast", "1", "3"]);
+    fs.cli_ok(&["pool", "destroy", "fast"]);
+    let list = fs.cli_ok(&["pool", "list", &s(&m.path)]);
     assert!(!list.contains("fast") && list.contains("nvme: 1 3 5 7"), "{list}");
 }

@@ -11,21 +11,6 @@ use std::fs;
 use std::path::Path;
 use std::process::{Command, Output};
 
-fn cli(fs: &LocalFs, args: &[&str]) -> Output {
-    Command::new(bin_dir().join("odfs")).arg("--fs").arg(fs.config_path()).args(args).output().expect("run odfs")
-}
-
-fn cli_ok(fs: &LocalFs, args: &[&str]) -> String {
-    let o = cli(fs, args);
-    assert!(
-        o.status.success(),
-        "odfs {args:?}: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
 fn dir_layout(p: &Path) -> String {
     let o = Command::new("getfattr").args(["-n", "odfs.dir_layout", "--only-values"]).arg(p).output().unwrap();
     assert!(o.status.success(), "getfattr: {}", String::from_utf8_lossy(&o.stderr));
@@ -51,7 +36,7 @@ fn two_hundred_thousand_entries_from_four_clients_spread_evenly_and_list_once() 
     const PER: usize = 50_000;
     let fs = LocalFs::up(4, &["--meta", "4"]);
     let m = FuseMount::start(&fs);
-    cli_ok(&fs, &["mkdir", "-c", "4", &m.p("wide").display().to_string()]);
+    fs.cli_ok(&["mkdir", "-c", "4", &m.p("wide").display().to_string()]);
     assert!(dir_layout(&m.p("wide")).starts_with("stripe_count=4 shards=0,1,2,3"));
     // Four clients, each with its own connections, as four nodes would create them.
     let cfg = fs.config();
@@ -103,11 +88,11 @@ fn two_hundred_thousand_entries_from_four_clients_spread_evenly_and_list_once() 
     // odfs find returns what GNU find on the mount returns: every entry, and a -name subset.
     let mnt = m.path.display().to_string();
     let all = Command::new("find").arg(format!("{mnt}/wide")).output().unwrap();
-    let ours = cli(&fs, &["find", &format!("{mnt}/wide")]);
+    let ours = fs.cli(&["find", &format!("{mnt}/wide")]);
     assert_eq!(lines(&ours), lines(&all), "odfs find vs find: every entry");
     assert_eq!(lines(&ours).len(), total as usize + 1);
     let gnu = Command::new("find").args([&format!("{mnt}/wide"), "-name", "c2-*7"]).output().unwrap();
-    let ours = cli(&fs, &["find", &format!("{mnt}/wide"), "-name", "c2-*7"]);
+    let ours = fs.cli(&["find", &format!("{mnt}/wide"), "-name", "c2-*7"]);
     assert_eq!(lines(&ours), lines(&gnu));
     assert_eq!(lines(&ours).len(), PER / 10);
 }
@@ -118,7 +103,7 @@ fn striping_rules_renames_removal_permissions_and_restarts() {
     let m = FuseMount::start_with(&fs, &["--allow-other"]);
     let d = m.p("d");
     let ds = d.display().to_string();
-    cli_ok(&fs, &["mkdir", "-c", "-1", &ds]);
+    fs.cli_ok(&["mkdir", "-c", "-1", &ds]);
     // Only an empty directory is striped; not beyond the shards there are.
     fs::create_dir(m.p("full")).unwrap();
     fs::write(m.p("full/x"), b"x").unwrap();
@@ -128,7 +113,7 @@ fn striping_rules_renames_removal_permissions_and_restarts() {
         .output()
         .unwrap();
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("Directory not empty"), "{o:?}");
-    let o = cli(&fs, &["mkdir", "-c", "5", &m.p("five").display().to_string()]);
+    let o = fs.cli(&["mkdir", "-c", "5", &m.p("five").display().to_string()]);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("4 metadata shards"));
     assert!(!m.p("five").exists(), "a refused striped mkdir leaves nothing behind");
 
@@ -169,7 +154,7 @@ fn striping_rules_renames_removal_permissions_and_restarts() {
     // the directory is opened to everyone, and in none before.
     let u = TestUser::create("sh");
     let e = m.p("e");
-    cli_ok(&fs, &["mkdir", "-c", "-1", &e.display().to_string()]);
+    fs.cli_ok(&["mkdir", "-c", "-1", &e.display().to_string()]);
     fs::set_permissions(&m.path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let touch = |name: &str| u.run("touch", &[&e.join(name)]);
     assert!(!touch("no").status.success(), "a 0755 root-owned directory refuses another user");
@@ -221,7 +206,7 @@ fn a_stage_in_target_is_striped_over_every_shard() {
         fs::write(src.join(format!("s{i}")), pattern(1000 + i * 10, i as u64)).unwrap();
     }
     fs::write(src.join("sub/t"), b"t").unwrap();
-    cli_ok(&fs, &["stage-in", &src.display().to_string(), "odfs:/data"]);
+    fs.cli_ok(&["stage-in", &src.display().to_string(), "odfs:/data"]);
     let l = dir_layout(&m.p("data"));
     assert!(l.starts_with("stripe_count=4"), "{l}");
     assert!(entries_per_shard(&l).iter().filter(|&&n| n > 0).count() >= 3, "{l}");

@@ -128,6 +128,32 @@ impl LocalFs {
     }
 }
 
+impl LocalFs {
+    /// `odfs --fs ROOT/odfs.toml ARGS` (commands on `odfs:/` paths need the client config).
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(bin_dir().join("odfs")).arg("--fs").arg(self.config_path()).args(args).output().expect("run odfs")
+    }
+
+    /// Like `cli`, failing the test unless the command succeeds; returns stdout.
+    pub fn cli_ok(&self, args: &[&str]) -> String {
+        let o = self.cli(args);
+        assert!(
+            o.status.success(),
+            "odfs {args:?}: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    /// Like `cli`, failing the test unless the command fails; returns stderr.
+    pub fn cli_err(&self, args: &[&str]) -> String {
+        let o = self.cli(args);
+        assert!(!o.status.success(), "odfs {args:?} must fail: {}", String::from_utf8_lossy(&o.stdout));
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    }
+}
+
 impl Drop for LocalFs {
     fn drop(&mut self) {
         let _ = odfs(&["local", "down", "--root", self.root_str()]);

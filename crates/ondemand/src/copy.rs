@@ -72,13 +72,7 @@ async fn stat(client: &Client, ctx: &Ctx, loc: &Location) -> Result<Option<Stat>
         },
         Location::Local(p) => match std::fs::symlink_metadata(p) {
             Ok(m) => {
-                let kind = if m.is_dir() {
-                    FileKind::Dir
-                } else if m.file_type().is_symlink() {
-                    FileKind::Symlink
-                } else {
-                    FileKind::File
-                };
+                let kind = crate::fsref::local_kind(&m);
                 let mtime = Timespec { sec: m.mtime(), nsec: m.mtime_nsec() as u32 };
                 Ok(Some(Stat { kind, mode: m.permissions().mode() & 0o7777, mtime, size: m.len() }))
             }

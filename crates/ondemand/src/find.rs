@@ -198,13 +198,7 @@ pub async fn walk_lib(client: &Client, top: &str, show: &str, t: &Tests, out: &m
 /// The attributes a walk through the mount gives the tests.
 fn attr_of(p: &Path, m: &std::fs::Metadata, t: &Tests) -> Attr {
     use std::os::unix::fs::MetadataExt;
-    let kind = if m.is_dir() {
-        FileKind::Dir
-    } else if m.file_type().is_symlink() {
-        FileKind::Symlink
-    } else {
-        FileKind::File
-    };
+    let kind = crate::fsref::local_kind(m);
     let layout = (t.wants_layout() && kind == FileKind::File)
         .then(|| crate::lfs::Place::Mount(p.to_path_buf()))
         .and_then(|place| futures::executor::block_on(place.get(odfs_client::vxattr::LAYOUT)).ok())

@@ -27,6 +27,18 @@ pub async fn connect(fs: Option<&Path>) -> Result<Client> {
     Client::connect(cfg).await.with_context(|| format!("cannot reach the filesystem of {}", p.display()))
 }
 
+/// The odfs kind of a local file (from `symlink_metadata`).
+pub fn local_kind(m: &std::fs::Metadata) -> odfs_proto::meta::FileKind {
+    use odfs_proto::meta::FileKind;
+    if m.is_dir() {
+        FileKind::Dir
+    } else if m.file_type().is_symlink() {
+        FileKind::Symlink
+    } else {
+        FileKind::File
+    }
+}
+
 /// A path inside odfs (`odfs:/a/b`) or on the local machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Location {

@@ -119,9 +119,7 @@ impl Place {
                 Err(e) => Err(why(e)),
             },
             Place::Mount(p) => match std::fs::symlink_metadata(p) {
-                Ok(m) if m.is_dir() => Ok(Some(FileKind::Dir)),
-                Ok(m) if m.file_type().is_symlink() => Ok(Some(FileKind::Symlink)),
-                Ok(_) => Ok(Some(FileKind::File)),
+                Ok(m) => Ok(Some(crate::fsref::local_kind(&m))),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
                 Err(e) => Err(e).with_context(|| format!("cannot stat {}", p.display())),
             },
@@ -503,19 +501,10 @@ pub async fn getstripe(place: &Place, a: &GetStripeArgs) -> Result<String> {
 
 /// Bytes for people, as df -h: "1.5G".
 fn human(b: u64) -> String {
-    const U: [&str; 6] = ["", "K", "M", "G", "T", "P"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < U.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{b}")
-    } else if v < 10.0 {
-        format!("{v:.1}{}", U[i])
-    } else {
-        format!("{v:.0}{}", U[i])
+    match odfs_stage::coordinator::scale_1024(b) {
+        (_, 0) => format!("{b}"),
+        (v, i) if v < 10.0 => format!("{v:.1}{}", ["", "K", "M", "G", "T", "P"][i]),
+        (v, i) => format!("{v:.0}{}", ["", "K", "M", "G", "T", "P"][i]),
     }
 }
 

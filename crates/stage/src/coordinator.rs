@@ -120,19 +120,23 @@ impl StageReport {
     }
 }
 
-/// Bytes for people: "512 B", "1.5 GiB" (powers of 1024).
-pub fn human(b: u64) -> String {
-    const U: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+/// `b` in the largest power of 1024 that keeps it at least 1 (up to 1024^5): (value, power).
+pub fn scale_1024(b: u64) -> (f64, usize) {
     let mut v = b as f64;
     let mut i = 0;
-    while v >= 1024.0 && i < U.len() - 1 {
+    while v >= 1024.0 && i < 5 {
         v /= 1024.0;
         i += 1;
     }
-    if i == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", U[i])
+    (v, i)
+}
+
+/// Bytes for people: "512 B", "1.5 GiB" (powers of 1024).
+pub fn human(b: u64) -> String {
+    const U: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    match scale_1024(b) {
+        (_, 0) => format!("{b} B"),
+        (v, i) => format!("{v:.1} {}", U[i]),
     }
 }
 
