@@ -283,3 +283,51 @@ fn a_metadata_service_on_every_node_serves_striped_directories() {
     all_ok(&l.all(&["stop", "--job-id", "m1", "--nodes", &n]), "stop");
     l.assert_clean();
 }
+
+#[test]
+fn the_jobs_user_sets_layouts_unless_the_site_leaves_them_to_root() {
+    let l = Launch::new(2, "");
+    let n = l.node_list();
+    let user = TestUser::create("ul");
+    let odfs_bin = bin_dir().join("odfs").display().to_string();
+    let setstripe_as_user =
+        |d: &Path, count: &str| user.run(&odfs_bin, &[Path::new("setstripe"), Path::new("-c"), Path::new(count), d]);
+    let stripe_count = |d: &Path| {
+        let o = std::process::Command::new(&odfs_bin).args(["getstripe", "-d", "-c"]).arg(d).output().unwrap();
+        assert!(o.status.success(), "getstripe: {}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    // By default the job's user lays out their own filesystem.
+    all_ok(&l.all(&["start", "--job-id", "u1", "--nodes", &n, "--user", &user.name]), "start");
+    let d = l.mount(0, "u1").join("d");
+    assert!(user.run("mkdir", &[&d]).status.success());
+    let o = setstripe_as_user(&d, "2");
+    assert!(o.status.success(), "the owner may: {}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(stripe_count(&d), "2");
+    all_ok(&l.all(&["stop", "--job-id", "u1", "--nodes", &n]), "stop");
+
+    // user_layouts = false: only root changes layouts; the user's attempts are refused and change nothing.
+    let mut site = fs::read_to_string(&l.site).unwrap();
+    site += "user_layouts = false\n";
+    fs::write(&l.site, site).unwrap();
+    all_ok(&l.all(&["start", "--job-id", "u2", "--nodes", &n, "--user", &user.name]), "start");
+    let d = l.mount(0, "u2").join("d");
+    assert!(user.run("mkdir", &[&d]).status.success());
+    let before = stripe_count(&d);
+    assert_ne!(before, "1");
+    let o = setstripe_as_user(&d, "1");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("not permitted"), "setstripe as the user: {err}");
+    let o = user.run(
+        "setfattr",
+        &[Path::new("-n"), Path::new("odfs.layout"), Path::new("-v"), Path::new("stripe_count=1"), &d],
+    );
+    assert!(!o.status.success(), "setfattr as the user must be refused");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("Operation not permitted"));
+    assert_eq!(stripe_count(&d), before, "nothing changed");
+    // Root still may.
+    all_ok(&[std::process::Command::new(&odfs_bin).args(["setstripe", "-c", "1"]).arg(&d).output().unwrap()], "root");
+    assert_eq!(stripe_count(&d), "1");
+    all_ok(&l.all(&["stop", "--job-id", "u2", "--nodes", &n]), "stop");
+    l.assert_clean();
+}

@@ -289,3 +289,117 @@ fn pools_are_listed_created_filled_emptied_and_destroyed() {
     let list = fs.cli_ok(&["pool", "list", &s(&m.path)]);
     assert!(!list.contains("fast") && list.contains("nvme: 1 3 5 7"), "{list}");
 }
+
+/// Sorted output lines of a successful command, with `from` at the start of a line replaced by `to`.
+fn listed(o: &std::process::Output, what: &str, from: &str, to: &str) -> Vec<String> {
+    assert!(o.status.success(), "{what}: {}", String::from_utf8_lossy(&o.stderr));
+    let mut v: Vec<String> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| l.strip_prefix(from).map_or_else(|| l.to_string(), |r| format!("{to}{r}")))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn find_tests_agree_with_gnu_find_and_with_the_files_layouts() {
+    let (fs, m) = up();
+    let t = m.p("t");
+    fs::create_dir_all(t.join("a/b")).unwrap();
+    for (d, args) in [("r", ["-c", "2", "-p", "ram"]), ("w", ["-c", "4", "-p", "nvme"])] {
+        fs::create_dir(t.join(d)).unwrap();
+        let mut a = vec!["setstripe"];
+        a.extend(args);
+        let p = s(&t.join(d));
+        a.push(&p);
+        fs.cli_ok(&a);
+    }
+    let dirs = [t.clone(), t.join("a"), t.join("a/b"), t.join("r"), t.join("w")];
+    // Sizes on both sides of find's rounding to 512-byte blocks, KiB and MiB.
+    let sizes = [0usize, 1, 100, 512, 513, 1024, 1025, 5000, 1 << 20, (1 << 20) + 1, 3 << 20, 700];
+    for (i, &n) in sizes.iter().enumerate() {
+        let ext = if i % 2 == 0 { "bin" } else { "txt" };
+        fs::write(dirs[i % dirs.len()].join(format!("f{i}.{ext}")), pattern(n, i as u64)).unwrap();
+    }
+    std::os::unix::fs::symlink("f0.bin", t.join("link")).unwrap();
+    // -newer: a reference file, three files older than it, the rest newer.
+    let reference = t.join("a/ref");
+    fs::write(&reference, b"r").unwrap();
+    let touch = |p: &Path, at: &str| {
+        let st = Command::new("touch").args(["-m", "-d", at]).arg(p).status().unwrap();
+        assert!(st.success(), "touch {}", p.display());
+    };
+    touch(&reference, "@1700000000");
+    for f in ["f0.bin", "a/f1.txt", "w/f4.bin"] {
+        touch(&t.join(f), "@1600000000");
+    }
+    let ts = s(&t);
+    let rs = s(&reference);
+    let cases: Vec<Vec<&str>> = vec![
+        vec![],
+        vec!["-name", "*.bin"],
+        vec!["-name", "f1*"],
+        vec!["-type", "f"],
+        vec!["-type", "d"],
+        vec!["-type", "l"],
+        vec!["-size", "+1k"],
+        vec!["-size", "-1k"],
+        vec!["-size", "100c"],
+        vec!["-size", "2"],
+        vec!["-size", "+1M"],
+        vec!["-size", "1M"],
+        vec!["-newer", &rs],
+        vec!["-type", "f", "-name", "f1*", "-size", "-2M", "-newer", &rs],
+    ];
+    let mnt = s(&m.path);
+    for c in &cases {
+        let gnu = Command::new("find").arg(&ts).args(c).output().unwrap();
+        let want = listed(&gnu, "find", "", "");
+        assert!(!want.is_empty(), "find {c:?} matches something");
+        // Through the library, named by the mount path or as odfs:/t.
+        let lib = listed(&fs.cli(&[&["find", &ts][..], c].concat()), "odfs find (library)", "", "");
+        assert_eq!(lib, want, "odfs find {c:?} through the library");
+        let url = listed(&fs.cli(&[&["find", "odfs:/t"][..], c].concat()), "odfs find odfs:/t", "odfs:", &mnt);
+        assert_eq!(url, want, "odfs find odfs:/t {c:?}");
+        // A user with only the mount: the threaded walk.
+        let walk = Command::new(bin_dir().join("odfs"))
+            .env_remove("ODFS_FS")
+            .current_dir(fs.root())
+            .args([&["find", &ts][..], c].concat())
+            .output()
+            .unwrap();
+        assert_eq!(listed(&walk, "odfs find (mount walk)", "", ""), want, "odfs find {c:?} through the mount");
+    }
+    // The layout tests take regular files whose layout says so (odfs.layout on the mount).
+    let files = listed(&Command::new("find").args([&ts, "-type", "f"]).output().unwrap(), "find", "", "");
+    for (flag, value, k) in
+        [("--pool", "ram", "pool"), ("--stripe-count", "4", "stripe_count"), ("--pool", "nvme", "pool")]
+    {
+        let want: Vec<String> =
+            files.iter().filter(|f| key(&getfattr(Path::new(f), "odfs.layout"), k) == value).cloned().collect();
+        assert!(!want.is_empty() && want.len() < files.len(), "{flag} {value}: {want:?} of {files:?}");
+        assert_eq!(listed(&fs.cli(&["find", &ts, flag, value]), "odfs find", "", ""), want, "{flag} {value}");
+        let walk = Command::new(bin_dir().join("odfs"))
+            .env_remove("ODFS_FS")
+            .current_dir(fs.root())
+            .args(["find", &ts, flag, value])
+            .output()
+            .unwrap();
+        assert_eq!(listed(&walk, "odfs find (mount walk)", "", ""), want, "{flag} {value} through the mount");
+    }
+    assert!(fs.cli_ok(&["find", &ts, "--pool", "gold"]).is_empty(), "no file is in an unknown pool");
+    // Bad tests are named; nothing is printed.
+    for (args, want) in [
+        (vec!["-size", "+x"], "-size \"+x\""),
+        (vec!["-type", "q"], "-type q"),
+        (vec!["-name"], "-name needs a value"),
+        (vec!["-depth", "1"], "unknown test \"-depth\""),
+        (vec!["--stripe-count", "two"], "--stripe-count \"two\" is not a number"),
+        (vec!["-newer", "/nonexistent/ref"], "-newer /nonexistent/ref"),
+    ] {
+        let e = fs.cli_err(&[&["find", &ts][..], &args].concat());
+        assert!(e.contains(want), "odfs find {args:?}: {e}");
+    }
+    let e = fs.cli_err(&["find", "odfs:/missing"]);
+    assert!(e.contains("odfs:/missing"), "{e}");
+}

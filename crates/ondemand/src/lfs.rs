@@ -147,6 +147,11 @@ impl Place {
             }
             Place::Mount(p) => set_xattr(p, name, value.as_bytes()).map_err(|e| match e.raw_os_error() {
                 Some(libc::EINVAL) => anyhow::anyhow!("{}: the layout was refused (invalid)", p.display()),
+                Some(libc::EPERM) => anyhow::anyhow!(
+                    "{}: {e}: only the owner or root may change a layout, and a site may leave layouts \
+                     to root (user_layouts = false)",
+                    p.display()
+                ),
                 _ => anyhow::anyhow!("{}: {e}", p.display()),
             }),
         }
