@@ -353,3 +353,84 @@ async fn close_to_open_between_two_clients() {
     assert_eq!(code(b.lookup(&ctx, InodeId::ROOT, b"shared").await), ErrorCode::NotFound);
     assert_eq!(b.lookup(&ctx, InodeId::ROOT, b"moved").await.unwrap().ino, ino);
 }
+
+/// Everything below `dir`: relative path → (kind, mode, mtime, sha256 of the bytes or the link).
+fn tree(dir: &std::path::Path) -> std::collections::BTreeMap<String, (char, u32, i64, String)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let m = std::fs::symlink_metadata(&p).unwrap();
+        let rel = p.strip_prefix(dir).unwrap().display().to_string();
+        let row = if m.is_dir() {
+            for e in std::fs::read_dir(&p).unwrap() {
+                stack.push(e.unwrap().path());
+            }
+            ('d', m.mode() & 0o7777, m.mtime(), String::new())
+        } else if m.is_symlink() {
+            // cp keeps a link's target, not its own time.
+            ('l', 0, 0, std::fs::read_link(&p).unwrap().display().to_string())
+        } else {
+            ('f', m.mode() & 0o7777, m.mtime(), sha256(&std::fs::read(&p).unwrap()))
+        };
+        out.insert(rel, row);
+    }
+    out
+}
+
+#[test]
+fn odfs_cp_copies_trees_in_and_out_keeping_bytes_modes_times_and_links() {
+    use std::fs;
+    let fs_ = LocalFs::up(3, &["--stripe-count", "3", "--chunk-size", "65536"]);
+    let work = tempfile::tempdir().unwrap();
+    let ds = work.path().join("ds");
+    fs::create_dir_all(ds.join("a/b")).unwrap();
+    // Files of several 4 MiB copy pieces, odd sizes, empty; modes and times of their own.
+    fs::write(ds.join("big"), pattern((9 << 20) + 3, 1)).unwrap();
+    fs::write(ds.join("a/small"), pattern(1000, 2)).unwrap();
+    fs::write(ds.join("a/b/empty"), b"").unwrap();
+    fs::write(ds.join("a/b/x"), pattern(70_000, 3)).unwrap();
+    std::os::unix::fs::symlink("b/x", ds.join("a/link")).unwrap();
+    fs::set_permissions(ds.join("a/small"), std::os::unix::fs::PermissionsExt::from_mode(0o640)).unwrap();
+    fs::set_permissions(ds.join("a/b"), std::os::unix::fs::PermissionsExt::from_mode(0o750)).unwrap();
+    for (p, at) in [("big", "@1600000000"), ("a/b/x", "@1650000000"), ("a/b", "@1610000000"), ("a", "@1620000000")] {
+        assert!(std::process::Command::new("touch")
+            .args(["-m", "-h", "-d", at])
+            .arg(ds.join(p))
+            .status()
+            .unwrap()
+            .success());
+    }
+    let want = tree(&ds);
+    let s = |p: &std::path::Path| p.display().to_string();
+
+    // In: into an existing directory the source keeps its name; out: to a new name.
+    fs_.cli_ok(&["cp", "-r", &s(&ds), "odfs:/"]);
+    let back = work.path().join("back");
+    let out = fs_.cli_ok(&["cp", "-r", "odfs:/ds", &s(&back)]);
+    assert!(out.contains("copied 5 files, 3 directories, 9508187 bytes"), "{out}");
+    assert_eq!(tree(&back), want, "ds -> odfs:/ds -> back");
+
+    // SRC/. copies the contents into DST itself, beside what DST holds already.
+    fs_.cli_ok(&["mkdir", "odfs:/merged"]);
+    fs_.cli_ok(&["cp", &s(&ds.join("a/small")), "odfs:/merged/keep"]);
+    fs_.cli_ok(&["cp", "-r", &format!("{}/.", s(&ds)), "odfs:/merged"]);
+    let local = work.path().join("merged");
+    fs::create_dir(&local).unwrap();
+    fs_.cli_ok(&["cp", "-r", "odfs:/merged/.", &s(&local)]);
+    let mut got = tree(&local);
+    assert_eq!(got.remove("keep").map(|r| r.3), Some(sha256(&pattern(1000, 2))));
+    assert!(!got.contains_key("ds"), "SRC/. must not make DST/SRC");
+    assert_eq!(got, want, "ds/. -> odfs:/merged -> merged/.");
+
+    // Refusals name the problem and copy nothing.
+    for (args, msg) in [
+        (vec!["cp", "odfs:/ds", "/tmp"], "is a directory (use -r)"),
+        (vec!["cp", "odfs:/nothing", "/tmp/x"], "no such file or directory"),
+        (vec!["cp", "/etc/hostname", "/tmp/x"], "one side of odfs cp must be inside odfs"),
+    ] {
+        let e = fs_.cli_err(&args);
+        assert!(e.contains(msg), "odfs {args:?}: {e}");
+    }
+    assert!(!std::path::Path::new("/tmp/x").exists());
+}

@@ -38,29 +38,32 @@ fn two_hundred_thousand_entries_from_four_clients_spread_evenly_and_list_once() 
     let m = FuseMount::start(&fs);
     fs.cli_ok(&["mkdir", "-c", "4", &m.p("wide").display().to_string()]);
     assert!(dir_layout(&m.p("wide")).starts_with("stripe_count=4 shards=0,1,2,3"));
-    // Four clients, each with its own connections, as four nodes would create them.
-    let cfg = fs.config();
-    std::thread::scope(|s| {
-        for c in 0..CLIENTS {
-            let cfg = cfg.clone();
-            s.spawn(move || {
-                let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-                rt.block_on(async {
-                    let client = odfs_client::Client::connect(cfg).await.expect("connect");
-                    let ctx = Ctx::root();
-                    let dir = client.resolve(&ctx, "/wide", true).await.unwrap();
-                    let names: Vec<String> = (0..PER).map(|i| format!("c{c}-{i:06}")).collect();
-                    for batch in names.chunks(64) {
-                        let futs = batch.iter().map(|n| client.create(&ctx, dir.ino, n.as_bytes(), 0o644, true, None));
-                        for r in futures::future::join_all(futs).await {
-                            r.expect("create");
-                        }
-                    }
-                    client.shutdown();
-                });
-            });
-        }
-    });
+    // Four clients, separate processes with their own connections as four nodes would be:
+    // each `odfs cp -r` copies a local directory of 50,000 empty files into the striped one.
+    let src = tempfile::tempdir().unwrap();
+    let copies: Vec<std::process::Child> = (0..CLIENTS)
+        .map(|c| {
+            let d = src.path().join(format!("c{c}"));
+            fs::create_dir(&d).unwrap();
+            for i in 0..PER {
+                fs::File::create(d.join(format!("c{c}-{i:06}"))).unwrap();
+            }
+            Command::new(bin_dir().join("odfs"))
+                .arg("--fs")
+                .arg(fs.config_path())
+                .args(["cp", "-r", "--parallel", "64"])
+                .arg(format!("{}/.", d.display()))
+                .arg("odfs:/wide")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("run odfs cp")
+        })
+        .collect();
+    for (c, child) in copies.into_iter().enumerate() {
+        let o = child.wait_with_output().unwrap();
+        assert!(o.status.success(), "odfs cp of client {c}: {}", String::from_utf8_lossy(&o.stderr));
+    }
     let total = (CLIENTS * PER) as u64;
     // Each shard holds a quarter, within 5 points.
     let per = entries_per_shard(&dir_layout(&m.p("wide")));

@@ -1,12 +1,13 @@
 //! `odfs cp`: parallel copy of files and trees into, out of and within odfs through the client
 //! library (no mount needed). Directories are made first, files then copied by many tasks at
-//! once; modes and modification times are kept.
+//! once; modes and modification times are kept. `SRC/.` copies what SRC holds into DST, as
+//! cp(1) does.
 
 use crate::fsref::Location;
 use anyhow::{bail, Context, Result};
 use odfs_client::{Client, Ctx};
 use odfs_proto::meta::{FileKind, SetAttr, SetTime};
-use odfs_proto::{ErrorCode, Timespec};
+use odfs_proto::{ErrorCode, InodeId, Timespec};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -115,6 +116,8 @@ async fn list(client: &Client, ctx: &Ctx, loc: &Location) -> Result<Vec<(String,
 /// Copies `src` to `dst` (either may be `odfs:`; at least one must be).
 pub async fn copy(client: &Client, src: &str, dst: &str, opts: &CopyOptions) -> Result<CopyStats> {
     let ctx = Ctx::current();
+    // `SRC/.` copies what is in SRC into DST itself, as cp(1) does.
+    let contents_only = src == "." || src.ends_with("/.");
     let src = Location::parse(src);
     let mut dst = Location::parse(dst);
     if matches!((&src, &dst), (Location::Local(_), Location::Local(_))) {
@@ -125,7 +128,7 @@ pub async fn copy(client: &Client, src: &str, dst: &str, opts: &CopyOptions) -> 
         bail!("{src:?} is a directory (use -r)");
     }
     if let Some(d) = stat(client, &ctx, &dst).await? {
-        if d.kind == FileKind::Dir {
+        if d.kind == FileKind::Dir && !(contents_only && top.kind == FileKind::Dir) {
             let name = base_name(&src).context("source has no name")?;
             dst = join(&dst, &name);
         }
@@ -225,15 +228,16 @@ async fn set_times(client: &Client, ctx: &Ctx, loc: &Location, mode: u32, mtime:
     match loc {
         Location::Odfs(p) => {
             let a = client.resolve(ctx, p, false).await?;
-            client
-                .setattr(
-                    ctx,
-                    SetAttr { ino: a.ino, mode: Some(mode), mtime: Some(SetTime::At(mtime)), ..Default::default() },
-                )
-                .await?;
+            set_inode_times(client, ctx, a.ino, mode, mtime).await?;
         }
         Location::Local(p) => set_local_times(p, mode, mtime)?,
     }
+    Ok(())
+}
+
+async fn set_inode_times(client: &Client, ctx: &Ctx, ino: InodeId, mode: u32, mtime: Timespec) -> Result<()> {
+    let set = SetAttr { ino, mode: Some(mode), mtime: Some(SetTime::At(mtime)), ..Default::default() };
+    client.setattr(ctx, set).await?;
     Ok(())
 }
 
@@ -268,9 +272,12 @@ async fn copy_item(client: &Client, ctx: &Ctx, it: &Item) -> Result<u64> {
         (Location::Local(s), Location::Odfs(d)) => {
             let mut f = tokio::fs::File::open(s).await?;
             let (parent, name) = client.resolve_parent(ctx, d).await?;
-            let (_, h) = client.create_open(ctx, parent.ino, &name, it.mode | 0o200, false, None).await?;
-            h.truncate(0).await?;
-            let mut buf = vec![0u8; PIECE];
+            let (made, h) = client.create_open(ctx, parent.ino, &name, it.mode | 0o200, false, None).await?;
+            if !made.created {
+                h.truncate(0).await?;
+            }
+            // Sized to the file: a tree of small files must not zero 4 MiB for each.
+            let mut buf = vec![0u8; (it.size as usize).saturating_add(1).min(PIECE)];
             let mut off = 0u64;
             loop {
                 let n = read_full(&mut f, &mut buf).await?;
@@ -281,7 +288,9 @@ async fn copy_item(client: &Client, ctx: &Ctx, it: &Item) -> Result<u64> {
                 off += n as u64;
             }
             h.close().await?;
-            off
+            // The new inode is known: no second lookup by path for its times.
+            set_inode_times(client, ctx, made.attr.ino, it.mode, it.mtime).await?;
+            return Ok(off);
         }
         (Location::Odfs(s), dst) => {
             let a = client.resolve(ctx, s, true).await?;

@@ -24,7 +24,9 @@ enum Cmd {
     Local(LocalCmd),
     /// Show the filesystem state, nodes, services and targets.
     Status,
-    /// Copy files or trees in and out of odfs (`odfs:/path` names a path inside odfs).
+    /// Copy files or trees in and out of odfs (`odfs:/path` names a path inside odfs); modes and
+    /// times are kept. Into an existing directory the source keeps its name; `SRC/.` copies
+    /// what is in SRC, as cp(1) does.
     Cp {
         #[arg(short = 'r', long)]
         recursive: bool,
