@@ -29,6 +29,7 @@ pub struct CopyOptions {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct CopyStats {
     pub files: u64,
+    pub links: u64,
     pub dirs: u64,
     pub bytes: u64,
 }
@@ -190,11 +191,15 @@ pub async fn copy(client: &Client, src: &str, dst: &str, opts: &CopyOptions) -> 
     let mut first_err = None;
     while let Some(r) = tasks.join_next().await {
         match r? {
-            Ok((_, n)) => {
-                stats.files += 1;
+            Ok((kind, n)) => {
+                if kind == FileKind::Symlink {
+                    stats.links += 1;
+                } else {
+                    stats.files += 1;
+                }
                 stats.bytes += n;
                 bar.inc(n);
-                bar.set_message(format!("{}/{nfiles} files", stats.files));
+                bar.set_message(format!("{}/{nfiles} files", stats.files + stats.links));
             }
             Err(e) => {
                 if first_err.is_none() {

@@ -593,7 +593,7 @@ fn real_main() -> Result<()> {
                 )
                 .await
             })?;
-            println!("copied {} files, {} directories, {} bytes", s.files, s.dirs, s.bytes);
+            println!("copied {} files, {} links, {} directories, {} bytes", s.files, s.links, s.dirs, s.bytes);
         }
         Cmd::Keygen { out } => {
             if let Some(d) = out.parent() {
