@@ -147,6 +147,27 @@ fn striping_rules_renames_removal_permissions_and_restarts() {
     assert!(same > 0 && exdev > 0, "same shard {same}, across {exdev}");
     let st = Command::new("mv").arg(d.join("f1")).arg(d.join("moved")).status().unwrap();
     assert!(st.success() || !d.join("f1").exists());
+    // Write-then-rename stays within one shard: a temporary name is placed as its final name.
+    for i in 0..64 {
+        let fin = d.join(format!("w{i}"));
+        for tmp in [format!("w{i}.tmp"), format!(".w{i}.Xa9qZ2"), format!("w{i}.tmp.{}", 1000 + i), format!("w{i}~")] {
+            fs::write(d.join(&tmp), format!("v {i} {tmp}")).unwrap();
+            fs::rename(d.join(&tmp), &fin).unwrap_or_else(|e| panic!("rename {tmp} -> w{i}: {e}"));
+            assert_eq!(fs::read_to_string(&fin).unwrap(), format!("v {i} {tmp}"));
+        }
+    }
+    // rsync writes each file as .NAME.XXXXXX and renames it: a tree lands whole.
+    let src = tempfile::tempdir().unwrap();
+    for i in 0..300 {
+        fs::write(src.path().join(format!("s{i}.bin")), pattern(1000 + i, i as u64)).unwrap();
+    }
+    let r = m.p("synced");
+    fs.cli_ok(&["mkdir", "-c", "-1", &r.display().to_string()]);
+    let o = Command::new("rsync").arg("-a").arg(format!("{}/", src.path().display())).arg(&r).output().unwrap();
+    assert!(o.status.success(), "rsync into a striped directory: {}", String::from_utf8_lossy(&o.stderr));
+    let o = Command::new("diff").arg("-r").arg(src.path()).arg(&r).output().unwrap();
+    assert!(o.status.success(), "diff -r: {}", String::from_utf8_lossy(&o.stdout));
+    assert!(entries_per_shard(&dir_layout(&r)).iter().all(|&n| n > 40), "{}", dir_layout(&r));
     // rmdir: refused while any part has entries, and the directory stays usable; then removed.
     let e = fs::remove_dir(&d).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY));

@@ -35,18 +35,76 @@ pub struct Attr {
 }
 
 /// The shard holding entry `name` of a directory striped over `stripes`; None for a directory
-/// that is not striped. FNV-1a 64 of the name (as Lustre's `fnv_1a_64`), then mixed: FNV's
-/// low bits depend only on the low bits of each byte, so names like `f1` and `r1` would
-/// always share a shard of a power-of-two count.
+/// that is not striped. FNV-1a 64 of the name's [`hash_stem`] (as Lustre's `fnv_1a_64`), then
+/// mixed: FNV's low bits depend only on the low bits of each byte, so names like `f1` and `r1`
+/// would always share a shard of a power-of-two count.
 pub fn entry_shard(stripes: &[u16], name: &[u8]) -> Option<u16> {
     if stripes.len() < 2 {
         return None;
     }
-    let mut h = name.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
+    let stem = hash_stem(name);
+    let mut h = stem.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
     h ^= h >> 33;
     Some(stripes[(h % stripes.len() as u64) as usize])
+}
+
+/// Suffixes of temporary names written before a rename to the name without them.
+const TEMP_SUFFIXES: [&[u8]; 6] = [b".tmp", b".temp", b".part", b".partial", b".incomplete", b".new"];
+
+/// The part of a name its shard is chosen by: the name without the decorations of a temporary
+/// file, so that writing `NAME.tmp` (or rsync's `.NAME.Xa9qZ2`, or `NAME~`) and renaming it to
+/// `NAME` stays within one shard — a rename between shards is refused (EXDEV). As Lustre's
+/// `crush` directory hash, it strips:
+/// - a random suffix `.XXXXXX` of 6 to 8 letters and digits with both upper- and lower-case
+///   letters (mkstemp's alphabet; hex ids and extensions like `.sha256` never qualify), or of
+///   any 6 letters and digits after a name with a leading dot (rsync's `.NAME.XXXXXX`), and
+///   then one leading dot;
+/// - `.tmp`, `.temp`, `.part`, `.partial`, `.incomplete` or `.new`, each optionally followed by
+///   digits or `.` and digits (a pid or counter), and a trailing `~`.
+///
+/// Repeated until nothing more goes; never down to an empty stem.
+pub fn hash_stem(name: &[u8]) -> &[u8] {
+    let mut stem = name;
+    for _ in 0..4 {
+        let next = strip_random_suffix(stem).or_else(|| strip_temp_suffix(stem));
+        match next {
+            Some(n) if !n.is_empty() && n != b"." => stem = n,
+            _ => break,
+        }
+    }
+    stem
+}
+
+fn strip_random_suffix(name: &[u8]) -> Option<&[u8]> {
+    let dot = name.iter().rposition(|&b| b == b'.')?;
+    let suffix = &name[dot + 1..];
+    let mixed = suffix.iter().any(u8::is_ascii_uppercase) && suffix.iter().any(u8::is_ascii_lowercase);
+    // rsync's `.NAME.XXXXXX` is known by its shape, whatever letters mkstemp drew.
+    let rsync = name.first() == Some(&b'.') && suffix.len() == 6;
+    let random = (6..=8).contains(&suffix.len()) && suffix.iter().all(u8::is_ascii_alphanumeric) && (mixed || rsync);
+    if !random || dot == 0 {
+        return None;
+    }
+    let rest = &name[..dot];
+    Some(match rest.strip_prefix(b".") {
+        Some(r) if !r.is_empty() => r,
+        _ => rest,
+    })
+}
+
+fn strip_temp_suffix(name: &[u8]) -> Option<&[u8]> {
+    if let Some(r) = name.strip_suffix(b"~") {
+        return Some(r);
+    }
+    // A pid or counter after the suffix: `.tmp123`, `.tmp.123`.
+    let digits = name.iter().rev().take_while(|b| b.is_ascii_digit()).count();
+    let mut cut = &name[..name.len() - digits];
+    if digits > 0 {
+        cut = cut.strip_suffix(b".").unwrap_or(cut);
+    }
+    TEMP_SUFFIXES.iter().find_map(|s| cut.strip_suffix(*s)).filter(|r| !r.is_empty())
 }
 
 #[cfg(test)]
@@ -68,6 +126,43 @@ mod tests {
             .map(|nm| entry_shard(&stripes, nm).unwrap())
             .collect();
         assert!(s.len() > 1, "{s:?}");
+    }
+
+    #[test]
+    fn temporary_names_share_their_final_names_shard() {
+        let stripes = [0u16, 1, 2, 3, 4, 5, 6, 7];
+        for i in 0..2_000 {
+            let name = format!("ckpt-{i}.pt");
+            let want = entry_shard(&stripes, name.as_bytes());
+            for tmp in [
+                format!("{name}.tmp"),
+                format!("{name}.tmp.{}", 4000 + i),
+                format!("{name}.tmp{i}"),
+                format!("{name}.part"),
+                format!("{name}.incomplete"),
+                format!("{name}~"),
+                format!(".{name}.Xa9qZ2"),
+                format!(".{name}.abc123"),
+                format!("{name}.Qz81kLmA"),
+                format!("{name}.tmp.aB3dEf"),
+            ] {
+                assert_eq!(entry_shard(&stripes, tmp.as_bytes()), want, "{tmp} and {name}");
+            }
+        }
+        assert_eq!(hash_stem(b"..bashrc.Xa9qZ2"), b".bashrc", "rsync's temporary name of a dot file");
+        for kept in
+            [&b"model.sha256"[..], b"blob.a1b2c3d4", b"x.ABCDEF", b"notes.txt", b".tmp", b"~", b".Xa9qZ2", b"v.tmp"]
+        {
+            let want: &[u8] = if kept == b"v.tmp" { b"v" } else { kept };
+            assert_eq!(hash_stem(kept), want, "{}", String::from_utf8_lossy(kept));
+        }
+        // Ids after a dot still spread: hex ids are not taken for random suffixes.
+        let mut n = [0u32; 4];
+        for i in 0..40_000u32 {
+            n[entry_shard(&stripes[..4], format!("blob.{:08x}", i.wrapping_mul(2_654_435_761)).as_bytes()).unwrap()
+                as usize] += 1;
+        }
+        assert!(n.iter().all(|&c| (9_000..=11_000).contains(&c)), "{n:?}");
     }
 }
 
