@@ -74,7 +74,7 @@ async fn stat(client: &Client, ctx: &Ctx, loc: &Location) -> Result<Option<Stat>
         },
         Location::Local(p) => match std::fs::symlink_metadata(p) {
             Ok(m) => {
-                let kind = crate::fsref::local_kind(&m);
+                let kind = crate::fsref::local_kind(m.file_type());
                 let mtime = Timespec { sec: m.mtime(), nsec: m.mtime_nsec() as u32 };
                 Ok(Some(Stat { kind, mode: m.permissions().mode() & 0o7777, mtime, size: m.len() }))
             }
@@ -273,35 +273,28 @@ async fn copy_item(client: &Client, ctx: &Ctx, it: &Item) -> Result<u64> {
         }
         return Ok(0);
     }
-    let n = match (&it.src, &it.dst) {
-        (Location::Local(s), Location::Odfs(d)) => {
+    let mut off = 0u64;
+    match (&it.src, &it.dst) {
+        (Location::Local(_), Location::Local(_)) => bail!("one side must be inside odfs"),
+        (Location::Local(s), dst) => {
             let mut f = tokio::fs::File::open(s).await?;
-            let (parent, name) = client.resolve_parent(ctx, d).await?;
-            let (made, h) = client.create_open(ctx, parent.ino, &name, it.mode | 0o200, false, None).await?;
-            if !made.created {
-                h.truncate(0).await?;
-            }
+            let mut sink = Sink::open(client, ctx, dst, it.mode).await?;
             // Sized to the file: a tree of small files must not zero 4 MiB for each.
             let mut buf = vec![0u8; (it.size as usize).saturating_add(1).min(PIECE)];
-            let mut off = 0u64;
             loop {
                 let n = read_full(&mut f, &mut buf).await?;
                 if n == 0 {
                     break;
                 }
-                h.write(off, &buf[..n]).await?;
+                sink.write(off, &buf[..n]).await?;
                 off += n as u64;
             }
-            h.close().await?;
-            // The new inode is known: no second lookup by path for its times.
-            set_inode_times(client, ctx, made.attr.ino, it.mode, it.mtime).await?;
-            return Ok(off);
+            sink.finish(client, ctx, it.mode, it.mtime).await?;
         }
         (Location::Odfs(s), dst) => {
             let a = client.resolve(ctx, s, true).await?;
             let h = client.open(ctx, a.ino, true, false, false).await?;
             let mut sink = Sink::open(client, ctx, dst, it.mode).await?;
-            let mut off = 0u64;
             loop {
                 let data = h.read(off, PIECE as u32).await?;
                 if data.is_empty() {
@@ -311,13 +304,10 @@ async fn copy_item(client: &Client, ctx: &Ctx, it: &Item) -> Result<u64> {
                 off += data.len() as u64;
             }
             h.close().await?;
-            sink.finish(off).await?;
-            off
+            sink.finish(client, ctx, it.mode, it.mtime).await?;
         }
-        (Location::Local(_), Location::Local(_)) => bail!("one side must be inside odfs"),
-    };
-    set_times(client, ctx, &it.dst, it.mode, it.mtime).await?;
-    Ok(n)
+    }
+    Ok(off)
 }
 
 async fn read_full(f: &mut tokio::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
@@ -332,9 +322,11 @@ async fn read_full(f: &mut tokio::fs::File, buf: &mut [u8]) -> std::io::Result<u
     Ok(n)
 }
 
+/// Where a copied file's bytes go; `finish` gives it the source's mode and modification time.
 enum Sink {
     Local(tokio::fs::File, PathBuf),
-    Odfs(odfs_client::FileHandle),
+    /// The open file and its inode (known from the create: its times need no lookup by path).
+    Odfs(odfs_client::FileHandle, InodeId),
 }
 
 impl Sink {
@@ -346,9 +338,11 @@ impl Sink {
             ),
             Location::Odfs(p) => {
                 let (parent, name) = client.resolve_parent(ctx, p).await?;
-                let (_, h) = client.create_open(ctx, parent.ino, &name, mode | 0o200, false, None).await?;
-                h.truncate(0).await?;
-                Sink::Odfs(h)
+                let (made, h) = client.create_open(ctx, parent.ino, &name, mode | 0o200, false, None).await?;
+                if !made.created {
+                    h.truncate(0).await?;
+                }
+                Sink::Odfs(h, made.attr.ino)
             }
         })
     }
@@ -356,19 +350,24 @@ impl Sink {
     async fn write(&mut self, off: u64, data: &[u8]) -> Result<()> {
         match self {
             Sink::Local(f, _) => f.write_all(data).await?,
-            Sink::Odfs(h) => {
+            Sink::Odfs(h, _) => {
                 h.write(off, data).await?;
             }
         }
         Ok(())
     }
 
-    async fn finish(self, _len: u64) -> Result<()> {
+    async fn finish(self, client: &Client, ctx: &Ctx, mode: u32, mtime: Timespec) -> Result<()> {
         match self {
             Sink::Local(mut f, p) => {
                 f.flush().await.with_context(|| format!("cannot write {}", p.display()))?;
+                drop(f);
+                set_local_times(&p, mode, mtime)?;
             }
-            Sink::Odfs(h) => h.close().await?,
+            Sink::Odfs(h, ino) => {
+                h.close().await?;
+                set_inode_times(client, ctx, ino, mode, mtime).await?;
+            }
         }
         Ok(())
     }

@@ -16,10 +16,14 @@ use odfs_proto::meta::{Attr, FileKind};
 use odfs_proto::{InodeId, Timespec};
 use std::collections::VecDeque;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Directories listed at once.
 const PARALLEL: usize = 32;
+
+/// `-name` as find(1) matches: `*` also matches a leading dot.
+const NAME_MATCH: glob::MatchOptions =
+    glob::MatchOptions { case_sensitive: true, require_literal_separator: true, require_literal_leading_dot: false };
 
 /// `-size`: compare the size, rounded up to `unit`, with `n`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,24 +106,11 @@ impl Tests {
 
     /// The tests that need only a name and a type.
     fn matches_name(&self, name: &str, kind: FileKind) -> bool {
-        let opts = glob::MatchOptions {
-            case_sensitive: true,
-            require_literal_separator: true,
-            require_literal_leading_dot: false,
-        };
-        self.name.as_ref().is_none_or(|p| p.matches_with(name, opts)) && self.kind.is_none_or(|k| k == kind)
+        self.name.as_ref().is_none_or(|p| p.matches_with(name, NAME_MATCH)) && self.kind.is_none_or(|k| k == kind)
     }
 
     fn matches(&self, name: &str, a: &Attr) -> bool {
-        let opts = glob::MatchOptions {
-            case_sensitive: true,
-            require_literal_separator: true,
-            require_literal_leading_dot: false,
-        };
-        if self.name.as_ref().is_some_and(|p| !p.matches_with(name, opts)) {
-            return false;
-        }
-        if self.kind.is_some_and(|k| k != a.kind) {
+        if !self.matches_name(name, a.kind) {
             return false;
         }
         if self.size.is_some_and(|s| !s.matches(a.size)) {
@@ -198,15 +189,19 @@ pub async fn walk_lib(client: &Client, top: &str, show: &str, t: &Tests, out: &m
 /// The attributes a walk through the mount gives the tests.
 fn attr_of(p: &Path, m: &std::fs::Metadata, t: &Tests) -> Attr {
     use std::os::unix::fs::MetadataExt;
-    let kind = crate::fsref::local_kind(m);
+    let kind = crate::fsref::local_kind(m.file_type());
     let layout = (t.wants_layout() && kind == FileKind::File)
-        .then(|| crate::lfs::Place::Mount(p.to_path_buf()))
-        .and_then(|place| futures::executor::block_on(place.get(odfs_client::vxattr::LAYOUT)).ok())
+        .then(|| crate::lfs::get_xattr(p, odfs_client::vxattr::LAYOUT).ok())
+        .flatten()
         .and_then(|text| {
-            let kv =
-                |k: &str| text.split_whitespace().find_map(|i| i.strip_prefix(&format!("{k}=")).map(str::to_string));
-            let targets = kv("targets")?.split(',').filter_map(|x| x.parse().ok()).collect();
-            Some(odfs_proto::Layout { chunk_size: kv("stripe_size")?.parse().ok()?, pool: kv("pool")?, targets })
+            let f = crate::lfs::kv(&String::from_utf8_lossy(&text));
+            let value = |k: &str| Some(crate::lfs::field(&f, k)).filter(|v| !v.is_empty());
+            let targets = value("targets")?.split(',').filter_map(|x| x.parse().ok()).collect();
+            Some(odfs_proto::Layout {
+                chunk_size: value("stripe_size")?.parse().ok()?,
+                pool: value("pool")?.to_string(),
+                targets,
+            })
         });
     Attr {
         ino: InodeId(m.ino()),
@@ -264,12 +259,17 @@ pub fn walk_mount(top: &Path, t: &Tests, out: &mut dyn Write) -> Result<u64> {
                     for e in rd.flatten() {
                         n += 1;
                         let p = e.path();
-                        let Ok(m) = e.metadata() else { continue };
                         let name = e.file_name().to_string_lossy().into_owned();
-                        if t.matches(&name, &attr_of(&p, &m, t)) {
+                        // The type comes with the entry; attributes (an lstat, perhaps the
+                        // layout) only for a name that passed and a test that needs them.
+                        let Ok(ft) = e.file_type() else { continue };
+                        let kind = crate::fsref::local_kind(ft);
+                        let hit = t.matches_name(&name, kind)
+                            && (!t.wants_attrs() || e.metadata().is_ok_and(|m| t.matches(&name, &attr_of(&p, &m, t))));
+                        if hit {
                             hits.push(p.display().to_string());
                         }
-                        if m.is_dir() {
+                        if ft.is_dir() {
                             subdirs.push(p);
                         }
                     }
@@ -303,14 +303,15 @@ pub fn walk_mount(top: &Path, t: &Tests, out: &mut dyn Write) -> Result<u64> {
 /// `odfs find PATH`: through the library when it can (`odfs:/PATH`; or a mount path and a
 /// client config), else through the mount.
 pub async fn find(path: &str, fs: Option<&Path>, t: &Tests, out: &mut dyn Write) -> Result<u64> {
-    if let Some(p) = path.strip_prefix("odfs:") {
-        let client = crate::fsref::connect(fs).await?;
-        let top = if p.starts_with('/') { p.to_string() } else { format!("/{p}") };
-        let r = walk_lib(&client, &top, path, t, out).await;
-        client.shutdown();
-        return r;
-    }
-    let p = PathBuf::from(path);
+    let p = match crate::fsref::Location::parse(path) {
+        crate::fsref::Location::Odfs(top) => {
+            let client = crate::fsref::connect(fs).await?;
+            let r = walk_lib(&client, &top, path, t, out).await;
+            client.shutdown();
+            return r;
+        }
+        crate::fsref::Location::Local(p) => p,
+    };
     let mount =
         mount_of(&p).with_context(|| format!("{path} is not in an odfs mount (or name odfs:/PATH with --fs)"))?;
     let has_config = fs.is_some() || std::env::var_os("ODFS_FS").is_some();

@@ -27,12 +27,12 @@ pub async fn connect(fs: Option<&Path>) -> Result<Client> {
     Client::connect(cfg).await.with_context(|| format!("cannot reach the filesystem of {}", p.display()))
 }
 
-/// The odfs kind of a local file (from `symlink_metadata`).
-pub fn local_kind(m: &std::fs::Metadata) -> odfs_proto::meta::FileKind {
+/// The odfs kind of a local file type (from `symlink_metadata` or a directory entry).
+pub fn local_kind(t: std::fs::FileType) -> odfs_proto::meta::FileKind {
     use odfs_proto::meta::FileKind;
-    if m.is_dir() {
+    if t.is_dir() {
         FileKind::Dir
-    } else if m.file_type().is_symlink() {
+    } else if t.is_symlink() {
         FileKind::Symlink
     } else {
         FileKind::File

@@ -34,7 +34,7 @@ fn cpath(p: &Path) -> Result<CString> {
 }
 
 /// getxattr(2) on a mount path, growing the buffer as needed.
-fn get_xattr(p: &Path, name: &[u8]) -> std::io::Result<Vec<u8>> {
+pub(crate) fn get_xattr(p: &Path, name: &[u8]) -> std::io::Result<Vec<u8>> {
     let c = cpath(p).map_err(std::io::Error::other)?;
     let n = CString::new(name).map_err(std::io::Error::other)?;
     let mut buf = vec![0u8; 4096];
@@ -72,7 +72,7 @@ pub fn mount_of(p: &Path) -> Option<PathBuf> {
 }
 
 /// The server's message of a client error, without the code prefix.
-fn why(e: odfs_client::ClientError) -> anyhow::Error {
+pub fn why(e: odfs_client::ClientError) -> anyhow::Error {
     match e {
         odfs_client::ClientError::Remote(r) => anyhow::anyhow!(r.message),
         other => anyhow::anyhow!(other),
@@ -82,12 +82,10 @@ fn why(e: odfs_client::ClientError) -> anyhow::Error {
 impl Place {
     /// `odfs:/PATH` (library, `--fs`) or a path in a mount.
     pub async fn open(arg: &str, fs: Option<&Path>) -> Result<Place> {
-        if let Some(p) = arg.strip_prefix("odfs:") {
-            let client = fsref::connect(fs).await?;
-            let path = if p.starts_with('/') { p.to_string() } else { format!("/{p}") };
-            return Ok(Place::Lib { client, path });
-        }
-        let p = PathBuf::from(arg);
+        let p = match fsref::Location::parse(arg) {
+            fsref::Location::Odfs(path) => return Ok(Place::Lib { client: fsref::connect(fs).await?, path }),
+            fsref::Location::Local(p) => p,
+        };
         if mount_of(&p).is_none() {
             bail!("{arg} is not in an odfs mount (name a path in the mount, or odfs:/PATH with --fs FILE)");
         }
@@ -119,7 +117,7 @@ impl Place {
                 Err(e) => Err(why(e)),
             },
             Place::Mount(p) => match std::fs::symlink_metadata(p) {
-                Ok(m) => Ok(Some(crate::fsref::local_kind(&m))),
+                Ok(m) => Ok(Some(crate::fsref::local_kind(m.file_type()))),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
                 Err(e) => Err(e).with_context(|| format!("cannot stat {}", p.display())),
             },
@@ -409,11 +407,11 @@ pub struct GetStripeArgs {
     pub recursive: bool,
 }
 
-fn kv(text: &str) -> Vec<(String, String)> {
+pub(crate) fn kv(text: &str) -> Vec<(String, String)> {
     text.split_whitespace().filter_map(|i| i.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect()
 }
 
-fn field<'a>(f: &'a [(String, String)], k: &str) -> &'a str {
+pub(crate) fn field<'a>(f: &'a [(String, String)], k: &str) -> &'a str {
     f.iter().find(|(a, _)| a == k).map_or("", |(_, v)| v.as_str())
 }
 

@@ -708,10 +708,7 @@ fn real_main() -> Result<()> {
                 let client = fsref::connect(cli.fs.as_deref()).await?;
                 let r = client.change_pool(&odfs_client::Ctx::current(), &name, change).await;
                 client.shutdown();
-                r.map_err(|e| match e {
-                    odfs_client::ClientError::Remote(r) => anyhow::anyhow!(r.message),
-                    other => anyhow::anyhow!(other),
-                })
+                r.map_err(lfs::why)
             })?;
         }
         Cmd::SiteConfig { defaults, site_config } => {
