@@ -352,6 +352,16 @@ fn find_tests_agree_with_gnu_find_and_with_the_files_layouts() {
         vec!["-type", "f", "-name", "f1*", "-size", "-2M", "-newer", &rs],
     ];
     let mnt = s(&m.path);
+    // A user with only the mount (no client config): odfs find walks the mount.
+    let mount_walk = |args: &[&str]| {
+        let o = Command::new(bin_dir().join("odfs"))
+            .env_remove("ODFS_FS")
+            .current_dir(fs.root())
+            .args(args)
+            .output()
+            .unwrap();
+        listed(&o, "odfs find (mount walk)", "", "")
+    };
     for c in &cases {
         let gnu = Command::new("find").arg(&ts).args(c).output().unwrap();
         let want = listed(&gnu, "find", "", "");
@@ -361,14 +371,7 @@ fn find_tests_agree_with_gnu_find_and_with_the_files_layouts() {
         assert_eq!(lib, want, "odfs find {c:?} through the library");
         let url = listed(&fs.cli(&[&["find", "odfs:/t"][..], c].concat()), "odfs find odfs:/t", "odfs:", &mnt);
         assert_eq!(url, want, "odfs find odfs:/t {c:?}");
-        // A user with only the mount: the threaded walk.
-        let walk = Command::new(bin_dir().join("odfs"))
-            .env_remove("ODFS_FS")
-            .current_dir(fs.root())
-            .args([&["find", &ts][..], c].concat())
-            .output()
-            .unwrap();
-        assert_eq!(listed(&walk, "odfs find (mount walk)", "", ""), want, "odfs find {c:?} through the mount");
+        assert_eq!(mount_walk(&[&["find", &ts][..], c].concat()), want, "odfs find {c:?} through the mount");
     }
     // The layout tests take regular files whose layout says so (odfs.layout on the mount).
     let files = listed(&Command::new("find").args([&ts, "-type", "f"]).output().unwrap(), "find", "", "");
@@ -379,13 +382,7 @@ fn find_tests_agree_with_gnu_find_and_with_the_files_layouts() {
             files.iter().filter(|f| key(&getfattr(Path::new(f), "odfs.layout"), k) == value).cloned().collect();
         assert!(!want.is_empty() && want.len() < files.len(), "{flag} {value}: {want:?} of {files:?}");
         assert_eq!(listed(&fs.cli(&["find", &ts, flag, value]), "odfs find", "", ""), want, "{flag} {value}");
-        let walk = Command::new(bin_dir().join("odfs"))
-            .env_remove("ODFS_FS")
-            .current_dir(fs.root())
-            .args(["find", &ts, flag, value])
-            .output()
-            .unwrap();
-        assert_eq!(listed(&walk, "odfs find (mount walk)", "", ""), want, "{flag} {value} through the mount");
+        assert_eq!(mount_walk(&["find", &ts, flag, value]), want, "{flag} {value} through the mount");
     }
     assert!(fs.cli_ok(&["find", &ts, "--pool", "gold"]).is_empty(), "no file is in an unknown pool");
     // Bad tests are named; nothing is printed.

@@ -161,13 +161,5 @@ impl Drop for Launch {
 
 /// Fails the test unless every output is a success; returns their stdouts.
 pub fn all_ok(outs: &[Output], what: &str) -> Vec<String> {
-    for (k, o) in outs.iter().enumerate() {
-        assert!(
-            o.status.success(),
-            "{what} on node {k} failed: {}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
-    outs.iter().map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).collect()
+    outs.iter().enumerate().map(|(k, o)| crate::stdout_ok(o, format_args!("{what} on node {k}"))).collect()
 }

@@ -30,17 +30,21 @@ pub fn odfs(args: &[&str]) -> Output {
     Command::new(bin_dir().join("odfs")).args(args).env("ODFS_BIN_DIR", bin_dir()).output().expect("run odfs")
 }
 
-/// Runs `odfs` and fails the test with its output unless it succeeds.
-pub fn odfs_ok(args: &[&str]) -> String {
-    let out = odfs(args);
+/// Fails the test, naming `what` and showing the command's output, unless it succeeded;
+/// returns its stdout.
+pub fn stdout_ok(out: &Output, what: impl std::fmt::Display) -> String {
     assert!(
         out.status.success(),
-        "odfs {:?} failed: {}\n{}",
-        args,
+        "{what} failed: {}\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs `odfs` and fails the test with its output unless it succeeds.
+pub fn odfs_ok(args: &[&str]) -> String {
+    stdout_ok(&odfs(args), format_args!("odfs {args:?}"))
 }
 
 /// A running local filesystem.
@@ -136,14 +140,7 @@ impl LocalFs {
 
     /// Like `cli`, failing the test unless the command succeeds; returns stdout.
     pub fn cli_ok(&self, args: &[&str]) -> String {
-        let o = self.cli(args);
-        assert!(
-            o.status.success(),
-            "odfs {args:?}: {}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8_lossy(&o.stdout).into_owned()
+        stdout_ok(&self.cli(args), format_args!("odfs {args:?}"))
     }
 
     /// Like `cli`, failing the test unless the command fails; returns stderr.

@@ -9,7 +9,7 @@
 //! Needs root, iproute2, util-linux, munge and Slurm (slurmctld, slurmd, the client
 //! commands); scripts/test installs them.
 
-use crate::{bin_dir, S3Server};
+use crate::{bin_dir, stdout_ok, S3Server};
 use std::fs;
 use std::io::Write;
 use std::net::IpAddr;
@@ -26,9 +26,7 @@ fn run(cmd: &str, args: &[&str]) -> Output {
 }
 
 fn ok(cmd: &str, args: &[&str]) -> String {
-    let out = run(cmd, args);
-    assert!(out.status.success(), "{cmd} {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    stdout_ok(&run(cmd, args), format_args!("{cmd} {args:?}"))
 }
 
 /// Starts munged once per machine (tests share it); every cluster authenticates through it.
@@ -335,14 +333,7 @@ impl Cluster {
     }
 
     pub fn slurm_ok(&self, cmd: &str, args: &[&str]) -> String {
-        let out = self.slurm(cmd, args);
-        assert!(
-            out.status.success(),
-            "{cmd} {args:?}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        stdout_ok(&self.slurm(cmd, args), format_args!("{cmd} {args:?}"))
     }
 
     /// Writes `script` and submits it as `user` with `args`; returns the job id.
@@ -439,15 +430,7 @@ impl Cluster {
 
     /// Like `node_sh`, failing the test unless the command succeeds; returns stdout.
     pub fn node_ok(&self, k: usize, cmd: &str) -> String {
-        let out = self.node_sh(k, cmd);
-        assert!(
-            out.status.success(),
-            "{}: `{cmd}` failed: {}{}",
-            self.nodes[k],
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        stdout_ok(&self.node_sh(k, cmd), format_args!("{}: `{cmd}`", self.nodes[k]))
     }
 
     fn netns_inode(&self, k: usize) -> Option<u64> {
