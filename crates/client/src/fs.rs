@@ -241,8 +241,7 @@ impl Client {
             return Ok(self.merge_local(a));
         }
         let a = self.meta(ctx, Self::shard_of(ino), &GetAttr { ino }).await?;
-        self.note_stripes(&a);
-        self.inner.cache.put_attr(&a);
+        self.cache_attr(&a);
         Ok(self.merge_local(a))
     }
 
@@ -256,10 +255,17 @@ impl Client {
         self.note_stripes(a);
     }
 
-    /// Remembers a directory's metadata stripes.
+    /// Remembers a directory's metadata stripes. Bounded as the attribute cache is: a long walk
+    /// sees every directory, and forgetting is safe (a miss asks again, a stale entry is
+    /// corrected by `WrongShard`).
     fn note_stripes(&self, a: &Attr) {
+        const MAX_DIRS: usize = 1 << 20;
         if a.kind == FileKind::Dir && self.sharded() {
-            self.inner.stripes.lock().expect("stripes lock").insert(a.ino, a.dir_stripes.clone());
+            let mut m = self.inner.stripes.lock().expect("stripes lock");
+            if m.len() >= MAX_DIRS {
+                m.clear();
+            }
+            m.insert(a.ino, a.dir_stripes.clone());
         }
     }
 
@@ -268,20 +274,22 @@ impl Client {
         self.inner.cluster.view().meta_shards() > 1
     }
 
+    /// The metadata shards a directory's entries are spread over (empty: its own shard holds
+    /// them all). Known stripes first, then the attributes (cached or asked for).
+    async fn dir_stripes(&self, ctx: &Ctx, ino: InodeId) -> Result<Vec<u16>> {
+        if !self.sharded() {
+            return Ok(Vec::new());
+        }
+        let known = self.inner.stripes.lock().expect("stripes lock").get(&ino).cloned();
+        match known {
+            Some(s) => Ok(s),
+            None => Ok(self.getattr(ctx, ino).await?.dir_stripes),
+        }
+    }
+
     /// The shard holding entry `name` of directory `parent`.
     async fn entry_shard(&self, ctx: &Ctx, parent: InodeId, name: &[u8]) -> Result<u16> {
-        if !self.sharded() {
-            return Ok(parent.shard());
-        }
-        let known = self.inner.stripes.lock().expect("stripes lock").get(&parent).cloned();
-        let stripes = match known {
-            Some(s) => s,
-            None => {
-                let a = self.meta(ctx, Self::shard_of(parent), &GetAttr { ino: parent }).await?;
-                self.cache_attr(&a);
-                a.dir_stripes
-            }
-        };
+        let stripes = self.dir_stripes(ctx, parent).await?;
         Ok(odfs_proto::meta::entry_shard(&stripes, name).unwrap_or(parent.shard()))
     }
 
@@ -430,6 +438,7 @@ impl Client {
     pub async fn mkdir(&self, ctx: &Ctx, parent: InodeId, name: &[u8], mode: u32) -> Result<Attr> {
         let a = self.entry_call(ctx, parent, name, &Mkdir { parent, name: name.to_vec(), mode }).await?;
         self.inner.cache.put_entry(parent, name, &a, (ctx.uid, ctx.gid));
+        self.note_stripes(&a);
         self.invalidate(parent);
         Ok(a)
     }
@@ -529,15 +538,7 @@ impl Client {
     /// kernel's readdir offsets) runs across every part, each entry exactly once.
     async fn readdir_parts(&self, ctx: &Ctx, ino: InodeId, cookie: u64, max: u32, plus: bool) -> Result<ReadDirReply> {
         const PART: u32 = 48;
-        let stripes = if self.sharded() {
-            let known = self.inner.stripes.lock().expect("stripes lock").get(&ino).cloned();
-            match known {
-                Some(s) => s,
-                None => self.getattr(ctx, ino).await?.dir_stripes,
-            }
-        } else {
-            Vec::new()
-        };
+        let stripes = self.dir_stripes(ctx, ino).await?;
         if stripes.len() < 2 {
             return self.meta(ctx, Self::shard_of(ino), &ReadDir { ino, cookie, max_entries: max, plus }).await;
         }
@@ -667,9 +668,12 @@ impl Client {
 
     /// Space from shard 0 (every shard sees the same targets); inodes summed over the shards.
     pub async fn statfs(&self, ctx: &Ctx) -> Result<StatFsReply> {
-        let mut st: StatFsReply = self.meta(ctx, 0, &StatFs {}).await?;
-        for shard in 1..self.inner.cluster.view().meta_shards() {
-            let o: StatFsReply = self.meta(ctx, shard, &StatFs {}).await?;
+        let shards = self.inner.cluster.view().meta_shards().max(1);
+        let replies = futures::future::join_all((0..shards).map(|s| self.meta(ctx, s, &StatFs {}))).await;
+        let mut replies = replies.into_iter();
+        let mut st: StatFsReply = replies.next().expect("one shard at least")?;
+        for o in replies {
+            let o = o?;
             st.used_inodes += o.used_inodes;
             st.total_inodes = st.total_inodes.max(o.total_inodes).max(st.used_inodes);
         }

@@ -487,6 +487,10 @@ pub(crate) struct Namespace {
     /// Local part of the next inode id to hand out.
     next_local: u64,
     inodes: InodeMap,
+    /// Inodes held here for other shards (parts of their striped directories), counted apart
+    /// so that statfs need not scan every inode. Not in snapshots: [`Namespace::recount`].
+    #[serde(skip)]
+    foreign: u64,
 }
 
 impl Namespace {
@@ -496,7 +500,13 @@ impl Namespace {
             // Local id 1 of shard 0 is the root.
             next_local: 2,
             inodes: InodeMap::default(),
+            foreign: 0,
         }
+    }
+
+    /// Counts the other shards' inodes again (after loading a snapshot).
+    pub fn recount(&mut self) {
+        self.foreign = self.inodes.keys().filter(|i| i.shard() != self.shard).count() as u64;
     }
 
     pub fn shard(&self) -> u16 {
@@ -505,7 +515,12 @@ impl Namespace {
 
     /// Inodes of this shard (parts of other shards' striped directories not counted).
     pub fn inode_count(&self) -> u64 {
-        self.inodes.keys().filter(|i| i.shard() == self.shard).count() as u64
+        debug_assert_eq!(
+            self.foreign,
+            self.inodes.keys().filter(|i| i.shard() != self.shard).count() as u64,
+            "count of other shards' inodes"
+        );
+        self.inodes.len() as u64 - self.foreign
     }
 
     pub fn has_root(&self) -> bool {
@@ -521,6 +536,10 @@ impl Namespace {
         node.nlink = 2;
         let attr = node.attr(InodeId::ROOT);
         self.inodes.insert(InodeId::ROOT, node);
+        // Every shard keeps a root; it is shard 0's inode.
+        if InodeId::ROOT.shard() != self.shard {
+            self.foreign += 1;
+        }
         Ok(attr)
     }
 
@@ -704,6 +723,7 @@ impl Namespace {
                     return Err(RemoteError::new(ErrorCode::NotEmpty, "the directory part is not empty"));
                 }
                 self.inodes.remove(&r.ino);
+                self.foreign -= 1;
                 Applied::changed(MetaReply::Unit)
             }
             MetaOp::SetDirStripes { ino, stripes } => {
@@ -1259,6 +1279,7 @@ impl Namespace {
         let mut node = Inode::new(r.mode, r.uid, r.gid, now, Body::Dir(Box::new(dir)));
         node.nlink = 2;
         self.inodes.insert(r.ino, node);
+        self.foreign += 1;
         Applied::changed(MetaReply::Unit)
     }
 

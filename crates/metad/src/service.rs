@@ -4,7 +4,7 @@
 use crate::config::MetadConfig;
 use crate::store::{MetaOp, MetaReply, MetaStore, StoreOptions, TargetChoice};
 use odfs_proto::meta::*;
-use odfs_proto::mgmt::{GetCluster, Register, ServiceKind};
+use odfs_proto::mgmt::{ClusterView, GetCluster, Register, ServiceKind};
 use odfs_proto::{ErrorCode, RemoteError, RequestHeader};
 use odfs_rpc::quic::QuicEndpoint;
 use odfs_rpc::{Pool, PoolConfig, Router, Shutdown, Transport};
@@ -52,20 +52,26 @@ pub struct TargetSync {
     pub store: Shared,
     /// mgmtd reported the filesystem ready in the last refresh: every expected target is known.
     pub ready: Arc<std::sync::atomic::AtomicBool>,
-    /// The metad of every shard, and how many shards the filesystem has.
-    pub peers: Arc<std::sync::RwLock<(std::collections::BTreeMap<u16, std::net::SocketAddr>, u16)>>,
+    /// mgmtd's view at the last refresh: where the other shards' metads are.
+    pub view: Arc<std::sync::RwLock<Option<Arc<ClusterView>>>>,
 }
 
 impl TargetSync {
     pub fn new(pool: Arc<Pool>, mgmtd: std::net::SocketAddr, store: Shared) -> TargetSync {
-        TargetSync { pool, mgmtd, store, ready: Default::default(), peers: Default::default() }
+        TargetSync { pool, mgmtd, store, ready: Default::default(), view: Default::default() }
     }
 
     /// The address of the metad serving `shard` (looking at mgmtd again if it is not known).
     pub(crate) async fn peer_addr(&self, shard: u16) -> Result<std::net::SocketAddr, RemoteError> {
         for attempt in 0..2 {
-            if let Some(a) = self.peers.read().expect("peers lock").0.get(&shard) {
-                return Ok(*a);
+            let known = self
+                .view
+                .read()
+                .expect("view lock")
+                .as_ref()
+                .and_then(|v| v.meta_for_shard(shard).filter(|s| s.online).and_then(|s| s.addr));
+            if let Some(a) = known {
+                return Ok(a);
             }
             if attempt == 0 {
                 let _ = self.refresh().await;
@@ -77,18 +83,12 @@ impl TargetSync {
     /// The number of metadata shards (at least this one).
     pub(crate) async fn shard_count(&self) -> Result<u16, RemoteError> {
         self.refresh().await.map_err(|e| RemoteError::new(ErrorCode::Unavailable, format!("mgmtd: {e}")))?;
-        Ok(self.peers.read().expect("peers lock").1.max(1))
+        let v = self.view.read().expect("view lock").clone();
+        Ok(v.map_or(1, |v| v.expected_meta.max(v.meta_shards() as u32).max(1) as u16))
     }
 
     pub async fn refresh(&self) -> Result<(), odfs_rpc::RpcError> {
         let v = self.pool.call(self.mgmtd, Transport::Quic, &RequestHeader::default(), &GetCluster {}).await?;
-        let peers = v
-            .services
-            .iter()
-            .filter(|s| s.kind == ServiceKind::Meta && s.online)
-            .filter_map(|s| Some((s.shard?, s.addr?)))
-            .collect();
-        *self.peers.write().expect("peers lock") = (peers, v.expected_meta.max(v.meta_shards() as u32) as u16);
         let t = v
             .targets
             .iter()
@@ -102,6 +102,7 @@ impl TargetSync {
             .collect();
         self.store.lock().expect("store lock").set_targets(t);
         self.ready.store(v.state != odfs_proto::mgmt::FsState::Forming, std::sync::atomic::Ordering::Release);
+        *self.view.write().expect("view lock") = Some(Arc::new(v));
         Ok(())
     }
 }

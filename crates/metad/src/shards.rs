@@ -59,9 +59,6 @@ impl TargetSync {
                 "only an empty directory can be striped over metadata shards",
             ));
         }
-        if count == 1 {
-            return Ok(attr);
-        }
         let stripes: Vec<u16> = (0..count).map(|i| (own + i) % shards).collect();
         let part = CreateShadow {
             ino: q.ino,
@@ -106,13 +103,21 @@ impl TargetSync {
     /// `Rmdir`, for a striped directory among others: its parts are sealed (each must be
     /// empty) before the directory goes, and dropped after.
     pub async fn rmdir(&self, h: &RequestHeader, q: Rmdir) -> RpcResult<()> {
-        let victim =
-            self.store.lock().expect("store lock").lookup(h, &Lookup { parent: q.parent, name: q.name.clone() });
-        let (ino, others): (InodeId, Vec<u16>) = match victim {
-            Ok(a) if a.kind == FileKind::Dir && a.dir_stripes.len() > 1 => {
-                (a.ino, a.dir_stripes.iter().copied().filter(|&s| s != a.ino.shard()).collect())
+        let (ino, others): (InodeId, Vec<u16>) = {
+            let mut st = self.store.lock().expect("store lock");
+            match st.lookup(h, &Lookup { parent: q.parent, name: q.name.clone() }) {
+                Ok(a) if a.kind == FileKind::Dir && a.dir_stripes.len() > 1 => {
+                    (a.ino, a.dir_stripes.iter().copied().filter(|&s| s != a.ino.shard()).collect())
+                }
+                // Not striped: removed (or refused) under the same lock, no part to seal.
+                _ => {
+                    return match st.mutate(h, MetaOp::Rmdir(q)) {
+                        Ok(MetaReply::Unit) => Ok(()),
+                        Ok(other) => Err(unexpected(other)),
+                        Err(e) => Err(e),
+                    }
+                }
             }
-            _ => (InodeId::ROOT, Vec::new()),
         };
         let mut sealed = Vec::new();
         for &s in &others {

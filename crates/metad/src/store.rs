@@ -312,7 +312,9 @@ impl MetaStore {
                 for (c, r, reply) in st.dedup {
                     dedup.insert((c, r), reply);
                 }
-                (st.seq, st.ns, dedup)
+                let mut ns = st.ns;
+                ns.recount();
+                (st.seq, ns, dedup)
             }
             None => (0, Namespace::new(opts.shard), Dedup::new(opts.dedup_capacity)),
         };

@@ -48,19 +48,7 @@ pub struct StageArgs {
     pub site_config: Option<std::path::PathBuf>,
 }
 
-/// "100", "64K", "16M", "2G" → bytes (powers of 1024).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (num, mult) = match t.chars().last() {
-        Some('k' | 'K') => (&t[..t.len() - 1], 1u64 << 10),
-        Some('m' | 'M') => (&t[..t.len() - 1], 1 << 20),
-        Some('g' | 'G') => (&t[..t.len() - 1], 1 << 30),
-        Some('t' | 'T') => (&t[..t.len() - 1], 1 << 40),
-        _ => (t, 1),
-    };
-    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a size (e.g. 512K, 16M, 1G)"))?;
-    n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
-}
+pub use odfs_proto::layout::parse_size;
 
 impl StageArgs {
     /// The settings of this stage: flags, else the site config's `[stage]` table, else defaults.

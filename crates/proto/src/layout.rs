@@ -113,7 +113,7 @@ pub fn parse_layout_text(text: &str, base: &DirLayout) -> Result<DirLayout, Stri
                 dl.stripe_count = v.parse().map_err(|_| format!("stripe_count {v:?} is not a number"))?;
             }
             "stripe_size" | "size" => {
-                let n = parse_size(v).ok_or_else(|| format!("stripe_size {v:?} is not a size (e.g. 1M)"))?;
+                let n = parse_size(v).map_err(|_| format!("stripe_size {v:?} is not a size (e.g. 1M)"))?;
                 dl.chunk_size = u32::try_from(n).map_err(|_| format!("stripe_size {v} is too large"))?;
             }
             "pool" => dl.pool = v.to_string(),
@@ -135,15 +135,19 @@ pub fn parse_layout_text(text: &str, base: &DirLayout) -> Result<DirLayout, Stri
     Ok(dl)
 }
 
-/// "1048576", "256K", "4M", "1G" (powers of 1024).
-pub fn parse_size(s: &str) -> Option<u64> {
-    let (num, mult) = match s.chars().last()? {
-        'k' | 'K' => (&s[..s.len() - 1], 1u64 << 10),
-        'm' | 'M' => (&s[..s.len() - 1], 1 << 20),
-        'g' | 'G' => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
+/// "100", "64K", "16M", "2G" → bytes (powers of 1024): sizes on command lines, in `#ODFS`
+/// directives and in layout texts.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = match t.chars().last() {
+        Some('k' | 'K') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('m' | 'M') => (&t[..t.len() - 1], 1 << 20),
+        Some('g' | 'G') => (&t[..t.len() - 1], 1 << 30),
+        Some('t' | 'T') => (&t[..t.len() - 1], 1 << 40),
+        _ => (t, 1),
     };
-    num.parse::<u64>().ok()?.checked_mul(mult)
+    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a size (e.g. 512K, 16M, 1G)"))?;
+    n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
 }
 
 /// One contiguous piece of a file range that lives in a single chunk.

@@ -426,13 +426,11 @@ async fn make_dirs(client: &Client, ctx: &Ctx, root: &str, dirs: &BTreeSet<Strin
     // subdirectories (and whatever reads them) are too. Only a new, empty one: an existing
     // directory keeps its layout.
     if client.cluster().view().meta_shards() > 1 && top.dir_stripes.is_empty() {
-        match client.dir_parts(ctx, top.ino).await {
-            Ok(parts) if parts.iter().all(|&(_, n)| n == 0) => {
-                if let Err(e) = client.stripe_dir(ctx, top.ino, -1).await {
-                    warn!(dir = root, error = %e, "cannot stripe the stage-in directory over the metadata shards");
-                }
-            }
-            _ => {}
+        // The shard refuses a directory that has entries already (NotEmpty): it stays as it is.
+        match client.stripe_dir(ctx, top.ino, -1).await {
+            Ok(_) => {}
+            Err(e) if e.code() == odfs_proto::ErrorCode::NotEmpty => {}
+            Err(e) => warn!(dir = root, error = %e, "cannot stripe the stage-in directory over the metadata shards"),
         }
     }
     let mut by_depth: BTreeMap<usize, Vec<&String>> = BTreeMap::new();
