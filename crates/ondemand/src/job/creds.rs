@@ -12,9 +12,17 @@ use anyhow::{Context, Result};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-/// Points the S3 client of this process at the right credentials for `user`'s stages.
-/// Returns a line saying which were chosen.
-pub fn prepare(site: &SiteConfig, user: &JobUser, job_dir: &Path) -> Result<String> {
+/// Points the S3 client of this process at the right credentials for `user`'s stages, and
+/// at `profile` among them (`#ODFS profile`). Returns a line saying which were chosen.
+pub fn prepare(site: &SiteConfig, user: &JobUser, job_dir: &Path, profile: Option<&str>) -> Result<String> {
+    let said = choose(site, user, job_dir)?;
+    if let Some(p) = profile {
+        std::env::set_var("AWS_PROFILE", p);
+    }
+    Ok(said)
+}
+
+fn choose(site: &SiteConfig, user: &JobUser, job_dir: &Path) -> Result<String> {
     let st = &site.stage;
     if st.credentials_file.is_some() || st.profile.is_some() {
         return Ok("S3 credentials: the site's ([stage] in the site config)".into());

@@ -31,6 +31,11 @@ pub use stop::StopOutcome;
 use anyhow::Result;
 use record::StateDir;
 
+/// A message about `job`, as the prolog, epilog and the job's output file show it.
+fn line(job: &str, msg: &str) -> String {
+    format!("job {job}: {msg}")
+}
+
 /// Runs one node-local command; its error is also written to the node's event log.
 fn logged<T>(ctx: &NodeContext, node: &str, job: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     let r = f();
@@ -38,7 +43,7 @@ fn logged<T>(ctx: &NodeContext, node: &str, job: &str, f: impl FnOnce() -> Resul
         let state = StateDir::new(&ctx.site.ondemand.state_dir, node);
         if state.0.is_dir() {
             let e = format!("{e:#}");
-            state.note(job, &format!("FAILED: {}", e.strip_prefix(&format!("job {job}: ")).unwrap_or(&e)));
+            state.note(job, &format!("FAILED: {}", e.strip_prefix(&line(job, "")).unwrap_or(&e)));
         }
     }
     r

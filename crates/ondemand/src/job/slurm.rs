@@ -78,6 +78,9 @@ pub fn jobs_on(node: &str) -> Option<Vec<String>> {
     ok.then(|| out.lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect())
 }
 
+/// Start of every drain reason odfs sets.
+const DRAIN_PREFIX: &str = "odfs: ";
+
 /// Start of a drain reason set on the batch host only to keep the batch script from running.
 pub const BATCH_HOST_MARK: &str = "batch host:";
 
@@ -85,7 +88,7 @@ pub const BATCH_HOST_MARK: &str = "batch host:";
 /// its reason odfs's one line instead of "Prolog error"). Best effort.
 pub fn drain(node: &str, reason: &str) {
     // Slurm keeps reasons short; one line is enough to act on.
-    let reason: String = format!("odfs: {reason}").chars().filter(|c| *c != '\n').take(200).collect();
+    let reason: String = format!("{DRAIN_PREFIX}{reason}").chars().filter(|c| *c != '\n').take(200).collect();
     let r = format!("reason={reason}");
     if let Err(e) =
         run("scontrol", &["update", &format!("nodename={node}"), "state=drain", &r], Duration::from_secs(10))
@@ -98,7 +101,7 @@ pub fn drain(node: &str, reason: &str) {
 pub fn resume_batch_host(node: &str) -> Result<bool> {
     let (ok, out, err) = run("scontrol", &["show", "node", node], Duration::from_secs(10))?;
     anyhow::ensure!(ok, "scontrol show node {node}: {err}");
-    if !out.contains(&format!("Reason=odfs: {BATCH_HOST_MARK}")) {
+    if !out.contains(&format!("Reason={DRAIN_PREFIX}{BATCH_HOST_MARK}")) {
         return Ok(false);
     }
     let (ok, _, err) =

@@ -557,11 +557,9 @@ pub(crate) fn run_stages(
     let job = rec.spec.job_id.clone();
     let limit = Duration::from_secs(ctx.site.ondemand.stage_timeout_secs.max(1));
     let job_dir = rec.client_config.parent().unwrap_or(Path::new("/"));
-    let creds = super::creds::prepare(&ctx.site, &rec.spec.user, job_dir).map_err(|e| format!("{kind}: {e:#}"))?;
+    let creds = super::creds::prepare(&ctx.site, &rec.spec.user, job_dir, d.profile.as_deref())
+        .map_err(|e| format!("{kind}: {e:#}"))?;
     state.say(&job, &creds);
-    if let Some(p) = &d.profile {
-        std::env::set_var("AWS_PROFILE", p);
-    }
     link.block_on(async {
         let cfg = ClientConfig::load(&rec.client_config).map_err(|e| e.to_string())?;
         let client =
@@ -612,10 +610,6 @@ pub(crate) fn run_stages(
 }
 
 /// One line for the user and the admin: "job 12: could not start: n3 (node 2 of 4): ...".
-fn line(spec: &JobSpec, msg: &str) -> String {
-    format!("job {}: {msg}", spec.job_id)
-}
-
 /// `odfs start` on this node.
 pub(crate) fn start_node(spec: &JobSpec, ctx: &NodeContext) -> Result<StartOutcome> {
     let site = &ctx.site;
@@ -650,9 +644,13 @@ pub(crate) fn start_node(spec: &JobSpec, ctx: &NodeContext) -> Result<StartOutco
         prev.teardown(true)?;
         state.forget(&spec.job_id)?;
     }
-    let plan = Plan::new(spec, site, &state).map_err(|e| anyhow!(line(spec, &format!("{}: {e:#}", spec.where_()))))?;
+    let plan = Plan::new(spec, site, &state)
+        .map_err(|e| anyhow!(super::line(&spec.job_id, &format!("{}: {e:#}", spec.where_()))))?;
     let cred = JobSection { id: spec.job_id.clone(), site_key: o.site_key.clone() }.credential().map_err(|e| {
-        anyhow!(line(spec, &format!("{}: {e} (odfs keygen makes one; every node needs the same file)", spec.where_())))
+        anyhow!(super::line(
+            &spec.job_id,
+            &format!("{}: {e} (odfs keygen makes one; every node needs the same file)", spec.where_())
+        ))
     })?;
     let link = BoardLink::new(cred, plan.mgmtd, spec.index, spec.node_name())?;
     let directives = if spec.is_node0() { read_directives(spec, ctx) } else { Ok(Directives::default()) };
@@ -684,7 +682,7 @@ pub(crate) fn start_node(spec: &JobSpec, ctx: &NodeContext) -> Result<StartOutco
             Ok(lines) => lines.iter().for_each(|l| state.note(&spec.job_id, &format!("rollback: {l}"))),
             Err(e) => state.say(&spec.job_id, &format!("rollback incomplete: {e:#}")),
         }
-        let msg = line(spec, &format!("could not start: {reason}"));
+        let msg = super::line(&spec.job_id, &format!("could not start: {reason}"));
         if spec.is_node0() && spec.slurm {
             // The epilog returns the batch host to service when the failure was not its own.
             rec.procs.clear();
@@ -788,7 +786,7 @@ pub(crate) fn start_node(spec: &JobSpec, ctx: &NodeContext) -> Result<StartOutco
         Err(reason) => {
             // The job must not run without its data; every node's services stay up until the
             // epilog tears them down (Slurm runs it after requeueing the job).
-            let msg = line(spec, &format!("could not start: {reason}"));
+            let msg = super::line(&spec.job_id, &format!("could not start: {reason}"));
             rec.phase = Phase::StartFailed { reason, own: false };
             state.save(&rec)?;
             slurm_failure(spec, site, &msg, false);

@@ -35,10 +35,6 @@ pub enum StopOutcome {
     Wiped { secs: f64, stage_secs: f64 },
 }
 
-fn line(job: &str, msg: &str) -> String {
-    format!("job {job}: {msg}")
-}
-
 /// `odfs stop` on this node.
 pub(crate) fn stop_node(spec: &JobSpec, ctx: &NodeContext) -> Result<StopOutcome> {
     let o = &ctx.site.ondemand;
@@ -69,7 +65,7 @@ pub(crate) fn stop_node(spec: &JobSpec, ctx: &NodeContext) -> Result<StopOutcome
             return Ok(StopOutcome::Nothing);
         }
         Phase::Retained { reason } => {
-            bail!(line(
+            bail!(super::line(
                 &spec.job_id,
                 &format!("data is kept on this node ({reason}); run `odfs recover --job {}`", spec.job_id)
             ))
@@ -103,8 +99,8 @@ fn wait_nodes(link: &BoardLink, spec: &JobSpec, phases: &[NodePhase], limit: Dur
                     let reported = b.phase(k).is_some_and(|p| phases.contains(p));
                     // Dead: its stored is registered but silent. (One that unregistered stopped
                     // in order; its node's report follows within moments.)
-                    let dead = v.services.iter().any(|s| s.kind == ServiceKind::Storage && s.node == k)
-                        && !v.services.iter().any(|s| s.kind == ServiceKind::Storage && s.node == k && s.online);
+                    let mut stored = v.services.iter().filter(|s| s.kind == ServiceKind::Storage && s.node == k);
+                    let dead = stored.clone().next().is_some() && !stored.any(|s| s.online);
                     if !reported && !dead {
                         missing.push(spec.nodes[k as usize].clone());
                     }
@@ -125,9 +121,8 @@ fn finish(rec: &mut Record, state: &StateDir, link: &BoardLink, ctx: &NodeContex
     let spec = rec.spec.clone();
     let grace = Duration::from_secs(o.stop_grace_secs);
     let mut stage_secs = 0.0;
-    // Whether node 0's mgmtd still answers (no point saying goodbye to it otherwise).
-    let mut heard = true;
-    let verdict = if spec.is_node0() {
+    // `heard`: node 0's mgmtd still answers (no point saying goodbye to it otherwise).
+    let (verdict, heard) = if spec.is_node0() {
         let missing = wait_nodes(link, &spec, &[NodePhase::Unmounted, NodePhase::Started, NodePhase::Stopped], grace);
         if !missing.is_empty() {
             state.say(
@@ -149,20 +144,16 @@ fn finish(rec: &mut Record, state: &StateDir, link: &BoardLink, ctx: &NodeContex
         };
         stage_secs = t1.elapsed().as_secs_f64();
         link.set_verdict(v.clone()).context("cannot post the verdict to mgmtd")?;
-        v
+        (v, true)
     } else {
         match wait_stop_verdict(link, &spec, Duration::from_secs(o.stage_timeout_secs) + grace) {
-            Ok(v) => v,
+            Ok(v) => (v, true),
             // Only node 0 can say the outputs are safe; a job that stages nothing out has
             // nothing on this node anyone could need.
-            Err(why) if rec.outputs => {
-                heard = false;
-                Verdict::Retain { reason: why }
-            }
+            Err(why) if rec.outputs => (Verdict::Retain { reason: why }, false),
             Err(why) => {
-                heard = false;
                 state.say(&spec.job_id, &format!("{why}; the job stages nothing out, so this node's part is wiped"));
-                Verdict::Wipe
+                (Verdict::Wipe, false)
             }
         }
     };
@@ -198,7 +189,7 @@ fn finish(rec: &mut Record, state: &StateDir, link: &BoardLink, ctx: &NodeContex
                 let _ = link.report(NodePhase::Stopped);
             }
             let kept: Vec<String> = rec.data_dirs.iter().map(|d| d.display().to_string()).collect();
-            let msg = line(
+            let msg = super::line(
                 &spec.job_id,
                 &format!(
                     "outputs not verified ({reason}); data kept on {} in {}; once the cause is fixed run \
@@ -320,11 +311,14 @@ pub(crate) fn recover_node(job_id: &str, node: &str, ctx: &NodeContext) -> Resul
         if spec.is_node0() {
             let _ = link.set_verdict(Verdict::Retain { reason: format!("recovery failed: {e:#}") });
         }
-        bail!(line(job_id, &format!("recovery failed on {}: {e:#}; the data is still kept", spec.where_())));
+        bail!(super::line(job_id, &format!("recovery failed on {}: {e:#}; the data is still kept", spec.where_())));
     }
     let out = finish(&mut rec, &state, &link, ctx, t0)?;
     if spec.is_node0() && spec.slurm {
-        slurm::tell_user(&spec, &line(job_id, "recovered: outputs staged out and verified; the job's data is wiped"));
+        slurm::tell_user(
+            &spec,
+            &super::line(job_id, "recovered: outputs staged out and verified; the job's data is wiped"),
+        );
     }
     Ok(out)
 }
