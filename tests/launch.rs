@@ -102,7 +102,7 @@ fn the_next_start_cleans_what_a_dead_node_left() {
     all_ok(&[l.on(0, &["start", "--job-id", "next", "--nodes", &n])], "the next start");
     assert!(l.event_log(0).contains("job next: cleanup: job dead: cleaned up"), "{}", l.event_log(0));
     assert_eq!(l.records(0), ["next"]);
-    assert_eq!(Launch::entries(&l.nvme(0)), ["odfs.next"]);
+    assert_eq!(entries(&l.nvme(0)), ["odfs.next"]);
     all_ok(&[l.on(0, &["stop", "--job-id", "next", "--nodes", &n])], "stop");
     l.assert_clean();
 }
@@ -118,7 +118,7 @@ fn the_ram_variant_puts_a_pool_on_tmpfs_and_unknown_pools_are_refused() {
     let outs = l.all(&["start", "--job-id", "r0", "--nodes", &n, "--script", &sc]);
     let err = String::from_utf8_lossy(&outs[0].stderr);
     assert!(!outs[0].status.success() && err.contains("pool ram: this job has no RAM pool"), "{err}");
-    assert!(l.records(1).is_empty() && Launch::entries(&l.nvme(1)).is_empty(), "node 1 rolled back");
+    assert!(l.records(1).is_empty() && entries(&l.nvme(1)).is_empty(), "node 1 rolled back");
 
     all_ok(&l.all(&["start", "--job-id", "r1", "--nodes", &n, "--script", &sc, "--features", "odfs_ram"]), "start");
     let data = pattern(3 << 20, 5);
@@ -164,7 +164,7 @@ fn an_unverified_stage_out_is_kept_and_recovered() {
             "node {k}: {err}"
         );
         assert_eq!(l.records(k), ["k1"], "node {k} keeps its record");
-        assert!(!Launch::entries(&l.nvme(k)).is_empty(), "node {k} keeps its data");
+        assert!(!entries(&l.nvme(k)).is_empty(), "node {k} keeps its data");
     }
     assert!(l.processes().is_empty(), "services are stopped while the data is kept");
     // Starting a job of the same id now is refused: its data is kept.
@@ -173,11 +173,7 @@ fn an_unverified_stage_out_is_kept_and_recovered() {
 
     fs::remove_file(l.dir.path().join("store")).unwrap();
     let l = &l;
-    let outs: Vec<_> = std::thread::scope(|s| {
-        let hs: Vec<_> =
-            l.nodes.iter().map(|node| s.spawn(move || l.plain(&["recover", "--job", "k1", "--node", node]))).collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let outs = each(l.nodes.len(), |k| l.plain(&["recover", "--job", "k1", "--node", &l.nodes[k]]));
     all_ok(&outs, "odfs recover");
     assert_bytes(&fs::read(dst.join("result")).unwrap(), &data, "recovered output");
     assert!(dst.join(".odfs-stage-out.complete").exists());
@@ -193,16 +189,13 @@ fn stages_use_the_job_users_own_s3_credentials_never_roots() {
     fs::create_dir_all(s3.object_path("lab", "ds")).unwrap();
     fs::write(s3.object_path("lab", "ds/x"), &data).unwrap();
     // The site gives an endpoint but no staging account.
-    let mut site = fs::read_to_string(&l.site).unwrap();
-    site += &format!("[stage]\nendpoint_url = \"{}\"\npath_style = true\nregion = \"us-east-1\"\n", s3.url());
-    fs::write(&l.site, site).unwrap();
+    l.site_append(&format!("[stage]\nendpoint_url = \"{}\"\npath_style = true\nregion = \"us-east-1\"\n", s3.url()));
     let script = l.dir.path().join("in.sh");
     fs::write(&script, "#!/bin/sh\n#ODFS stage-in s3://lab/ds /data\n").unwrap();
     let sc = script.display().to_string();
     // A root-only credentials file with working keys, as a site might keep for itself.
     let roots = l.dir.path().join("root-credentials");
-    fs::write(&roots, format!("[default]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n"))
-        .unwrap();
+    fs::write(&roots, credentials_file_text()).unwrap();
     fs::set_permissions(&roots, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
 
     let user = TestUser::create("cr");
@@ -226,11 +219,7 @@ fn stages_use_the_job_users_own_s3_credentials_never_roots() {
 
     // With keys of their own, the user's stage-in works, and the data is theirs.
     fs::remove_file(aws.join("credentials")).unwrap();
-    fs::write(
-        aws.join("credentials"),
-        format!("[default]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n"),
-    )
-    .unwrap();
+    fs::write(aws.join("credentials"), credentials_file_text()).unwrap();
     run("chown", &["-R", &format!("{}:{}", user.uid, user.gid), &home.display().to_string()]);
     all_ok(&[l.on(0, &["start", "--job-id", "c2", "--nodes", &n, "--user", &user.name, "--script", &sc])], "start");
     let p = l.mount(0, "c2").join("data/x");
@@ -270,15 +259,7 @@ fn a_metadata_service_on_every_node_serves_striped_directories() {
     names.sort();
     assert_eq!(names.len(), 100);
     assert_eq!(fs::read_to_string(l.mount(0, "m1").join("wide/f42")).unwrap(), "42");
-    let layout = String::from_utf8_lossy(
-        &std::process::Command::new("getfattr")
-            .args(["-n", "odfs.dir_layout", "--only-values"])
-            .arg(&d)
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .into_owned();
+    let layout = getfattr(&d, "odfs.dir_layout");
     assert!(layout.starts_with("stripe_count=4 shards="), "{layout}");
     all_ok(&l.all(&["stop", "--job-id", "m1", "--nodes", &n]), "stop");
     l.assert_clean();
@@ -307,9 +288,7 @@ fn the_jobs_user_sets_layouts_unless_the_site_leaves_them_to_root() {
     all_ok(&l.all(&["stop", "--job-id", "u1", "--nodes", &n]), "stop");
 
     // user_layouts = false: only root changes layouts; the user's attempts are refused and change nothing.
-    let mut site = fs::read_to_string(&l.site).unwrap();
-    site += "user_layouts = false\n";
-    fs::write(&l.site, site).unwrap();
+    l.site_append("user_layouts = false\n");
     all_ok(&l.all(&["start", "--job-id", "u2", "--nodes", &n, "--user", &user.name]), "start");
     let d = l.mount(0, "u2").join("d");
     assert!(user.run("mkdir", &[&d]).status.success());

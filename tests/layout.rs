@@ -23,17 +23,6 @@ fn s(p: &Path) -> String {
     p.display().to_string()
 }
 
-/// `getfattr -n NAME --only-values PATH`.
-fn getfattr(p: &Path, name: &str) -> String {
-    let o = Command::new("getfattr")
-        .args(["-n", name, "--only-values"])
-        .arg(p)
-        .output()
-        .expect("run getfattr (attr package)");
-    assert!(o.status.success(), "getfattr {name} {}: {}", p.display(), String::from_utf8_lossy(&o.stderr));
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
 /// `key=value` of a layout text.
 fn key(text: &str, k: &str) -> String {
     text.split_whitespace().find_map(|i| i.strip_prefix(&format!("{k}="))).unwrap_or("").to_string()
@@ -292,8 +281,7 @@ fn pools_are_listed_created_filled_emptied_and_destroyed() {
 
 /// Sorted output lines of a successful command, with `from` at the start of a line replaced by `to`.
 fn listed(o: &std::process::Output, what: &str, from: &str, to: &str) -> Vec<String> {
-    assert!(o.status.success(), "{what}: {}", String::from_utf8_lossy(&o.stderr));
-    let mut v: Vec<String> = String::from_utf8_lossy(&o.stdout)
+    let mut v: Vec<String> = stdout_ok(o, what)
         .lines()
         .map(|l| l.strip_prefix(from).map_or_else(|| l.to_string(), |r| format!("{to}{r}")))
         .collect();

@@ -12,9 +12,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn dir_layout(p: &Path) -> String {
-    let o = Command::new("getfattr").args(["-n", "odfs.dir_layout", "--only-values"]).arg(p).output().unwrap();
-    assert!(o.status.success(), "getfattr: {}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8_lossy(&o.stdout).into_owned()
+    getfattr(p, "odfs.dir_layout")
 }
 
 fn entries_per_shard(layout: &str) -> Vec<u64> {
@@ -24,10 +22,7 @@ fn entries_per_shard(layout: &str) -> Vec<u64> {
 
 /// Sorted lines of a command's output.
 fn lines(o: &Output) -> Vec<String> {
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let mut v: Vec<String> = String::from_utf8_lossy(&o.stdout).lines().map(str::to_string).collect();
-    v.sort();
-    v
+    sorted_lines(o, "the command")
 }
 
 #[test]
@@ -91,13 +86,13 @@ fn two_hundred_thousand_entries_from_four_clients_spread_evenly_and_list_once() 
     // odfs find returns what GNU find on the mount returns: every entry, and a -name subset.
     let mnt = m.path.display().to_string();
     let all = Command::new("find").arg(format!("{mnt}/wide")).output().unwrap();
-    let ours = fs.cli(&["find", &format!("{mnt}/wide")]);
-    assert_eq!(lines(&ours), lines(&all), "odfs find vs find: every entry");
-    assert_eq!(lines(&ours).len(), total as usize + 1);
+    let ours = lines(&fs.cli(&["find", &format!("{mnt}/wide")]));
+    assert_eq!(ours, lines(&all), "odfs find vs find: every entry");
+    assert_eq!(ours.len(), total as usize + 1);
     let gnu = Command::new("find").args([&format!("{mnt}/wide"), "-name", "c2-*7"]).output().unwrap();
-    let ours = fs.cli(&["find", &format!("{mnt}/wide"), "-name", "c2-*7"]);
-    assert_eq!(lines(&ours), lines(&gnu));
-    assert_eq!(lines(&ours).len(), PER / 10);
+    let ours = lines(&fs.cli(&["find", &format!("{mnt}/wide"), "-name", "c2-*7"]));
+    assert_eq!(ours, lines(&gnu));
+    assert_eq!(ours.len(), PER / 10);
 }
 
 #[test]
@@ -190,21 +185,13 @@ fn striping_rules_renames_removal_permissions_and_restarts() {
     assert!(entries_per_shard(&dir_layout(&e)).iter().all(|&n| n > 0));
 
     // kill -9 of a metadata service: its parts and entries are back after a restart.
-    let before = Command::new("find").arg(&m.path).output().unwrap();
+    let before = lines(&Command::new("find").arg(&m.path).output().unwrap());
     fs.kill9("metad", 2);
     fs.restart("metad", 2);
-    let start = std::time::Instant::now();
-    loop {
+    wait_for("the tree to come back after a metad restart", std::time::Duration::from_secs(30), || {
         let now = Command::new("find").arg(&m.path).output().unwrap();
-        if now.status.success() && lines(&now) == lines(&before) {
-            break;
-        }
-        assert!(
-            start.elapsed() < std::time::Duration::from_secs(30),
-            "the tree did not come back after a metad restart"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
+        (now.status.success() && lines(&now) == before, now.status)
+    });
     // Empty the striped directory; now it goes, with every part.
     for entry in fs::read_dir(&d).unwrap() {
         let p = entry.unwrap().path();

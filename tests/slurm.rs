@@ -122,7 +122,7 @@ fn waiting_script(c: &Cluster, directives: &str, body: &str) -> String {
 
 fn wait_ready(c: &Cluster, job: &str) {
     let f = c.dir.path().join("out").join(format!("ready.{job}"));
-    c.wait_for(&format!("job {job} running"), LONG, || (f.exists(), c.job(job)));
+    wait_for(&format!("job {job} running"), LONG, || (f.exists(), c.job(job)));
 }
 
 fn go(c: &Cluster, job: &str) {
@@ -216,12 +216,12 @@ fn a_prolog_failure_on_one_node_rolls_every_node_back() {
     let nvme = c.nvme(2).display().to_string();
     c.node_ok(2, &format!("mount --bind {nvme} {nvme} && mount -o remount,bind,ro {nvme}"));
     let job = c.sbatch(&user.name, "f", "#!/bin/sh\n#SBATCH -N 4\n#SBATCH -C odfs\necho ran\n", &[]);
-    let info = c.wait_for("the job requeued and held", LONG, || {
+    let info = wait_for("the job requeued and held", LONG, || {
         let j = c.job(&job);
         (j.state == "PENDING" && j.reason.contains("held") && j.restarts >= 1, j)
     });
     // The broken node is drained, with odfs's one-line cause as the reason.
-    let (state, reason) = c.wait_for("n3 drained", LONG, || {
+    let (state, reason) = wait_for("n3 drained", LONG, || {
         let s = c.node_state("n3");
         (s.0.contains("DRAIN") && !s.0.contains("COMPLETING"), s)
     });
@@ -242,11 +242,11 @@ fn an_invalid_directive_fails_the_start_naming_its_line() {
     let script =
         "#!/bin/sh\n#SBATCH -N 2 -C odfs\n#ODFS stage-in s3://odfs/ds /data\n#ODFS stripe-count four\necho ran\n";
     let job = c.sbatch(&user.name, "d", script, &[]);
-    c.wait_for("the job requeued and held", LONG, || {
+    wait_for("the job requeued and held", LONG, || {
         let j = c.job(&job);
         (j.state == "PENDING" && j.reason.contains("held"), j)
     });
-    let out = c.wait_for("the message in the job's output", LONG, || {
+    let out = wait_for("the message in the job's output", LONG, || {
         let o = c.output(&job);
         (o.contains("line 4"), o)
     });
@@ -259,15 +259,7 @@ fn an_invalid_directive_fails_the_start_naming_its_line() {
 /// Runs `odfs recover --job JOB` on every node at once (as an admin would with pdsh).
 fn recover_everywhere(c: &Cluster, job: &str) -> Vec<std::process::Output> {
     let odfs = bin_dir().join("odfs");
-    std::thread::scope(|s| {
-        let hs: Vec<_> = (0..c.nodes.len())
-            .map(|k| {
-                let cmd = format!("{} recover --job {job} --node {}", odfs.display(), c.nodes[k]);
-                s.spawn(move || c.node_sh(k, &cmd))
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    })
+    each(c.nodes.len(), |k| c.node_sh(k, &format!("{} recover --job {job} --node {}", odfs.display(), c.nodes[k])))
 }
 
 #[test]
@@ -289,7 +281,7 @@ fn a_failed_stage_out_keeps_the_data_until_odfs_recover_finishes_it() {
     let info = c.wait_ended(&job, LONG);
     assert_eq!(info.state, "COMPLETED", "the job itself succeeded: {}", c.output(&job));
     for (k, n) in c.nodes.clone().iter().enumerate() {
-        let (state, reason) = c.wait_for(&format!("{n} drained after its epilog"), LONG, || {
+        let (state, reason) = wait_for(&format!("{n} drained after its epilog"), LONG, || {
             let s = c.node_state(n);
             (s.0.contains("DRAIN") && !s.0.contains("COMPLETING"), s)
         });
@@ -336,7 +328,7 @@ fn scancel_during_the_stage_in_tears_everything_down() {
         "#!/bin/sh\n#SBATCH -N 4 -C odfs\n#ODFS stage-in s3://{BUCKET}/big /data\n#ODFS max-bandwidth 2M\necho ran\n"
     );
     let job = c.sbatch(&user.name, "c", &script, &[]);
-    c.wait_for("the stage-in to begin", LONG, || (c.event_log(0).contains("filesystem ready"), c.job(&job)));
+    wait_for("the stage-in to begin", LONG, || (c.event_log(0).contains("filesystem ready"), c.job(&job)));
     c.slurm_ok("scancel", &[&job]);
     let info = c.wait_ended(&job, LONG);
     assert_eq!(info.state, "CANCELLED");
@@ -355,16 +347,16 @@ fn a_node_killed_mid_job_is_cleaned_by_its_next_prolog() {
     wait_ready(&c, &job);
     c.kill_node(2);
     // Slurm notices, requeues the job; the surviving nodes' epilogs tear their part down.
-    c.wait_for("the job requeued", LONG, || {
+    wait_for("the job requeued", LONG, || {
         let j = c.job(&job);
         (j.restarts >= 1 && j.state == "PENDING", j)
     });
     c.slurm_ok("scontrol", &["hold", &job]);
     for k in [0, 1, 3] {
         let n = c.nodes[k].clone();
-        c.wait_for(&format!("{n} cleaned by its epilog"), LONG, || {
-            let clean = c.odfs_processes(k).is_empty() && c.data_entries(k).is_empty() && c.state_entries(k).is_empty();
-            (clean, (c.odfs_processes(k), c.data_entries(k)))
+        wait_for(&format!("{n} cleaned by its epilog"), LONG, || {
+            let (procs, data) = (c.odfs_processes(k), c.data_entries(k));
+            (procs.is_empty() && data.is_empty() && c.state_entries(k).is_empty(), (procs, data))
         });
         c.assert_clean(k);
     }
@@ -376,7 +368,7 @@ fn a_node_killed_mid_job_is_cleaned_by_its_next_prolog() {
     // not drained for it.
     c.restart_node(2);
     c.wait_nodes_idle(&["n3".into()], LONG);
-    c.wait_for("the dead job's epilog on n3 (if Slurm runs one) to end", LONG, || {
+    wait_for("the dead job's epilog on n3 (if Slurm runs one) to end", LONG, || {
         let p = c.odfs_processes(2);
         (p.is_empty(), p)
     });

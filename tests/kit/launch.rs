@@ -6,7 +6,7 @@
 use crate::bin_dir;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
 pub struct Launch {
@@ -28,8 +28,7 @@ impl Launch {
             fs::create_dir_all(dir.path().join(node).join("nvme")).unwrap();
         }
         let key = dir.path().join("site.key");
-        let out = Command::new(bin_dir().join("odfs")).args(["keygen", "--out"]).arg(&key).output().unwrap();
-        assert!(out.status.success(), "odfs keygen: {}", String::from_utf8_lossy(&out.stderr));
+        crate::odfs_ok(&["keygen", "--out", &key.display().to_string()]);
         let site = dir.path().join("site.toml");
         fs::write(
             &site,
@@ -62,10 +61,7 @@ impl Launch {
 
     /// `odfs ARGS --node-index k` on every node at once; the outputs in node order.
     pub fn all(&self, args: &[&str]) -> Vec<Output> {
-        std::thread::scope(|s| {
-            let hs: Vec<_> = (0..self.nodes.len()).map(|k| s.spawn(move || self.on(k, args))).collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        })
+        crate::each(self.nodes.len(), |k| self.on(k, args))
     }
 
     /// `odfs ARGS` without node flags (recover, cleanup).
@@ -94,18 +90,17 @@ impl Launch {
         fs::read_to_string(self.state(k).join("odfs.log")).unwrap_or_default()
     }
 
-    /// Entries of a directory, sorted (empty if it does not exist).
-    pub fn entries(dir: &Path) -> Vec<String> {
-        let mut v: Vec<String> = fs::read_dir(dir)
-            .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
-            .unwrap_or_default();
-        v.sort();
-        v
-    }
-
     /// Job directories in node k's state directory.
     pub fn records(&self, k: usize) -> Vec<String> {
-        Self::entries(&self.state(k)).into_iter().filter(|e| self.state(k).join(e).is_dir()).collect()
+        crate::subdirs(&self.state(k))
+    }
+
+    /// Appends text to the site config (bare keys land in its `[ondemand]` table, the last one
+    /// until a table is appended).
+    pub fn site_append(&self, text: &str) {
+        let mut site = fs::read_to_string(&self.site).unwrap();
+        site += text;
+        fs::write(&self.site, site).unwrap();
     }
 
     /// Pids of odfs processes whose command line mentions this launch's directory.
@@ -133,10 +128,10 @@ impl Launch {
         assert!(left.is_empty(), "mounts left: {left:?}");
         for k in 0..self.nodes.len() {
             assert!(
-                Self::entries(&self.nvme(k)).is_empty(),
+                crate::entries(&self.nvme(k)).is_empty(),
                 "{}: data left: {:?}",
                 self.nodes[k],
-                Self::entries(&self.nvme(k))
+                crate::entries(&self.nvme(k))
             );
             assert!(self.records(k).is_empty(), "{}: records left: {:?}", self.nodes[k], self.records(k));
         }

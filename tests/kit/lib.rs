@@ -42,6 +42,61 @@ pub fn stdout_ok(out: &Output, what: impl std::fmt::Display) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `f(0)`, …, `f(n-1)` at once, one thread each (as the nodes of a job run a command); the
+/// results in order.
+pub fn each<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    std::thread::scope(|s| {
+        let f = &f;
+        let hs: Vec<_> = (0..n).map(|k| s.spawn(move || f(k))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Names in a directory, sorted (empty if it does not exist).
+pub fn entries(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Names of the directories in a directory, sorted.
+pub fn subdirs(dir: &Path) -> Vec<String> {
+    entries(dir).into_iter().filter(|e| dir.join(e).is_dir()).collect()
+}
+
+/// Polls `cond` every 200 ms until it says done; fails the test after `limit`, showing what
+/// it saw last. Returns what it saw when done.
+pub fn wait_for<T: std::fmt::Debug>(what: &str, limit: Duration, mut cond: impl FnMut() -> (bool, T)) -> T {
+    let t = std::time::Instant::now();
+    loop {
+        let (done, seen) = cond();
+        if done {
+            return seen;
+        }
+        assert!(t.elapsed() < limit, "{what}: not within {} s (last seen: {seen:?})", limit.as_secs());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The lines a successful command printed, sorted.
+pub fn sorted_lines(out: &Output, what: impl std::fmt::Display) -> Vec<String> {
+    let mut v: Vec<String> = stdout_ok(out, what).lines().map(str::to_string).collect();
+    v.sort();
+    v
+}
+
+/// `getfattr -n NAME --only-values PATH` (attr package); fails the test unless it succeeds.
+pub fn getfattr(p: &Path, name: &str) -> String {
+    let o = Command::new("getfattr")
+        .args(["-n", name, "--only-values"])
+        .arg(p)
+        .output()
+        .expect("run getfattr (attr package)");
+    stdout_ok(&o, format_args!("getfattr {name} {}", p.display()))
+}
+
 /// Runs `odfs` and fails the test with its output unless it succeeds.
 pub fn odfs_ok(args: &[&str]) -> String {
     stdout_ok(&odfs(args), format_args!("odfs {args:?}"))

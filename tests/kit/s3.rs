@@ -16,6 +16,11 @@ use std::time::{Duration, Instant};
 pub const ACCESS_KEY: &str = "odfstestkey";
 pub const SECRET_KEY: &str = "odfstestsecret";
 
+/// An AWS shared credentials file with the test server's keys as the default profile.
+pub fn credentials_file_text() -> String {
+    format!("[default]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n")
+}
+
 fn free_port(host: IpAddr) -> u16 {
     TcpListener::bind((host, 0)).expect("bind").local_addr().expect("addr").port()
 }

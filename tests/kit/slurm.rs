@@ -223,19 +223,10 @@ impl Cluster {
             fs::copy(repo.join("slurm").join(f), etc.join(f)).unwrap_or_else(|e| panic!("copy slurm/{f}: {e}"));
         }
         let key = etc.join("site.key");
-        let out = Command::new(bin_dir().join("odfs")).args(["keygen", "--out"]).arg(&key).output().unwrap();
-        assert!(out.status.success(), "odfs keygen: {}", String::from_utf8_lossy(&out.stderr));
+        crate::odfs_ok(&["keygen", "--out", &key.display().to_string()]);
         fs::write(etc.join("slurm.env"), format!("ODFS_BIN={}\n", bin_dir().join("odfs").display())).unwrap();
         let creds = etc.join("s3.credentials");
-        fs::write(
-            &creds,
-            format!(
-                "[default]\naws_access_key_id = {}\naws_secret_access_key = {}\n",
-                crate::ACCESS_KEY,
-                crate::SECRET_KEY
-            ),
-        )
-        .unwrap();
+        fs::write(&creds, crate::credentials_file_text()).unwrap();
         fs::set_permissions(&creds, fs::Permissions::from_mode(0o600)).unwrap();
         fs::write(
             etc.join("site.toml"),
@@ -381,22 +372,9 @@ impl Cluster {
         (state, reason)
     }
 
-    /// Waits (bounded) until `cond` holds; fails naming `what` and the last state seen.
-    pub fn wait_for<T: std::fmt::Debug>(&self, what: &str, limit: Duration, mut cond: impl FnMut() -> (bool, T)) -> T {
-        let t = Instant::now();
-        loop {
-            let (done, seen) = cond();
-            if done {
-                return seen;
-            }
-            assert!(t.elapsed() < limit, "{what}: not within {} s (last seen: {seen:?})", limit.as_secs());
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-
     /// Waits until the job has ended and every epilog is done.
     pub fn wait_ended(&self, job: &str, limit: Duration) -> JobInfo {
-        self.wait_for(&format!("job {job} to end"), limit, || {
+        crate::wait_for(&format!("job {job} to end"), limit, || {
             let j = self.job(job);
             let done = matches!(
                 j.state.as_str(),
@@ -408,7 +386,7 @@ impl Cluster {
 
     pub fn wait_nodes_idle(&self, nodes: &[String], limit: Duration) {
         for n in nodes {
-            self.wait_for(&format!("node {n} idle"), limit, || {
+            crate::wait_for(&format!("node {n} idle"), limit, || {
                 let (s, r) = self.node_state(n);
                 (s == "IDLE", (s, r))
             });
@@ -471,27 +449,12 @@ impl Cluster {
 
     /// What a node keeps under its data path (job data directories).
     pub fn data_entries(&self, k: usize) -> Vec<String> {
-        let d = self.dir.path().join(&self.nodes[k]).join("nvme");
-        let mut v: Vec<String> = fs::read_dir(&d)
-            .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
-            .unwrap_or_default();
-        v.sort();
-        v
+        crate::entries(&self.nvme(k))
     }
 
     /// Job records in a node's state directory.
     pub fn state_entries(&self, k: usize) -> Vec<String> {
-        let d = self.dir.path().join(&self.nodes[k]).join("state");
-        let mut v: Vec<String> = fs::read_dir(&d)
-            .map(|rd| {
-                rd.flatten()
-                    .filter(|e| e.path().is_dir())
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
-        v.sort();
-        v
+        crate::subdirs(&self.dir.path().join(&self.nodes[k]).join("state"))
     }
 
     /// A node's event log (odfs start/stop/cleanup lines).
