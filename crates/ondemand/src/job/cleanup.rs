@@ -45,7 +45,19 @@ pub fn stale(state: &StateDir, node: &str, except: Option<&str>) -> Vec<String> 
     let mut on_node: Option<Option<Vec<String>>> = None;
     let mut out = Vec::new();
     for job in jobs {
-        let Ok(Some(_probe)) = state.try_lock(&job) else { continue };
+        let _probe = match state.try_lock(&job) {
+            Ok(Some(l)) => l,
+            // Typically the job's own epilog, run late on a node that came back: it finishes
+            // the job's stop itself.
+            Ok(None) => {
+                out.push(format!("job {job}: left to the odfs command working on it (its epilog?)"));
+                continue;
+            }
+            Err(e) => {
+                out.push(format!("job {job}: {e:#}"));
+                continue;
+            }
+        };
         let rec = match state.load(&job) {
             Ok(r) => r,
             Err(e) => {
@@ -83,5 +95,26 @@ pub fn cleanup(state: &StateDir, node: &str, job: Option<&str>, discard: bool) -
             remove(state, j, true, discard)
         }
         None => Ok(stale(state, node, None)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_another_command_works_on_is_left_to_it_and_swept_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir(dir.path().to_path_buf());
+        std::fs::create_dir(state.job_dir("7")).unwrap();
+        let held = state.lock("7", std::time::Duration::from_secs(1)).unwrap();
+        let lines = stale(&state, "n1", None);
+        assert_eq!(lines, ["job 7: left to the odfs command working on it (its epilog?)"]);
+        assert!(state.job_dir("7").exists(), "a job being worked on must be left alone");
+        drop(held);
+        let lines = stale(&state, "n1", None);
+        assert_eq!(lines, ["job 7: removed a start that left no record", "job 7: cleaned up"]);
+        assert!(!state.job_dir("7").exists());
+        assert!(stale(&state, "n1", Some("8")).is_empty());
     }
 }
