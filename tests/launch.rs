@@ -96,7 +96,7 @@ fn the_next_start_cleans_what_a_dead_node_left() {
     for pid in l.processes() {
         // SAFETY: plain kill(2).
         unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-        wait_gone(pid, std::time::Duration::from_secs(5));
+        assert!(wait_gone(pid, std::time::Duration::from_secs(30)), "pid {pid} survived SIGKILL");
     }
     assert_eq!(l.records(0), ["dead"]);
     all_ok(&[l.on(0, &["start", "--job-id", "next", "--nodes", &n])], "the next start");

@@ -29,11 +29,12 @@ fn pids(dir: &Path, service: Option<&str>) -> Vec<u32> {
         .collect()
 }
 
-/// `odfs local down`, which must finish within 5 s and leave no mount and no process.
-fn down_within_5s(dir: &Path, all: &[u32]) -> String {
+/// `odfs local down`, which must not hang (it gives a stuck FUSE client 3 s before SIGKILL;
+/// 15 s leaves room for a loaded machine) and must leave no mount and no process.
+fn down_without_hanging(dir: &Path, all: &[u32]) -> String {
     let t = Instant::now();
     let out = odfs_ok(&["local", "down", "--root", dir.to_str().unwrap()]);
-    assert!(t.elapsed() < Duration::from_secs(5), "down took {:?}: {out}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(15), "down took {:?}: {out}", t.elapsed());
     assert!(!mounted(&dir.join("mnt")), "still mounted after down: {out}");
     for &p in all {
         assert!(!alive(p), "pid {p} alive after down");
@@ -55,7 +56,7 @@ fn up_mounts_and_down_unmounts() {
     assert!(procs.lines().any(|l| l.contains(mnt.to_str().unwrap()) && l.contains("fuse.odfs")), "{procs}");
     let all = pids(dir.path(), None);
     assert_eq!(all.len(), 7, "mgmtd, metad, 2 stored, 2 stage agents, odfs-fuse");
-    down_within_5s(dir.path(), &all);
+    down_without_hanging(dir.path(), &all);
 }
 
 #[test]
@@ -72,7 +73,7 @@ fn down_after_kill9_of_fuse_or_of_every_daemon() {
     // (ENOTCONN, "Transport endpoint is not connected", or ECONNABORTED, by kernel version).
     let e = std::fs::metadata(dir.path().join("mnt/x")).unwrap_err();
     assert!(matches!(e.raw_os_error(), Some(libc::ENOTCONN) | Some(libc::ECONNABORTED)), "{e}");
-    down_within_5s(dir.path(), &all);
+    down_without_hanging(dir.path(), &all);
 
     up(dir.path());
     let all = pids(dir.path(), None);
@@ -82,7 +83,7 @@ fn down_after_kill9_of_fuse_or_of_every_daemon() {
             unsafe { libc::kill(p as i32, libc::SIGKILL) };
         }
     }
-    down_within_5s(dir.path(), &all);
+    down_without_hanging(dir.path(), &all);
 }
 
 #[test]
@@ -94,7 +95,7 @@ fn down_does_not_hang_on_a_stopped_fuse_daemon() {
     // A daemon that never answers: every request to the mount would block.
     // SAFETY: plain kill(2).
     unsafe { libc::kill(fuse as i32, libc::SIGSTOP) };
-    let out = down_within_5s(dir.path(), &all);
+    let out = down_without_hanging(dir.path(), &all);
     assert!(out.contains("abort") || out.contains("unmounted"), "{out}");
 }
 
@@ -105,7 +106,7 @@ fn next_up_cleans_a_mount_left_by_a_dead_run() {
     for p in pids(dir.path(), None) {
         // SAFETY: plain kill(2).
         unsafe { libc::kill(p as i32, libc::SIGKILL) };
-        wait_gone(p, Duration::from_secs(5));
+        assert!(wait_gone(p, Duration::from_secs(30)), "pid {p} survived SIGKILL");
     }
     assert!(mounted(&dir.path().join("mnt")), "the dead mount stays until cleaned");
     let out = odfs(&["local", "up", "--root", dir.path().to_str().unwrap(), "--nodes", "2"]);
@@ -114,5 +115,5 @@ fn next_up_cleans_a_mount_left_by_a_dead_run() {
     std::fs::write(dir.path().join("mnt/g"), &data).unwrap();
     assert_eq!(std::fs::read(dir.path().join("mnt/g")).unwrap(), data);
     let all = pids(dir.path(), None);
-    down_within_5s(dir.path(), &all);
+    down_without_hanging(dir.path(), &all);
 }

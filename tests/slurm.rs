@@ -391,7 +391,12 @@ fn a_node_killed_mid_job_is_cleaned_by_its_next_prolog() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    c.assert_clean(2);
+    // The epilog's last lines come just before it exits.
     c.wait_nodes_idle(&["n3".into()], LONG);
+    wait_for("n3's last odfs command to exit", LONG, || {
+        let p = c.odfs_processes(2);
+        (p.is_empty(), p)
+    });
+    c.assert_clean(2);
     c.slurm_ok("scancel", &[&job]);
 }

@@ -172,7 +172,7 @@ impl LocalFs {
         for pid in self.pids(service, Some(node)) {
             // SAFETY: plain kill(2).
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-            wait_gone(pid, Duration::from_secs(5));
+            assert!(wait_gone(pid, Duration::from_secs(30)), "{service} (pid {pid}) survived SIGKILL");
         }
     }
 

@@ -364,9 +364,11 @@ impl Cluster {
         }
     }
 
-    /// (state, reason) of a node.
+    /// (state, reason) of a node; an empty state when scontrol fails (a busy slurmctld), which
+    /// the waits then ask again.
     pub fn node_state(&self, node: &str) -> (String, String) {
-        let text = self.slurm_ok("scontrol", &["show", "node", "-o", node]);
+        let out = self.slurm("scontrol", &["show", "node", "-o", node]);
+        let text = String::from_utf8_lossy(&out.stdout);
         let state = text.split_whitespace().find_map(|w| w.strip_prefix("State=")).unwrap_or("").to_string();
         let reason = text.split(" Reason=").nth(1).map(|r| r.trim().to_string()).unwrap_or_default();
         (state, reason)
@@ -479,7 +481,8 @@ impl Cluster {
     /// Kills every process of node k (slurmd, job steps, odfs daemons) with SIGKILL, as a node
     /// that loses power. Its mount namespace goes with them; its disks stay.
     pub fn kill_node(&mut self, k: usize) {
-        for _ in 0..20 {
+        // Up to 30 s: a killed process in uninterruptible disk I/O goes only when the I/O ends.
+        for _ in 0..300 {
             let procs = self.node_processes(k);
             if procs.is_empty() {
                 break;
