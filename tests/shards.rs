@@ -114,6 +114,9 @@ fn striping_rules_renames_removal_permissions_and_restarts() {
     let o = fs.cli(&["mkdir", "-c", "5", &m.p("five").display().to_string()]);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("4 metadata shards"));
     assert!(!m.p("five").exists(), "a refused striped mkdir leaves nothing behind");
+    let o = fs.cli(&["mkdir", "-p", "-c", "0", &m.p("zero/sub").display().to_string()]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("-c 0"), "{o:?}");
+    assert!(!m.p("zero").exists(), "a refused striped mkdir -p makes no parents");
 
     // Files land on every shard; each reads back; subdirectories work on their shard.
     for i in 0..64 {

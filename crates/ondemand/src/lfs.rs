@@ -355,6 +355,13 @@ pub async fn setstripe(place: &Place, a: &StripeArgs) -> Result<()> {
 
 /// `odfs mkdir [-p] [-c N]`: a directory, spread over N metadata shards when asked.
 pub async fn mkdir(place: &Place, parents: bool, count: Option<i32>) -> Result<()> {
+    // A count the filesystem cannot give is refused before anything (parents included) is made.
+    if let Some(n) = count {
+        let shards = place.targets().await?.iter().filter(|l| matches!(l, TargetsLine::Meta(..))).count() as i32;
+        if n == 0 || n < -1 || n > shards {
+            bail!("-c {n}: this filesystem has {shards} metadata shards (-1 = all)");
+        }
+    }
     match place {
         Place::Lib { client, path } => {
             let ctx = Ctx::current();
@@ -371,12 +378,7 @@ pub async fn mkdir(place: &Place, parents: bool, count: Option<i32>) -> Result<(
         }
     }
     let Some(n) = count else { return Ok(()) };
-    let shards = place.targets().await?.iter().filter(|l| matches!(l, TargetsLine::Meta(..))).count() as i32;
-    let r = if n == 0 || n < -1 || n > shards {
-        Err(anyhow::anyhow!("-c {n}: this filesystem has {shards} metadata shards (-1 = all)"))
-    } else {
-        place.set(vxattr::DIR_LAYOUT, &format!("stripe_count={n}")).await
-    };
+    let r = place.set(vxattr::DIR_LAYOUT, &format!("stripe_count={n}")).await;
     if r.is_err() {
         // A directory that cannot be spread as asked is not left behind half made.
         match place {
