@@ -94,9 +94,7 @@ fn the_next_start_cleans_what_a_dead_node_left() {
     // The node dies: every process of the job is killed; a dead mount, the data and the record
     // stay behind.
     for pid in l.processes() {
-        // SAFETY: plain kill(2).
-        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-        assert!(wait_gone(pid, std::time::Duration::from_secs(30)), "pid {pid} survived SIGKILL");
+        kill9_gone(pid);
     }
     assert_eq!(l.records(0), ["dead"]);
     all_ok(&[l.on(0, &["start", "--job-id", "next", "--nodes", &n])], "the next start");

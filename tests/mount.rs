@@ -65,9 +65,7 @@ fn down_after_kill9_of_fuse_or_of_every_daemon() {
     up(dir.path());
     let all = pids(dir.path(), None);
     for p in pids(dir.path(), Some("fuse")) {
-        // SAFETY: plain kill(2).
-        unsafe { libc::kill(p as i32, libc::SIGKILL) };
-        assert!(wait_gone(p, Duration::from_secs(5)));
+        kill9_gone(p);
     }
     // The dead mount fails with ENOTCONN until down cleans it.
     // (ENOTCONN, "Transport endpoint is not connected", or ECONNABORTED, by kernel version).
@@ -104,9 +102,7 @@ fn next_up_cleans_a_mount_left_by_a_dead_run() {
     let dir = tempfile::tempdir().unwrap();
     up(dir.path());
     for p in pids(dir.path(), None) {
-        // SAFETY: plain kill(2).
-        unsafe { libc::kill(p as i32, libc::SIGKILL) };
-        assert!(wait_gone(p, Duration::from_secs(30)), "pid {p} survived SIGKILL");
+        kill9_gone(p);
     }
     assert!(mounted(&dir.path().join("mnt")), "the dead mount stays until cleaned");
     let out = odfs(&["local", "up", "--root", dir.path().to_str().unwrap(), "--nodes", "2"]);

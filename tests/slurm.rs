@@ -9,7 +9,7 @@ use odfs_tests::slurm::{Cluster, ClusterOptions, BUCKET};
 use odfs_tests::*;
 use std::fs;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const LONG: Duration = Duration::from_secs(180);
 
@@ -368,35 +368,27 @@ fn a_node_killed_mid_job_is_cleaned_by_its_next_prolog() {
     // not drained for it.
     c.restart_node(2);
     c.wait_nodes_idle(&["n3".into()], LONG);
-    wait_for("the dead job's epilog on n3 (if Slurm runs one) to end", LONG, || {
-        let p = c.odfs_processes(2);
-        (p.is_empty(), p)
-    });
+    c.wait_no_odfs(2, LONG);
     let next = c.sbatch(&user.name, "next", "#!/bin/sh\n#SBATCH -N 1 -w n3 -C odfs\nls \"$ODFS_MOUNT\"\n", &[]);
     assert_eq!(c.wait_ended(&next, LONG).state, "COMPLETED", "{}", c.output(&next));
     // Slurm may start the dead job's epilog on n3 only now (after the wait above); the prolog
     // then leaves the job to it, and it finishes on its own.
-    let done = |log: &str| {
-        [format!("job {job}: cleanup: job {job}: cleaned up"), format!("job {next}: cleanup: job {job}: cleaned up")]
-            .iter()
-            .any(|l| log.contains(l))
-            || log.contains(&format!("job {job}: wiped"))
-    };
-    let t = Instant::now();
-    while !done(&c.event_log(2)) {
-        assert!(
-            t.elapsed() < LONG,
-            "n3's leftovers of job {job} were not removed by an epilog or the next prolog:\n{}",
-            c.logs()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let outcomes = [
+        format!("job {job}: cleanup: job {job}: cleaned up"),
+        format!("job {next}: cleanup: job {job}: cleaned up"),
+        format!("job {job}: wiped"),
+    ];
+    assert!(
+        wait_until(LONG, || {
+            let log = c.event_log(2);
+            outcomes.iter().any(|l| log.contains(l))
+        }),
+        "n3's leftovers of job {job} were not removed by an epilog or the next prolog:\n{}",
+        c.logs()
+    );
     // The epilog's last lines come just before it exits.
     c.wait_nodes_idle(&["n3".into()], LONG);
-    wait_for("n3's last odfs command to exit", LONG, || {
-        let p = c.odfs_processes(2);
-        (p.is_empty(), p)
-    });
+    c.wait_no_odfs(2, LONG);
     c.assert_clean(2);
     c.slurm_ok("scancel", &[&job]);
 }

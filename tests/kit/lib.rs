@@ -66,18 +66,33 @@ pub fn subdirs(dir: &Path) -> Vec<String> {
     entries(dir).into_iter().filter(|e| dir.join(e).is_dir()).collect()
 }
 
-/// Polls `cond` every 200 ms until it says done; fails the test after `limit`, showing what
-/// it saw last. Returns what it saw when done.
-pub fn wait_for<T: std::fmt::Debug>(what: &str, limit: Duration, mut cond: impl FnMut() -> (bool, T)) -> T {
-    let t = std::time::Instant::now();
+/// Polls `cond` (at least once) every 200 ms until it holds or `limit` has passed; whether it
+/// held.
+pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let t = Instant::now();
     loop {
-        let (done, seen) = cond();
-        if done {
-            return seen;
+        if cond() {
+            return true;
         }
-        assert!(t.elapsed() < limit, "{what}: not within {} s (last seen: {seen:?})", limit.as_secs());
+        if t.elapsed() >= limit {
+            return false;
+        }
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// Polls `cond` until it says done; fails the test after `limit`, showing what it saw last.
+/// Returns what it saw when done.
+pub fn wait_for<T: std::fmt::Debug>(what: &str, limit: Duration, mut cond: impl FnMut() -> (bool, T)) -> T {
+    let mut last = None;
+    let done = wait_until(limit, || {
+        let (done, seen) = cond();
+        last = Some(seen);
+        done
+    });
+    let seen = last.expect("wait_until asks at least once");
+    assert!(done, "{what}: not within {} s (last seen: {seen:?})", limit.as_secs());
+    seen
 }
 
 /// The lines a successful command printed, sorted.
@@ -170,9 +185,7 @@ impl LocalFs {
     /// `kill -9` of one daemon; waits until it is gone.
     pub fn kill9(&self, service: &str, node: u32) {
         for pid in self.pids(service, Some(node)) {
-            // SAFETY: plain kill(2).
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-            assert!(wait_gone(pid, Duration::from_secs(30)), "{service} (pid {pid}) survived SIGKILL");
+            kill9_gone(pid);
         }
     }
 
@@ -218,6 +231,14 @@ pub fn alive(pid: u32) -> bool {
         Ok(s) => !matches!(s.rsplit(')').next().and_then(|x| x.split_whitespace().next()), Some("Z") | Some("X")),
         Err(_) => false,
     }
+}
+
+/// `kill -9 PID`, and fails the test unless the process is gone within 30 s (a process in
+/// uninterruptible disk I/O goes only when the I/O ends).
+pub fn kill9_gone(pid: u32) {
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    assert!(wait_gone(pid, Duration::from_secs(30)), "pid {pid} survived SIGKILL");
 }
 
 pub fn wait_gone(pid: u32, limit: Duration) -> bool {

@@ -438,6 +438,14 @@ impl Cluster {
         self.node_processes(k).into_iter().filter(|(_, c)| c.starts_with("odfs")).collect()
     }
 
+    /// Waits until no odfs process runs on node k (an epilog or prolog still finishing).
+    pub fn wait_no_odfs(&self, k: usize, limit: Duration) {
+        crate::wait_for(&format!("no odfs process on {}", self.nodes[k]), limit, || {
+            let p = self.odfs_processes(k);
+            (p.is_empty(), p)
+        });
+    }
+
     /// This cluster's odfs mounts in node k's mount namespace (lines of its mountinfo; the
     /// host's own mounts show there too and are not the cluster's).
     pub fn odfs_mounts(&self, k: usize) -> Vec<String> {
