@@ -177,28 +177,27 @@ impl Client {
 
     /// Calls metad for an inode's shard; the same header is reused on retry.
     pub(crate) async fn meta<R: Rpc>(&self, ctx: &Ctx, shard: u16, req: &R) -> Result<R::Reply> {
-        let h = self.header(ctx);
-        let mut refreshed = false;
-        loop {
-            let addr = self.inner.cluster.meta_addr(shard)?;
-            match self.inner.pool.call(addr, Transport::Quic, &h, req).await {
-                Err(e) if e.retryable() && !refreshed => {
-                    // The service may have moved; look again before giving up.
-                    refreshed = true;
-                    self.inner.cluster.refresh().await?;
-                }
-                other => return other.map_err(Into::into),
-            }
-        }
+        self.call_fresh(&self.header(ctx), req, |c| Ok((c.meta_addr(shard)?, Transport::Quic))).await
     }
 
     /// Calls the stored holding `target`.
     pub(crate) async fn store<R: Rpc>(&self, target: TargetId, req: &R) -> Result<R::Reply> {
-        let h = self.header(&Ctx::root());
+        let bulk = self.inner.cfg.bulk_transport;
+        self.call_fresh(&self.header(&Ctx::root()), req, |c| c.target_addr(target, bulk)).await
+    }
+
+    /// Calls the service `find` locates in the cluster view. A retryable failure refreshes the
+    /// view once (the service may have moved) and tries again with the same header.
+    async fn call_fresh<R: Rpc>(
+        &self,
+        h: &RequestHeader,
+        req: &R,
+        find: impl Fn(&Cluster) -> Result<(std::net::SocketAddr, Transport)>,
+    ) -> Result<R::Reply> {
         let mut refreshed = false;
         loop {
-            let (addr, t) = self.inner.cluster.target_addr(target, self.inner.cfg.bulk_transport)?;
-            match self.inner.pool.call(addr, t, &h, req).await {
+            let (addr, t) = find(&self.inner.cluster)?;
+            match self.inner.pool.call(addr, t, h, req).await {
                 Err(e) if e.retryable() && !refreshed => {
                     refreshed = true;
                     self.inner.cluster.refresh().await?;

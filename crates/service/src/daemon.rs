@@ -21,7 +21,7 @@ struct DaemonArgs {
 pub fn daemon_main<C, F, Fut, E>(name: &'static str, about: &'static str, run: F)
 where
     C: Default + Serialize + DeserializeOwned,
-    F: FnOnce(C, crate::runtime::ShutdownRx) -> Fut,
+    F: FnOnce(C, odfs_rpc::Shutdown) -> Fut,
     Fut: Future<Output = Result<(), E>>,
     E: std::fmt::Display,
 {

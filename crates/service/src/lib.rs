@@ -1,15 +1,20 @@
-//! Scaffolding shared by the odfs daemons (mgmtd, metad, stored).
+//! What every odfs daemon shares (mgmtd, metad, stored, the stage agent, the FUSE client).
 //!
 //! Owns: the `[job]` config section and credential loading, config file loading with clear
-//! errors, logging set-up, the shutdown signal, the address file a launcher waits for, and the
-//! registration + heartbeat link to mgmtd. It holds no filesystem logic.
+//! errors, logging set-up, the shutdown signal (`odfs_rpc::Shutdown`, fired on SIGTERM/SIGINT),
+//! the address file a launcher waits for, the registration + heartbeat link to mgmtd, and the
+//! life cycle of a registered daemon (`lifecycle`: own client pool, servers, registration,
+//! teardown order). It holds no filesystem logic.
 
 pub mod config;
 pub mod daemon;
+pub mod lifecycle;
 pub mod mgmt_link;
 pub mod runtime;
 
 pub use config::{load_config, JobSection};
 pub use daemon::daemon_main;
+pub use lifecycle::{announce, Daemon};
 pub use mgmt_link::MgmtLink;
+pub use odfs_rpc::Shutdown;
 pub use runtime::{hostname, init_logging, shutdown_channel, until_shutdown, write_addr_file};

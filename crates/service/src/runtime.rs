@@ -1,5 +1,6 @@
 //! Process-level pieces: logging, shutdown on SIGTERM/SIGINT, the address file.
 
+use odfs_rpc::Shutdown;
 use std::net::SocketAddr;
 use std::path::Path;
 use tokio::sync::watch;
@@ -11,12 +12,9 @@ pub fn init_logging(default_level: &str) {
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false).try_init();
 }
 
-/// The receiving end of the shutdown signal.
-pub type ShutdownRx = watch::Receiver<bool>;
-
 /// Runs `f` unless shutdown is asked for first (None then): a daemon still starting up —
 /// waiting for an unreachable mgmtd — stops at once on SIGTERM instead of after its timeout.
-pub async fn until_shutdown<F: std::future::Future>(shutdown: &ShutdownRx, f: F) -> Option<F::Output> {
+pub async fn until_shutdown<F: std::future::Future>(shutdown: &Shutdown, f: F) -> Option<F::Output> {
     let mut s = shutdown.clone();
     if *s.borrow() {
         return None;
@@ -28,7 +26,7 @@ pub async fn until_shutdown<F: std::future::Future>(shutdown: &ShutdownRx, f: F)
 }
 
 /// A shutdown channel that fires on SIGTERM or SIGINT.
-pub fn shutdown_channel() -> (watch::Sender<bool>, watch::Receiver<bool>) {
+pub fn shutdown_channel() -> (watch::Sender<bool>, Shutdown) {
     let (tx, rx) = watch::channel(false);
     let tx2 = tx.clone();
     tokio::spawn(async move {

@@ -15,12 +15,12 @@ use crate::s3::{b64, is_md5_etag, multipart_etag, S3};
 use futures::StreamExt;
 use odfs_client::{Client, ClientConfig, Ctx, FileHandle};
 use odfs_proto::meta::{SetAttr, SetTime};
-use odfs_proto::mgmt::{Register, ServiceKind};
+use odfs_proto::mgmt::ServiceKind;
 use odfs_proto::stage::{ItemResult, StageCounters, StageEndpoint, StagePoll, StageStart, StageStatus, WorkItem};
 use odfs_proto::{ErrorCode, RemoteError, Timespec};
 use odfs_rpc::quic::QuicEndpoint;
-use odfs_rpc::{Pool, PoolConfig, Router, Shutdown};
-use odfs_service::MgmtLink;
+use odfs_rpc::{Router, Shutdown};
+use odfs_service::{announce, Daemon};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -566,37 +566,11 @@ pub async fn run(cfg: AgentConfig, shutdown: Shutdown) -> anyhow::Result<()> {
     let cred = cfg.job.credential()?;
     let endpoint = QuicEndpoint::server(&cred, cfg.listen)?;
     let addr = endpoint.local_addr()?;
-    let agent = Agent::new(cfg.clone());
-    let router = Arc::new(agent.router());
-    let serve = tokio::spawn({
-        let (ep, sd) = (endpoint.clone(), shutdown.clone());
-        async move { ep.serve(router, sd).await }
-    });
-    // Its own client endpoint: the server endpoint closes at shutdown, before the goodbye to
-    // mgmtd (unregister) has gone out.
-    let pool =
-        Arc::new(Pool::new(cred, PoolConfig { retry_deadline: Duration::from_secs(2), ..PoolConfig::default() })?);
-    let link = MgmtLink {
-        pool,
-        mgmtd: cfg.mgmtd,
-        register: Register {
-            kind: ServiceKind::Agent,
-            node: cfg.node,
-            hostname: odfs_service::hostname(),
-            addr: Some(addr),
-            bulk_addr: None,
-            shard: None,
-            targets: Vec::new(),
-            pid: std::process::id(),
-        },
-    };
-    let registered =
-        odfs_service::until_shutdown(&shutdown, link.register(Duration::from_secs(cfg.register_timeout_secs)));
-    let Some(first) = registered.await.transpose()? else { return Ok(()) };
-    info!(%addr, node = cfg.node, service_id = first.service_id, "stage agent serving");
-    link.run(first, Arc::new(Vec::new), shutdown).await;
-    let _ = serve.await;
-    Ok(())
+    let register_timeout = Duration::from_secs(cfg.register_timeout_secs);
+    let daemon = Daemon::new(cred, cfg.mgmtd, register_timeout, Duration::from_secs(2), shutdown)?;
+    let servers = daemon.serve(&endpoint, None, Arc::new(Agent::new(cfg.clone()).router()));
+    let register = announce(ServiceKind::Agent, cfg.node, addr);
+    Ok(daemon.run(servers, register, odfs_service::lifecycle::no_targets()).await?)
 }
 
 #[cfg(test)]

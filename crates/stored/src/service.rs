@@ -7,8 +7,8 @@ use odfs_proto::mgmt::{Register, ServiceKind, TargetOffer};
 use odfs_proto::storage::*;
 use odfs_proto::RemoteError;
 use odfs_rpc::quic::QuicEndpoint;
-use odfs_rpc::{Pool, PoolConfig, Router, Shutdown};
-use odfs_service::MgmtLink;
+use odfs_rpc::{Router, Shutdown};
+use odfs_service::{announce, Daemon};
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::info;
@@ -93,48 +93,15 @@ pub async fn run(cfg: StoredConfig, shutdown: Shutdown) -> anyhow::Result<()> {
         }
         odfs_service::write_addr_file(p, &v)?;
     }
-    let router = Arc::new(router(store.clone()));
-    let quic_task = tokio::spawn({
-        let ep = endpoint.clone();
-        let router = router.clone();
-        let sd = shutdown.clone();
-        async move { ep.serve(router, sd).await }
-    });
-    let bulk_task = bulk.map(|l| tokio::spawn(odfs_rpc::tcp::serve(l, cred.clone(), router.clone(), shutdown.clone())));
-
+    let register_timeout = Duration::from_secs(cfg.register_timeout_secs);
+    let daemon = Daemon::new(cred, cfg.mgmtd, register_timeout, Duration::from_secs(2), shutdown)?;
+    let servers = daemon.serve(&endpoint, bulk, Arc::new(router(store.clone())));
     let mut offers = Vec::new();
     for t in &cfg.targets {
         offers.push(TargetOffer { id: t.id, pool: t.pool.clone(), space: store.space(t.id)? });
     }
-    // Its own client endpoint: the server endpoint closes at shutdown, before the goodbye to
-    // mgmtd (unregister) has gone out.
-    let pool =
-        Arc::new(Pool::new(cred, PoolConfig { retry_deadline: Duration::from_secs(2), ..PoolConfig::default() })?);
-    let link = MgmtLink {
-        pool,
-        mgmtd: cfg.mgmtd,
-        register: Register {
-            kind: ServiceKind::Storage,
-            node: cfg.node,
-            hostname: odfs_service::hostname(),
-            addr: Some(addr),
-            bulk_addr,
-            shard: None,
-            targets: offers,
-            pid: std::process::id(),
-        },
-    };
-    let registered =
-        odfs_service::until_shutdown(&shutdown, link.register(Duration::from_secs(cfg.register_timeout_secs)));
-    let Some(first) = registered.await.transpose()? else { return Ok(()) };
-    info!(%addr, bulk = ?bulk_addr, service_id = first.service_id, "stored serving");
-    let probe_store = store.clone();
+    let register = Register { bulk_addr, targets: offers, ..announce(ServiceKind::Storage, cfg.node, addr) };
     let ids: Vec<u32> = cfg.targets.iter().map(|t| t.id).collect();
-    let probe = Arc::new(move || ids.iter().filter_map(|&id| probe_store.space(id).ok().map(|s| (id, s))).collect());
-    link.run(first, probe, shutdown.clone()).await;
-    let _ = quic_task.await;
-    if let Some(t) = bulk_task {
-        let _ = t.await;
-    }
-    Ok(())
+    let probe = Arc::new(move || ids.iter().filter_map(|&id| store.space(id).ok().map(|s| (id, s))).collect());
+    Ok(daemon.run(servers, register, probe).await?)
 }
