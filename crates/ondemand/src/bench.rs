@@ -14,10 +14,10 @@ pub mod shards;
 pub mod stage;
 pub mod startup;
 
-use crate::local::{self, UpOptions};
-use crate::procs;
 use anyhow::{Context, Result};
 use odfs_client::{Client, ClientConfig, Ctx};
+use odfs_job::launch::procs;
+use odfs_job::local::{self, UpOptions};
 use odfs_proto::InodeId;
 use odfs_rpc::Transport;
 use std::io::{Read, Write};

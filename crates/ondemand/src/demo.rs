@@ -5,10 +5,10 @@
 
 use crate::bench::mount::{self as mount_bench, MountBenchOptions};
 use crate::bench::{close, drop_caches, fill_pattern, parallel};
-use crate::local::{self, UpOptions};
-use crate::{mount, procs};
 use anyhow::{bail, Context, Result};
 use odfs_client::{Client, ClientConfig, Ctx};
+use odfs_job::launch::{mount, procs};
+use odfs_job::local::{self, UpOptions};
 use odfs_stage::{Location, StageOptions};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;

@@ -504,15 +504,6 @@ pub async fn getstripe(place: &Place, a: &GetStripeArgs) -> Result<String> {
     Ok(out)
 }
 
-/// Bytes for people, as df -h: "1.5G".
-fn human(b: u64) -> String {
-    match odfs_stage::coordinator::scale_1024(b) {
-        (_, 0) => format!("{b}"),
-        (v, i) if v < 10.0 => format!("{v:.1}{}", ["", "K", "M", "G", "T", "P"][i]),
-        (v, i) => format!("{v:.0}{}", ["", "K", "M", "G", "T", "P"][i]),
-    }
-}
-
 /// What `odfs df` shows.
 #[derive(Debug, Clone, Default)]
 pub struct DfArgs {
@@ -524,7 +515,7 @@ pub struct DfArgs {
 /// One row of `odfs df`: (total, used, available).
 fn df_row(out: &mut String, label: &str, total: u64, used: u64, avail: u64, a: &DfArgs, tail: &str) {
     let pct = if total > 0 { format!("{}%", (used as f64 * 100.0 / total as f64).ceil() as u64) } else { "-".into() };
-    let n = |v: u64| if a.human && !a.inodes { human(v) } else { v.to_string() };
+    let n = |v: u64| if a.human && !a.inodes { odfs_proto::units::bytes_short(v) } else { v.to_string() };
     let _ = writeln!(out, "{label:<24} {:>16} {:>16} {:>16} {pct:>5} {tail}", n(total), n(used), n(avail));
 }
 

@@ -1,19 +1,17 @@
-//! The `odfs` command-line tool.
+//! The `odfs` command-line tool: what the binary's commands do beyond the job life cycle
+//! (`odfs_job`) and staging (`odfs_stage`), which it calls through their APIs.
 //!
-//! Owns: user-facing commands — running a whole filesystem on one machine (`local`), status,
-//! parallel copy in and out, stage-in and stage-out, benchmarks, the demo, site keys. It drives daemons as separate
-//! processes and talks to the filesystem only through the client library.
+//! Owns: `status`, parallel copy in and out (`copy`), the lfs-style layout commands (`lfs`:
+//! setstripe, getstripe, df, mkdir, pool), `find`, the stage commands' printing (`stage`),
+//! benchmarks (`bench`), the demo, and naming a filesystem or a path in it (`fsref`). It talks
+//! to the filesystem only through the client library and starts daemons only through
+//! `odfs_job::local`.
 
 pub mod bench;
 pub mod copy;
 pub mod demo;
 pub mod find;
 pub mod fsref;
-pub mod job;
 pub mod lfs;
-pub mod local;
-pub mod lock;
-pub mod mount;
-pub mod procs;
 pub mod stage;
 pub mod status;

@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use odfs_proto::mgmt::{ClusterView, ServiceKind};
-use odfs_stage::coordinator::human as human_bytes;
+use odfs_proto::units::bytes as human_bytes;
 use std::fmt::Write;
 
 pub fn render(v: &ClusterView) -> Result<String> {

@@ -4,6 +4,7 @@
 //! Offset `o` lives in chunk `k = o / chunk_size`, on target `targets[k % stripe_count]`, at
 //! offset `(k / stripe_count) * chunk_size + o % chunk_size` of that target's chunk file.
 
+use crate::units::parse_size;
 use crate::TargetId;
 use serde::{Deserialize, Serialize};
 
@@ -133,21 +134,6 @@ pub fn parse_layout_text(text: &str, base: &DirLayout) -> Result<DirLayout, Stri
     }
     dl.validate()?;
     Ok(dl)
-}
-
-/// "100", "64K", "16M", "2G" → bytes (powers of 1024): sizes on command lines, in `#ODFS`
-/// directives and in layout texts.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (num, mult) = match t.chars().last() {
-        Some('k' | 'K') => (&t[..t.len() - 1], 1u64 << 10),
-        Some('m' | 'M') => (&t[..t.len() - 1], 1 << 20),
-        Some('g' | 'G') => (&t[..t.len() - 1], 1 << 30),
-        Some('t' | 'T') => (&t[..t.len() - 1], 1 << 40),
-        _ => (t, 1),
-    };
-    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a size (e.g. 512K, 16M, 1G)"))?;
-    n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
 }
 
 /// One contiguous piece of a file range that lives in a single chunk.

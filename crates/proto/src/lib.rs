@@ -16,6 +16,7 @@ pub mod mgmt;
 pub mod stage;
 pub mod storage;
 pub mod time;
+pub mod units;
 
 pub use error::{ErrorCode, ProtoError, RemoteError};
 pub use header::RequestHeader;

@@ -19,7 +19,7 @@ use odfs_proto::mgmt::ServiceKind;
 use odfs_proto::stage::{
     ItemResult, S3Spec, StageCounters, StageEndpoint, StageLimits, StagePoll, StageStart, WorkItem,
 };
-use odfs_proto::{InodeId, Timespec};
+use odfs_proto::{units, InodeId, Timespec};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -92,9 +92,9 @@ impl StageReport {
             "{}: {} files ({}) copied in {:.1} s ({:.0} MiB/s), {} already complete, {} directories; manifest {}",
             self.kind,
             self.files,
-            human(self.bytes),
+            units::bytes(self.bytes),
             secs,
-            self.bytes as f64 / (1 << 20) as f64 / secs,
+            units::mib_per_sec(self.bytes, secs),
             self.skipped,
             self.directories,
             self.manifest
@@ -105,7 +105,7 @@ impl StageReport {
             s += &format!(
                 "\n  node {node}: {} items, {} ({share:.0}%), {} errors, {} retries",
                 c.items_done,
-                human(c.bytes),
+                units::bytes(c.bytes),
                 c.errors,
                 c.retries
             );
@@ -117,26 +117,6 @@ impl StageReport {
             s += &format!("\n  FAILED {k}: {why}");
         }
         s
-    }
-}
-
-/// `b` in the largest power of 1024 that keeps it at least 1 (up to 1024^5): (value, power).
-pub fn scale_1024(b: u64) -> (f64, usize) {
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < 5 {
-        v /= 1024.0;
-        i += 1;
-    }
-    (v, i)
-}
-
-/// Bytes for people: "512 B", "1.5 GiB" (powers of 1024).
-pub fn human(b: u64) -> String {
-    const U: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    match scale_1024(b) {
-        (_, 0) => format!("{b} B"),
-        (v, i) => format!("{v:.1} {}", U[i]),
     }
 }
 
@@ -225,13 +205,12 @@ impl Progress {
             }
             None if self.last_log.elapsed() >= self.every => {
                 self.last_log = Instant::now();
-                let secs = self.start.elapsed().as_secs_f64().max(1e-6);
                 eprintln!(
                     "odfs {}: {} of {}, {msg}, {:.0} MiB/s",
                     self.kind,
-                    human(bytes),
-                    human(self.total),
-                    bytes as f64 / (1 << 20) as f64 / secs
+                    units::bytes(bytes),
+                    units::bytes(self.total),
+                    units::mib_per_sec(bytes, self.start.elapsed().as_secs_f64())
                 );
             }
             None => {}

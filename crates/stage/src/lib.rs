@@ -8,6 +8,8 @@
 //! - `s3`, `posix`: the two kinds of shared store; `keys`: safe relative paths; `location`:
 //!   parsing `s3://`, `odfs:` and POSIX arguments; `limit`: request and bandwidth limits;
 //!   `manifest`, `digest`.
+//! - `request`: a stage as a caller asks for it (flags or directives, site defaults), run and
+//!   checked; the API of `odfs stage-in/out` and of a job's start and stop.
 
 pub mod agent;
 pub mod config;
@@ -18,8 +20,10 @@ pub mod limit;
 pub mod location;
 pub mod manifest;
 pub mod posix;
+pub mod request;
 pub mod s3;
 
 pub use config::{AgentConfig, SiteStage};
 pub use coordinator::{stage_in, stage_out, StageOptions, StageReport};
 pub use location::Location;
+pub use request::{Direction, StageRequest};

@@ -6,12 +6,12 @@
 //! workers in one shared directory, and cold reads of many small files in random order. The
 //! metadata and small-file phases are plain file-system calls from worker threads, so on odfs
 //! they go through the kernel and FUSE like any application's. The filesystem is started and
-//! stopped through [`crate::local`].
+//! stopped through [`odfs_job::local`].
 
 use super::{close, drop_caches, fill_pattern, parallel, CpuMeter, Phase};
-use crate::local::{self, UpOptions};
-use crate::mount;
 use anyhow::{bail, Context, Result};
+use odfs_job::launch::mount;
+use odfs_job::local::{self, UpOptions};
 use odfs_rpc::Transport;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;

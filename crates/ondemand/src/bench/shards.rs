@@ -4,9 +4,9 @@
 //! over the files created, through the mount, page cache dropped before each walk.
 
 use super::drop_caches;
-use crate::local::{self, UpOptions};
 use anyhow::{Context, Result};
 use odfs_client::{Client, ClientConfig, Ctx};
+use odfs_job::local::{self, UpOptions};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;

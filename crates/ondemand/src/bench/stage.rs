@@ -4,10 +4,10 @@
 //! local directory, all in one run. The page cache is dropped before each phase.
 
 use crate::bench::{drop_caches, fill_pattern};
-use crate::local::{self, UpOptions};
 use anyhow::{bail, Context, Result};
 use futures::StreamExt;
 use odfs_client::{Client, ClientConfig, Ctx};
+use odfs_job::local::{self, UpOptions};
 use odfs_proto::stage::S3Spec;
 use odfs_stage::s3::S3;
 use odfs_stage::{Location, StageOptions};

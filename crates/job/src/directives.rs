@@ -1,0 +1,266 @@
+//! `#ODFS` directives in a batch script: what a job asks of its filesystem.
+//!
+//! ```text
+//! #!/bin/bash
+//! #SBATCH --constraint=odfs
+//! #ODFS stage-in  s3://datasets/imagenet /data
+//! #ODFS stage-out /out s3://runs/%u/%j
+//! #ODFS stripe-count 4
+//! #ODFS chunk-size 4M
+//! ```
+//!
+//! Like `#SBATCH`, directives are read from the script's first block of comments: an `#ODFS`
+//! line after the first command is an error (it would otherwise be silently ignored). `%j`
+//! and `%u` expand to the job id and user name. Arguments are separated by blanks; single or
+//! double quotes keep blanks inside one argument.
+
+use odfs_proto::units::parse_size;
+use serde::{Deserialize, Serialize};
+
+/// One transfer: source and destination as `odfs stage-in/stage-out` take them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Transfer {
+    pub src: String,
+    pub dst: String,
+}
+
+/// Everything `#ODFS` lines can ask for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(default)]
+pub struct Directives {
+    pub stage_in: Vec<Transfer>,
+    pub stage_out: Vec<Transfer>,
+    pub stripe_count: Option<i32>,
+    pub chunk_size: Option<u32>,
+    pub pool: Option<String>,
+    /// S3 settings for this job's stages (the site's `[stage]` table otherwise).
+    pub endpoint_url: Option<String>,
+    pub region: Option<String>,
+    pub path_style: bool,
+    pub concurrency: Option<u32>,
+    pub max_bandwidth: Option<u64>,
+    /// AWS profile of the job user's own credentials to stage with.
+    pub profile: Option<String>,
+}
+
+/// The help text listing every directive (printed with errors).
+pub const HELP: &str = "stage-in SRC DST | stage-out SRC DST | stripe-count N | chunk-size SIZE | pool NAME | \
+                        endpoint-url URL | region NAME | path-style | profile NAME | concurrency N | max-bandwidth SIZE";
+
+/// Splits one directive's arguments (blanks; quotes group).
+fn words(s: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    let mut cur: Option<String> = None;
+    let mut quote: Option<char> = None;
+    for c in s.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => cur.get_or_insert_with(String::new).push(c),
+            (None, '"' | '\'') => {
+                quote = Some(c);
+                cur.get_or_insert_with(String::new);
+            }
+            (None, c) if c.is_whitespace() => {
+                if let Some(w) = cur.take() {
+                    out.push(w);
+                }
+            }
+            (None, c) => cur.get_or_insert_with(String::new).push(c),
+        }
+    }
+    if quote.is_some() {
+        return Err("a quote is not closed".into());
+    }
+    out.extend(cur);
+    Ok(out)
+}
+
+fn expand(s: &str, job: &str, user: &str) -> String {
+    crate::site::expand(s, job, user, "%n")
+}
+
+/// An odfs path as a directive names it: `/data` or `odfs:/data`.
+fn odfs_path(s: &str) -> Result<String, String> {
+    let p = s.strip_prefix("odfs:").unwrap_or(s);
+    if !p.starts_with('/') {
+        return Err(format!("{s:?} is not a path in the job's filesystem (write /data or odfs:/data)"));
+    }
+    if p.split('/').any(|c| c == "..") {
+        return Err(format!("{s:?} must not contain '..'"));
+    }
+    Ok(format!("odfs:{p}"))
+}
+
+/// The shared-store side: `s3://bucket/prefix` or an absolute POSIX path.
+fn store_path(s: &str) -> Result<String, String> {
+    if let Some(rest) = s.strip_prefix("s3://") {
+        if rest.is_empty() || rest.starts_with('/') {
+            return Err(format!("{s:?} names no bucket (s3://BUCKET/PREFIX)"));
+        }
+        return Ok(s.to_string());
+    }
+    if s.starts_with('/') {
+        return Ok(s.to_string());
+    }
+    Err(format!("{s:?} is neither s3://BUCKET/PREFIX nor an absolute path"))
+}
+
+fn one_directive(d: &mut Directives, w: &[String]) -> Result<(), String> {
+    let name = w[0].as_str();
+    let args = &w[1..];
+    let want = |n: usize, form: &str| -> Result<(), String> {
+        if args.len() == n {
+            Ok(())
+        } else {
+            Err(format!("{name} takes {form}"))
+        }
+    };
+    match name {
+        "stage-in" => {
+            want(2, "a source (s3://... or /path) and a destination in the job's filesystem")?;
+            d.stage_in.push(Transfer { src: store_path(&args[0])?, dst: odfs_path(&args[1])? });
+        }
+        "stage-out" => {
+            want(2, "a source in the job's filesystem and a destination (s3://... or /path)")?;
+            d.stage_out.push(Transfer { src: odfs_path(&args[0])?, dst: store_path(&args[1])? });
+        }
+        "stripe-count" => {
+            want(1, "a number of targets (-1 = every target)")?;
+            let n: i32 = args[0].parse().map_err(|_| format!("stripe-count {:?} is not a number", args[0]))?;
+            if n == 0 || n < -1 {
+                return Err(format!("stripe-count {n}: use a positive count or -1 (every target)"));
+            }
+            d.stripe_count = Some(n);
+        }
+        "chunk-size" => {
+            want(1, "a size (e.g. 1M)")?;
+            let v = parse_size(&args[0])?;
+            if v < 65536 || !v.is_power_of_two() || v > 1 << 30 {
+                return Err(format!("chunk-size {}: must be a power of two from 64K to 1G", args[0]));
+            }
+            d.chunk_size = Some(v as u32);
+        }
+        "pool" => {
+            want(1, "a pool name")?;
+            d.pool = Some(args[0].clone());
+        }
+        "endpoint-url" => {
+            want(1, "a URL")?;
+            if !(args[0].starts_with("http://") || args[0].starts_with("https://")) {
+                return Err(format!("endpoint-url {:?} must start with http:// or https://", args[0]));
+            }
+            d.endpoint_url = Some(args[0].clone());
+        }
+        "region" => {
+            want(1, "a region name")?;
+            d.region = Some(args[0].clone());
+        }
+        "path-style" => {
+            want(0, "no argument")?;
+            d.path_style = true;
+        }
+        "profile" => {
+            want(1, "the name of a profile in your ~/.aws/credentials or ~/.aws/config")?;
+            d.profile = Some(args[0].clone());
+        }
+        "concurrency" => {
+            want(1, "a number of transfers per node")?;
+            let n: u32 = args[0]
+                .parse()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| format!("concurrency {:?} is not a positive number", args[0]))?;
+            d.concurrency = Some(n);
+        }
+        "max-bandwidth" => {
+            want(1, "bytes per second (e.g. 500M)")?;
+            d.max_bandwidth = Some(parse_size(&args[0])?);
+        }
+        other => return Err(format!("unknown directive {other:?} (known: {HELP})")),
+    }
+    Ok(())
+}
+
+/// Parses the `#ODFS` lines of a batch script. Errors name the line: `line 4: ...`.
+pub fn parse(script: &str, job: &str, user: &str) -> Result<Directives, String> {
+    let mut d = Directives::default();
+    let mut header = true;
+    for (i, line) in script.lines().enumerate() {
+        let t = line.trim();
+        let ln = i + 1;
+        if let Some(rest) = t.strip_prefix("#ODFS") {
+            if !rest.is_empty() && !rest.starts_with(char::is_whitespace) {
+                return Err(format!("line {ln}: `{t}`: write `#ODFS directive args`"));
+            }
+            if !header {
+                return Err(format!(
+                    "line {ln}: `{t}`: #ODFS lines must come before the script's first command, as #SBATCH lines do"
+                ));
+            }
+            let w = words(&expand(rest, job, user)).map_err(|e| format!("line {ln}: `{t}`: {e}"))?;
+            if w.is_empty() {
+                return Err(format!("line {ln}: `{t}`: no directive (known: {HELP})"));
+            }
+            one_directive(&mut d, &w).map_err(|e| format!("line {ln}: `{t}`: {e}"))?;
+        } else if !(t.is_empty() || t.starts_with('#')) {
+            header = false;
+        }
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_directive() {
+        let s = "#!/bin/bash\n#SBATCH -N 4\n#ODFS stage-in s3://ds/imagenet /data\n#ODFS stage-in /pfs/x odfs:/x\n\
+                 #ODFS stage-out /out s3://runs/%u/run-%j\n#ODFS stripe-count -1\n#ODFS chunk-size 4M\n#ODFS pool ram\n\
+                 #ODFS endpoint-url http://s3:9000\n#ODFS region eu-1\n  #ODFS path-style\n#ODFS profile lab\n#ODFS concurrency 8\n\
+                 #ODFS max-bandwidth 1G\n#ODFS stage-in 's3://b/with space' \"/my data\"\nsrun train.py\n# #ODFS in a comment later is fine\n";
+        let d = parse(s, "42", "ana").unwrap();
+        assert_eq!(d.stage_in[0], Transfer { src: "s3://ds/imagenet".into(), dst: "odfs:/data".into() });
+        assert_eq!(d.stage_in[1], Transfer { src: "/pfs/x".into(), dst: "odfs:/x".into() });
+        assert_eq!(d.stage_in[2], Transfer { src: "s3://b/with space".into(), dst: "odfs:/my data".into() });
+        assert_eq!(d.stage_out[0], Transfer { src: "odfs:/out".into(), dst: "s3://runs/ana/run-42".into() });
+        assert_eq!((d.stripe_count, d.chunk_size, d.pool.as_deref()), (Some(-1), Some(4 << 20), Some("ram")));
+        assert_eq!(
+            (d.endpoint_url.as_deref(), d.region.as_deref(), d.path_style),
+            (Some("http://s3:9000"), Some("eu-1"), true)
+        );
+        assert_eq!((d.concurrency, d.max_bandwidth, d.profile.as_deref()), (Some(8), Some(1 << 30), Some("lab")));
+        assert_eq!(parse("#!/bin/sh\necho hi\n", "1", "u").unwrap(), Directives::default());
+    }
+
+    #[test]
+    fn the_shipped_examples_parse() {
+        let t = parse(include_str!("../../../slurm/examples/train.sbatch"), "7", "ana").unwrap();
+        assert_eq!(t.stage_out[0].dst, "s3://runs/ana/train-7");
+        assert_eq!((t.stripe_count, t.chunk_size), (Some(-1), Some(4 << 20)));
+        let c = parse(include_str!("../../../slurm/examples/checkpoint.sbatch"), "8", "bo").unwrap();
+        assert_eq!(c.pool.as_deref(), Some("ram"));
+    }
+
+    #[test]
+    fn errors_name_the_line_and_the_problem() {
+        for (s, want) in [
+            ("#ODFS stripe-count four\n", "line 1: `#ODFS stripe-count four`: stripe-count \"four\" is not a number"),
+            ("#!/bin/sh\n#ODFS stage-in s3://b/x\n", "line 2"),
+            ("#ODFS stage-in s3://b/x data\n", "not a path in the job's filesystem"),
+            ("#ODFS stage-out /out bucket/x\n", "neither s3://"),
+            ("#ODFS stage-in s3:// /d\n", "names no bucket"),
+            ("#ODFS stage-in s3://b /../etc\n", "'..'"),
+            ("#ODFS chunk-size 1000\n", "power of two"),
+            ("#ODFS stripe-count 0\n", "positive count or -1"),
+            ("#ODFS frobnicate\n", "unknown directive \"frobnicate\""),
+            ("#ODFS\n", "no directive"),
+            ("#ODFSstage-in a b\n", "write `#ODFS directive args`"),
+            ("#ODFS pool 'ram\n", "quote is not closed"),
+            ("#!/bin/sh\nhostname\n#ODFS pool x\n", "line 3: `#ODFS pool x`: #ODFS lines must come before"),
+        ] {
+            let e = parse(s, "1", "u").unwrap_err();
+            assert!(e.contains(want), "{s:?}: {e}");
+        }
+    }
+}

@@ -1,0 +1,239 @@
+//! Launching a node's part of a filesystem, for `odfs local up` and `odfs start` alike: the
+//! one plan of a node's daemons and their configs ([`NodeLaunch`]), starting them as detached
+//! processes, the FUSE client, and the record of what was started ([`ProcEntry`]).
+//!
+//! - `procs`: spawning, recognising (a recycled pid is never taken for ours) and stopping them.
+//! - `mount`: finding, waiting for and taking down mounts (FUSE and tmpfs) without hanging.
+//! - `lock`: the flock a command holds while it works on a filesystem root or a job.
+
+pub mod lock;
+pub mod mount;
+pub mod procs;
+
+use anyhow::{Context, Result};
+use odfs_client::ClientConfig;
+use odfs_metad::config::{MetadConfig, RootOwner};
+use odfs_mgmtd::MgmtdConfig;
+use odfs_proto::DirLayout;
+use odfs_rpc::Transport;
+use odfs_service::JobSection;
+use odfs_stage::AgentConfig;
+use odfs_stored::config::{StoredConfig, TargetSection};
+use serde::{Deserialize, Serialize};
+use std::ffi::OsStr;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// One process started for a filesystem.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ProcEntry {
+    /// "mgmtd", "metad", "stored", "agent" or "fuse".
+    pub service: String,
+    pub node: u32,
+    pub pid: u32,
+    pub config: PathBuf,
+    pub log: PathBuf,
+}
+
+/// Node 0's mgmtd: what makes the filesystem ready, and its default layout.
+#[derive(Debug, Clone)]
+pub struct Registry {
+    pub listen: SocketAddr,
+    pub storage_nodes: u32,
+    pub metas: u32,
+    pub layout: DirLayout,
+}
+
+/// A metadata service (shard k on node k).
+#[derive(Debug, Clone)]
+pub struct MetaPlan {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    /// Owner and mode of a new root (a job's filesystem belongs to its user).
+    pub root_owner: Option<RootOwner>,
+    pub root_only_layouts: bool,
+}
+
+/// Everything one node runs and where, before anything is started.
+#[derive(Debug, Clone)]
+pub struct NodeLaunch {
+    pub job: JobSection,
+    pub node: u32,
+    pub mgmtd: SocketAddr,
+    /// Node 0 only.
+    pub registry: Option<Registry>,
+    /// Nodes that serve a metadata shard.
+    pub meta: Option<MetaPlan>,
+    pub stored: SocketAddr,
+    pub bulk: SocketAddr,
+    pub agent: SocketAddr,
+    pub targets: Vec<TargetSection>,
+    pub io_backend: String,
+    /// How long each daemon waits for mgmtd (None: the daemons' default).
+    pub register_timeout_secs: Option<u64>,
+}
+
+/// Storage targets of node `node`: one per data directory (`DIR/target<ID>`) in `pool`, then
+/// the RAM target `(dir, pool)` if any. Node k owns ids `k*per+1 ..= k*per+per`, so every node
+/// can number its targets without asking.
+pub fn node_targets(
+    node: u32,
+    data_dirs: &[PathBuf],
+    pool: &str,
+    ram: Option<(PathBuf, String)>,
+) -> Vec<TargetSection> {
+    let per = data_dirs.len() as u32 + u32::from(ram.is_some());
+    let mut targets: Vec<TargetSection> = data_dirs
+        .iter()
+        .enumerate()
+        .map(|(j, d)| {
+            let id = node * per + j as u32 + 1;
+            TargetSection { id, path: d.join(format!("target{id}")), pool: pool.to_string() }
+        })
+        .collect();
+    if let Some((path, pool)) = ram {
+        targets.push(TargetSection { id: node * per + per, path, pool });
+    }
+    targets
+}
+
+impl NodeLaunch {
+    fn mgmtd_config(&self, r: &Registry) -> MgmtdConfig {
+        MgmtdConfig {
+            job: self.job.clone(),
+            listen: r.listen,
+            addr_file: None,
+            expect_storage_nodes: r.storage_nodes,
+            expect_meta: r.metas,
+            default_layout: r.layout.clone(),
+            ..MgmtdConfig::default()
+        }
+    }
+
+    fn metad_config(&self, m: &MetaPlan) -> MetadConfig {
+        let d = MetadConfig::default();
+        MetadConfig {
+            job: self.job.clone(),
+            listen: m.listen,
+            mgmtd: self.mgmtd,
+            node: self.node,
+            shard: self.node as u16,
+            data_dir: m.data_dir.clone(),
+            register_timeout_secs: self.register_timeout_secs.unwrap_or(d.register_timeout_secs),
+            root_owner: m.root_owner,
+            root_only_layouts: m.root_only_layouts,
+            ..d
+        }
+    }
+
+    fn stored_config(&self) -> StoredConfig {
+        let d = StoredConfig::default();
+        StoredConfig {
+            job: self.job.clone(),
+            listen: self.stored,
+            bulk_listen: Some(self.bulk),
+            addr_file: None,
+            mgmtd: self.mgmtd,
+            node: self.node,
+            targets: self.targets.clone(),
+            io_backend: self.io_backend.clone(),
+            register_timeout_secs: self.register_timeout_secs.unwrap_or(d.register_timeout_secs),
+        }
+    }
+
+    fn agent_config(&self) -> AgentConfig {
+        let d = AgentConfig::default();
+        AgentConfig {
+            job: self.job.clone(),
+            listen: self.agent,
+            mgmtd: self.mgmtd,
+            node: self.node,
+            register_timeout_secs: self.register_timeout_secs.unwrap_or(d.register_timeout_secs),
+            ..d
+        }
+    }
+
+    /// The config of this node's clients (its mount, its stages, the CLI).
+    pub fn client_config(&self, bulk: Transport, retry_secs: Option<u64>) -> ClientConfig {
+        let d = ClientConfig::default();
+        ClientConfig {
+            job: self.job.clone(),
+            mgmtd: self.mgmtd,
+            bulk_transport: bulk,
+            node: self.node,
+            retry_secs: retry_secs.unwrap_or(d.retry_secs),
+            ..d
+        }
+    }
+
+    /// Writes each daemon's config into `dir` and starts it: mgmtd (node 0), metad (a shard's
+    /// node), stored, the stage agent. `started` records each process before the next starts,
+    /// so a failure part-way leaves a record of everything to stop.
+    pub fn start(&self, dir: &Path, mut started: impl FnMut(ProcEntry) -> Result<()>) -> Result<()> {
+        if let Some(r) = &self.registry {
+            started(launch(dir, "mgmtd", self.node, &self.mgmtd_config(r))?)?;
+        }
+        if let Some(m) = &self.meta {
+            started(launch(dir, "metad", self.node, &self.metad_config(m))?)?;
+        }
+        started(launch(dir, "stored", self.node, &self.stored_config())?)?;
+        started(launch(dir, "agent", self.node, &self.agent_config())?)
+    }
+}
+
+/// Writes `DIR/SERVICE.toml` and starts `odfs-SERVICE` with it (log `DIR/SERVICE.log`).
+fn launch<T: Serialize>(dir: &Path, service: &str, node: u32, cfg: &T) -> Result<ProcEntry> {
+    let (config, log) = (dir.join(format!("{service}.toml")), dir.join(format!("{service}.log")));
+    write_toml(&config, cfg)?;
+    let bin = procs::binary(&format!("odfs-{service}"))?;
+    let pid = procs::spawn_daemon(&bin, &config, &log)?;
+    Ok(ProcEntry { service: service.into(), node, pid, config, log })
+}
+
+/// Starts the FUSE client (`odfs-fuse`) of `client_config` on `mount_point`, log `log`;
+/// `allow_other` lets users other than root in (the mount's own permissions still apply).
+pub fn spawn_fuse(
+    client_config: &Path,
+    mount_point: &Path,
+    allow_other: bool,
+    log: &Path,
+    node: u32,
+) -> Result<ProcEntry> {
+    let bin = procs::binary("odfs-fuse")?;
+    let mut args =
+        vec![OsStr::new("--fs"), client_config.as_os_str(), OsStr::new("--mountpoint"), mount_point.as_os_str()];
+    if allow_other {
+        args.push(OsStr::new("--allow-other"));
+    }
+    let pid = procs::spawn_detached(&bin, &args, log)?;
+    Ok(ProcEntry { service: "fuse".into(), node, pid, config: client_config.to_path_buf(), log: log.to_path_buf() })
+}
+
+/// Writes `v` as TOML to `path`.
+pub fn write_toml<T: Serialize>(path: &Path, v: &T) -> Result<()> {
+    std::fs::write(path, toml::to_string_pretty(v)?).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// The last `lines` lines of a log file (empty if it cannot be read).
+pub fn log_tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let v: Vec<&str> = text.lines().collect();
+    v[v.len().saturating_sub(lines)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_node_numbers_its_own_targets() {
+        let dirs = [PathBuf::from("/a"), PathBuf::from("/b")];
+        let t = node_targets(2, &dirs, "default", Some((PathBuf::from("/r"), "ram".into())));
+        let ids: Vec<u32> = t.iter().map(|t| t.id).collect();
+        assert_eq!(ids, [7, 8, 9]);
+        assert_eq!(t[1].path, PathBuf::from("/b/target8"));
+        assert_eq!((t[2].path.as_path(), t[2].pool.as_str()), (Path::new("/r"), "ram"));
+        let t = node_targets(0, &dirs[..1], "p", None);
+        assert_eq!((t[0].id, t[0].path.as_path(), t[0].pool.as_str()), (1, Path::new("/a/target1"), "p"));
+    }
+}

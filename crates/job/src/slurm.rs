@@ -1,0 +1,134 @@
+//! The few things odfs asks of Slurm, each only on a path that needs it: a job's batch script
+//! (for `#ODFS` lines, node 0 only), whether a job still runs (during a stage-in, and for
+//! cleanup), and a node's drain reason. Plus the one message odfs leaves for the user in the
+//! job's output file. Every call is bounded; a Slurm that does not answer never blocks a
+//! prolog or epilog beyond a few seconds.
+
+use crate::spec::JobSpec;
+use anyhow::{bail, Context, Result};
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Runs a Slurm command with a time limit; (status ok, stdout, stderr).
+fn run(cmd: &str, args: &[&str], limit: Duration) -> Result<(bool, String, String)> {
+    let mut child = Command::new(cmd)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot run {cmd} (is Slurm's client installed and on PATH?)"))?;
+    let t = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait()? {
+            let out = child.wait_with_output()?;
+            return Ok((
+                st.success(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            ));
+        }
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("{cmd} {} did not finish within {} s", args.join(" "), limit.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The job's batch script (`scontrol write batch_script JOB -`); None for jobs without one
+/// (`salloc`, `srun`).
+pub fn batch_script(job: &str) -> Result<Option<String>> {
+    let (ok, out, err) = run("scontrol", &["write", "batch_script", job, "-"], Duration::from_secs(20))?;
+    if !ok {
+        bail!("scontrol write batch_script {job}: {err}");
+    }
+    // sbatch insists on a first line "#!"; salloc/srun jobs print "Job script not specified".
+    if !out.starts_with("#!") {
+        return Ok(None);
+    }
+    Ok(Some(out))
+}
+
+/// The job's state as squeue names it ("RUNNING", "COMPLETING", "PENDING", ...; "GONE" once
+/// Slurm has forgotten it) and its nodes (for a completing job: those still completing); None
+/// when Slurm cannot be asked.
+pub fn job_state(job: &str) -> Option<(String, Vec<String>)> {
+    let (ok, out, err) = run("squeue", &["-h", "-j", job, "-o", "%T %N"], Duration::from_secs(10)).ok()?;
+    if !ok {
+        return err.contains("Invalid job id").then(|| ("GONE".to_string(), Vec::new()));
+    }
+    let mut w = out.split_whitespace();
+    let state = w.next().unwrap_or("GONE").to_string();
+    let nodes = w.next().and_then(|l| crate::hostlist::expand(l).ok()).unwrap_or_default();
+    Some((state, nodes))
+}
+
+/// Whether Slurm still runs the job: Some(false) once it is cancelled, completing, requeued or
+/// gone; None when Slurm cannot be asked.
+pub fn job_active(job: &str) -> Option<bool> {
+    job_state(job).map(|(s, _)| matches!(s.as_str(), "RUNNING" | "CONFIGURING"))
+}
+
+/// Jobs Slurm runs (or is completing) on `node`; None when Slurm cannot be asked.
+pub fn jobs_on(node: &str) -> Option<Vec<String>> {
+    let (ok, out, _) = run("squeue", &["-h", "-w", node, "-o", "%i"], Duration::from_secs(10)).ok()?;
+    ok.then(|| out.lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect())
+}
+
+/// Start of every drain reason odfs sets.
+const DRAIN_PREFIX: &str = "odfs: ";
+
+/// Start of a drain reason set on the batch host only to keep the batch script from running.
+pub const BATCH_HOST_MARK: &str = "batch host:";
+
+/// Drains `node` with `reason` (Slurm drains a node whose prolog or epilog fails; this makes
+/// its reason odfs's one line instead of "Prolog error"). Best effort.
+pub fn drain(node: &str, reason: &str) {
+    // Slurm keeps reasons short; one line is enough to act on.
+    let reason: String = format!("{DRAIN_PREFIX}{reason}").chars().filter(|c| *c != '\n').take(200).collect();
+    let r = format!("reason={reason}");
+    if let Err(e) =
+        run("scontrol", &["update", &format!("nodename={node}"), "state=drain", &r], Duration::from_secs(10))
+    {
+        eprintln!("odfs: cannot set the drain reason of {node}: {e:#}");
+    }
+}
+
+/// Returns `node` to service if it is drained with a reason carrying `BATCH_HOST_MARK`.
+pub fn resume_batch_host(node: &str) -> Result<bool> {
+    let (ok, out, err) = run("scontrol", &["show", "node", node], Duration::from_secs(10))?;
+    anyhow::ensure!(ok, "scontrol show node {node}: {err}");
+    if !out.contains(&format!("Reason={DRAIN_PREFIX}{BATCH_HOST_MARK}")) {
+        return Ok(false);
+    }
+    let (ok, _, err) =
+        run("scontrol", &["update", &format!("nodename={node}"), "state=resume"], Duration::from_secs(10))?;
+    anyhow::ensure!(ok, "scontrol update nodename={node} state=resume: {err}");
+    Ok(true)
+}
+
+/// Appends `odfs: LINE` to the job's output file, written as the job's user (a user cannot make
+/// root write to a file they could not write themselves).
+pub fn tell_user(spec: &JobSpec, line: &str) {
+    let Some(path) = spec.stdout.clone() else { return };
+    let text = format!("odfs: {line}\n");
+    let r = odfs_stage::posix::as_user_blocking(&spec.user.ctx(), move || {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)?;
+        f.write_all(text.as_bytes())
+    });
+    if let Err(e) = r {
+        eprintln!(
+            "odfs: cannot write to the job's output file {}: {e}",
+            spec.stdout.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
+        );
+    }
+}
