@@ -1,8 +1,9 @@
 //! `MetaError`: failures of the store itself — opening, recovering, writing its files.
 //!
 //! Namespace outcomes (a missing name, a refused permission) are not `MetaError`s: they are
-//! `RemoteError`s returned to the client as they are.
+//! `RemoteError`s returned to the client as they are; the common ones are built here.
 
+use odfs_proto::error::{ErrorCode, RemoteError};
 use std::path::PathBuf;
 
 /// A failure to open, recover or persist the store.
@@ -44,4 +45,22 @@ impl MetaError {
     pub(crate) fn io(what: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         MetaError::Io { what, path: path.into(), source }
     }
+}
+
+// ---- namespace outcomes ----
+
+pub(crate) fn internal(msg: &str) -> RemoteError {
+    RemoteError::new(ErrorCode::Internal, msg)
+}
+
+pub(crate) fn show(name: &[u8]) -> String {
+    String::from_utf8_lossy(name).into_owned()
+}
+
+pub(crate) fn not_found(name: &[u8]) -> RemoteError {
+    RemoteError::new(ErrorCode::NotFound, format!("\"{}\" does not exist", show(name)))
+}
+
+pub(crate) fn exists(name: &[u8]) -> RemoteError {
+    RemoteError::new(ErrorCode::Exists, format!("\"{}\" already exists", show(name)))
 }

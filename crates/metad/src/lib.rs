@@ -12,7 +12,9 @@
 
 pub mod config;
 pub mod error;
+mod inode;
 pub mod namespace;
+mod ops;
 pub mod permission;
 pub mod service;
 mod shards;

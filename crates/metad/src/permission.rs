@@ -1,10 +1,11 @@
 //! Who may do what: POSIX permission bits, ownership and the sticky bit, applied as Linux's
 //! `generic_permission` and `may_delete` apply them.
 //!
-//! Pure functions of the caller's header and an inode's mode, uid and gid; the namespace decides
-//! which check each operation needs and in which order.
+//! Pure functions of the caller's header and an inode's mode, uid and gid (and the owner and
+//! mode a new inode inherits); each operation in `ops` decides which check it needs and in which
+//! order.
 
-use crate::namespace::Inode;
+use crate::inode::Inode;
 use odfs_proto::error::{ErrorCode, RemoteError, RpcResult};
 use odfs_proto::{InodeId, RequestHeader};
 
@@ -78,4 +79,22 @@ pub(crate) fn require_sticky(h: &RequestHeader, dir: &Inode, victim: &Inode, nam
         ErrorCode::Perm,
         format!("\"{}\" is in a sticky directory and belongs to another user", String::from_utf8_lossy(name)),
     ))
+}
+
+/// Group and mode of a new inode in `parent`: a set-group-id directory passes on its group,
+/// and to subdirectories its set-group-id bit. A new file keeps set-group-id only if its
+/// creator belongs to the inherited group (Linux `mode_strip_sgid`).
+pub(crate) fn new_owner(h: &RequestHeader, parent: &Inode, mode: u32, is_dir: bool) -> (u32, u32) {
+    if parent.mode & S_ISGID == 0 {
+        return (h.gid, mode);
+    }
+    let gid = parent.gid;
+    let mode = if is_dir {
+        mode | S_ISGID
+    } else if mode & (S_ISGID | 0o010) == (S_ISGID | 0o010) && !h.is_root() && !h.in_group(gid) {
+        mode & !S_ISGID
+    } else {
+        mode
+    };
+    (gid, mode)
 }

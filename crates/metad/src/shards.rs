@@ -1,4 +1,5 @@
-//! Work that spans metadata shards, coordinated by a directory's own shard: striping an empty
+//! Work that spans metadata shards, coordinated by a directory's own shard ([`Coordinator`],
+//! which also keeps mgmtd's view of the targets and the other shards fresh): striping an empty
 //! directory over several shards (the other shards' parts are made first, then the directory
 //! is marked striped, so no entry can land on a shard without its part), removing a striped
 //! directory (every part is sealed while empty, then the directory goes, then the parts), and
@@ -6,16 +7,83 @@
 //!
 //! Every change is a logged mutation of one store; what spans shards is ordered so that a
 //! failure midway leaves, at worst, an unused empty part behind — never an entry without its
-//! directory. Owns no state.
+//! directory. Owns no namespace state.
 
-use crate::service::{unexpected, TargetSync};
-use crate::store::{MetaOp, MetaReply};
+use crate::service::unexpected;
+use crate::store::{MetaOp, MetaReply, MetaStore, TargetChoice};
 use odfs_proto::error::RpcResult;
 use odfs_proto::meta::*;
+use odfs_proto::mgmt::{ClusterView, GetCluster};
 use odfs_proto::{ErrorCode, InodeId, RemoteError, RequestHeader};
+use odfs_rpc::{Pool, Transport};
+use std::sync::{Arc, Mutex};
 use tracing::{info, warn};
 
-impl TargetSync {
+/// This shard's link to the rest of the job: mgmtd's view (the target list layouts are chosen
+/// from, the other shards' addresses), kept fresh, and the operations that span shards.
+#[derive(Clone)]
+pub struct Coordinator {
+    pub pool: Arc<Pool>,
+    pub mgmtd: std::net::SocketAddr,
+    pub store: Arc<Mutex<MetaStore>>,
+    /// mgmtd reported the filesystem ready in the last refresh: every expected target is known.
+    pub ready: Arc<std::sync::atomic::AtomicBool>,
+    /// mgmtd's view at the last refresh: where the other shards' metads are.
+    pub view: Arc<std::sync::RwLock<Option<Arc<ClusterView>>>>,
+}
+
+impl Coordinator {
+    pub fn new(pool: Arc<Pool>, mgmtd: std::net::SocketAddr, store: Arc<Mutex<MetaStore>>) -> Coordinator {
+        Coordinator { pool, mgmtd, store, ready: Default::default(), view: Default::default() }
+    }
+
+    /// The address of the metad serving `shard` (looking at mgmtd again if it is not known).
+    pub(crate) async fn peer_addr(&self, shard: u16) -> Result<std::net::SocketAddr, RemoteError> {
+        for attempt in 0..2 {
+            let known = self
+                .view
+                .read()
+                .expect("view lock")
+                .as_ref()
+                .and_then(|v| v.meta_for_shard(shard).filter(|s| s.online).and_then(|s| s.addr));
+            if let Some(a) = known {
+                return Ok(a);
+            }
+            if attempt == 0 {
+                let _ = self.refresh().await;
+            }
+        }
+        Err(RemoteError::new(ErrorCode::Unavailable, format!("no metadata service for shard {shard}")))
+    }
+
+    /// The number of metadata shards (at least this one).
+    pub(crate) async fn shard_count(&self) -> Result<u16, RemoteError> {
+        self.refresh().await.map_err(|e| RemoteError::new(ErrorCode::Unavailable, format!("mgmtd: {e}")))?;
+        let v = self.view.read().expect("view lock").clone();
+        Ok(v.map_or(1, |v| v.expected_meta.max(v.meta_shards() as u32).max(1) as u16))
+    }
+
+    pub async fn refresh(&self) -> Result<(), odfs_rpc::RpcError> {
+        let v = self.pool.call(self.mgmtd, Transport::Quic, &RequestHeader::default(), &GetCluster {}).await?;
+        let t = v
+            .targets
+            .iter()
+            .map(|t| TargetChoice {
+                id: t.id,
+                pool: t.pool.clone(),
+                free: t.space.free,
+                capacity: t.space.capacity,
+                online: t.online,
+            })
+            .collect();
+        self.store.lock().expect("store lock").set_targets(t);
+        self.ready.store(v.state != odfs_proto::mgmt::FsState::Forming, std::sync::atomic::Ordering::Release);
+        *self.view.write().expect("view lock") = Some(Arc::new(v));
+        Ok(())
+    }
+}
+
+impl Coordinator {
     /// Sends a request to the metad of `shard`.
     async fn peer<R: odfs_proto::Rpc>(&self, shard: u16, req: &R) -> RpcResult<R::Reply> {
         let addr = self.peer_addr(shard).await?;

@@ -6,7 +6,8 @@
 //! replay needs (caller, time, the new inode id, the chosen layout), then acknowledged.
 //! Recovery loads the snapshot and re-applies the log records that follow it.
 
-use crate::namespace::{Choice, IdHasher, Namespace};
+use crate::inode::IdHasher;
+use crate::namespace::{Choice, Namespace};
 pub use crate::namespace::{MetaOp, MetaReply};
 use crate::wal::{self, Wal, LOG_FILE};
 use crate::{snapshot, MetaError};

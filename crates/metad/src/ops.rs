@@ -1,0 +1,22 @@
+//! One file per namespace mutation, each an `impl Namespace` block: validate → resolve → check
+//! permission → change the state. [`crate::namespace::Namespace::apply`] dispatches to them;
+//! the checks several of them share live in `namespace`.
+//!
+//! - `create`, `mkdir`, `symlink`, `link`: new entries.
+//! - `unlink`, `rmdir`, `rename`: entries removed or moved.
+//! - `setattr`: modes, owners, sizes, times; the size a writer publishes; the root's owner.
+//! - `xattr`: extended attributes.
+//! - `layout`: a directory's default layout, an empty file's layout.
+//! - `stripe`: the parts of a directory striped over metadata shards.
+
+mod create;
+mod layout;
+mod link;
+mod mkdir;
+mod rename;
+mod rmdir;
+mod setattr;
+mod stripe;
+mod symlink;
+mod unlink;
+mod xattr;
