@@ -39,6 +39,12 @@ pub enum MetaError {
     /// An earlier failure to write the log left the store unable to accept mutations.
     #[error("the store refuses changes after an earlier failure: {0}")]
     Failed(String),
+    /// The service could not start: its credential, endpoint or mgmtd.
+    #[error(transparent)]
+    Rpc(#[from] odfs_rpc::RpcError),
+    /// A namespace change the service makes itself was refused (the root's owner).
+    #[error("{what}: {err}")]
+    Refused { what: &'static str, err: RemoteError },
 }
 
 impl MetaError {

@@ -9,6 +9,12 @@
 //! [`MetaStore`] is the whole API: reads take `&self`, every mutation goes through
 //! [`MetaStore::mutate`]. It does no networking and no locking of its own; the RPC service
 //! wraps it.
+//!
+//! - `service`: the wire adapter and the process's life; `shards`: the coordinator of work
+//!   that spans shards (striped directories) and of mgmtd's view.
+//! - `store`: durability (`wal`, `snapshot`) and idempotency around the `namespace`.
+//! - `namespace`: reads, dispatch and the checks operations share; `ops/`: one file per
+//!   mutation; `inode`: the shapes kept; `permission`: who may do what.
 
 pub mod config;
 pub mod error;

@@ -4,6 +4,7 @@
 use crate::config::MetadConfig;
 use crate::shards::Coordinator;
 use crate::store::{MetaOp, MetaReply, MetaStore, StoreOptions};
+use crate::MetaError;
 use odfs_proto::meta::*;
 use odfs_proto::mgmt::{GetCluster, Register, ServiceKind};
 use odfs_proto::{ErrorCode, RemoteError, RequestHeader};
@@ -75,6 +76,14 @@ async fn mutate_fresh(
 /// Maps metad's requests to the store.
 pub fn router(store: Shared, coord: Coordinator) -> Router {
     let mut r = Router::new();
+    add_placing(&mut r, &coord);
+    add_coordinated(&mut r, &coord);
+    add_plain(&mut r, &store);
+    r
+}
+
+/// Requests that place data on targets: they judge against mgmtd's target list.
+fn add_placing(r: &mut Router, coord: &Coordinator) {
     // Creates and layout changes judge against mgmtd's target list: a failure that a fresher
     // list could change (a target registering, a space report, a pool just changed) is tried
     // once more after looking at mgmtd's current view.
@@ -103,6 +112,21 @@ pub fn router(store: Shared, coord: Coordinator) -> Router {
         }
     });
     let s = coord.clone();
+    r.add::<SetFileLayout, _, _>(move |h: RequestHeader, q: SetFileLayout| {
+        let s = s.clone();
+        async move {
+            let again = [ErrorCode::Invalid, ErrorCode::NoSpace];
+            match mutate_fresh(&s, &h, MetaOp::SetFileLayout(q), &again).await? {
+                MetaReply::Attr(a) => Ok(a),
+                other => Err(unexpected(other)),
+            }
+        }
+    });
+}
+
+/// Requests whose work may span metadata shards (the coordinator's).
+fn add_coordinated(r: &mut Router, coord: &Coordinator) {
+    let s = coord.clone();
     r.add::<StripeDir, _, _>(move |h: RequestHeader, q: StripeDir| {
         let s = s.clone();
         async move { s.stripe_dir(&h, q).await }
@@ -128,17 +152,10 @@ pub fn router(store: Shared, coord: Coordinator) -> Router {
             }
         }
     });
-    let s = coord.clone();
-    r.add::<SetFileLayout, _, _>(move |h: RequestHeader, q: SetFileLayout| {
-        let s = s.clone();
-        async move {
-            let again = [ErrorCode::Invalid, ErrorCode::NoSpace];
-            match mutate_fresh(&s, &h, MetaOp::SetFileLayout(q), &again).await? {
-                MetaReply::Attr(a) => Ok(a),
-                other => Err(unexpected(other)),
-            }
-        }
-    });
+}
+
+/// Reads, and mutations of this shard alone: straight to the store.
+fn add_plain(r: &mut Router, store: &Shared) {
     read_op!(r, store, Lookup, lookup);
     read_op!(r, store, GetAttr, getattr);
     read_op!(r, store, Access, access);
@@ -162,12 +179,10 @@ pub fn router(store: Shared, coord: Coordinator) -> Router {
     mutation!(r, store, SetXattr, MetaReply::Unit => ());
     mutation!(r, store, RemoveXattr, MetaReply::Unit => ());
     mutation!(r, store, ExtendSize, MetaReply::Attr(a) => a);
-
-    r
 }
 
 /// Runs metad until `shutdown` fires.
-pub async fn run(cfg: MetadConfig, shutdown: Shutdown) -> anyhow::Result<()> {
+pub async fn run(cfg: MetadConfig, shutdown: Shutdown) -> Result<(), MetaError> {
     let cred = cfg.job.credential()?;
     let endpoint = QuicEndpoint::server(&cred, cfg.listen)?;
     let addr = endpoint.local_addr()?;
@@ -181,7 +196,7 @@ pub async fn run(cfg: MetadConfig, shutdown: Shutdown) -> anyhow::Result<()> {
     let coord = Coordinator::new(daemon.pool.clone(), cfg.mgmtd, store.clone());
     coord.refresh().await?;
     if let Some(p) = &cfg.addr_file {
-        odfs_service::write_addr_file(p, &[("metad", addr)])?;
+        odfs_service::write_addr_file(p, &[("metad", addr)]).map_err(|e| MetaError::io("write", p, e))?;
     }
     let servers = daemon.serve(&endpoint, None, Arc::new(router(store.clone(), coord.clone())));
     keep_targets_fresh(coord, daemon.shutdown.clone());
@@ -195,9 +210,8 @@ pub async fn run(cfg: MetadConfig, shutdown: Shutdown) -> anyhow::Result<()> {
 
 /// Opens (or creates) the shard's store under its data directory; a new root gets the owner
 /// the config names.
-fn open_store(cfg: &MetadConfig, default_layout: odfs_proto::DirLayout) -> anyhow::Result<MetaStore> {
-    std::fs::create_dir_all(&cfg.data_dir)
-        .map_err(|e| anyhow::anyhow!("cannot create metadata directory {}: {e}", cfg.data_dir.display()))?;
+fn open_store(cfg: &MetadConfig, default_layout: odfs_proto::DirLayout) -> Result<MetaStore, MetaError> {
+    std::fs::create_dir_all(&cfg.data_dir).map_err(|e| MetaError::io("create metadata directory", &cfg.data_dir, e))?;
     let opts = StoreOptions {
         shard: cfg.shard,
         sync_wal: cfg.sync_wal,
@@ -207,7 +221,8 @@ fn open_store(cfg: &MetadConfig, default_layout: odfs_proto::DirLayout) -> anyho
     };
     let mut store = MetaStore::open(&cfg.data_dir, opts, default_layout)?;
     if let (true, Some(o)) = (store.root_created(), cfg.root_owner) {
-        store.set_root_owner(o.uid, o.gid, o.mode).map_err(|e| anyhow::anyhow!("cannot set the root's owner: {e}"))?;
+        let set = store.set_root_owner(o.uid, o.gid, o.mode);
+        set.map_err(|err| MetaError::Refused { what: "cannot set the root's owner", err })?;
     }
     Ok(store)
 }

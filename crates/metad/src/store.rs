@@ -558,12 +558,12 @@ impl MetaStore {
         Ok(applied.reply)
     }
 
-    /// Sets the root directory's owner, group and mode (logged; no permission check).
     /// True when this open created the root directory (a new, empty filesystem).
     pub fn root_created(&self) -> bool {
         self.root_created
     }
 
+    /// Sets the root directory's owner, group and mode (logged; no permission check).
     pub fn set_root_owner(&mut self, uid: u32, gid: u32, mode: u32) -> RpcResult<Attr> {
         self.mutate(&RequestHeader::default(), MetaOp::SetRootOwner { uid, gid, mode })?.into_attr()
     }

@@ -42,10 +42,15 @@ impl Default for MgmtdConfig {
 }
 
 impl MgmtdConfig {
-    pub fn validate(&self) -> anyhow::Result<()> {
-        self.default_layout.validate().map_err(|e| anyhow::anyhow!("default_layout: {e}"))?;
-        anyhow::ensure!(self.heartbeat_ms >= 10, "heartbeat_ms must be at least 10");
-        anyhow::ensure!(self.offline_after_missed >= 1, "offline_after_missed must be at least 1");
+    pub fn validate(&self) -> Result<(), crate::MgmtdError> {
+        let bad = |m: &str| Err(crate::MgmtdError::Config(m.to_string()));
+        self.default_layout.validate().map_err(|e| crate::MgmtdError::Config(format!("default_layout: {e}")))?;
+        if self.heartbeat_ms < 10 {
+            return bad("heartbeat_ms must be at least 10");
+        }
+        if self.offline_after_missed < 1 {
+            return bad("offline_after_missed must be at least 1");
+        }
         Ok(())
     }
 }

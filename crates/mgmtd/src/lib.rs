@@ -6,10 +6,12 @@
 //! mgmtd is refilled by the services' re-registration.
 
 pub mod config;
+pub mod error;
 pub mod registry;
 pub mod service;
 
 pub use config::MgmtdConfig;
+pub use error::MgmtdError;
 
 use odfs_rpc::quic::QuicEndpoint;
 use odfs_rpc::Shutdown;
@@ -17,7 +19,7 @@ use std::sync::Arc;
 use tracing::info;
 
 /// Runs mgmtd until `shutdown` fires.
-pub async fn run(cfg: MgmtdConfig, shutdown: Shutdown) -> anyhow::Result<()> {
+pub async fn run(cfg: MgmtdConfig, shutdown: Shutdown) -> Result<(), MgmtdError> {
     cfg.validate()?;
     let cred = cfg.job.credential()?;
     let endpoint = QuicEndpoint::server(&cred, cfg.listen)?;

@@ -562,7 +562,7 @@ async fn digest_odfs(env: &Env, path: &str, size: u64, part_size: u64) -> Result
 }
 
 /// Runs the agent until `shutdown` fires.
-pub async fn run(cfg: AgentConfig, shutdown: Shutdown) -> anyhow::Result<()> {
+pub async fn run(cfg: AgentConfig, shutdown: Shutdown) -> Result<(), crate::StageError> {
     let cred = cfg.job.credential()?;
     let endpoint = QuicEndpoint::server(&cred, cfg.listen)?;
     let addr = endpoint.local_addr()?;

@@ -8,6 +8,7 @@
 //! - `s3`, `posix`: the two kinds of shared store; `keys`: safe relative paths; `location`:
 //!   parsing `s3://`, `odfs:` and POSIX arguments; `limit`: request and bandwidth limits;
 //!   `manifest`, `digest`.
+//! - `error`: why a stage could not run or finish.
 //! - `request`: a stage as a caller asks for it (flags or directives, site defaults), run and
 //!   checked; the API of `odfs stage-in/out` and of a job's start and stop.
 
@@ -15,6 +16,7 @@ pub mod agent;
 pub mod config;
 pub mod coordinator;
 pub mod digest;
+pub mod error;
 pub mod keys;
 pub mod limit;
 pub mod location;
@@ -25,5 +27,6 @@ pub mod s3;
 
 pub use config::{AgentConfig, SiteStage};
 pub use coordinator::{stage_in, stage_out, StageOptions, StageReport};
+pub use error::StageError;
 pub use location::Location;
 pub use request::{Direction, StageRequest};

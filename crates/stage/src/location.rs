@@ -4,7 +4,7 @@
 //! Owns parsing and the errors for bad arguments; must not do I/O beyond reading
 //! /proc/self/mountinfo to recognise a path inside an odfs mount.
 
-use anyhow::{bail, Result};
+use crate::error::{invalid, Result};
 use std::path::{Component, PathBuf};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,7 +41,7 @@ fn odfs_path(p: &str) -> Result<String> {
     for c in p.split('/') {
         match c {
             "" | "." => {}
-            ".." => bail!("odfs:{p}: '..' is not allowed in an odfs path"),
+            ".." => return invalid!("odfs:{p}: '..' is not allowed in an odfs path"),
             c => out.push(c),
         }
     }
@@ -54,33 +54,33 @@ pub fn parse(s: &str, mounts: &[PathBuf]) -> Result<Location> {
     if let Some(rest) = s.strip_prefix("s3://") {
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
         if bucket.is_empty() {
-            bail!("{s}: no bucket name (expected s3://BUCKET/PREFIX)");
+            return invalid!("{s}: no bucket name (expected s3://BUCKET/PREFIX)");
         }
         if !valid_bucket(bucket) {
-            bail!("{s}: {bucket:?} is not a valid S3 bucket name (3-63 characters: a-z, 0-9, '.', '-')");
+            return invalid!("{s}: {bucket:?} is not a valid S3 bucket name (3-63 characters: a-z, 0-9, '.', '-')");
         }
         let mut prefix = prefix.to_string();
         if !prefix.is_empty() && !prefix.ends_with('/') {
             prefix.push('/');
         }
         if prefix.contains("//") {
-            bail!("{s}: empty path component ('//') in the key prefix");
+            return invalid!("{s}: empty path component ('//') in the key prefix");
         }
         return Ok(Location::S3 { bucket: bucket.to_string(), prefix });
     }
     if s.contains("://") {
-        bail!("{s}: unknown scheme (use s3://BUCKET/PREFIX, odfs:/PATH or a local path)");
+        return invalid!("{s}: unknown scheme (use s3://BUCKET/PREFIX, odfs:/PATH or a local path)");
     }
     if let Some(p) = s.strip_prefix("odfs:") {
         return Ok(Location::Odfs(odfs_path(p)?));
     }
     if s.is_empty() {
-        bail!("empty path");
+        return invalid!("empty path");
     }
-    let abs = std::path::absolute(s).map_err(|e| anyhow::anyhow!("{s}: {e}"))?;
+    let abs = std::path::absolute(s).map_err(|e| crate::StageError::Invalid(format!("{s}: {e}")))?;
     let clean: PathBuf = abs.components().filter(|c| !matches!(c, Component::CurDir)).collect();
     if clean.components().any(|c| c == Component::ParentDir) {
-        bail!("{s}: use a path without '..'");
+        return invalid!("{s}: use a path without '..'");
     }
     // The longest mount point containing the path names odfs.
     let inside = mounts.iter().filter(|m| clean.starts_with(m)).max_by_key(|m| m.as_os_str().len());

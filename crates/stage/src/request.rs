@@ -5,9 +5,9 @@
 //! job's start and stop alike.
 
 use crate::coordinator::{stage_in, stage_out, StageOptions, StageReport};
+use crate::error::{invalid, Result, StageError};
 use crate::location::{self, Location};
 use crate::SiteStage;
-use anyhow::{bail, Result};
 use clap::Args;
 use odfs_client::{Client, Ctx};
 use odfs_proto::units::parse_size;
@@ -66,7 +66,7 @@ impl StageRequest {
     /// The settings of this stage: the request's, else the site config's `[stage]` table, else
     /// defaults. The site's AWS profile and files apply where the environment names none.
     pub fn options(&self) -> Result<StageOptions> {
-        let site = SiteStage::load(self.site_config.as_deref()).map_err(anyhow::Error::msg)?;
+        let site = SiteStage::load(self.site_config.as_deref()).map_err(StageError::Invalid)?;
         let unset = |k: &str| std::env::var_os(k).is_none();
         if let Some(p) = site.profile.as_ref().filter(|_| unset("AWS_PROFILE")) {
             std::env::set_var("AWS_PROFILE", p);
@@ -92,10 +92,10 @@ impl StageRequest {
             ..d
         };
         if o.part_size < 5 << 20 && (self.src.starts_with("s3://") || self.dst.starts_with("s3://")) {
-            bail!("--part-size must be at least 5M for S3 (its smallest multipart part)");
+            return invalid!("--part-size must be at least 5M for S3 (its smallest multipart part)");
         }
         if o.part_size == 0 || o.concurrency == 0 || o.max_attempts == 0 {
-            bail!("--part-size, --concurrency and --max-attempts must be positive");
+            return invalid!("--part-size, --concurrency and --max-attempts must be positive");
         }
         Ok(o)
     }
@@ -112,28 +112,32 @@ pub async fn run(client: &Client, ctx: &Ctx, r: &StageRequest, way: Direction) -
             stage_in(client, ctx, &src, d, &opts).await?
         }
         (Direction::In, _, _) => {
-            bail!("stage-in copies from s3://... or a POSIX directory into odfs:/PATH (or a path in the mount)")
+            return invalid!(
+                "stage-in copies from s3://... or a POSIX directory into odfs:/PATH (or a path in the mount)"
+            )
         }
         (Direction::Out, Location::Odfs(s), Location::S3 { .. } | Location::Posix(_)) => {
             stage_out(client, ctx, s, &dst, &opts).await?
         }
         (Direction::Out, _, _) => {
-            bail!("stage-out copies from odfs:/PATH (or a path in the mount) to s3://... or a POSIX directory")
+            return invalid!(
+                "stage-out copies from odfs:/PATH (or a path in the mount) to s3://... or a POSIX directory"
+            )
         }
     })
 }
 
 /// An error unless every file was copied and verified and no source name was refused.
 pub fn check(report: &StageReport) -> Result<()> {
-    if !report.failed.is_empty() || !report.refused.is_empty() {
-        let first = report.failed.iter().chain(&report.refused).next().map(|(k, why)| format!("; first: {k}: {why}"));
-        bail!(
-            "{} incomplete: {} files failed, {} source names refused{}; nothing was deleted",
-            report.kind,
-            report.failed.len(),
-            report.refused.len(),
-            first.unwrap_or_default()
-        );
+    if report.failed.is_empty() && report.refused.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    let first = report.failed.iter().chain(&report.refused).next().map(|(k, why)| format!("; first: {k}: {why}"));
+    Err(StageError::Incomplete(format!(
+        "{} incomplete: {} files failed, {} source names refused{}; nothing was deleted",
+        report.kind,
+        report.failed.len(),
+        report.refused.len(),
+        first.unwrap_or_default()
+    )))
 }

@@ -29,6 +29,9 @@ pub enum StoreError {
     /// The request's arguments cannot be served (an offset past the largest file offset).
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// The service could not start or serve: its credential, endpoints or mgmtd.
+    #[error(transparent)]
+    Rpc(#[from] odfs_rpc::RpcError),
 }
 
 impl StoreError {
@@ -51,6 +54,7 @@ impl StoreError {
             StoreError::Config(_) => ErrorCode::Invalid,
             StoreError::TooLarge { .. } => ErrorCode::Range,
             StoreError::Invalid(_) => ErrorCode::Invalid,
+            StoreError::Rpc(e) => e.to_remote().code,
         }
     }
 }

@@ -3,6 +3,7 @@
 
 use crate::chunk_store::{ChunkStore, IoBackend, TargetConfig};
 use crate::config::StoredConfig;
+use crate::StoreError;
 use odfs_proto::mgmt::{Register, ServiceKind, TargetOffer};
 use odfs_proto::storage::*;
 use odfs_proto::RemoteError;
@@ -62,18 +63,20 @@ pub fn router(store: ChunkStore) -> Router {
 }
 
 /// The I/O engine a config names.
-pub fn backend(name: &str) -> anyhow::Result<IoBackend> {
+pub fn backend(name: &str) -> Result<IoBackend, StoreError> {
     Ok(match name {
         "auto" => IoBackend::Auto,
         "uring" | "io_uring" => IoBackend::Uring,
         "syscall" => IoBackend::Syscall,
-        o => anyhow::bail!("io_backend {o:?} is unknown: use auto, uring or syscall"),
+        o => return Err(StoreError::Config(format!("io_backend {o:?} is unknown: use auto, uring or syscall"))),
     })
 }
 
 /// Runs stored until `shutdown` fires.
-pub async fn run(cfg: StoredConfig, shutdown: Shutdown) -> anyhow::Result<()> {
-    anyhow::ensure!(!cfg.targets.is_empty(), "no targets configured");
+pub async fn run(cfg: StoredConfig, shutdown: Shutdown) -> Result<(), StoreError> {
+    if cfg.targets.is_empty() {
+        return Err(StoreError::Config("no targets configured".into()));
+    }
     let cred = cfg.job.credential()?;
     let targets: Vec<TargetConfig> =
         cfg.targets.iter().map(|t| TargetConfig { id: t.id, path: t.path.clone() }).collect();
@@ -85,13 +88,13 @@ pub async fn run(cfg: StoredConfig, shutdown: Shutdown) -> anyhow::Result<()> {
         Some(a) => Some(odfs_rpc::tcp::bind(a).await?),
         None => None,
     };
-    let bulk_addr = bulk.as_ref().map(|l| l.local_addr()).transpose()?;
+    let bulk_addr = bulk.as_ref().map(|l| l.local_addr()).transpose().map_err(odfs_rpc::RpcError::Io)?;
     if let Some(p) = &cfg.addr_file {
         let mut v = vec![("stored", addr)];
         if let Some(b) = bulk_addr {
             v.push(("bulk", b));
         }
-        odfs_service::write_addr_file(p, &v)?;
+        odfs_service::write_addr_file(p, &v).map_err(|e| StoreError::io("write", p.clone(), e))?;
     }
     let register_timeout = Duration::from_secs(cfg.register_timeout_secs);
     let daemon = Daemon::new(cred, cfg.mgmtd, register_timeout, Duration::from_secs(2), shutdown)?;

@@ -1,0 +1,316 @@
+//! Stage-in: S3 or a POSIX tree into odfs, in named steps: list the source → make the
+//! directories → skip what a previous run completed → plan (large files created at full size
+//! and split into ranges) → transfer on every agent → verify the ranged files (read back, CRC32C
+//! of the ranges combined, MD5 against the ETag) → write the manifest.
+
+use super::{
+    agents, make_dirs, read_odfs_file, run_pass, s3_for, write_odfs_file, Pass, Progress, SrcFile, StageOptions,
+    StageReport,
+};
+use crate::error::{invalid, During, Result, StageError};
+use crate::keys::{check_relative, join, parents};
+use crate::location::Location;
+use crate::manifest::{self, FileEntry, Manifest};
+use crate::{posix, s3};
+use odfs_client::{Client, Ctx};
+use odfs_proto::meta::{FileKind, SetAttr, SetTime};
+use odfs_proto::stage::{ItemResult, StageEndpoint, WorkItem};
+use odfs_proto::Timespec;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Instant;
+
+/// What the source holds, as the agents will be told to read it.
+struct Listing {
+    files: Vec<SrcFile>,
+    dirs: BTreeSet<String>,
+    endpoint: StageEndpoint,
+    /// The source as the manifest names it.
+    name: String,
+}
+
+/// The work of one run: whole files, and the ranges of each split file by index into `items`.
+struct Plan {
+    items: Vec<WorkItem>,
+    ranged: BTreeMap<String, Vec<usize>>,
+}
+
+/// One stage-in between its listing and its manifest.
+struct StageIn<'a> {
+    client: &'a Client,
+    ctx: &'a Ctx,
+    dst_root: &'a str,
+    report: StageReport,
+    /// The manifest's entries: files done before and files verified now.
+    entries: BTreeMap<String, FileEntry>,
+}
+
+/// Stage-in: S3 or a POSIX tree into odfs.
+pub async fn stage_in(
+    client: &Client,
+    ctx: &Ctx,
+    src: &Location,
+    dst_root: &str,
+    o: &StageOptions,
+) -> Result<StageReport> {
+    let start = Instant::now();
+    let agents = agents(client).await?;
+    let mut report = StageReport { kind: "stage-in", ..StageReport::default() };
+    let listing = list_source(ctx, src, o, &mut report).await?;
+    let manifest_path = join(dst_root, manifest::STAGE_IN_MANIFEST);
+    report.manifest = format!("odfs:{manifest_path}");
+    make_dirs(client, ctx, dst_root, &listing.dirs).await?;
+    let done = done_before(client, ctx, dst_root, &manifest_path, &listing).await?;
+    report.skipped = done.len() as u64;
+    let mut run = StageIn { client, ctx, dst_root, report, entries: done };
+    let todo: Vec<&SrcFile> = listing.files.iter().filter(|f| !run.entries.contains_key(&f.rel)).collect();
+    let plan = run.plan(&todo, o).await?;
+
+    let total: u64 = plan.items.iter().map(|i| i.bytes()).sum();
+    let mut progress = Progress::new("stage-in", total, o.log_every);
+    let dst_ep = StageEndpoint::Odfs(dst_root.to_string());
+    let limits = super::limits(o, agents.len());
+    let pass = Pass { client, ctx, agents: &agents, src: &listing.endpoint, dst: &dst_ep, limits };
+    let (results, per_agent) = run_pass(&pass, plan.items.clone(), &mut progress).await?;
+    run.report.agents = per_agent;
+    run.record_whole(&plan, &results);
+    let by_rel: HashMap<&str, &SrcFile> = todo.iter().map(|f| (f.rel.as_str(), *f)).collect();
+    run.verify_ranged(&pass, &plan, &results, &by_rel, &mut progress).await?;
+    progress.finish();
+
+    run.report.directories = listing.dirs.len() as u64;
+    let m = Manifest {
+        version: 1,
+        kind: "stage-in".into(),
+        source: listing.name,
+        destination: format!("odfs:{dst_root}"),
+        written: Timespec::now().sec,
+        files: run.entries,
+        directories: listing.dirs.into_iter().collect(),
+        refused: run.report.refused.clone(),
+    };
+    write_odfs_file(client, ctx, &manifest_path, &m.to_json()).await.during(|| "cannot write the manifest".into())?;
+    run.report.elapsed = start.elapsed();
+    Ok(run.report)
+}
+
+/// Lists the source; unsafe names go to the report's refused list.
+async fn list_source(ctx: &Ctx, src: &Location, o: &StageOptions, report: &mut StageReport) -> Result<Listing> {
+    let mut dirs: BTreeSet<String> = BTreeSet::new();
+    let mut files: Vec<SrcFile> = Vec::new();
+    let endpoint = match src {
+        Location::S3 { bucket, prefix } => {
+            let s3 = s3_for(bucket, prefix, o).await?;
+            let mut listed = s3.list(prefix).await?;
+            s3.fill_etags(&mut listed).await?;
+            for obj in listed {
+                let rel = &obj.key[prefix.len()..];
+                if rel.is_empty() {
+                    continue;
+                }
+                if let Err(e) = check_relative(rel) {
+                    report.refused.insert(obj.key.clone(), e.to_string());
+                } else if let Some(d) = rel.strip_suffix('/') {
+                    dirs.insert(d.to_string());
+                } else {
+                    let (size, mtime) = (obj.size, obj.mtime);
+                    files.push(SrcFile { rel: rel.to_string(), size, mtime, mode: None, etag: Some(obj.etag) });
+                }
+            }
+            StageEndpoint::S3(s3.spec.clone())
+        }
+        Location::Posix(root) => {
+            let (entries, skipped) =
+                posix::walk(ctx, root).await.map_err(|e| StageError::Posix(format!("cannot read {e}")))?;
+            for s in skipped {
+                report
+                    .refused
+                    .insert(s, "not a regular file or directory (symlinks and devices are not staged)".into());
+            }
+            for e in entries {
+                if let Err(why) = check_relative(&e.rel) {
+                    report.refused.insert(e.rel.clone(), why.to_string());
+                } else if e.dir {
+                    dirs.insert(e.rel);
+                } else {
+                    files.push(SrcFile { rel: e.rel, size: e.size, mtime: e.mtime, mode: Some(e.mode), etag: None });
+                }
+            }
+            StageEndpoint::Posix(root.to_string_lossy().into_owned())
+        }
+        Location::Odfs(_) => {
+            return invalid!("stage-in copies into odfs from S3 or a POSIX path; the source is odfs itself")
+        }
+    };
+    files.retain(|f| !manifest::reserved(&f.rel));
+    for f in &files {
+        for p in parents(&f.rel) {
+            dirs.insert(p.to_string());
+        }
+    }
+    Ok(Listing { files, dirs, endpoint, name: src.to_string() })
+}
+
+/// What a previous run of the same source completed: same ETag (or mtime) and size in its
+/// manifest, and the file present in odfs with that size.
+async fn done_before(
+    client: &Client,
+    ctx: &Ctx,
+    dst_root: &str,
+    manifest_path: &str,
+    listing: &Listing,
+) -> Result<BTreeMap<String, FileEntry>> {
+    let previous = read_odfs_file(client, ctx, manifest_path).await?.and_then(|d| Manifest::parse(&d));
+    let mut done = BTreeMap::new();
+    let Some(prev) = previous.filter(|m| m.source == listing.name) else { return Ok(done) };
+    for f in &listing.files {
+        let Some(e) = prev.files.get(&f.rel) else { continue };
+        let same = e.size == f.size && (f.etag.is_none() || e.etag == f.etag) && e.mtime == f.mtime.sec;
+        if !same {
+            continue;
+        }
+        if let Ok(a) = client.resolve(ctx, &join(dst_root, &f.rel), true).await {
+            if a.kind == FileKind::File && a.size == f.size {
+                done.insert(f.rel.clone(), e.clone());
+            }
+        }
+    }
+    Ok(done)
+}
+
+impl StageIn<'_> {
+    /// Whole files as one item each; a large file is created here at full size, then split into
+    /// ranges every agent fills.
+    async fn plan(&self, todo: &[&SrcFile], o: &StageOptions) -> Result<Plan> {
+        let mut plan = Plan { items: Vec::new(), ranged: BTreeMap::new() };
+        for f in todo {
+            if f.size < o.split_threshold {
+                plan.items.push(WorkItem::Whole { rel: f.rel.clone(), size: f.size, mtime: f.mtime, mode: f.mode });
+                continue;
+            }
+            self.create_full_size(f).await?;
+            let mut off = 0;
+            while off < f.size {
+                let len = o.part_size.min(f.size - off);
+                plan.ranged.entry(f.rel.clone()).or_default().push(plan.items.len());
+                plan.items.push(WorkItem::Range { rel: f.rel.clone(), offset: off, len });
+                off += len;
+            }
+        }
+        Ok(plan)
+    }
+
+    /// Creates (or empties) a split file's odfs copy and gives it its final size.
+    async fn create_full_size(&self, f: &SrcFile) -> Result<()> {
+        let path = join(self.dst_root, &f.rel);
+        let (parent, name) = self.client.resolve_parent(self.ctx, &path).await?;
+        let mode = f.mode.unwrap_or(0o644) & 0o7777;
+        let (r, h) = self.client.create_open(self.ctx, parent.ino, &name, mode, false, None).await?;
+        // An earlier copy's bytes must not survive as this one's: empty it first.
+        if !r.created && r.attr.size > 0 {
+            h.truncate(0).await?;
+        }
+        h.truncate(f.size).await?;
+        h.close().await?;
+        Ok(())
+    }
+
+    /// Whole files: verified by their agent (or failed).
+    fn record_whole(&mut self, plan: &Plan, results: &[ItemResult]) {
+        for (it, r) in plan.items.iter().zip(results) {
+            let WorkItem::Whole { rel, size, mtime, .. } = it else { continue };
+            if let Some(e) = &r.error {
+                self.report.failed.insert(rel.clone(), e.clone());
+                continue;
+            }
+            self.report.files += 1;
+            self.report.bytes += size;
+            let entry = FileEntry {
+                size: *size,
+                etag: r.etag.clone(),
+                md5: r.md5.map(hex::encode),
+                crc32c: r.crc32c.map(|c| format!("{c:08x}")),
+                mtime: mtime.sec,
+                verified: r.verified.clone().unwrap_or_else(|| "size".into()),
+            };
+            self.entries.insert(rel.clone(), entry);
+        }
+    }
+
+    /// Ranged files: every range must have landed; then one agent reads each file back and its
+    /// digests must match the ranges' combined CRC32C (and the ETag when it is an MD5).
+    async fn verify_ranged(
+        &mut self,
+        pass: &Pass<'_>,
+        plan: &Plan,
+        results: &[ItemResult],
+        by_rel: &HashMap<&str, &SrcFile>,
+        progress: &mut Progress,
+    ) -> Result<()> {
+        let mut digest_items = Vec::new();
+        let mut digest_want: Vec<(String, u32)> = Vec::new();
+        for (rel, idx) in &plan.ranged {
+            if let Some(e) = idx.iter().find_map(|&i| results[i].error.clone()) {
+                self.report.failed.insert(rel.clone(), e);
+                continue;
+            }
+            let crc = idx.iter().fold(0u32, |crc, &i| {
+                crc32c::crc32c_combine(crc, results[i].crc32c.unwrap_or(0), plan.items[i].bytes() as usize)
+            });
+            digest_items.push(WorkItem::Digest { rel: rel.clone(), size: by_rel[rel.as_str()].size });
+            digest_want.push((rel.clone(), crc));
+        }
+        if digest_items.is_empty() {
+            return Ok(());
+        }
+        let (dres, per_agent) = run_pass(pass, digest_items, progress).await?;
+        super::add_counters(&mut self.report.agents, &per_agent);
+        for ((rel, want_crc), r) in digest_want.iter().zip(dres) {
+            let f = by_rel[rel.as_str()];
+            match read_back_verdict(f, *want_crc, &r) {
+                Err(e) => {
+                    self.report.failed.insert(rel.clone(), e);
+                }
+                Ok(how) => self.accept_ranged(f, *want_crc, &r, how).await?,
+            }
+        }
+        Ok(())
+    }
+
+    /// A verified split file gets the source's mtime and its manifest entry.
+    async fn accept_ranged(&mut self, f: &SrcFile, crc: u32, r: &ItemResult, how: &str) -> Result<()> {
+        let a = self.client.resolve(self.ctx, &join(self.dst_root, &f.rel), true).await?;
+        let set = SetAttr { ino: a.ino, mtime: Some(SetTime::At(f.mtime)), ..SetAttr::default() };
+        self.client.setattr(self.ctx, set).await?;
+        self.report.files += 1;
+        self.report.bytes += f.size;
+        let entry = FileEntry {
+            size: f.size,
+            etag: f.etag.clone(),
+            md5: r.md5.map(hex::encode),
+            crc32c: Some(format!("{crc:08x}")),
+            mtime: f.mtime.sec,
+            verified: how.into(),
+        };
+        self.entries.insert(f.rel.clone(), entry);
+        Ok(())
+    }
+}
+
+/// How a split file read back compares with what its ranges received and the source's ETag:
+/// Ok(how it was verified) or Err(why not).
+fn read_back_verdict(f: &SrcFile, want_crc: u32, r: &ItemResult) -> Result<&'static str, String> {
+    match (&r.error, r.crc32c, r.md5) {
+        (Some(e), _, _) => Err(e.clone()),
+        (None, Some(crc), _) if crc != want_crc => {
+            Err(format!("read back CRC32C {crc:08x}, but the ranges received have {want_crc:08x}"))
+        }
+        (None, _, Some(md5)) => match &f.etag {
+            Some(etag) if s3::is_md5_etag(etag) && !etag.eq_ignore_ascii_case(&hex::encode(md5)) => {
+                Err(format!("MD5 {} does not match the ETag {etag}", hex::encode(md5)))
+            }
+            Some(etag) if s3::is_md5_etag(etag) => Ok("crc32c+md5"),
+            _ => Ok("crc32c"),
+        },
+        (None, _, None) => Err("no digest reported".into()),
+    }
+}

@@ -1,0 +1,441 @@
+//! Stage-out: an odfs tree to S3 or a POSIX directory. Nothing is deleted anywhere. In named
+//! steps: walk odfs → (to S3: skip objects whose ETag already matches the local file) →
+//! transfer on every agent → complete multipart uploads → put empty directories' markers →
+//! verify every object as the bucket lists it → manifest → completion marker, last and only
+//! if everything verified.
+
+use super::{
+    add_counters, agents, digests, md5_of, run_pass, s3_for, Pass, Progress, SrcFile, StageOptions, StageReport,
+};
+use crate::error::{invalid, During, Result};
+use crate::keys::parents;
+use crate::location::Location;
+use crate::manifest::{self, FileEntry, Manifest};
+use crate::posix;
+use crate::s3::{self, multipart_etag, S3};
+use odfs_client::{Client, Ctx};
+use odfs_proto::meta::FileKind;
+use odfs_proto::stage::{ItemResult, StageEndpoint, WorkItem};
+use odfs_proto::{InodeId, Timespec};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Instant;
+use tracing::warn;
+
+/// What one stage-out moves: the odfs tree and where it goes.
+struct Outputs<'a> {
+    client: &'a Client,
+    ctx: &'a Ctx,
+    agents: Vec<(u32, SocketAddr)>,
+    src_root: &'a str,
+    src_ep: StageEndpoint,
+    files: Vec<SrcFile>,
+    dirs: BTreeSet<String>,
+    o: &'a StageOptions,
+    report: StageReport,
+    start: Instant,
+}
+
+/// Stage-out: an odfs tree to S3 or a POSIX directory. Nothing is deleted anywhere.
+pub async fn stage_out(
+    client: &Client,
+    ctx: &Ctx,
+    src_root: &str,
+    dst: &Location,
+    o: &StageOptions,
+) -> Result<StageReport> {
+    let start = Instant::now();
+    let agents = agents(client).await?;
+    let mut report = StageReport { kind: "stage-out", ..StageReport::default() };
+    let (mut files, dirs) = walk_odfs(client, ctx, src_root).await?;
+    // A stage-in manifest at the top is the record of an earlier stage, not output.
+    files.retain(|f| !manifest::reserved(&f.rel));
+    report.directories = dirs.len() as u64;
+    let src_ep = StageEndpoint::Odfs(src_root.to_string());
+    let out = Outputs { client, ctx, agents, src_root, src_ep, files, dirs, o, report, start };
+    match dst {
+        Location::S3 { bucket, prefix } => out.into_s3(bucket, prefix).await,
+        Location::Posix(root) => out.into_posix(root).await,
+        Location::Odfs(_) => {
+            invalid!("stage-out copies from odfs to S3 or a POSIX path; the destination is odfs itself")
+        }
+    }
+}
+
+/// Every file and directory below `root` in odfs.
+async fn walk_odfs(client: &Client, ctx: &Ctx, root: &str) -> Result<(Vec<SrcFile>, BTreeSet<String>)> {
+    let top = client.resolve(ctx, root, true).await.during(|| format!("odfs:{root}"))?;
+    if top.kind != FileKind::Dir {
+        return invalid!("odfs:{root} is not a directory");
+    }
+    let mut files = Vec::new();
+    let mut dirs = BTreeSet::new();
+    let mut stack: Vec<(InodeId, String)> = vec![(top.ino, String::new())];
+    while let Some((ino, rel)) = stack.pop() {
+        for e in client.readdir_all(ctx, ino, true).await? {
+            let Ok(name) = String::from_utf8(e.name.clone()) else {
+                return invalid!("odfs:{root}/{rel}: a name that is not UTF-8");
+            };
+            let child = if rel.is_empty() { name } else { format!("{rel}/{name}") };
+            let a = match e.attr {
+                Some(a) => a,
+                None => client.getattr(ctx, e.ino).await?,
+            };
+            match a.kind {
+                FileKind::Dir => {
+                    dirs.insert(child.clone());
+                    stack.push((e.ino, child));
+                }
+                FileKind::File => files.push(SrcFile {
+                    rel: child,
+                    size: a.size,
+                    mtime: a.mtime,
+                    mode: Some(a.mode & 0o7777),
+                    etag: None,
+                }),
+                _ => {}
+            }
+        }
+    }
+    Ok((files, dirs))
+}
+
+/// The manifest entry of an object whose ETag in the bucket matched what was sent.
+fn uploaded(f: &SrcFile, etag: String, r: &ItemResult) -> FileEntry {
+    FileEntry {
+        size: f.size,
+        etag: Some(etag),
+        md5: r.md5.map(hex::encode),
+        crc32c: r.crc32c.map(|c| format!("{c:08x}")),
+        mtime: f.mtime.sec,
+        verified: "etag".into(),
+    }
+}
+
+/// The multipart uploads of one run: for each file, its upload id and its parts' indices in
+/// the run's items.
+type Uploads = BTreeMap<String, (String, Vec<usize>)>;
+/// Per file: the ETag its object must have, and what its agent reported.
+type Expected = BTreeMap<String, (String, ItemResult)>;
+
+impl Outputs<'_> {
+    fn pass<'p>(&'p self, dst: &'p StageEndpoint) -> Pass<'p> {
+        let limits = super::limits(self.o, self.agents.len());
+        Pass { client: self.client, ctx: self.ctx, agents: &self.agents, src: &self.src_ep, dst, limits }
+    }
+
+    fn manifest(&self, destination: String) -> Manifest {
+        Manifest {
+            version: 1,
+            kind: "stage-out".into(),
+            source: format!("odfs:{}", self.src_root),
+            destination,
+            ..Manifest::default()
+        }
+    }
+
+    /// To a POSIX directory, as the requesting user; the agents verify what they wrote.
+    async fn into_posix(mut self, root: &Path) -> Result<StageReport> {
+        let dst_ep = StageEndpoint::Posix(root.to_string_lossy().into_owned());
+        for d in &self.dirs {
+            let p = root.join(d);
+            posix::as_user(self.ctx, move || std::fs::create_dir_all(&p))
+                .await
+                .during(|| format!("cannot create {}", root.join(d).display()))?;
+        }
+        let items: Vec<WorkItem> = self
+            .files
+            .iter()
+            .map(|f| WorkItem::Whole { rel: f.rel.clone(), size: f.size, mtime: f.mtime, mode: f.mode })
+            .collect();
+        let mut progress = Progress::new("stage-out", items.iter().map(|i| i.bytes()).sum(), self.o.log_every);
+        let (results, per_agent) = run_pass(&self.pass(&dst_ep), items, &mut progress).await?;
+        progress.finish();
+        self.report.agents = per_agent;
+        let mut m = self.manifest(root.display().to_string());
+        for (f, r) in self.files.iter().zip(results) {
+            if let Some(e) = r.error {
+                self.report.failed.insert(f.rel.clone(), e);
+                continue;
+            }
+            self.report.files += 1;
+            self.report.bytes += f.size;
+            let entry = FileEntry {
+                size: f.size,
+                etag: None,
+                md5: r.md5.map(hex::encode),
+                crc32c: r.crc32c.map(|c| format!("{c:08x}")),
+                mtime: f.mtime.sec,
+                verified: "size".into(),
+            };
+            m.files.insert(f.rel.clone(), entry);
+        }
+        m.directories = self.dirs.iter().cloned().collect();
+        m.written = Timespec::now().sec;
+        let mpath = root.join(manifest::STAGE_OUT_MANIFEST);
+        self.report.manifest = mpath.display().to_string();
+        let data = m.to_json();
+        posix::as_user(self.ctx, move || std::fs::write(&mpath, data))
+            .await
+            .during(|| "cannot write the manifest".into())?;
+        if self.report.failed.is_empty() {
+            let marker = root.join(manifest::STAGE_OUT_MARKER);
+            posix::as_user(self.ctx, move || std::fs::write(&marker, b"complete\n"))
+                .await
+                .during(|| "cannot write the completion marker".into())?;
+        }
+        self.report.elapsed = self.start.elapsed();
+        Ok(self.report)
+    }
+
+    /// To S3.
+    async fn into_s3(mut self, bucket: &str, prefix: &str) -> Result<StageReport> {
+        let s3 = s3_for(bucket, prefix, self.o).await?;
+        let dst_ep = StageEndpoint::S3(s3.spec.clone());
+        self.report.manifest = format!("s3://{bucket}/{prefix}{}", manifest::STAGE_OUT_MANIFEST);
+        let total = self.files.iter().map(|f| f.size).sum();
+        let mut progress = Progress::new("stage-out", total, self.o.log_every);
+        let skip = self.unchanged_objects(&s3, prefix, &dst_ep, &mut progress).await?;
+        self.report.skipped = skip.len() as u64;
+        let (items, uploads, whole) = self.plan_uploads(&s3, &skip).await?;
+        let (results, per_agent) = run_pass(&self.pass(&dst_ep), items.clone(), &mut progress).await?;
+        add_counters(&mut self.report.agents, &per_agent);
+        progress.finish();
+        let mut expect = self.expect_whole(&whole, &results);
+        self.complete_uploads(&s3, &items, &results, &uploads, &mut expect).await;
+        self.put_dir_markers(&s3).await;
+        let m = self.verify_in_bucket(&s3, bucket, prefix, skip, expect).await;
+        self.write_manifest_and_marker(&s3, m).await?;
+        self.report.elapsed = self.start.elapsed();
+        Ok(self.report)
+    }
+
+    /// A file's multipart part size (0: one PUT).
+    fn part_of(&self, size: u64) -> u64 {
+        if size >= self.o.split_threshold {
+            self.o.part_size
+        } else {
+            0
+        }
+    }
+
+    /// A re-run skips objects whose size and ETag already match the local file (the agents
+    /// compute the local files' digests).
+    async fn unchanged_objects(
+        &mut self,
+        s3: &S3,
+        prefix: &str,
+        dst_ep: &StageEndpoint,
+        progress: &mut Progress,
+    ) -> Result<Expected> {
+        let mut listed = s3.list(prefix).await?;
+        s3.fill_etags(&mut listed).await?;
+        let existing: HashMap<String, s3::Object> =
+            listed.into_iter().map(|obj| (obj.key[prefix.len()..].to_string(), obj)).collect();
+        let candidates: Vec<&SrcFile> =
+            self.files.iter().filter(|f| existing.get(&f.rel).is_some_and(|e| e.size == f.size)).collect();
+        let mut skip = Expected::new();
+        if candidates.is_empty() {
+            return Ok(skip);
+        }
+        let items = candidates
+            .iter()
+            .map(|f| WorkItem::SourceDigest { rel: f.rel.clone(), size: f.size, part_size: self.part_of(f.size) })
+            .collect();
+        let (res, per_agent) = run_pass(&self.pass(dst_ep), items, progress).await?;
+        add_counters(&mut self.report.agents, &per_agent);
+        for (f, r) in candidates.iter().zip(res) {
+            let want = if self.part_of(f.size) > 0 { r.multipart_etag.clone() } else { r.md5.map(hex::encode) };
+            if want.is_some() && want.as_deref() == Some(existing[&f.rel].etag.as_str()) {
+                skip.insert(f.rel.clone(), (existing[&f.rel].etag.clone(), r));
+            }
+        }
+        Ok(skip)
+    }
+
+    /// The run's items: large files as multipart uploads (started here), the others whole.
+    /// Returns (items, uploads, (item index, file index) of whole files).
+    async fn plan_uploads(&self, s3: &S3, skip: &Expected) -> Result<(Vec<WorkItem>, Uploads, Vec<(usize, usize)>)> {
+        let mut items = Vec::new();
+        let mut uploads = Uploads::new();
+        let mut whole = Vec::new();
+        for (fi, f) in self.files.iter().enumerate().filter(|(_, f)| !skip.contains_key(&f.rel)) {
+            let ps = self.part_of(f.size);
+            if ps == 0 {
+                whole.push((items.len(), fi));
+                items.push(WorkItem::Whole { rel: f.rel.clone(), size: f.size, mtime: f.mtime, mode: f.mode });
+                continue;
+            }
+            let id = s3.create_multipart(&s3.key(&f.rel)).await?;
+            let mut idx = Vec::new();
+            let (mut off, mut part) = (0, 1);
+            while off < f.size {
+                let len = ps.min(f.size - off);
+                idx.push(items.len());
+                items.push(WorkItem::Part { rel: f.rel.clone(), upload_id: id.clone(), part, offset: off, len });
+                off += len;
+                part += 1;
+            }
+            uploads.insert(f.rel.clone(), (id, idx));
+        }
+        Ok((items, uploads, whole))
+    }
+
+    /// The ETag each whole file's object must have (its MD5), or its failure.
+    fn expect_whole(&mut self, whole: &[(usize, usize)], results: &[ItemResult]) -> Expected {
+        let mut expect = Expected::new();
+        for &(i, fi) in whole {
+            let (r, f) = (&results[i], &self.files[fi]);
+            match &r.error {
+                Some(e) => {
+                    self.report.failed.insert(f.rel.clone(), e.clone());
+                }
+                None => {
+                    expect.insert(f.rel.clone(), (r.md5.map(hex::encode).unwrap_or_default(), r.clone()));
+                }
+            }
+        }
+        expect
+    }
+
+    /// Completes each multipart upload whose parts all arrived (aborts the others); its object
+    /// must then have the multipart ETag of the parts' MD5s.
+    async fn complete_uploads(
+        &mut self,
+        s3: &S3,
+        items: &[WorkItem],
+        results: &[ItemResult],
+        uploads: &Uploads,
+        expect: &mut Expected,
+    ) {
+        for (rel, (id, idx)) in uploads {
+            let key = s3.key(rel);
+            if let Some(e) = idx.iter().find_map(|&i| results[i].error.clone()) {
+                s3.abort_multipart(&key, id).await;
+                self.report.failed.insert(rel.clone(), e);
+                continue;
+            }
+            let parts: Vec<(i32, String)> = idx
+                .iter()
+                .filter_map(|&i| match &items[i] {
+                    WorkItem::Part { part, .. } => Some((*part, results[i].etag.clone().unwrap_or_default())),
+                    _ => None,
+                })
+                .collect();
+            let md5s: Vec<[u8; 16]> = idx.iter().map(|&i| results[i].md5.unwrap_or_default()).collect();
+            if let Err(e) = s3.complete_multipart(&key, id, &parts).await {
+                s3.abort_multipart(&key, id).await;
+                self.report.failed.insert(rel.clone(), e.to_string());
+                continue;
+            }
+            let crc = idx.iter().fold(0u32, |c, &i| {
+                crc32c::crc32c_combine(c, results[i].crc32c.unwrap_or(0), items[i].bytes() as usize)
+            });
+            let r = ItemResult { crc32c: Some(crc), ..ItemResult::default() };
+            expect.insert(rel.clone(), (multipart_etag(&md5s), r));
+        }
+    }
+
+    /// Empty directories as zero-byte "dir/" markers.
+    async fn put_dir_markers(&mut self, s3: &S3) {
+        let nonempty: BTreeSet<&str> = self.files.iter().flat_map(|f| parents(&f.rel)).collect();
+        let leaves = self
+            .dirs
+            .iter()
+            .filter(|d| !nonempty.contains(d.as_str()) && !self.dirs.iter().any(|x| x.starts_with(&format!("{d}/"))));
+        for d in leaves {
+            if let Err(e) = s3.put(&s3.key(&format!("{d}/")), Vec::new(), &md5_of(b""), 0).await {
+                self.report.failed.insert(format!("{d}/"), e.to_string());
+            }
+        }
+    }
+
+    /// Checks each object as the bucket lists it now; the manifest holds the skipped and the
+    /// verified files.
+    async fn verify_in_bucket(
+        &mut self,
+        s3: &S3,
+        bucket: &str,
+        prefix: &str,
+        skip: Expected,
+        expect: Expected,
+    ) -> Manifest {
+        let listed = match s3.list(prefix).await {
+            Ok(mut l) => s3.fill_etags(&mut l).await.map(|()| l),
+            Err(e) => Err(e),
+        };
+        let now: HashMap<String, s3::Object> = match listed {
+            Ok(l) => l.into_iter().map(|obj| (obj.key[prefix.len()..].to_string(), obj)).collect(),
+            Err(e) => {
+                for rel in expect.keys() {
+                    self.report.failed.entry(rel.clone()).or_insert_with(|| format!("not verified: {e}"));
+                }
+                HashMap::new()
+            }
+        };
+        let by_rel: HashMap<&str, &SrcFile> = self.files.iter().map(|f| (f.rel.as_str(), f)).collect();
+        let mut m = self.manifest(format!("s3://{bucket}/{prefix}"));
+        for (rel, (etag, r)) in skip {
+            m.files.insert(rel.clone(), uploaded(by_rel[rel.as_str()], etag, &r));
+        }
+        for (rel, (want, r)) in expect {
+            if self.report.failed.contains_key(&rel) {
+                continue;
+            }
+            let f = by_rel[rel.as_str()];
+            match object_verdict(now.get(&rel), f, &want) {
+                Err(e) => {
+                    self.report.failed.insert(rel, e);
+                }
+                Ok(etag) => {
+                    self.report.files += 1;
+                    self.report.bytes += f.size;
+                    m.files.insert(rel, uploaded(f, etag, &r));
+                }
+            }
+        }
+        m.directories = self.dirs.iter().cloned().collect();
+        m.refused = self.report.refused.clone();
+        m.written = Timespec::now().sec;
+        m
+    }
+
+    /// The manifest, then the completion marker, last and only if every file verified.
+    async fn write_manifest_and_marker(&mut self, s3: &S3, m: Manifest) -> Result<()> {
+        let data = m.to_json();
+        let (md5, crc) = digests(&data);
+        if let Err(e) = s3.put(&s3.key(manifest::STAGE_OUT_MANIFEST), data, &md5, crc).await {
+            let why = format!("cannot upload the manifest: {e}");
+            self.report.failed.insert(manifest::STAGE_OUT_MANIFEST.into(), why);
+        }
+        if !self.report.failed.is_empty() {
+            warn!(failed = self.report.failed.len(), "stage-out incomplete: no completion marker written");
+            return Ok(());
+        }
+        let body = format!(
+            "{{\"files\": {}, \"bytes\": {}, \"manifest\": \"{}\"}}\n",
+            m.files.len(),
+            m.files.values().map(|e| e.size).sum::<u64>(),
+            manifest::STAGE_OUT_MANIFEST
+        )
+        .into_bytes();
+        let (md5, crc) = digests(&body);
+        s3.put(&s3.key(manifest::STAGE_OUT_MARKER), body, &md5, crc)
+            .await
+            .during(|| "cannot upload the completion marker".into())?;
+        Ok(())
+    }
+}
+
+/// An object as the bucket lists it against the file sent: Ok(its ETag) or Err(why not).
+fn object_verdict(obj: Option<&s3::Object>, f: &SrcFile, want: &str) -> Result<String, String> {
+    match obj {
+        None => Err("missing from the bucket after upload".to_string()),
+        Some(obj) if obj.size != f.size => Err(format!("the bucket holds {} bytes, {} were sent", obj.size, f.size)),
+        Some(obj) if (s3::is_md5_etag(&obj.etag) || obj.etag.contains('-')) && !obj.etag.eq_ignore_ascii_case(want) => {
+            Err(format!("ETag {} in the bucket, {want} expected", obj.etag))
+        }
+        Some(obj) => Ok(obj.etag.clone()),
+    }
+}
