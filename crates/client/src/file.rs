@@ -282,32 +282,10 @@ impl InodeData {
             return Ok(Vec::new());
         }
         let end = (offset + len as u64).min(size);
+        let cached = self.read_ahead(client, offset, end, size);
         let cs = self.layout.chunk_size as u64;
-        let ra_chunks = client.config().readahead_chunks as u64;
-        // Decide which chunks come from read-ahead and start more of it for sequential readers.
-        let cached: BTreeMap<u64, ChunkFuture> = {
-            let mut ra = self.ra.lock().expect("ra lock");
-            let sequential = offset == ra.last_end || offset == 0;
-            ra.last_end = end;
-            let first = offset / cs;
-            ra.chunks = ra.chunks.split_off(&first);
-            if sequential && ra_chunks > 0 {
-                let last_needed = (end - 1) / cs;
-                let max_chunk = (size - 1) / cs;
-                for k in (last_needed + 1)..=(last_needed + ra_chunks).min(max_chunk) {
-                    if let std::collections::btree_map::Entry::Vacant(slot) = ra.chunks.entry(k) {
-                        let f = self.fetch_chunk(client, k, size);
-                        tokio::spawn(f.clone());
-                        slot.insert(f);
-                    }
-                }
-            }
-            ra.chunks.range(first..=(end - 1) / cs).map(|(k, f)| (*k, f.clone())).collect()
-        };
         let futs = self.layout.segments(offset, end - offset).map(|seg| {
             let cached = cached.get(&seg.chunk).cloned();
-            let client = client.clone();
-            let ino = self.ino;
             async move {
                 let piece = match cached {
                     Some(f) => {
@@ -316,56 +294,83 @@ impl InodeData {
                         let to = (from + seg.len as usize).min(whole.len());
                         Piece::Cached(whole, from, to)
                     }
-                    None => {
-                        let mut data = Vec::new();
-                        let mut done = 0u64;
-                        while done < seg.len {
-                            let n = (seg.len - done).min(MAX_IO as u64) as u32;
-                            let r = client
-                                .store(
-                                    seg.target,
-                                    &ReadChunk { target: seg.target, ino, offset: seg.local_offset + done, len: n },
-                                )
-                                .await?;
-                            let got = r.data.len() as u64;
-                            if data.is_empty() {
-                                data = r.data;
-                            } else {
-                                data.extend_from_slice(&r.data);
-                            }
-                            if got < n as u64 {
-                                break;
-                            }
-                            done += got;
-                        }
-                        Piece::Owned(data)
-                    }
+                    None => Piece::Owned(self.read_segment(client, &seg).await?),
                 };
                 Ok::<_, ClientError>((seg.len as usize, piece))
             }
         });
-        let pieces = futures::future::try_join_all(futs).await?;
-        // Short pieces are holes (or a chunk file not yet extended): they read as zeros.
-        if pieces.len() == 1 {
-            let (len, piece) = pieces.into_iter().next().expect("one piece");
-            let mut v = match piece {
-                Piece::Owned(v) => v,
-                Piece::Cached(w, from, to) => w[from..to].to_vec(),
-            };
-            v.resize(len, 0);
-            return Ok(v);
-        }
-        let mut out = Vec::with_capacity((end - offset) as usize);
-        for (len, piece) in pieces {
-            let at = out.len();
-            match piece {
-                Piece::Owned(v) => out.extend_from_slice(&v[..v.len().min(len)]),
-                Piece::Cached(w, from, to) => out.extend_from_slice(&w[from..to.min(from + len)]),
-            }
-            out.resize(at + len, 0);
-        }
-        Ok(out)
+        Ok(assemble(futures::future::try_join_all(futs).await?, (end - offset) as usize))
     }
+
+    /// The read-ahead chunks covering `[offset, end)`; for a sequential reader, more of them
+    /// are started beyond `end`.
+    fn read_ahead(self: &Arc<Self>, client: &Client, offset: u64, end: u64, size: u64) -> BTreeMap<u64, ChunkFuture> {
+        let cs = self.layout.chunk_size as u64;
+        let ra_chunks = client.config().readahead_chunks as u64;
+        let mut ra = self.ra.lock().expect("ra lock");
+        let sequential = offset == ra.last_end || offset == 0;
+        ra.last_end = end;
+        let first = offset / cs;
+        ra.chunks = ra.chunks.split_off(&first);
+        if sequential && ra_chunks > 0 {
+            let last_needed = (end - 1) / cs;
+            let max_chunk = (size - 1) / cs;
+            for k in (last_needed + 1)..=(last_needed + ra_chunks).min(max_chunk) {
+                if let std::collections::btree_map::Entry::Vacant(slot) = ra.chunks.entry(k) {
+                    let f = self.fetch_chunk(client, k, size);
+                    tokio::spawn(f.clone());
+                    slot.insert(f);
+                }
+            }
+        }
+        ra.chunks.range(first..=(end - 1) / cs).map(|(k, f)| (*k, f.clone())).collect()
+    }
+
+    /// One segment from its target, in requests of at most `MAX_IO` bytes; short at a hole.
+    async fn read_segment(&self, client: &Client, seg: &odfs_proto::layout::Segment) -> Result<Vec<u8>> {
+        let mut data = Vec::new();
+        let mut done = 0u64;
+        while done < seg.len {
+            let n = (seg.len - done).min(MAX_IO as u64) as u32;
+            let req = ReadChunk { target: seg.target, ino: self.ino, offset: seg.local_offset + done, len: n };
+            let r = client.store(seg.target, &req).await?;
+            let got = r.data.len() as u64;
+            if data.is_empty() {
+                data = r.data;
+            } else {
+                data.extend_from_slice(&r.data);
+            }
+            if got < n as u64 {
+                break;
+            }
+            done += got;
+        }
+        Ok(data)
+    }
+}
+
+/// The pieces of a read, in order, as one buffer of `total` bytes: short pieces are holes (or
+/// a chunk file not yet extended) and read as zeros.
+fn assemble(pieces: Vec<(usize, Piece)>, total: usize) -> Vec<u8> {
+    if pieces.len() == 1 {
+        let (len, piece) = pieces.into_iter().next().expect("one piece");
+        let mut v = match piece {
+            Piece::Owned(v) => v,
+            Piece::Cached(w, from, to) => w[from..to].to_vec(),
+        };
+        v.resize(len, 0);
+        return v;
+    }
+    let mut out = Vec::with_capacity(total);
+    for (len, piece) in pieces {
+        let at = out.len();
+        match piece {
+            Piece::Owned(v) => out.extend_from_slice(&v[..v.len().min(len)]),
+            Piece::Cached(w, from, to) => out.extend_from_slice(&w[from..to.min(from + len)]),
+        }
+        out.resize(at + len, 0);
+    }
+    out
 }
 
 /// An open file of one process.

@@ -286,25 +286,6 @@ fn node_launch(
     }
 }
 
-/// Writes the configs and starts this node's services (node 0's mgmtd first), recording each.
-fn start_services(
-    rec: &mut Record,
-    state: &StateDir,
-    plan: &Plan,
-    spec: &JobSpec,
-    site: &SiteConfig,
-    layout: odfs_proto::DirLayout,
-    metas: u32,
-) -> Result<()> {
-    let o = &site.ondemand;
-    let node = node_launch(plan, spec, site, layout, metas);
-    node.start(&plan.job_dir, |p| {
-        rec.procs.push(p);
-        state.save(rec)
-    })?;
-    launch::write_toml(&rec.client_config, &node.client_config(o.bulk, Some(o.ready_timeout_secs.max(30))))
-}
-
 /// Another node's failure, seen on the job board while this node was starting.
 #[derive(Debug)]
 pub(crate) struct AbortedBy(pub String);
@@ -373,7 +354,9 @@ fn start_mount(
     Ok(())
 }
 
-/// This node's services, up to (not including) the mount.
+/// This node's services, up to (not including) the mount: its data directories (and RAM
+/// target), then each daemon's config written and the daemon started (node 0's mgmtd first),
+/// every step recorded before the next.
 fn start_node_services(
     rec: &mut Record,
     state: &StateDir,
@@ -394,7 +377,13 @@ fn start_node_services(
         rec.ram_mount = Some(r.clone());
         state.save(rec)?;
     }
-    start_services(rec, state, plan, spec, site, layout, metas)
+    let o = &site.ondemand;
+    let node = node_launch(plan, spec, site, layout, metas);
+    node.start(&plan.job_dir, |p| {
+        rec.procs.push(p);
+        state.save(rec)
+    })?;
+    launch::write_toml(&rec.client_config, &node.client_config(o.bulk, Some(o.ready_timeout_secs.max(30))))
 }
 
 /// Node 0: waits until every node reported `Started`, the filesystem is ready and every stage

@@ -117,44 +117,8 @@ async fn list(client: &Client, ctx: &Ctx, loc: &Location) -> Result<Vec<(String,
 /// Copies `src` to `dst` (either may be `odfs:`; at least one must be).
 pub async fn copy(client: &Client, src: &str, dst: &str, opts: &CopyOptions) -> Result<CopyStats> {
     let ctx = Ctx::current();
-    // `SRC/.` copies what is in SRC into DST itself, as cp(1) does.
-    let contents_only = src == "." || src.ends_with("/.");
-    let src = Location::parse(src);
-    let mut dst = Location::parse(dst);
-    if matches!((&src, &dst), (Location::Local(_), Location::Local(_))) {
-        bail!("one side of odfs cp must be inside odfs (odfs:/path)");
-    }
-    let Some(top) = stat(client, &ctx, &src).await? else { bail!("{src:?}: no such file or directory") };
-    if top.kind == FileKind::Dir && !opts.recursive {
-        bail!("{src:?} is a directory (use -r)");
-    }
-    if let Some(d) = stat(client, &ctx, &dst).await? {
-        if d.kind == FileKind::Dir && !(contents_only && top.kind == FileKind::Dir) {
-            let name = base_name(&src).context("source has no name")?;
-            dst = join(&dst, &name);
-        }
-    }
-    // Walk the source breadth-first: directories in creation order, then files.
-    let mut dirs = Vec::new();
-    let mut files = Vec::new();
-    let mut queue = vec![Item { src, dst, kind: top.kind, mode: top.mode, mtime: top.mtime, size: top.size }];
-    while let Some(it) = queue.pop() {
-        if it.kind == FileKind::Dir {
-            for (name, s) in list(client, &ctx, &it.src).await? {
-                queue.push(Item {
-                    src: join(&it.src, &name),
-                    dst: join(&it.dst, &name),
-                    kind: s.kind,
-                    mode: s.mode,
-                    mtime: s.mtime,
-                    size: s.size,
-                });
-            }
-            dirs.push(it);
-        } else {
-            files.push(it);
-        }
-    }
+    let top = resolve_pair(client, &ctx, src, dst, opts).await?;
+    let (dirs, mut files) = walk(client, &ctx, top).await?;
     let mut stats = CopyStats::default();
     for d in &dirs {
         make_dir(client, &ctx, &d.dst, d.mode).await?;
@@ -162,26 +126,92 @@ pub async fn copy(client: &Client, src: &str, dst: &str, opts: &CopyOptions) -> 
     }
     // Largest first so a big file does not start last.
     files.sort_by_key(|f| std::cmp::Reverse(f.size));
-    let total: u64 = files.iter().map(|f| f.size).sum();
-    let bar = if opts.progress {
-        let b = indicatif::ProgressBar::new(total);
-        b.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{bytes}/{total_bytes} {wide_bar} {binary_bytes_per_sec} eta {eta} {msg}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        b
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    copy_files(client, &ctx, files, opts, &mut stats).await?;
+    // Directory times last: creating entries changed them.
+    for d in dirs.iter().rev() {
+        set_times(client, &ctx, &d.dst, d.mode, d.mtime).await?;
+    }
+    Ok(stats)
+}
+
+/// The top item: the source, and the destination it lands at (inside an existing directory
+/// the source keeps its name; `SRC/.` copies what is in SRC into DST itself, as cp(1) does).
+async fn resolve_pair(client: &Client, ctx: &Ctx, src: &str, dst: &str, opts: &CopyOptions) -> Result<Item> {
+    let contents_only = src == "." || src.ends_with("/.");
+    let src = Location::parse(src);
+    let mut dst = Location::parse(dst);
+    if matches!((&src, &dst), (Location::Local(_), Location::Local(_))) {
+        bail!("one side of odfs cp must be inside odfs (odfs:/path)");
+    }
+    let Some(top) = stat(client, ctx, &src).await? else { bail!("{src:?}: no such file or directory") };
+    if top.kind == FileKind::Dir && !opts.recursive {
+        bail!("{src:?} is a directory (use -r)");
+    }
+    if let Some(d) = stat(client, ctx, &dst).await? {
+        if d.kind == FileKind::Dir && !(contents_only && top.kind == FileKind::Dir) {
+            let name = base_name(&src).context("source has no name")?;
+            dst = join(&dst, &name);
+        }
+    }
+    Ok(Item { src, dst, kind: top.kind, mode: top.mode, mtime: top.mtime, size: top.size })
+}
+
+/// Walks the source: directories in creation order, and files (and links).
+async fn walk(client: &Client, ctx: &Ctx, top: Item) -> Result<(Vec<Item>, Vec<Item>)> {
+    let mut dirs = Vec::new();
+    let mut files = Vec::new();
+    let mut queue = vec![top];
+    while let Some(it) = queue.pop() {
+        if it.kind != FileKind::Dir {
+            files.push(it);
+            continue;
+        }
+        for (name, s) in list(client, ctx, &it.src).await? {
+            queue.push(Item {
+                src: join(&it.src, &name),
+                dst: join(&it.dst, &name),
+                kind: s.kind,
+                mode: s.mode,
+                mtime: s.mtime,
+                size: s.size,
+            });
+        }
+        dirs.push(it);
+    }
+    Ok((dirs, files))
+}
+
+/// A progress bar for `total` bytes, or a hidden one.
+fn progress_bar(total: u64, shown: bool) -> indicatif::ProgressBar {
+    if !shown {
+        return indicatif::ProgressBar::hidden();
+    }
+    let b = indicatif::ProgressBar::new(total);
+    b.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bytes}/{total_bytes} {wide_bar} {binary_bytes_per_sec} eta {eta} {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    b
+}
+
+/// Copies the files, `opts.parallel` at once; the first error is returned after the others
+/// have finished.
+async fn copy_files(
+    client: &Client,
+    ctx: &Ctx,
+    files: Vec<Item>,
+    opts: &CopyOptions,
+    stats: &mut CopyStats,
+) -> Result<()> {
+    let bar = progress_bar(files.iter().map(|f| f.size).sum(), opts.progress);
     let nfiles = files.len();
     let sem = Arc::new(tokio::sync::Semaphore::new(opts.parallel.max(1)));
     let mut tasks = tokio::task::JoinSet::new();
     for f in files {
         let permit = sem.clone().acquire_owned().await.expect("semaphore never closes");
-        let client = client.clone();
-        let ctx = ctx.clone();
+        let (client, ctx) = (client.clone(), ctx.clone());
         tasks.spawn(async move {
             let r = copy_item(&client, &ctx, &f).await.with_context(|| format!("{:?} -> {:?}", f.src, f.dst));
             drop(permit);
@@ -202,21 +232,12 @@ pub async fn copy(client: &Client, src: &str, dst: &str, opts: &CopyOptions) -> 
                 bar.set_message(format!("{}/{nfiles} files", stats.files + stats.links));
             }
             Err(e) => {
-                if first_err.is_none() {
-                    first_err = Some(e);
-                }
+                first_err.get_or_insert(e);
             }
         }
     }
     bar.finish_and_clear();
-    if let Some(e) = first_err {
-        return Err(e);
-    }
-    // Directory times last: creating entries changed them.
-    for d in dirs.iter().rev() {
-        set_times(client, &ctx, &d.dst, d.mode, d.mtime).await?;
-    }
-    Ok(stats)
+    first_err.map_or(Ok(()), Err)
 }
 
 async fn make_dir(client: &Client, ctx: &Ctx, loc: &Location, mode: u32) -> Result<()> {

@@ -151,6 +151,15 @@ fn print_copy(s: &TreeCopy, secs: f64) {
     );
 }
 
+/// Where the demo works: the filesystem's root, its mount, the dataset and the staged-out copy.
+struct Places {
+    root: PathBuf,
+    fsroot: PathBuf,
+    mnt: PathBuf,
+    src: PathBuf,
+    out: PathBuf,
+}
+
 pub fn run(o: &DemoOptions) -> Result<()> {
     // The benchmark needs fio; without it the demo still runs the job.
     let bench = match (o.bench, mount_bench::fio()) {
@@ -160,122 +169,131 @@ pub fn run(o: &DemoOptions) -> Result<()> {
         }
         (b, _) => b,
     };
-    std::fs::create_dir_all(&o.root)?;
-    let root = o.root.canonicalize()?;
-    let fsroot = root.join("fs");
-    let mnt = fsroot.join("mnt");
-    if fsroot.is_dir() {
-        let _ = local::down(&fsroot);
+    let p = prepare(&o.root)?;
+    let state = start_filesystem(o, &p)?;
+    let result = run_job(o, &p);
+    let down = local::down(&p.fsroot);
+    result?;
+    check_teardown(&p, &state, down)?;
+    if bench {
+        run_bench(o, &p.root)?;
+    } else {
+        println!("6/6 benchmark skipped");
     }
-    mount::unmount(&mnt)?;
-    let src = root.join("dataset");
-    let out = root.join("dataset-out");
-    for d in [&fsroot, &src, &out] {
+    if !o.keep {
+        std::fs::remove_dir_all(&p.root).with_context(|| format!("cannot remove {}", p.root.display()))?;
+    }
+    println!("demo finished: filesystem stopped, no process or mount left");
+    Ok(())
+}
+
+/// Clears what an earlier demo under `root` left (its filesystem, mount and copies).
+fn prepare(root: &Path) -> Result<Places> {
+    std::fs::create_dir_all(root)?;
+    let root = root.canonicalize()?;
+    let fsroot = root.join("fs");
+    let p = Places { mnt: fsroot.join("mnt"), src: root.join("dataset"), out: root.join("dataset-out"), fsroot, root };
+    if p.fsroot.is_dir() {
+        let _ = local::down(&p.fsroot);
+    }
+    mount::unmount(&p.mnt)?;
+    for d in [&p.fsroot, &p.src, &p.out] {
         let _ = std::fs::remove_dir_all(d);
     }
+    Ok(p)
+}
 
+fn start_filesystem(o: &DemoOptions, p: &Places) -> Result<local::LocalState> {
     println!(
         "1/6 starting a {}-node odfs on this machine under {}, mounted at {}",
         o.nodes,
-        fsroot.display(),
-        mnt.display()
+        p.fsroot.display(),
+        p.mnt.display()
     );
     let t = Instant::now();
-    let state = local::up(&UpOptions {
-        root: fsroot.clone(),
-        nodes: o.nodes,
-        mount: Some(mnt.clone()),
-        ..UpOptions::default()
-    })?;
+    let up = UpOptions { root: p.fsroot.clone(), nodes: o.nodes, mount: Some(p.mnt.clone()), ..UpOptions::default() };
+    let state = local::up(&up)?;
     println!(
         "    ready in {:.2} s: mgmtd + metad on node 0, stored and a stage agent on each of {} nodes, odfs-fuse ({} processes)",
         t.elapsed().as_secs_f64(),
         o.nodes,
         state.procs.len()
     );
+    Ok(state)
+}
 
-    let result = (|| -> Result<()> {
-        println!("2/6 generating a {} MiB dataset in {}", o.dataset_mib, src.display());
-        let bytes = generate_dataset(&src, o.dataset_mib)?;
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-        let client = rt.block_on(Client::connect(ClientConfig::load(&local::client_config_path(&fsroot))?))?;
-        let stage = StageOptions::default();
+/// The job: a dataset staged in, worked on through the mount, staged out and compared.
+fn run_job(o: &DemoOptions, p: &Places) -> Result<()> {
+    println!("2/6 generating a {} MiB dataset in {}", o.dataset_mib, p.src.display());
+    let bytes = generate_dataset(&p.src, o.dataset_mib)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let client = rt.block_on(Client::connect(ClientConfig::load(&local::client_config_path(&p.fsroot))?))?;
+    let stage = StageOptions::default();
 
-        println!("3/6 stage-in {} -> odfs:/dataset (every node's agent moves its share, verified)", src.display());
-        let r = rt.block_on(odfs_stage::stage_in(
-            &client,
-            &Ctx::current(),
-            &Location::Posix(src.clone()),
-            "/dataset",
-            &stage,
-        ))?;
-        println!("    {}", r.summary().replace('\n', "\n    "));
-        anyhow::ensure!(r.failed.is_empty() && r.refused.is_empty() && r.bytes == bytes, "stage-in incomplete");
+    println!("3/6 stage-in {} -> odfs:/dataset (every node's agent moves its share, verified)", p.src.display());
+    let src = Location::Posix(p.src.clone());
+    let r = rt.block_on(odfs_stage::stage_in(&client, &Ctx::current(), &src, "/dataset", &stage))?;
+    println!("    {}", r.summary().replace('\n', "\n    "));
+    anyhow::ensure!(r.failed.is_empty() && r.refused.is_empty() && r.bytes == bytes, "stage-in incomplete");
 
-        // The job: read the dataset through the mount (cold) and write its outputs there.
-        let cold = if drop_caches() { "page cache dropped" } else { "page cache not dropped: not root" };
-        println!(
-            "4/6 the job, through the mount: {}/dataset -> {}/out ({COPY_THREADS} workers, {cold})",
-            mnt.display(),
-            mnt.display()
-        );
-        let t = Instant::now();
-        let s = copy_tree(&mnt.join("dataset"), &mnt.join("out"), COPY_THREADS)?;
-        print_copy(&s, t.elapsed().as_secs_f64());
+    // The job: read the dataset through the mount (cold) and write its outputs there.
+    let cold = if drop_caches() { "page cache dropped" } else { "page cache not dropped: not root" };
+    let mnt = p.mnt.display();
+    println!("4/6 the job, through the mount: {mnt}/dataset -> {mnt}/out ({COPY_THREADS} workers, {cold})");
+    let t = Instant::now();
+    let s = copy_tree(&p.mnt.join("dataset"), &p.mnt.join("out"), COPY_THREADS)?;
+    print_copy(&s, t.elapsed().as_secs_f64());
 
-        println!("5/6 stage-out odfs:/out -> {} and comparing sha256 of every file with the dataset", out.display());
-        let r = rt.block_on(odfs_stage::stage_out(
-            &client,
-            &Ctx::current(),
-            "/out",
-            &Location::Posix(out.clone()),
-            &stage,
-        ))?;
-        println!("    {}", r.summary().replace('\n', "\n    "));
-        anyhow::ensure!(r.failed.is_empty(), "stage-out incomplete");
-        client.shutdown();
-        let mut a = checksums(&src)?;
-        let mut b = checksums(&out)?;
-        // The stage records (manifests, marker) are not part of the data.
-        for m in [&mut a, &mut b] {
-            m.retain(|k, _| !odfs_stage::manifest::reserved(k));
-        }
-        if a != b {
-            let missing_in_a = b.keys().filter(|k| !a.contains_key(*k));
-            let diff: Vec<_> = a.keys().chain(missing_in_a).filter(|k| a.get(*k) != b.get(*k)).take(5).collect();
-            bail!("outputs differ from the dataset after stage-in, the job and stage-out: {diff:?}");
-        }
-        anyhow::ensure!(out.join("empty-dir").is_dir(), "the empty directory did not come back");
-        anyhow::ensure!(out.join(odfs_stage::manifest::STAGE_OUT_MARKER).is_file(), "no completion marker");
-        println!("    all {} files identical ({} bytes), completion marker written", a.len(), bytes);
-        Ok(())
-    })();
-    let down = local::down(&fsroot);
-    result?;
+    println!("5/6 stage-out odfs:/out -> {} and comparing sha256 of every file with the dataset", p.out.display());
+    let dst = Location::Posix(p.out.clone());
+    let r = rt.block_on(odfs_stage::stage_out(&client, &Ctx::current(), "/out", &dst, &stage))?;
+    println!("    {}", r.summary().replace('\n', "\n    "));
+    anyhow::ensure!(r.failed.is_empty(), "stage-out incomplete");
+    client.shutdown();
+    let n = compare_outputs(&p.src, &p.out)?;
+    println!("    all {n} files identical ({bytes} bytes), completion marker written");
+    Ok(())
+}
+
+/// The staged-out outputs must be the dataset, file by file (sha256); returns the file count.
+fn compare_outputs(src: &Path, out: &Path) -> Result<usize> {
+    let mut a = checksums(src)?;
+    let mut b = checksums(out)?;
+    // The stage records (manifests, marker) are not part of the data.
+    for m in [&mut a, &mut b] {
+        m.retain(|k, _| !odfs_stage::manifest::reserved(k));
+    }
+    if a != b {
+        let missing_in_a = b.keys().filter(|k| !a.contains_key(*k));
+        let diff: Vec<_> = a.keys().chain(missing_in_a).filter(|k| a.get(*k) != b.get(*k)).take(5).collect();
+        bail!("outputs differ from the dataset after stage-in, the job and stage-out: {diff:?}");
+    }
+    anyhow::ensure!(out.join("empty-dir").is_dir(), "the empty directory did not come back");
+    anyhow::ensure!(out.join(odfs_stage::manifest::STAGE_OUT_MARKER).is_file(), "no completion marker");
+    Ok(a.len())
+}
+
+/// After `local down`: no mount and no process of the demo left.
+fn check_teardown(p: &Places, state: &local::LocalState, down: Result<local::DownReport>) -> Result<()> {
     let down = down.context("stopping the demo filesystem")?;
     for step in &down.unmount_steps {
         println!("    {step}");
     }
-    anyhow::ensure!(mount::mount_at(&mnt).is_none(), "{} is still mounted after teardown", mnt.display());
+    anyhow::ensure!(mount::mount_at(&p.mnt).is_none(), "{} is still mounted after teardown", p.mnt.display());
     let left: Vec<u32> = state.procs.iter().filter(|p| procs::runs(p.pid, &p.config)).map(|p| p.pid).collect();
     anyhow::ensure!(left.is_empty(), "processes {left:?} still run after teardown");
     println!("    filesystem stopped: all {} processes ended, mount removed", state.procs.len());
+    Ok(())
+}
 
-    if bench {
-        println!("6/6 short benchmark through the mount (odfs vs a plain directory on the same disk)");
-        let bo = MountBenchOptions { root: root.join("bench"), nodes: o.nodes, ..MountBenchOptions::small() };
-        print!("{}", bo.describe());
-        let (phases, dropped) = mount_bench::run(&bo)?;
-        print!("{}", mount_bench::render(&phases));
-        if !dropped {
-            println!("    (page cache could not be dropped: reads may be served from memory)");
-        }
-    } else {
-        println!("6/6 benchmark skipped");
+fn run_bench(o: &DemoOptions, root: &Path) -> Result<()> {
+    println!("6/6 short benchmark through the mount (odfs vs a plain directory on the same disk)");
+    let bo = MountBenchOptions { root: root.join("bench"), nodes: o.nodes, ..MountBenchOptions::small() };
+    print!("{}", bo.describe());
+    let (phases, dropped) = mount_bench::run(&bo)?;
+    print!("{}", mount_bench::render(&phases));
+    if !dropped {
+        println!("    (page cache could not be dropped: reads may be served from memory)");
     }
-    if !o.keep {
-        std::fs::remove_dir_all(&root).with_context(|| format!("cannot remove {}", root.display()))?;
-    }
-    println!("demo finished: filesystem stopped, no process or mount left");
     Ok(())
 }

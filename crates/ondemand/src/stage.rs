@@ -15,5 +15,5 @@ pub async fn run(fs: Option<&std::path::Path>, r: &StageRequest, way: Direction)
     client.shutdown();
     let report = report?;
     println!("{}", report.summary());
-    request::check(&report)
+    Ok(request::check(&report)?)
 }

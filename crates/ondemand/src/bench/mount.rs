@@ -250,9 +250,17 @@ pub fn fio() -> Result<PathBuf> {
         .context("fio not found on PATH: the benchmark needs it (apt-get install -y fio)")
 }
 
+const MIB: f64 = (1 << 20) as f64;
+
 /// `reports`: where fio's JSON reports go, outside both measured directories.
 fn run_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sides) -> Result<()> {
-    const MIB: f64 = (1 << 20) as f64;
+    fio_phases(o, fio, reports, sides)?;
+    md_phases(o, sides)?;
+    small_phases(o, sides)
+}
+
+/// Sequential write and read, 4 KiB random reads.
+fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sides) -> Result<()> {
     let seq_bytes = o.jobs as u64 * o.job_size;
     let fio_common = |dir: &Path| -> Vec<String> {
         vec![
@@ -303,7 +311,12 @@ fn run_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
         Ok(Some(r.field("read", "iops")?))
     })?;
     sides.push("rand read 4k", "IOPS", 0.0, s);
+    Ok(())
+}
 
+/// mdtest-easy (own directories, empty files) and mdtest-hard style (one shared directory,
+/// 3,901-byte files).
+fn md_phases(o: &MountBenchOptions, sides: &mut Sides) -> Result<()> {
     let md_ops = (o.threads * o.files_per_thread) as f64;
     for (name, op) in
         [("md create", Md::Create), ("md stat", Md::Stat), ("md read", Md::Read), ("md unlink", Md::Unlink)]
@@ -332,7 +345,11 @@ fn run_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
         let s = sides.run(false, |dir, _| md(&dir.join("shared"), shape, op).map(|()| None))?;
         sides.push(name, "ops/s", shared_ops, s);
     }
+    Ok(())
+}
 
+/// Small files written, then read cold in random order.
+fn small_phases(o: &MountBenchOptions, sides: &mut Sides) -> Result<()> {
     let n = o.small_files as f64;
     let mib = (o.small_files * o.small_file_size) as f64 / MIB;
     eprintln!(

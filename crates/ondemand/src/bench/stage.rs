@@ -210,6 +210,18 @@ async fn plain_get(s3: &S3, parallel: usize, split: u64, part: u64) -> Result<(u
     Ok((bytes, objs.len() as u64))
 }
 
+/// One run's S3 server, dataset and filesystem.
+struct Bench {
+    rt: tokio::runtime::Runtime,
+    root: PathBuf,
+    fsroot: PathBuf,
+    url: String,
+    key: &'static str,
+    secret: String,
+    spec: S3Spec,
+    stage: StageOptions,
+}
+
 pub fn run(o: &StageBenchOptions) -> Result<Vec<Row>> {
     std::fs::create_dir_all(&o.root)?;
     let root = o.root.canonicalize()?;
@@ -223,111 +235,117 @@ pub fn run(o: &StageBenchOptions) -> Result<Vec<Row>> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let (key, secret) = ("odfsbench", format!("secret{:016x}", rand::random::<u64>()));
     let _server = start_server(&s3dir, port, key, &secret, &root.join("s3s-fs.log"))?;
-
-    let url = format!("http://127.0.0.1:{port}");
-    let fsroot = root.join("fs");
-    let _ = local::down(&fsroot);
-    let _ = std::fs::remove_dir_all(&fsroot);
-    let state = local::up(&UpOptions { root: fsroot.clone(), nodes: o.nodes, ..UpOptions::default() })?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let creds = odfs_proto::stage::S3Credentials {
-        access_key_id: key.into(),
-        secret_access_key: secret.clone(),
-        session_token: None,
-    };
-    let spec = S3Spec {
-        bucket: "bench".into(),
-        prefix: "ds/".into(),
-        endpoint_url: Some(url.clone()),
-        region: "us-east-1".into(),
-        path_style: true,
-        credentials: Some(creds),
-        max_attempts: 8,
-    };
-    let stage = StageOptions {
-        endpoint_url: Some(url.clone()),
-        region: Some("us-east-1".into()),
-        path_style: true,
-        concurrency: o.concurrency,
-        ..StageOptions::default()
-    };
-    let parallel = (o.nodes * o.concurrency) as usize;
-    let mut rows = Vec::new();
+    let b = Bench::new(o, root, port, key, secret)?;
+    let state = local::up(&UpOptions { root: b.fsroot.clone(), nodes: o.nodes, ..UpOptions::default() })?;
 
     // Uploaded through the S3 API, so the server keeps each object's ETag as a real store does.
     println!("uploading the dataset to s3://bench/ds/ ...");
-    rt.block_on(upload(&S3::new(&spec), &gen, stage.split_threshold, stage.part_size))?;
+    b.rt.block_on(upload(&S3::new(&b.spec), &gen, b.stage.split_threshold, b.stage.part_size))?;
     std::fs::remove_dir_all(&gen)?;
 
-    drop_caches();
-    let t = Instant::now();
-    let (bytes, files) = rt.block_on(plain_get(&S3::new(&spec), parallel, stage.split_threshold, stage.part_size))?;
-    rows.push(Row {
-        name: format!("plain parallel GET ({parallel} in flight, discarded)"),
-        secs: t.elapsed().as_secs_f64(),
-        bytes,
-        files,
-    });
-
-    drop_caches();
-    // The coordinator resolves credentials from the environment, as `odfs stage-in` does.
-    std::env::set_var("AWS_ACCESS_KEY_ID", key);
-    std::env::set_var("AWS_SECRET_ACCESS_KEY", &secret);
-    let cfg = ClientConfig::load(&local::client_config_path(&fsroot))?;
-    let t = Instant::now();
-    let report = rt.block_on(async {
-        let client = Client::connect(cfg).await?;
-        let src = Location::S3 { bucket: "bench".into(), prefix: "ds/".into() };
-        let r = odfs_stage::stage_in(&client, &Ctx::current(), &src, "/ds", &stage).await;
-        client.shutdown();
-        r
-    })?;
-    let secs = t.elapsed().as_secs_f64();
-    if !report.failed.is_empty() {
-        bail!("stage-in failed:\n{}", report.summary());
-    }
-    println!("{}", report.summary());
-    rows.push(Row {
-        name: format!("odfs stage-in ({} agents x {})", o.nodes, o.concurrency),
-        secs,
-        bytes: report.bytes,
-        files: report.files,
-    });
-
-    let dst = root.join("awscli");
-    let _ = std::fs::remove_dir_all(&dst);
-    drop_caches();
-    let t = Instant::now();
-    let st = Command::new("aws")
-        .args(["s3", "cp", "--recursive", "--only-show-errors", "s3://bench/ds"])
-        .arg(&dst)
-        .args(["--endpoint-url", &url])
-        .env("AWS_ACCESS_KEY_ID", key)
-        .env("AWS_SECRET_ACCESS_KEY", &secret)
-        .env("AWS_REGION", "us-east-1")
-        .env("AWS_EC2_METADATA_DISABLED", "true")
-        .status();
-    match st {
-        Ok(s) if s.success() => {
-            let secs = t.elapsed().as_secs_f64();
-            let files = walk_count(&dst);
-            rows.push(Row {
-                name: "aws s3 cp --recursive (to local disk)".into(),
-                secs,
-                bytes: o.total_bytes(),
-                files,
-            });
-        }
-        Ok(s) => bail!("aws s3 cp failed ({s})"),
-        Err(e) => println!("aws CLI not run ({e}); pip install awscli to compare"),
-    }
-
-    local::down(&fsroot)?;
+    let mut rows = vec![b.plain_get(o)?, b.stage_in(o)?];
+    rows.extend(b.awscli(o)?);
+    local::down(&b.fsroot)?;
     drop(state);
     if !o.keep {
-        let _ = std::fs::remove_dir_all(&root);
+        let _ = std::fs::remove_dir_all(&b.root);
     }
     Ok(rows)
+}
+
+impl Bench {
+    fn new(o: &StageBenchOptions, root: PathBuf, port: u16, key: &'static str, secret: String) -> Result<Bench> {
+        let url = format!("http://127.0.0.1:{port}");
+        let fsroot = root.join("fs");
+        let _ = local::down(&fsroot);
+        let _ = std::fs::remove_dir_all(&fsroot);
+        let creds = odfs_proto::stage::S3Credentials {
+            access_key_id: key.into(),
+            secret_access_key: secret.clone(),
+            session_token: None,
+        };
+        let spec = S3Spec {
+            bucket: "bench".into(),
+            prefix: "ds/".into(),
+            endpoint_url: Some(url.clone()),
+            region: "us-east-1".into(),
+            path_style: true,
+            credentials: Some(creds),
+            max_attempts: 8,
+        };
+        let stage = StageOptions {
+            endpoint_url: Some(url.clone()),
+            region: Some("us-east-1".into()),
+            path_style: true,
+            concurrency: o.concurrency,
+            ..StageOptions::default()
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+        Ok(Bench { rt, root, fsroot, url, key, secret, spec, stage })
+    }
+
+    /// The plain parallel GET client: as many requests in flight as all agents together.
+    fn plain_get(&self, o: &StageBenchOptions) -> Result<Row> {
+        let parallel = (o.nodes * o.concurrency) as usize;
+        drop_caches();
+        let t = Instant::now();
+        let (ps, pt) = (self.stage.split_threshold, self.stage.part_size);
+        let (bytes, files) = self.rt.block_on(plain_get(&S3::new(&self.spec), parallel, ps, pt))?;
+        let name = format!("plain parallel GET ({parallel} in flight, discarded)");
+        Ok(Row { name, secs: t.elapsed().as_secs_f64(), bytes, files })
+    }
+
+    fn stage_in(&self, o: &StageBenchOptions) -> Result<Row> {
+        drop_caches();
+        // The coordinator resolves credentials from the environment, as `odfs stage-in` does.
+        std::env::set_var("AWS_ACCESS_KEY_ID", self.key);
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", &self.secret);
+        let cfg = ClientConfig::load(&local::client_config_path(&self.fsroot))?;
+        let t = Instant::now();
+        let report = self.rt.block_on(async {
+            let client = Client::connect(cfg).await?;
+            let src = Location::S3 { bucket: "bench".into(), prefix: "ds/".into() };
+            let r = odfs_stage::stage_in(&client, &Ctx::current(), &src, "/ds", &self.stage).await;
+            client.shutdown();
+            anyhow::Ok(r?)
+        })?;
+        let secs = t.elapsed().as_secs_f64();
+        if !report.failed.is_empty() {
+            bail!("stage-in failed:\n{}", report.summary());
+        }
+        println!("{}", report.summary());
+        let name = format!("odfs stage-in ({} agents x {})", o.nodes, o.concurrency);
+        Ok(Row { name, secs, bytes: report.bytes, files: report.files })
+    }
+
+    /// `aws s3 cp --recursive` to a local directory, when awscli is installed.
+    fn awscli(&self, o: &StageBenchOptions) -> Result<Option<Row>> {
+        let dst = self.root.join("awscli");
+        let _ = std::fs::remove_dir_all(&dst);
+        drop_caches();
+        let t = Instant::now();
+        let st = Command::new("aws")
+            .args(["s3", "cp", "--recursive", "--only-show-errors", "s3://bench/ds"])
+            .arg(&dst)
+            .args(["--endpoint-url", &self.url])
+            .env("AWS_ACCESS_KEY_ID", self.key)
+            .env("AWS_SECRET_ACCESS_KEY", &self.secret)
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .status();
+        match st {
+            Ok(s) if s.success() => {
+                let (secs, files) = (t.elapsed().as_secs_f64(), walk_count(&dst));
+                let name = "aws s3 cp --recursive (to local disk)".into();
+                Ok(Some(Row { name, secs, bytes: o.total_bytes(), files }))
+            }
+            Ok(s) => bail!("aws s3 cp failed ({s})"),
+            Err(e) => {
+                println!("aws CLI not run ({e}); pip install awscli to compare");
+                Ok(None)
+            }
+        }
+    }
 }
 
 fn walk_count(dir: &Path) -> u64 {
