@@ -22,6 +22,21 @@ pub fn file_type(kind: FileKind) -> FileType {
         FileKind::File => FileType::RegularFile,
         FileKind::Dir => FileType::Directory,
         FileKind::Symlink => FileType::Symlink,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
+        FileKind::CharDev => FileType::CharDevice,
+        FileKind::BlockDev => FileType::BlockDevice,
+    }
+}
+
+/// The odfs kind of a special file's `mknod` mode (`S_IFIFO`, ...); None for other types.
+pub fn special_kind(mode: u32) -> Option<FileKind> {
+    match mode & libc::S_IFMT {
+        libc::S_IFIFO => Some(FileKind::Fifo),
+        libc::S_IFSOCK => Some(FileKind::Socket),
+        libc::S_IFCHR => Some(FileKind::CharDev),
+        libc::S_IFBLK => Some(FileKind::BlockDev),
+        _ => None,
     }
 }
 
@@ -42,7 +57,7 @@ pub fn file_attr(a: &Attr) -> FileAttr {
         nlink: a.nlink,
         uid: a.uid,
         gid: a.gid,
-        rdev: 0,
+        rdev: a.rdev,
         blksize: a.layout.as_ref().map_or(DEFAULT_BLKSIZE, |l| l.chunk_size),
         flags: 0,
     }
@@ -123,6 +138,7 @@ mod tests {
             ctime: Timespec { sec: 30, nsec: 7 },
             layout,
             dir_stripes: Vec::new(),
+            rdev: 0,
         }
     }
 

@@ -9,7 +9,7 @@
 //! negotiated at init.
 
 use crate::attr::{
-    caller, file_attr, file_type, name_bytes, set_time, statfs_blocks, xattr_list, NAMELEN, STATFS_BSIZE,
+    caller, file_attr, file_type, name_bytes, set_time, special_kind, statfs_blocks, xattr_list, NAMELEN, STATFS_BSIZE,
 };
 use crate::handles::{Handles, OpenFile, Parents};
 use crate::FuseError;
@@ -362,6 +362,7 @@ impl Filesystem for OdfsFuse {
                     size,
                     atime: atime.map(set_time),
                     mtime: mtime.map(set_time),
+                    open_for_write: false,
                 };
                 s.client.setattr(&ctx, req).await.map_err(|e| gone(&s, ino(i), e))
             },
@@ -386,21 +387,28 @@ impl Filesystem for OdfsFuse {
         name: &OsStr,
         mode: u32,
         _umask: u32,
-        _rdev: u32,
+        rdev: u32,
         reply: ReplyEntry,
     ) {
-        // odfs stores regular files, directories and symbolic links only; mknod(2) answers
-        // EPERM for node types a filesystem does not support.
-        let kind = mode & libc::S_IFMT;
-        if kind != 0 && kind != libc::S_IFREG {
-            reply.error(Errno::EPERM);
+        // FIFOs, sockets and device nodes are inodes of their own (their I/O is the kernel's);
+        // a regular file made by mknod(2) is an ordinary create.
+        let (s, ctx, name) = (self.shared.clone(), ctx_of(req), name_bytes(name));
+        let special = special_kind(mode);
+        let regular = matches!(mode & libc::S_IFMT, 0 | libc::S_IFREG);
+        if special.is_none() && !regular {
+            reply.error(Errno::EINVAL);
             return;
         }
-        let (s, ctx, name) = (self.shared.clone(), ctx_of(req), name_bytes(name));
         self.spawn(
             "mknod",
             reply,
-            async move { Ok(s.client.create(&ctx, ino(parent), &name, mode & 0o7777, true, None).await?.attr) },
+            async move {
+                let (parent, perm) = (ino(parent), mode & 0o7777);
+                Ok(match special {
+                    Some(kind) => s.client.mknod(&ctx, parent, &name, kind, perm, rdev).await?,
+                    None => s.client.create(&ctx, parent, &name, perm, true, None).await?.attr,
+                })
+            },
             |reply, a| entry(reply, &a),
         );
     }
@@ -849,10 +857,11 @@ impl Filesystem for OdfsFuse {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        // Mode 0 (allocate, extend the size) only: odfs does not reserve space, so allocating
-        // means making the size cover the range. Punching holes, collapsing, zeroing ranges and
-        // keeping the size are not supported.
-        if mode != 0 {
+        // odfs does not reserve space: allocating means making the size cover the range (mode
+        // 0), or nothing at all (KEEP_SIZE). Punching a hole deallocates the range on the
+        // targets. Collapsing, inserting and zeroing ranges are not supported.
+        const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        if ![0, libc::FALLOC_FL_KEEP_SIZE, PUNCH].contains(&mode) {
             reply.error(Errno::from_i32(libc::EOPNOTSUPP));
             return;
         }
@@ -862,8 +871,10 @@ impl Filesystem for OdfsFuse {
             reply,
             async move {
                 let end = offset.checked_add(length).ok_or(FuseError::Errno(libc::EFBIG))?;
-                if end > f.handle.size().await {
-                    f.handle.truncate(end).await?;
+                match mode {
+                    0 if end > f.handle.size().await => f.handle.truncate(end).await?,
+                    PUNCH => f.handle.punch_hole(offset, length).await?,
+                    _ => {}
                 }
                 Ok(())
             },

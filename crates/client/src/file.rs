@@ -5,14 +5,15 @@
 //! truncate or close waits for them, and the first write error is reported by the next call.
 //! The size grows locally and reaches metad on flush/fsync/close (close-to-open).
 
+use crate::fs::Truncate;
 use crate::{Client, ClientError, Ctx, Result};
 use futures::future::{BoxFuture, FutureExt, Shared};
 use odfs_proto::codec::MAX_IO;
 use odfs_proto::meta::{Attr, ExtendSize};
-use odfs_proto::storage::{ReadChunk, SyncChunk, WriteChunk};
+use odfs_proto::storage::{PunchChunk, ReadChunk, SyncChunk, WriteChunk};
 use odfs_proto::{InodeId, Layout, Timespec};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::task::JoinHandle;
 
@@ -56,7 +57,9 @@ pub struct InodeData {
     error: Mutex<Option<ClientError>>,
     ra: Mutex<ReadAhead>,
     opens: AtomicUsize,
-    unlinked: AtomicBool,
+    /// Request id of the latest open registered with metad for this inode (its `Release`
+    /// covers opens up to it).
+    registered: std::sync::atomic::AtomicU64,
     /// Mirror of `WriteState::size` readable without the async lock (for getattr).
     size_hint: Mutex<(u64, bool)>,
 }
@@ -71,13 +74,15 @@ impl InodeData {
             error: Mutex::new(None),
             ra: Mutex::new(ReadAhead::default()),
             opens: AtomicUsize::new(0),
-            unlinked: AtomicBool::new(false),
+            registered: std::sync::atomic::AtomicU64::new(0),
             size_hint: Mutex::new((0, false)),
         }
     }
 
-    pub(crate) fn opened(&self, remote_size: u64) {
+    /// A new open of this inode, registered with metad by request `registered`.
+    pub(crate) fn opened(&self, remote_size: u64, registered: u64) {
         self.opens.fetch_add(1, Ordering::AcqRel);
+        self.registered.fetch_max(registered, Ordering::AcqRel);
         let mut h = self.size_hint.lock().expect("size lock");
         if !h.1 {
             h.0 = remote_size;
@@ -95,12 +100,9 @@ impl InodeData {
         self.opens.fetch_sub(1, Ordering::AcqRel) == 1
     }
 
-    pub(crate) fn mark_unlinked(&self) {
-        self.unlinked.store(true, Ordering::Release);
-    }
-
-    pub(crate) fn is_unlinked(&self) -> bool {
-        self.unlinked.load(Ordering::Acquire)
+    /// Request id of the latest registered open.
+    pub(crate) fn registered(&self) -> u64 {
+        self.registered.load(Ordering::Acquire)
     }
 
     /// The size a local caller should see, given metad's.
@@ -237,14 +239,9 @@ impl InodeData {
         }
         if ws.size_dirty {
             let req = ExtendSize { ino: self.ino, size: ws.size, mtime: ws.mtime };
-            match client.meta(ctx, self.ino.shard(), &req).await {
-                Ok(attr) => client.cache_attr(&attr),
-                // The last name went away while the file is open here: there is no size left to
-                // publish, and the data stays readable through the open handles (POSIX lets an
-                // unlinked file be written, fsynced and closed without error).
-                Err(e) if e.code() == odfs_proto::ErrorCode::NotFound => {}
-                Err(e) => return Err(e),
-            }
+            // An unlinked file open here is an orphan at metad: its size is published as any.
+            let attr = client.meta(ctx, self.ino.shard(), &req).await?;
+            client.cache_attr(&attr);
             ws.size_dirty = false;
             *self.size_hint.lock().expect("size lock") = (ws.size, false);
         }
@@ -432,8 +429,30 @@ impl FileHandle {
         self.data.flush(&self.client, &self.ctx, false).await
     }
 
+    /// `ftruncate`: through a descriptor open for writing, access was decided at open.
     pub async fn truncate(&self, size: u64) -> Result<()> {
-        self.client.truncate(&self.ctx, self.data.ino, size, !self.writable).await
+        let how = if self.writable { Truncate::OpenForWrite } else { Truncate::CheckAccess };
+        self.client.truncate(&self.ctx, self.data.ino, size, how).await
+    }
+
+    /// `fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)`: the range reads as zeros, the
+    /// size stays.
+    pub async fn punch_hole(&self, offset: u64, len: u64) -> Result<()> {
+        if !self.writable {
+            return Err(ClientError::new(odfs_proto::ErrorCode::Access, "file is not open for writing"));
+        }
+        self.data.drain(&self.client).await?;
+        let end = offset.saturating_add(len).min(self.size().await);
+        if end <= offset {
+            return Ok(());
+        }
+        self.data.ra.lock().expect("ra lock").chunks.clear();
+        let punches = self.data.layout.segments(offset, end - offset).map(|seg| {
+            let req = PunchChunk { target: seg.target, ino: self.data.ino, offset: seg.local_offset, len: seg.len };
+            async move { self.client.store(seg.target, &req).await }
+        });
+        futures::future::try_join_all(punches).await?;
+        Ok(())
     }
 
     /// Attributes with this process's view of the size.

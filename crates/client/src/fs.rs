@@ -16,6 +16,16 @@ use std::time::Duration;
 use tokio::sync::{watch, Semaphore};
 use tracing::{debug, warn};
 
+/// How a truncation is allowed: by a permission check on the path (`truncate(2)`), through a
+/// descriptor opened for writing (`ftruncate`: access was decided at open), or by the library
+/// itself (an open with `O_TRUNC`, checked by the open).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Truncate {
+    CheckAccess,
+    OpenForWrite,
+    Checked,
+}
+
 /// The caller of an operation: whose permissions apply.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Ctx {
@@ -114,8 +124,56 @@ impl Client {
             stripes: Mutex::new(HashMap::new()),
         });
         let client = Client { inner };
+        client.keep_sessions(&stop_rx);
         client.spawn_background(stop_rx);
         Ok(client)
+    }
+
+    /// Keeps this client's session with every metadata shard alive: a long poll each, and
+    /// after a shard restarted (a new session), the files held open there registered again.
+    fn keep_sessions(&self, stop: &watch::Receiver<bool>) {
+        for shard in 0..self.inner.cluster.view().meta_shards().max(1) {
+            let weak = Arc::downgrade(&self.inner);
+            let mut stop = stop.clone();
+            tokio::spawn(async move {
+                loop {
+                    let Some(inner) = weak.upgrade() else { return };
+                    let client = Client { inner };
+                    let root = Ctx::root();
+                    let poll = client.meta(&root, shard, &SessionPoll { wait_ms: 60_000 });
+                    let r = tokio::select! {
+                        r = poll => r,
+                        _ = stop.changed() => return,
+                    };
+                    match r {
+                        Ok(reply) if reply.new_session => client.reopen(shard).await,
+                        Ok(_) => {}
+                        Err(e) => {
+                            debug!(shard, error = %e, "session poll failed");
+                            drop(client);
+                            tokio::select! {
+                                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                                _ = stop.changed() => return,
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    }
+
+    /// Registers again the files this client holds open on `shard` (after a new session).
+    async fn reopen(&self, shard: u16) {
+        let files: Vec<(InodeId, u64)> = {
+            let map = self.inner.inodes.lock().expect("inodes lock");
+            map.values().filter(|d| d.ino.shard() == shard).map(|d| (d.ino, d.registered())).collect()
+        };
+        if files.is_empty() {
+            return;
+        }
+        if let Err(e) = self.meta(&Ctx::root(), shard, &Reopen { files }).await {
+            warn!(shard, error = %e, "cannot register open files again after a metadata service restart");
+        }
     }
 
     fn spawn_background(&self, mut stop: watch::Receiver<bool>) {
@@ -177,7 +235,12 @@ impl Client {
 
     /// Calls metad for an inode's shard; the same header is reused on retry.
     pub(crate) async fn meta<R: Rpc>(&self, ctx: &Ctx, shard: u16, req: &R) -> Result<R::Reply> {
-        self.call_fresh(&self.header(ctx), req, |c| Ok((c.meta_addr(shard)?, Transport::Quic))).await
+        self.meta_as(&self.header(ctx), shard, req).await
+    }
+
+    /// `meta` with a given header.
+    async fn meta_as<R: Rpc>(&self, h: &RequestHeader, shard: u16, req: &R) -> Result<R::Reply> {
+        self.call_fresh(h, req, |c| Ok((c.meta_addr(shard)?, Transport::Quic))).await
     }
 
     /// Calls the stored holding `target`.
@@ -296,13 +359,25 @@ impl Client {
     /// does not (the directory was striped since this client looked) says so: the stripes are
     /// read again and the request goes once more.
     async fn entry_call<R: Rpc>(&self, ctx: &Ctx, parent: InodeId, name: &[u8], req: &R) -> Result<R::Reply> {
+        self.entry_call_as(ctx, &self.header(ctx), parent, name, req).await
+    }
+
+    /// `entry_call` with a given header (whose request id the caller keeps).
+    async fn entry_call_as<R: Rpc>(
+        &self,
+        ctx: &Ctx,
+        h: &RequestHeader,
+        parent: InodeId,
+        name: &[u8],
+        req: &R,
+    ) -> Result<R::Reply> {
         let shard = self.entry_shard(ctx, parent, name).await?;
-        match self.meta(ctx, shard, req).await {
+        match self.meta_as(h, shard, req).await {
             Err(e) if e.code() == ErrorCode::WrongShard => {
                 self.inner.stripes.lock().expect("stripes lock").remove(&parent);
                 self.invalidate(parent);
                 let shard = self.entry_shard(ctx, parent, name).await?;
-                self.meta(ctx, shard, req).await
+                self.meta_as(h, shard, req).await
             }
             other => other,
         }
@@ -323,7 +398,8 @@ impl Client {
             }
         }
         if let Some(size) = req.size {
-            self.truncate(ctx, req.ino, size, true).await?;
+            let how = if req.open_for_write { Truncate::OpenForWrite } else { Truncate::CheckAccess };
+            self.truncate(ctx, req.ino, size, how).await?;
             if req.mode.is_none()
                 && req.uid.is_none()
                 && req.gid.is_none()
@@ -343,8 +419,8 @@ impl Client {
     }
 
     /// Sets a file's size: chunks on every target, then the size at metad.
-    pub async fn truncate(&self, ctx: &Ctx, ino: InodeId, size: u64, check_permission: bool) -> Result<()> {
-        if check_permission {
+    pub async fn truncate(&self, ctx: &Ctx, ino: InodeId, size: u64, how: Truncate) -> Result<()> {
+        if how == Truncate::CheckAccess {
             self.access(ctx, ino, 2).await?;
         }
         let local = self.inner.inodes.lock().expect("inodes lock").get(&ino).cloned();
@@ -363,7 +439,9 @@ impl Client {
             }
         };
         self.truncate_chunks(&layout, ino, size).await?;
-        self.meta(ctx, Self::shard_of(ino), &SetAttr { ino, size: Some(size), ..Default::default() }).await?;
+        let open_for_write = how != Truncate::CheckAccess;
+        self.meta(ctx, Self::shard_of(ino), &SetAttr { ino, size: Some(size), open_for_write, ..Default::default() })
+            .await?;
         self.invalidate(ino);
         if let Some(d) = local {
             d.set_size_after_truncate(size);
@@ -400,19 +478,15 @@ impl Client {
         }
     }
 
-    /// Removes the data of an inode whose last link went away, now or at its last close here.
+    /// Removes the data of an inode whose last link went away. metad says so only when no
+    /// client holds it open; one held open stays an orphan until its last release.
     async fn reclaim(&self, removed: Option<Attr>) {
         let Some(attr) = removed else { return };
         let Some(layout) = attr.layout else { return };
-        let open_here = self.inner.inodes.lock().expect("inodes lock").get(&attr.ino).cloned();
-        match open_here {
-            // Removed at the last close here, whatever the published size: an open file may
-            // still be written after its last name went away (temporary files).
-            Some(d) => d.mark_unlinked(),
-            // A file whose published size is 0 has no data worth a round trip to every target
-            // (bytes of a writer that died before publishing its size stay until the wipe).
-            None if attr.size == 0 => {}
-            None => self.remove_chunks(&layout, attr.ino, Some(attr.size)).await,
+        // A file whose published size is 0 has no data worth a round trip to every target
+        // (bytes of a writer that died before publishing its size stay until the wipe).
+        if attr.size > 0 {
+            self.remove_chunks(&layout, attr.ino, Some(attr.size)).await;
         }
     }
 
@@ -425,7 +499,7 @@ impl Client {
         exclusive: bool,
         layout: Option<DirLayout>,
     ) -> Result<CreateReply> {
-        let req = Create { parent, name: name.to_vec(), mode, exclusive, layout };
+        let req = Create { parent, name: name.to_vec(), mode, exclusive, layout, register: false };
         let r = self.entry_call(ctx, parent, name, &req).await?;
         self.inner.cache.put_entry(parent, name, &r.attr, (ctx.uid, ctx.gid));
         if r.created {
@@ -469,21 +543,29 @@ impl Client {
         self.inner.cache.forget_entry(parent, name);
         self.inner.cache.forget_entry(new_parent, new_name);
         let req = Rename { parent, name: name.to_vec(), new_parent, new_name: new_name.to_vec(), flags };
-        // Both names must live on one shard: a rename between shards is refused as between
-        // filesystems (EXDEV; mv then copies).
-        let (from, to) =
-            (self.entry_shard(ctx, parent, name).await?, self.entry_shard(ctx, new_parent, new_name).await?);
-        if from != to {
-            return Err(ClientError::new(
-                ErrorCode::CrossDevice,
-                format!("the two names live on metadata shards {from} and {to}"),
-            ));
-        }
+        // Sent to the shard of the name that goes; it coordinates the other shards, if any.
         let r = self.entry_call(ctx, parent, name, &req).await;
         self.invalidate(parent);
         self.invalidate(new_parent);
         self.reclaim(r?.removed).await;
         Ok(())
+    }
+
+    /// Makes a FIFO, a socket's name or a device node.
+    pub async fn mknod(
+        &self,
+        ctx: &Ctx,
+        parent: InodeId,
+        name: &[u8],
+        kind: FileKind,
+        mode: u32,
+        rdev: u32,
+    ) -> Result<Attr> {
+        let req = Mknod { parent, name: name.to_vec(), kind, mode, rdev };
+        let a = self.entry_call(ctx, parent, name, &req).await?;
+        self.inner.cache.put_entry(parent, name, &a, (ctx.uid, ctx.gid));
+        self.invalidate(parent);
+        Ok(a)
     }
 
     pub async fn symlink(&self, ctx: &Ctx, parent: InodeId, name: &[u8], target: &[u8]) -> Result<Attr> {
@@ -499,14 +581,8 @@ impl Client {
     }
 
     pub async fn link(&self, ctx: &Ctx, ino: InodeId, new_parent: InodeId, new_name: &[u8]) -> Result<Attr> {
+        // Sent to the shard of the new name; it coordinates the file's shard, if another.
         let req = Link { ino, new_parent, new_name: new_name.to_vec() };
-        let shard = self.entry_shard(ctx, new_parent, new_name).await?;
-        if shard != ino.shard() {
-            return Err(ClientError::new(
-                ErrorCode::CrossDevice,
-                format!("the file lives on metadata shard {}, the new name on shard {shard}", ino.shard()),
-            ));
-        }
         let a = self.entry_call(ctx, new_parent, new_name, &req).await?;
         self.inner.cache.put_entry(new_parent, new_name, &a, (ctx.uid, ctx.gid));
         self.invalidate(new_parent);
@@ -699,14 +775,17 @@ impl Client {
 
     /// Opens an existing file. `truncate` empties it (O_TRUNC).
     pub async fn open(&self, ctx: &Ctx, ino: InodeId, read: bool, write: bool, truncate: bool) -> Result<FileHandle> {
-        // Always asked of metad: this is the "open" of close-to-open.
-        let attr = self.meta(ctx, Self::shard_of(ino), &Open { ino, read, write }).await?;
+        // Always asked of metad: this is the "open" of close-to-open. The open is registered,
+        // so the file outlives its last name while open.
+        let h = self.header(ctx);
+        let registered = h.request_id;
+        let attr = self.meta_as(&h, Self::shard_of(ino), &Open { ino, read, write, register: true }).await?;
         self.cache_attr(&attr);
-        let h = self.handle_for(ctx, attr, read, write)?;
+        let handle = self.handle_for(ctx, attr, read, write, registered)?;
         if truncate && write {
-            self.truncate(ctx, ino, 0, false).await?;
+            self.truncate(ctx, ino, 0, Truncate::Checked).await?;
         }
-        Ok(h)
+        Ok(handle)
     }
 
     /// Creates (or, without `exclusive`, opens) a file and returns a handle for writing.
@@ -719,12 +798,27 @@ impl Client {
         exclusive: bool,
         layout: Option<DirLayout>,
     ) -> Result<(CreateReply, FileHandle)> {
-        let r = self.create(ctx, parent, name, mode, exclusive, layout).await?;
-        let h = self.handle_for(ctx, r.attr.clone(), true, true)?;
-        Ok((r, h))
+        let h = self.header(ctx);
+        let registered = h.request_id;
+        let req = Create { parent, name: name.to_vec(), mode, exclusive, layout, register: true };
+        let r = self.entry_call_as(ctx, &h, parent, name, &req).await?;
+        self.inner.cache.put_entry(parent, name, &r.attr, (ctx.uid, ctx.gid));
+        if r.created {
+            self.invalidate(parent);
+        }
+        let handle = self.handle_for(ctx, r.attr.clone(), true, true, registered)?;
+        Ok((r, handle))
     }
 
-    pub(crate) fn handle_for(&self, ctx: &Ctx, attr: Attr, read: bool, write: bool) -> Result<FileHandle> {
+    /// A handle on a file opened by request `registered` (its open is registered with metad).
+    pub(crate) fn handle_for(
+        &self,
+        ctx: &Ctx,
+        attr: Attr,
+        read: bool,
+        write: bool,
+        registered: u64,
+    ) -> Result<FileHandle> {
         let layout = match (attr.kind, attr.layout.clone()) {
             (FileKind::File, Some(l)) => l,
             (FileKind::Dir, _) => return Err(ErrorCode::IsDir.into()),
@@ -734,7 +828,7 @@ impl Client {
             let mut map = self.inner.inodes.lock().expect("inodes lock");
             map.entry(attr.ino).or_insert_with(|| Arc::new(InodeData::new(attr.ino, layout))).clone()
         };
-        data.opened(attr.size);
+        data.opened(attr.size, registered);
         Ok(FileHandle::new(self.clone(), data, ctx.clone(), read, write))
     }
 
@@ -752,9 +846,22 @@ impl Client {
             }
             last
         };
-        if last && data.is_unlinked() {
-            // Writes of this process may lie beyond any published size: every target.
-            self.remove_chunks(&data.layout, data.ino, None).await;
+        if !last {
+            return;
+        }
+        // The last handle here: the file is no longer held open by this client. An orphan
+        // (its last name went while open) is then gone, and its chunks with it: every target,
+        // as writes of this process may lie beyond any published size.
+        let req = Release { files: vec![(data.ino, data.registered())] };
+        match self.meta(&Ctx::root(), Self::shard_of(data.ino), &req).await {
+            Ok(r) => {
+                for a in r.removed {
+                    self.remove_chunks(&data.layout, a.ino, None).await;
+                }
+            }
+            Err(e) => {
+                warn!(ino = %data.ino, error = %e, "release failed: metad frees the file when this client's session ends")
+            }
         }
     }
 

@@ -19,6 +19,6 @@ pub mod vxattr;
 pub use config::ClientConfig;
 pub use error::ClientError;
 pub use file::FileHandle;
-pub use fs::{Client, Ctx};
+pub use fs::{Client, Ctx, Truncate};
 
 pub type Result<T, E = ClientError> = std::result::Result<T, E>;

@@ -143,7 +143,7 @@ impl Client {
                         Some(l) => Ok(file_layout_text(l).into_bytes()),
                         None => Err(ClientError::new(ErrorCode::NoData, "the file has no layout")),
                     },
-                    FileKind::Symlink => Err(ClientError::new(ErrorCode::NoData, "a symbolic link has no layout")),
+                    _ => Err(ClientError::new(ErrorCode::NoData, "only files and directories have layouts")),
                 }
             }
             DIR_LAYOUT => {
@@ -211,7 +211,7 @@ impl Client {
                     parse_layout_text(text, &as_dir_layout(&a)).map_err(|m| ClientError::new(ErrorCode::Invalid, m))?;
                 self.set_file_layout(ctx, ino, dl).await.map(drop)
             }
-            FileKind::Symlink => Err(ClientError::new(ErrorCode::Invalid, "a symbolic link has no layout")),
+            _ => Err(ClientError::new(ErrorCode::Invalid, "only files and directories have layouts")),
         }
     }
 }

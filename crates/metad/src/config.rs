@@ -34,6 +34,9 @@ pub struct MetadConfig {
     /// Owner, group and mode given to the root directory when the filesystem is new (the
     /// job's user in the Slurm mode); none keeps root 0:0 mode 0755.
     pub root_owner: Option<RootOwner>,
+    /// Milliseconds a client may stay silent before its session ends: what it held open is
+    /// released (orphans it held go), and a change waits at most this long for it.
+    pub lease_ms: u64,
 }
 
 /// The root directory's owner, group and mode.
@@ -62,6 +65,7 @@ impl Default for MetadConfig {
             register_timeout_secs: 30,
             root_only_layouts: false,
             root_owner: None,
+            lease_ms: 10_000,
         }
     }
 }

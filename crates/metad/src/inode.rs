@@ -57,6 +57,11 @@ pub(crate) enum Body {
     File(Layout),
     Dir(Box<Dir>),
     Symlink(Vec<u8>),
+    /// A FIFO, socket or device node: no data, only its kind and device number.
+    Special {
+        kind: FileKind,
+        rdev: u32,
+    },
 }
 
 impl Inode {
@@ -69,6 +74,7 @@ impl Inode {
             Body::File(_) => FileKind::File,
             Body::Dir(_) => FileKind::Dir,
             Body::Symlink(_) => FileKind::Symlink,
+            Body::Special { kind, .. } => kind,
         }
     }
 
@@ -92,16 +98,24 @@ impl Inode {
 
     /// The wire attributes of this inode.
     pub(crate) fn attr(&self, ino: InodeId) -> Attr {
-        let (size, layout, dir_stripes) = match &self.body {
-            Body::File(l) => (self.size, Some(l.clone()), Vec::new()),
-            Body::Dir(d) => (DIR_SIZE, None, d.stripes.clone()),
-            Body::Symlink(_) => (self.size, None, Vec::new()),
+        let (size, layout, dir_stripes, rdev) = match &self.body {
+            Body::File(l) => (self.size, Some(l.clone()), Vec::new(), 0),
+            Body::Dir(d) => (DIR_SIZE, None, d.stripes.clone(), 0),
+            Body::Symlink(_) => (self.size, None, Vec::new(), 0),
+            Body::Special { rdev, .. } => (0, None, Vec::new(), *rdev),
+        };
+        // A directory striped over shards counts its subdirectories part by part: it reports
+        // 1, the convention for a directory whose subdirectory count is not kept (as btrfs),
+        // so no tool takes nlink - 2 for its number of subdirectories.
+        let nlink = match &self.body {
+            Body::Dir(d) if d.stripes.len() > 1 => 1,
+            _ => self.nlink,
         };
         Attr {
             ino,
             kind: self.kind(),
             mode: self.mode,
-            nlink: self.nlink,
+            nlink,
             uid: self.uid,
             gid: self.gid,
             size,
@@ -110,6 +124,7 @@ impl Inode {
             ctime: self.ctime,
             layout,
             dir_stripes,
+            rdev,
         }
     }
 
@@ -129,8 +144,9 @@ pub(crate) struct Dir {
     /// Default layout of new children.
     pub layout: DirLayout,
     next_seq: u64,
-    /// name → (sequence number, inode).
-    names: HashMap<Box<[u8]>, (u64, InodeId)>,
+    /// name → (sequence number, inode, its kind). The kind is kept with the name because the
+    /// inode may live on another shard (a remote entry).
+    names: HashMap<Box<[u8]>, (u64, InodeId, FileKind)>,
     /// sequence number → name, in insertion order: the readdir order and cookies.
     order: BTreeMap<u64, Box<[u8]>>,
     /// Shards holding the entries of a striped directory (see `entry_shard`); empty otherwise.
@@ -172,7 +188,12 @@ impl Dir {
     }
 
     pub(crate) fn get(&self, name: &[u8]) -> Option<InodeId> {
-        self.names.get(name).map(|&(_, ino)| ino)
+        self.names.get(name).map(|&(_, ino, _)| ino)
+    }
+
+    /// The inode a name points at, and its kind.
+    pub(crate) fn entry(&self, name: &[u8]) -> Option<(InodeId, FileKind)> {
+        self.names.get(name).map(|&(_, ino, kind)| (ino, kind))
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -184,32 +205,35 @@ impl Dir {
     }
 
     /// Adds a new name with the next sequence number.
-    pub(crate) fn insert(&mut self, name: &[u8], ino: InodeId) {
+    pub(crate) fn insert(&mut self, name: &[u8], ino: InodeId, kind: FileKind) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.names.insert(name.into(), (seq, ino));
+        self.names.insert(name.into(), (seq, ino, kind));
         self.order.insert(seq, name.into());
     }
 
     /// Points an existing name at another inode, keeping its place in the listing order (a
     /// name present throughout a listing is returned exactly once).
-    pub(crate) fn repoint(&mut self, name: &[u8], ino: InodeId) -> RpcResult<()> {
+    pub(crate) fn repoint(&mut self, name: &[u8], ino: InodeId, kind: FileKind) -> RpcResult<()> {
         match self.names.get_mut(name) {
             Some(e) => {
-                e.1 = ino;
+                (e.1, e.2) = (ino, kind);
                 Ok(())
             }
             None => Err(internal("a renamed entry vanished")),
         }
     }
 
-    /// Entries after `cookie` in listing order: (cookie, name).
-    pub(crate) fn after(&self, cookie: u64) -> impl Iterator<Item = (u64, &[u8])> {
-        self.order.range((Bound::Excluded(cookie), Bound::Unbounded)).map(|(&seq, name)| (seq, &**name))
+    /// Entries after `cookie` in listing order: (cookie, name, inode, kind).
+    pub(crate) fn after(&self, cookie: u64) -> impl Iterator<Item = (u64, &[u8], InodeId, FileKind)> {
+        self.order.range((Bound::Excluded(cookie), Bound::Unbounded)).filter_map(|(&seq, name)| {
+            let &(_, ino, kind) = self.names.get(name)?;
+            Some((seq, &**name, ino, kind))
+        })
     }
 
     pub(crate) fn remove(&mut self, name: &[u8]) -> RpcResult<InodeId> {
-        let (seq, ino) = self.names.remove(name).ok_or_else(|| internal("a removed entry vanished"))?;
+        let (seq, ino, _) = self.names.remove(name).ok_or_else(|| internal("a removed entry vanished"))?;
         self.order.remove(&seq);
         Ok(ino)
     }
@@ -222,7 +246,7 @@ struct DirImage {
     parent: InodeId,
     layout: DirLayout,
     next_seq: u64,
-    entries: Vec<(u64, Vec<u8>, InodeId)>,
+    entries: Vec<(u64, Vec<u8>, InodeId, FileKind)>,
     stripes: Vec<u16>,
     sealed: bool,
 }
@@ -231,9 +255,9 @@ impl From<DirImage> for Dir {
     fn from(img: DirImage) -> Dir {
         let mut names = HashMap::with_capacity(img.entries.len());
         let mut order = BTreeMap::new();
-        for (seq, name, ino) in img.entries {
+        for (seq, name, ino, kind) in img.entries {
             let name: Box<[u8]> = name.into_boxed_slice();
-            names.insert(name.clone(), (seq, ino));
+            names.insert(name.clone(), (seq, ino, kind));
             order.insert(seq, name);
         }
         Dir {
@@ -255,8 +279,9 @@ impl Serialize for Dir {
             fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 let mut seq = s.serialize_seq(Some(self.0.order.len()))?;
                 for (n, name) in &self.0.order {
-                    let ino = self.0.get(name).ok_or_else(|| S::Error::custom("directory index out of step"))?;
-                    seq.serialize_element(&(n, &**name, ino))?;
+                    let (ino, kind) =
+                        self.0.entry(name).ok_or_else(|| S::Error::custom("directory index out of step"))?;
+                    seq.serialize_element(&(n, &**name, ino, kind))?;
                 }
                 seq.end()
             }
@@ -281,7 +306,7 @@ mod tests {
     fn dir_survives_serialization() {
         let mut d = Dir::new(InodeId::ROOT, DirLayout::default());
         for i in 0..10u64 {
-            d.insert(format!("n{i}").as_bytes(), InodeId(100 + i));
+            d.insert(format!("n{i}").as_bytes(), InodeId(100 + i), FileKind::File);
         }
         d.remove(b"n3").unwrap();
         let bytes = postcard::to_stdvec(&d).unwrap();

@@ -23,11 +23,13 @@ pub mod namespace;
 mod ops;
 pub mod permission;
 pub mod service;
+mod sessions;
 mod shards;
 pub mod snapshot;
+mod spanning;
 pub mod store;
 pub mod wal;
 
 pub use error::MetaError;
-pub use namespace::{MetaOp, MetaReply};
+pub use namespace::{Found, MetaOp, MetaReply};
 pub use store::{MetaStore, StoreOptions, TargetChoice};

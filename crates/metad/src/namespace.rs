@@ -15,6 +15,7 @@ use odfs_proto::error::{ErrorCode, RemoteError, RpcResult};
 use odfs_proto::meta::*;
 use odfs_proto::{DirLayout, InodeId, Layout, RequestHeader, Timespec, NAME_MAX};
 use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
 
 /// Most hard links to one inode, and most subdirectories of one directory (as ext4).
 pub const MAX_LINKS: u32 = 65000;
@@ -66,12 +67,34 @@ pub enum MetaOp {
         ino: InodeId,
         stripes: Vec<u16>,
     },
+    Mknod(Mknod),
+    /// Removes an orphan (nlink 0) that no client holds open any more.
+    DropOrphan {
+        ino: InodeId,
+    },
+    /// One step of an operation spanning shards, on the shard holding it.
+    Step(Step),
+    /// The coordinator of an operation spanning shards logs it before its first step...
+    BeginIntent {
+        id: u64,
+        intent: Intent,
+    },
+    /// ... its decision to commit before the first commit...
+    DecideIntent {
+        id: u64,
+    },
+    /// ... and its end, with the reply its client gets (None: it failed).
+    EndIntent {
+        id: u64,
+        reply: Option<Box<MetaReply>>,
+    },
 }
 
 /// The successful reply of a [`MetaOp`]. Stored in snapshots: add variants at the end only.
 ///
-/// `Create` → `Create`; `Unlink` → `Unlink`; `Rename` → `Rename`; `Mkdir`, `Symlink`, `Link`,
-/// `SetAttr`, `ExtendSize`, `SetRootOwner` → `Attr`; the rest → `Unit`.
+/// `Create` → `Create`; `Unlink` → `Unlink`; `Rename` → `Rename`; `Mkdir`, `Mknod`, `Symlink`,
+/// `Link`, `SetAttr`, `ExtendSize`, `SetRootOwner` → `Attr`; `DropOrphan` → `Orphan`; the rest
+/// → `Unit`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MetaReply {
     Attr(Attr),
@@ -79,6 +102,9 @@ pub enum MetaReply {
     Unlink(UnlinkReply),
     Rename(RenameReply),
     Unit,
+    /// `DropOrphan`: the removed orphan's attributes (its chunks go next), if it was removed.
+    Orphan(Option<Attr>),
+    Step(StepReply),
 }
 
 fn wrong_reply(want: &str, got: &MetaReply) -> RemoteError {
@@ -123,8 +149,9 @@ impl MetaReply {
     }
 }
 
-/// The non-deterministic choices of a mutation. Live, both are `None` and the namespace decides
-/// (next inode id, layout from the chooser); at replay they come from the log record.
+/// The non-deterministic choices of a mutation. Live, they are `None` and the namespace decides
+/// (next inode id, layout from the chooser, whether a client holds an unlinked inode open); at
+/// replay they come from the log record.
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub(crate) struct Choice {
     pub ino: Option<InodeId>,
@@ -134,21 +161,41 @@ pub(crate) struct Choice {
 /// Picks the targets of a new file from a directory layout.
 pub(crate) type Chooser<'a> = &'a mut dyn FnMut(&DirLayout) -> RpcResult<Layout>;
 
+/// Whether a client holds an inode open (its last link going then makes it an orphan). Live it
+/// asks the sessions; at replay it answers from the log record's list of kept orphans.
+pub(crate) type Held<'a> = &'a dyn Fn(InodeId) -> bool;
+
 /// The outcome of a successful `apply`.
 pub(crate) struct Applied {
     pub reply: MetaReply,
     /// False when nothing changed (an existing file opened by `Create`, a rename onto the same
     /// inode): such outcomes need no log record.
     pub changed: bool,
+    /// Inodes whose last link went while a client held them open: kept as orphans.
+    pub kept: Vec<InodeId>,
 }
 
 impl Applied {
     pub(crate) fn changed(reply: MetaReply) -> RpcResult<Applied> {
-        Ok(Applied { reply, changed: true })
+        Ok(Applied { reply, changed: true, kept: Vec::new() })
     }
     pub(crate) fn unchanged(reply: MetaReply) -> RpcResult<Applied> {
-        Ok(Applied { reply, changed: false })
+        Ok(Applied { reply, changed: false, kept: Vec::new() })
     }
+}
+
+/// What a name resolves to: an inode of this shard (with its attributes), or one of another
+/// shard (a remote entry, whose attributes that shard has).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found {
+    Here(Attr),
+    Remote(InodeId),
+}
+
+/// The refusal of a local operation that would touch an inode of another shard: the service
+/// runs it as an operation that spans shards.
+pub(crate) fn spans_shards(ino: InodeId) -> RemoteError {
+    RemoteError::new(ErrorCode::SpansShards, format!("inode {ino} lives on metadata shard {}", ino.shard()))
 }
 
 /// Checks one directory entry name: not empty, not "." or "..", no '/' or NUL, at most
@@ -197,6 +244,53 @@ pub(crate) struct Namespace {
     /// so that statfs need not scan every inode. Not in snapshots: [`Namespace::recount`].
     #[serde(skip)]
     pub(crate) foreign: u64,
+    /// Inodes without a name that a client held open when their last link went (nlink 0).
+    /// Rebuilt at load by [`Namespace::recount`].
+    #[serde(skip)]
+    pub(crate) orphans: std::collections::BTreeSet<InodeId>,
+    /// Orphans kept by the mutation being applied (moved into its `Applied`).
+    #[serde(skip)]
+    kept: Vec<InodeId>,
+    /// Names and inodes prepared by operations that span shards, by intent: until the step
+    /// commits or aborts, other changes to them answer `Busy` (clients retry).
+    pub(crate) pins: HashMap<Pin, u64>,
+    /// Operations that span shards this shard coordinates, from intent to end.
+    pub(crate) intents: BTreeMap<u64, Intent>,
+    /// Metadata shards of the filesystem (from mgmtd; not logged). With more than one, a
+    /// directory changing parent takes the rename lock and runs as an operation spanning shards.
+    #[serde(skip)]
+    pub(crate) shards_total: u16,
+}
+
+/// What a pin holds.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Pin {
+    Name(InodeId, Vec<u8>),
+    Node(InodeId),
+}
+
+/// An operation spanning shards, as its coordinator logs it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Intent {
+    /// The client's request: (client id, request id), for its retries.
+    pub request: (u64, u64),
+    /// The caller's identity, for the steps' permission checks.
+    pub caller: (u32, u32, Vec<u32>),
+    /// Each step with the shard that holds it, in commit order.
+    pub steps: Vec<(u16, StepChange)>,
+    /// The coordinator decided to commit: a restart finishes it instead of aborting it.
+    pub decided: bool,
+    /// Which operation, for the reply a restart's redrive gives.
+    pub kind: IntentKind,
+}
+
+/// The operation an intent runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum IntentKind {
+    Rename,
+    Unlink,
+    Rmdir,
+    Link,
 }
 
 impl Namespace {
@@ -207,12 +301,18 @@ impl Namespace {
             next_local: 2,
             inodes: InodeMap::default(),
             foreign: 0,
+            orphans: Default::default(),
+            kept: Vec::new(),
+            pins: HashMap::new(),
+            intents: BTreeMap::new(),
+            shards_total: 1,
         }
     }
 
-    /// Counts the other shards' inodes again (after loading a snapshot).
+    /// Counts the other shards' inodes and finds the orphans again (after loading a snapshot).
     pub fn recount(&mut self) {
         self.foreign = self.inodes.keys().filter(|i| i.shard() != self.shard).count() as u64;
+        self.orphans = self.inodes.iter().filter(|(_, n)| n.nlink == 0 && !n.is_dir()).map(|(i, _)| *i).collect();
     }
 
     pub fn shard(&self) -> u16 {
@@ -253,6 +353,15 @@ impl Namespace {
         self.inodes
             .get(&ino)
             .ok_or_else(|| RemoteError::new(ErrorCode::NotFound, format!("inode {ino} does not exist")))
+    }
+
+    /// The inode a name of this shard points at: `SpansShards` when it lives on another shard.
+    pub(crate) fn target(&self, ino: InodeId) -> RpcResult<&Inode> {
+        match self.inodes.get(&ino) {
+            Some(n) => Ok(n),
+            None if ino.shard() != self.shard => Err(spans_shards(ino)),
+            None => Err(RemoteError::new(ErrorCode::NotFound, format!("inode {ino} does not exist"))),
+        }
     }
 
     pub(crate) fn node_mut(&mut self, ino: InodeId) -> RpcResult<&mut Inode> {
@@ -304,13 +413,17 @@ impl Namespace {
 
     // ---- reads ----
 
-    pub fn lookup(&self, h: &RequestHeader, req: &Lookup) -> RpcResult<Attr> {
+    pub fn lookup(&self, h: &RequestHeader, req: &Lookup) -> RpcResult<Found> {
         check_name(&req.name)?;
         let (parent, dir) = self.dir_node(req.parent)?;
         permission::require(h, parent, req.parent, MAY_EXEC)?;
         dir.holds_name(&req.name, self.shard)?;
         let ino = dir.get(&req.name).ok_or_else(|| not_found(&req.name))?;
-        Ok(self.node(ino)?.attr(ino))
+        match self.target(ino) {
+            Ok(n) => Ok(Found::Here(n.attr(ino))),
+            Err(e) if e.code == ErrorCode::SpansShards => Ok(Found::Remote(ino)),
+            Err(e) => Err(e),
+        }
     }
 
     pub fn getattr(&self, ino: InodeId) -> RpcResult<Attr> {
@@ -330,6 +443,10 @@ impl Namespace {
         if req.write && node.is_dir() {
             return Err(RemoteError::new(ErrorCode::IsDir, format!("inode {} is a directory", req.ino)));
         }
+        if node.kind().is_special() {
+            // The kernel opens FIFOs, sockets and devices itself; only odfs's own clients ask.
+            return Err(RemoteError::new(ErrorCode::Invalid, format!("inode {} has no data in odfs", req.ino)));
+        }
         let mask = if req.read { MAY_READ } else { 0 } | if req.write { MAY_WRITE } else { 0 };
         permission::require(h, node, req.ino, mask)?;
         Ok(node.attr(req.ino))
@@ -346,12 +463,11 @@ impl Namespace {
         let mut entries = Vec::with_capacity(max.min(dir.len()));
         let mut bytes = 0;
         while entries.len() < max && bytes < READDIR_MAX_BYTES {
-            let Some((seq, name)) = it.next() else { break };
-            let ino = dir.get(name).ok_or_else(|| internal("directory index out of step"))?;
-            let child = self.node(ino)?;
-            let attr = req.plus.then(|| child.attr(ino));
+            let Some((seq, name, ino, kind)) = it.next() else { break };
+            // A remote entry's attributes are its shard's: the service adds them.
+            let attr = if req.plus { self.inodes.get(&ino).map(|n| n.attr(ino)) } else { None };
             bytes += 32 + name.len() + attr.as_ref().map_or(0, |a| 96 + 5 * layout_len(a));
-            entries.push(DirEntry { name: name.to_vec(), ino, kind: child.kind(), cookie: seq, attr });
+            entries.push(DirEntry { name: name.to_vec(), ino, kind, cookie: seq, attr });
         }
         Ok(ReadDirReply { entries, eof: it.peek().is_none() })
     }
@@ -391,13 +507,35 @@ impl Namespace {
         op: &MetaOp,
         choice: &mut Choice,
         choose: Chooser,
+        held: Held,
+    ) -> RpcResult<Applied> {
+        self.kept.clear();
+        let mut applied = self.dispatch(h, now, op, choice, choose, held)?;
+        applied.kept = std::mem::take(&mut self.kept);
+        Ok(applied)
+    }
+
+    fn dispatch(
+        &mut self,
+        h: &RequestHeader,
+        now: Timespec,
+        op: &MetaOp,
+        choice: &mut Choice,
+        choose: Chooser,
+        held: Held,
     ) -> RpcResult<Applied> {
         match op {
             MetaOp::Create(r) => self.create(h, now, r, choice, choose),
             MetaOp::Mkdir(r) => self.mkdir(h, now, r, choice),
-            MetaOp::Unlink(r) => self.unlink(h, now, r),
+            MetaOp::Mknod(r) => self.mknod(h, now, r, choice),
+            MetaOp::Unlink(r) => self.unlink(h, now, r, held),
             MetaOp::Rmdir(r) => self.rmdir(h, now, r),
-            MetaOp::Rename(r) => self.rename(h, now, r),
+            MetaOp::Rename(r) => self.rename(h, now, r, held),
+            MetaOp::DropOrphan { ino } => self.drop_orphan(*ino, held),
+            MetaOp::Step(s) => self.step(h, now, s, held),
+            MetaOp::BeginIntent { id, intent } => self.begin_intent(*id, intent),
+            MetaOp::DecideIntent { id } => self.decide_intent(*id),
+            MetaOp::EndIntent { id, reply } => self.end_intent(*id, reply),
             MetaOp::Symlink(r) => self.symlink(h, now, r, choice),
             MetaOp::Link(r) => self.link(h, now, r),
             MetaOp::SetAttr(r) => self.setattr(h, now, r),
@@ -424,15 +562,15 @@ impl Namespace {
         parent: InodeId,
         name: &[u8],
         ino: InodeId,
+        kind: FileKind,
         now: Timespec,
-        subdir: bool,
     ) -> RpcResult<()> {
         let p = self.node_mut(parent)?;
         p.touch_dir(now);
-        if subdir {
+        if kind == FileKind::Dir {
             p.nlink += 1;
         }
-        p.dir_mut()?.insert(name, ino);
+        p.dir_mut()?.insert(name, ino, kind);
         Ok(())
     }
 
@@ -453,6 +591,7 @@ impl Namespace {
             return Err(exists(name));
         }
         permission::require(h, parent, parent_ino, MAY_WRITE | MAY_EXEC)?;
+        self.unpinned_name(parent_ino, name)?;
         Ok((parent, dir))
     }
 
@@ -470,23 +609,65 @@ impl Namespace {
         permission::require(h, parent, parent_ino, MAY_EXEC)?;
         dir.holds_name(name, self.shard)?;
         let ino = dir.get(name).ok_or_else(|| not_found(name))?;
-        let victim = self.node(ino)?;
+        let victim = self.target(ino)?;
         permission::require(h, parent, parent_ino, MAY_WRITE | MAY_EXEC)?;
         permission::require_sticky(h, parent, victim, name)?;
+        self.unpinned_name(parent_ino, name)?;
+        self.unpinned_node(ino)?;
         Ok((ino, victim))
     }
 
-    /// Drops one link of a non-directory; returns its attributes if that was the last.
-    pub(crate) fn drop_link(&mut self, ino: InodeId, now: Timespec) -> RpcResult<Option<Attr>> {
+    /// Drops one link of a non-directory; returns its attributes if that was the last and no
+    /// client holds it open (it is then gone; its chunks are the caller's to remove). One held
+    /// open stays as an orphan.
+    pub(crate) fn drop_link(&mut self, ino: InodeId, now: Timespec, held: Held) -> RpcResult<Option<Attr>> {
         let node = self.node_mut(ino)?;
         node.nlink = node.nlink.saturating_sub(1);
         node.ctime = now;
         if node.nlink > 0 {
             return Ok(None);
         }
+        if held(ino) {
+            self.orphans.insert(ino);
+            self.kept.push(ino);
+            return Ok(None);
+        }
         let attr = node.attr(ino);
         self.inodes.remove(&ino);
         Ok(Some(attr))
+    }
+
+    /// Removes an orphan no client holds open any more; returns its attributes (for its
+    /// chunks). Unchanged when it is gone already or has a name again.
+    fn drop_orphan(&mut self, ino: InodeId, held: Held) -> RpcResult<Applied> {
+        let removable = self.inodes.get(&ino).is_some_and(|n| n.nlink == 0 && !n.is_dir()) && !held(ino);
+        if !removable {
+            return Applied::unchanged(MetaReply::Orphan(None));
+        }
+        self.orphans.remove(&ino);
+        let attr = self.inodes.remove(&ino).map(|n| n.attr(ino));
+        Applied::changed(MetaReply::Orphan(attr))
+    }
+
+    /// `Busy` while an operation spanning shards has prepared this name.
+    pub(crate) fn unpinned_name(&self, parent: InodeId, name: &[u8]) -> RpcResult<()> {
+        if self.pins.is_empty() || !self.pins.contains_key(&Pin::Name(parent, name.to_vec())) {
+            return Ok(());
+        }
+        Err(RemoteError::new(ErrorCode::Busy, format!("\"{}\" is being renamed or linked; try again", show(name))))
+    }
+
+    /// `Busy` while an operation spanning shards has prepared this inode.
+    pub(crate) fn unpinned_node(&self, ino: InodeId) -> RpcResult<()> {
+        if self.pins.is_empty() || !self.pins.contains_key(&Pin::Node(ino)) {
+            return Ok(());
+        }
+        Err(RemoteError::new(ErrorCode::Busy, format!("inode {ino} is being renamed or linked; try again")))
+    }
+
+    /// The parent of a directory held here (its "..").
+    pub fn parent_of(&self, ino: InodeId) -> RpcResult<InodeId> {
+        Ok(self.dir_node(ino)?.1.parent)
     }
 
     /// Entries of the part of a directory held here.

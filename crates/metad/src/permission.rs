@@ -66,13 +66,13 @@ pub(crate) fn is_owner(h: &RequestHeader, node: &Inode) -> bool {
 
 /// Whether the sticky bit of `dir` (if set) lets the caller remove or replace `victim`: only
 /// root, the victim's owner and the directory's owner may.
-pub(crate) fn sticky_allows(h: &RequestHeader, dir: &Inode, victim: &Inode) -> bool {
-    dir.mode & S_ISVTX == 0 || h.is_root() || h.uid == victim.uid || h.uid == dir.uid
+pub(crate) fn require_sticky(h: &RequestHeader, dir: &Inode, victim: &Inode, name: &[u8]) -> RpcResult<()> {
+    require_sticky_owner(h, dir, victim.uid, name)
 }
 
-/// `sticky_allows`, as a result.
-pub(crate) fn require_sticky(h: &RequestHeader, dir: &Inode, victim: &Inode, name: &[u8]) -> RpcResult<()> {
-    if sticky_allows(h, dir, victim) {
+/// `require_sticky` for a victim known by its owner only (an inode of another shard).
+pub(crate) fn require_sticky_owner(h: &RequestHeader, dir: &Inode, victim_uid: u32, name: &[u8]) -> RpcResult<()> {
+    if dir.mode & S_ISVTX == 0 || h.is_root() || h.uid == victim_uid || h.uid == dir.uid {
         return Ok(());
     }
     Err(RemoteError::new(

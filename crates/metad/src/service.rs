@@ -78,6 +78,7 @@ pub fn router(store: Shared, coord: Coordinator) -> Router {
     let mut r = Router::new();
     add_placing(&mut r, &coord);
     add_coordinated(&mut r, &coord);
+    add_reads(&mut r, &coord);
     add_plain(&mut r, &store);
     r
 }
@@ -91,10 +92,20 @@ fn add_placing(r: &mut Router, coord: &Coordinator) {
     r.add::<Create, _, _>(move |h: RequestHeader, q: Create| {
         let s = s.clone();
         async move {
-            match mutate_fresh(&s, &h, MetaOp::Create(q), &[ErrorCode::Invalid, ErrorCode::NoSpace]).await? {
-                MetaReply::Create(c) => Ok(c),
-                other => Err(unexpected(other)),
+            let (register, lookup) = (q.register, Lookup { parent: q.parent, name: q.name.clone() });
+            let c = match mutate_fresh(&s, &h, MetaOp::Create(q), &[ErrorCode::Invalid, ErrorCode::NoSpace]).await {
+                Ok(MetaReply::Create(c)) => c,
+                Ok(other) => return Err(unexpected(other)),
+                // The name exists and names a file of another shard: that shard opens it.
+                Err(e) if e.code == ErrorCode::SpansShards => {
+                    return s.open_remote_existing(&h, lookup, register).await
+                }
+                Err(e) => return Err(e),
+            };
+            if register {
+                s.store.lock().expect("store lock").register_open(&h, c.attr.ino);
             }
+            Ok(c)
         }
     });
     let s = coord.clone();
@@ -134,7 +145,58 @@ fn add_coordinated(r: &mut Router, coord: &Coordinator) {
     let s = coord.clone();
     r.add::<Rmdir, _, _>(move |h: RequestHeader, q: Rmdir| {
         let s = s.clone();
-        async move { s.rmdir(&h, q).await }
+        async move {
+            match s.rmdir(&h, q.clone()).await {
+                Err(e) if e.code == ErrorCode::SpansShards => s.rmdir_spanning(&h, q).await,
+                other => other,
+            }
+        }
+    });
+    // Tried as this shard's own first; what touches another shard runs as an operation
+    // spanning shards.
+    let s = coord.clone();
+    r.add::<Unlink, _, _>(move |h: RequestHeader, q: Unlink| {
+        let s = s.clone();
+        async move {
+            match s.store.lock().expect("store lock").mutate(&h, MetaOp::Unlink(q.clone())) {
+                Ok(MetaReply::Unlink(u)) => return Ok(u),
+                Ok(other) => return Err(unexpected(other)),
+                Err(e) if e.code != ErrorCode::SpansShards => return Err(e),
+                Err(_) => {}
+            }
+            s.unlink_spanning(&h, q).await
+        }
+    });
+    let s = coord.clone();
+    r.add::<Rename, _, _>(move |h: RequestHeader, q: Rename| {
+        let s = s.clone();
+        async move {
+            match s.store.lock().expect("store lock").mutate(&h, MetaOp::Rename(q.clone())) {
+                Ok(MetaReply::Rename(x)) => return Ok(x),
+                Ok(other) => return Err(unexpected(other)),
+                Err(e) if e.code != ErrorCode::SpansShards => return Err(e),
+                Err(_) => {}
+            }
+            s.rename_spanning(&h, q).await
+        }
+    });
+    let s = coord.clone();
+    r.add::<Link, _, _>(move |h: RequestHeader, q: Link| {
+        let s = s.clone();
+        async move {
+            match s.store.lock().expect("store lock").mutate(&h, MetaOp::Link(q.clone())) {
+                Ok(MetaReply::Attr(a)) => return Ok(a),
+                Ok(other) => return Err(unexpected(other)),
+                Err(e) if e.code != ErrorCode::SpansShards => return Err(e),
+                Err(_) => {}
+            }
+            s.link_spanning(&h, q).await
+        }
+    });
+    let s = coord.clone();
+    r.add::<RenameLock, _, _>(move |_h: RequestHeader, q: RenameLock| {
+        let s = s.clone();
+        async move { s.rename_lock(q).await }
     });
     let s = coord.clone();
     r.add::<SetAttr, _, _>(move |h: RequestHeader, q: SetAttr| {
@@ -154,13 +216,64 @@ fn add_coordinated(r: &mut Router, coord: &Coordinator) {
     });
 }
 
+/// Reads that may need another shard (a remote entry's attributes), open files and sessions.
+fn add_reads(r: &mut Router, coord: &Coordinator) {
+    let s = coord.clone();
+    r.add::<Lookup, _, _>(move |h: RequestHeader, q: Lookup| {
+        let s = s.clone();
+        async move {
+            let found = s.store.lock().expect("store lock").resolve_name(&h, &q)?;
+            s.resolve(found).await
+        }
+    });
+    let s = coord.clone();
+    r.add::<ReadDir, _, _>(move |h: RequestHeader, q: ReadDir| {
+        let s = s.clone();
+        async move {
+            let mut listing = s.store.lock().expect("store lock").readdir(&h, &q)?;
+            if q.plus {
+                s.fill_remote_attrs(&mut listing.entries).await?;
+            }
+            Ok(listing)
+        }
+    });
+    let s = coord.clone();
+    r.add::<Release, _, _>(move |h: RequestHeader, q: Release| {
+        let s = s.clone();
+        async move { s.store.lock().expect("store lock").release(&h, &q) }
+    });
+    let s = coord.clone();
+    r.add::<SessionPoll, _, _>(move |h: RequestHeader, q: SessionPoll| {
+        let s = s.clone();
+        async move {
+            let reply = s.store.lock().expect("store lock").session_poll(&h);
+            if !reply.new_session {
+                // Paces the client's keep-alive; a third of the lease leaves room for two misses.
+                let most = reply.lease_ms / 3;
+                tokio::time::sleep(Duration::from_millis(q.wait_ms.min(most) as u64)).await;
+            }
+            Ok(reply)
+        }
+    });
+}
+
 /// Reads, and mutations of this shard alone: straight to the store.
 fn add_plain(r: &mut Router, store: &Shared) {
-    read_op!(r, store, Lookup, lookup);
     read_op!(r, store, GetAttr, getattr);
     read_op!(r, store, Access, access);
-    read_op!(r, store, Open, open_file);
-    read_op!(r, store, ReadDir, readdir);
+    let s = store.clone();
+    r.add::<Open, _, _>(move |h: RequestHeader, q: Open| {
+        let s = s.clone();
+        async move {
+            let mut st = s.lock().expect("store lock");
+            let a = st.open_file(&h, &q)?;
+            if q.register {
+                st.register_open(&h, q.ino);
+            }
+            Ok(a)
+        }
+    });
+    read_op!(r, store, Reopen, reopen);
     read_op!(r, store, Readlink, readlink);
     read_op!(r, store, GetXattr, getxattr);
     read_op!(r, store, ListXattr, listxattr);
@@ -168,10 +281,10 @@ fn add_plain(r: &mut Router, store: &Shared) {
     read_op!(r, store, GetDirLayout, get_dir_layout);
     read_op!(r, store, CountEntries, count_entries);
     mutation!(r, store, Mkdir, MetaReply::Attr(a) => a);
-    mutation!(r, store, Unlink, MetaReply::Unlink(u) => u);
-    mutation!(r, store, Rename, MetaReply::Rename(x) => x);
+    mutation!(r, store, Mknod, MetaReply::Attr(a) => a);
     mutation!(r, store, Symlink, MetaReply::Attr(a) => a);
-    mutation!(r, store, Link, MetaReply::Attr(a) => a);
+    mutation!(r, store, Step, MetaReply::Step(x) => x);
+    read_op!(r, store, ParentOf, parent_of);
     mutation!(r, store, CreateShadow, MetaReply::Unit => ());
     mutation!(r, store, SyncShadow, MetaReply::Unit => ());
     mutation!(r, store, SealShadow, MetaReply::Unit => ());
@@ -199,7 +312,9 @@ pub async fn run(cfg: MetadConfig, shutdown: Shutdown) -> Result<(), MetaError> 
         odfs_service::write_addr_file(p, &[("metad", addr)]).map_err(|e| MetaError::io("write", p, e))?;
     }
     let servers = daemon.serve(&endpoint, None, Arc::new(router(store.clone(), coord.clone())));
-    keep_targets_fresh(coord, daemon.shutdown.clone());
+    keep_targets_fresh(coord.clone(), daemon.shutdown.clone());
+    collect_orphans(coord.clone(), Duration::from_millis(cfg.lease_ms), daemon.shutdown.clone());
+    redrive_intents(coord, daemon.shutdown.clone());
     let register = Register { shard: Some(cfg.shard), ..announce(ServiceKind::Meta, cfg.node, addr) };
     daemon.run(servers, register, odfs_service::lifecycle::no_targets()).await?;
     if let Err(e) = store.lock().expect("store lock").snapshot() {
@@ -218,6 +333,7 @@ fn open_store(cfg: &MetadConfig, default_layout: odfs_proto::DirLayout) -> Resul
         snapshot_every_bytes: cfg.snapshot_every_bytes,
         dedup_capacity: cfg.dedup_capacity,
         root_only_layouts: cfg.root_only_layouts,
+        lease: Duration::from_millis(cfg.lease_ms),
     };
     let mut store = MetaStore::open(&cfg.data_dir, opts, default_layout)?;
     if let (true, Some(o)) = (store.root_created(), cfg.root_owner) {
@@ -237,6 +353,37 @@ fn keep_targets_fresh(coord: Coordinator, mut shutdown: Shutdown) {
             }
             if let Err(e) = coord.refresh().await {
                 warn!(error = %e, "cannot refresh targets from mgmtd");
+            }
+        }
+    });
+}
+
+/// Every quarter lease: ends the sessions of silent clients and removes the orphans nobody
+/// holds open any more, chunks included.
+fn collect_orphans(coord: Coordinator, lease: Duration, mut shutdown: Shutdown) {
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(lease / 4) => {}
+                _ = shutdown.changed() => return,
+            }
+            let removed = coord.store.lock().expect("store lock").collect_orphans();
+            for a in removed {
+                coord.remove_chunks(&a).await;
+            }
+        }
+    });
+}
+
+/// Every two seconds: finishes the operations spanning shards that a restart interrupted or a
+/// shard delayed.
+fn redrive_intents(coord: Coordinator, mut shutdown: Shutdown) {
+    tokio::spawn(async move {
+        loop {
+            coord.redrive().await;
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                _ = shutdown.changed() => return,
             }
         }
     });

@@ -10,7 +10,7 @@
 //! directory. Owns no namespace state.
 
 use crate::service::unexpected;
-use crate::store::{MetaOp, MetaReply, MetaStore, TargetChoice};
+use crate::store::{Found, MetaOp, MetaReply, MetaStore, TargetChoice};
 use odfs_proto::error::RpcResult;
 use odfs_proto::meta::*;
 use odfs_proto::mgmt::{ClusterView, GetCluster};
@@ -30,11 +30,23 @@ pub struct Coordinator {
     pub ready: Arc<std::sync::atomic::AtomicBool>,
     /// mgmtd's view at the last refresh: where the other shards' metads are.
     pub view: Arc<std::sync::RwLock<Option<Arc<ClusterView>>>>,
+    /// Intents this process is running now (the others, after a restart, are redriven).
+    pub(crate) running: Arc<Mutex<std::collections::HashSet<u64>>>,
+    /// Shard 0 only: the filesystem's rename lock (intent, held until), see `RenameLock`.
+    pub(crate) rename_lock: Arc<Mutex<Option<(u64, std::time::Instant)>>>,
 }
 
 impl Coordinator {
     pub fn new(pool: Arc<Pool>, mgmtd: std::net::SocketAddr, store: Arc<Mutex<MetaStore>>) -> Coordinator {
-        Coordinator { pool, mgmtd, store, ready: Default::default(), view: Default::default() }
+        Coordinator {
+            pool,
+            mgmtd,
+            store,
+            ready: Default::default(),
+            view: Default::default(),
+            running: Default::default(),
+            rename_lock: Default::default(),
+        }
     }
 
     /// The address of the metad serving `shard` (looking at mgmtd again if it is not known).
@@ -76,7 +88,11 @@ impl Coordinator {
                 online: t.online,
             })
             .collect();
-        self.store.lock().expect("store lock").set_targets(t);
+        let shards = v.expected_meta.max(v.meta_shards() as u32).max(1) as u16;
+        let mut st = self.store.lock().expect("store lock");
+        st.set_targets(t);
+        st.set_shards_total(shards);
+        drop(st);
         self.ready.store(v.state != odfs_proto::mgmt::FsState::Forming, std::sync::atomic::Ordering::Release);
         *self.view.write().expect("view lock") = Some(Arc::new(v));
         Ok(())
@@ -85,12 +101,81 @@ impl Coordinator {
 
 impl Coordinator {
     /// Sends a request to the metad of `shard`.
-    async fn peer<R: odfs_proto::Rpc>(&self, shard: u16, req: &R) -> RpcResult<R::Reply> {
+    pub(crate) async fn peer<R: odfs_proto::Rpc>(&self, shard: u16, req: &R) -> RpcResult<R::Reply> {
+        self.peer_as(&RequestHeader::default(), shard, req).await
+    }
+
+    /// Sends a request to the metad of `shard` on behalf of the caller of `h` (its identity
+    /// for permission checks, its client id for registrations, its request id for retries).
+    pub(crate) async fn peer_as<R: odfs_proto::Rpc>(
+        &self,
+        h: &RequestHeader,
+        shard: u16,
+        req: &R,
+    ) -> RpcResult<R::Reply> {
         let addr = self.peer_addr(shard).await?;
-        self.pool.call(addr, odfs_rpc::Transport::Quic, &RequestHeader::default(), req).await.map_err(|e| match e {
+        self.pool.call(addr, Transport::Quic, h, req).await.map_err(|e| match e {
             odfs_rpc::RpcError::Remote(r) => r,
             other => RemoteError::new(ErrorCode::Unavailable, format!("metadata shard {shard}: {other}")),
         })
+    }
+
+    /// The attributes a lookup answers: a remote entry's come from its inode's shard.
+    pub async fn resolve(&self, found: Found) -> RpcResult<Attr> {
+        match found {
+            Found::Here(a) => Ok(a),
+            Found::Remote(ino) => self.peer(ino.shard(), &GetAttr { ino }).await,
+        }
+    }
+
+    /// Adds the attributes of remote entries to a readdirplus listing (asked of their shards).
+    pub async fn fill_remote_attrs(&self, entries: &mut [DirEntry]) -> RpcResult<()> {
+        let missing: Vec<usize> = (0..entries.len()).filter(|&i| entries[i].attr.is_none()).collect();
+        let got = futures::future::join_all(missing.iter().map(|&i| {
+            let ino = entries[i].ino;
+            async move { self.peer(ino.shard(), &GetAttr { ino }).await }
+        }))
+        .await;
+        for (i, a) in missing.into_iter().zip(got) {
+            entries[i].attr = Some(a?);
+        }
+        Ok(())
+    }
+
+    /// A non-exclusive create of a name that already names a file of another shard: that shard
+    /// checks write permission (and registers the open) as for an open for writing.
+    pub async fn open_remote_existing(&self, h: &RequestHeader, q: Lookup, register: bool) -> RpcResult<CreateReply> {
+        let found = self.store.lock().expect("store lock").resolve_name(h, &q)?;
+        let ino = match found {
+            Found::Remote(ino) => ino,
+            Found::Here(a) => a.ino,
+        };
+        if ino.shard() == self.store.lock().expect("store lock").shard() {
+            return Err(RemoteError::new(ErrorCode::Busy, "the name changed meanwhile; try again"));
+        }
+        let attr = self.peer_as(h, ino.shard(), &Open { ino, read: false, write: true, register }).await?;
+        if attr.kind != FileKind::File {
+            return Err(RemoteError::new(ErrorCode::Exists, "the name exists and is not a regular file"));
+        }
+        Ok(CreateReply { attr, created: false })
+    }
+
+    /// Removes the chunks of an inode metad removed itself (an orphan whose holders went away).
+    pub async fn remove_chunks(&self, a: &Attr) {
+        let Some(layout) = &a.layout else { return };
+        let view = self.view.read().expect("view lock").clone();
+        let Some(view) = view else { return };
+        for &t in &layout.targets {
+            let addr = view.target(t).and_then(|t| view.service(t.service_id)).and_then(|s| s.addr);
+            let Some(addr) = addr else {
+                warn!(target = t, ino = %a.ino, "no address for a target: an orphan's chunk stays until the wipe");
+                continue;
+            };
+            let req = odfs_proto::storage::RemoveChunk { target: t, ino: a.ino };
+            if let Err(e) = self.pool.call(addr, Transport::Quic, &RequestHeader::default(), &req).await {
+                warn!(target = t, ino = %a.ino, error = %e, "cannot remove an orphan's chunk file");
+            }
+        }
     }
 
     /// `StripeDir`: spreads an empty directory of this shard over `count` shards.
@@ -160,7 +245,7 @@ impl Coordinator {
         }
     }
 
-    async fn drop_parts(&self, ino: InodeId, shards: &[u16]) {
+    pub(crate) async fn drop_parts(&self, ino: InodeId, shards: &[u16]) {
         for &s in shards {
             if let Err(e) = self.peer(s, &DropShadow { ino }).await {
                 warn!(%ino, shard = s, error = %e, "an empty part of a directory stays behind");
@@ -173,8 +258,8 @@ impl Coordinator {
     pub async fn rmdir(&self, h: &RequestHeader, q: Rmdir) -> RpcResult<()> {
         let (ino, others): (InodeId, Vec<u16>) = {
             let mut st = self.store.lock().expect("store lock");
-            match st.lookup(h, &Lookup { parent: q.parent, name: q.name.clone() }) {
-                Ok(a) if a.kind == FileKind::Dir && a.dir_stripes.len() > 1 => {
+            match st.resolve_name(h, &Lookup { parent: q.parent, name: q.name.clone() }) {
+                Ok(Found::Here(a)) if a.kind == FileKind::Dir && a.dir_stripes.len() > 1 => {
                     (a.ino, a.dir_stripes.iter().copied().filter(|&s| s != a.ino.shard()).collect())
                 }
                 // Not striped: removed (or refused) under the same lock, no part to seal.
@@ -218,7 +303,7 @@ impl Coordinator {
         }
     }
 
-    async fn unseal(&self, ino: InodeId, shards: &[u16]) {
+    pub(crate) async fn unseal(&self, ino: InodeId, shards: &[u16]) {
         for &s in shards {
             if let Err(e) = self.peer(s, &SealShadow { ino, seal: false }).await {
                 warn!(%ino, shard = s, error = %e, "a part of a directory stays sealed");

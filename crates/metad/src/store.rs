@@ -7,8 +7,9 @@
 //! Recovery loads the snapshot and re-applies the log records that follow it.
 
 use crate::inode::IdHasher;
-use crate::namespace::{Choice, Namespace};
-pub use crate::namespace::{MetaOp, MetaReply};
+use crate::namespace::{Choice, Intent, IntentKind, Namespace};
+pub use crate::namespace::{Found, MetaOp, MetaReply};
+use crate::sessions::Sessions;
 use crate::wal::{self, Wal, LOG_FILE};
 use crate::{snapshot, MetaError};
 use odfs_proto::error::{ErrorCode, RemoteError, RpcResult};
@@ -41,6 +42,8 @@ pub struct StoreOptions {
     pub dedup_capacity: usize,
     /// Only root may set directory and file layouts (a site's choice; owners may by default).
     pub root_only_layouts: bool,
+    /// A client silent this long has lost its session (what it held open is released).
+    pub lease: std::time::Duration,
 }
 
 impl Default for StoreOptions {
@@ -51,6 +54,7 @@ impl Default for StoreOptions {
             snapshot_every_bytes: 64 << 20,
             dedup_capacity: 262_144,
             root_only_layouts: false,
+            lease: std::time::Duration::from_secs(10),
         }
     }
 }
@@ -237,6 +241,8 @@ struct RecordRef<'a> {
     ino: Option<InodeId>,
     /// Layout chosen for a new file.
     layout: Option<&'a Layout>,
+    /// Inodes kept as orphans (held open when their last link went).
+    kept: &'a [InodeId],
 }
 
 #[derive(Serialize)]
@@ -253,6 +259,7 @@ struct Record {
     op: LoggedOp,
     ino: Option<InodeId>,
     layout: Option<Layout>,
+    kept: Vec<InodeId>,
 }
 
 #[derive(Deserialize)]
@@ -265,7 +272,7 @@ enum LoggedOp {
 fn resolved<'a>(op: &MetaOp, reply: &'a MetaReply) -> (Option<InodeId>, Option<&'a Layout>) {
     match (op, reply) {
         (MetaOp::Create(_), MetaReply::Create(r)) if r.created => (Some(r.attr.ino), r.attr.layout.as_ref()),
-        (MetaOp::Mkdir(_) | MetaOp::Symlink(_), MetaReply::Attr(a)) => (Some(a.ino), None),
+        (MetaOp::Mkdir(_) | MetaOp::Symlink(_) | MetaOp::Mknod(_), MetaReply::Attr(a)) => (Some(a.ino), None),
         (MetaOp::SetFileLayout(_), MetaReply::Attr(a)) => (None, a.layout.as_ref()),
         _ => (None, None),
     }
@@ -289,6 +296,8 @@ pub struct MetaStore {
     failed: Option<String>,
     /// The root directory was created by this open (a new filesystem).
     root_created: bool,
+    /// Which clients hold which inodes open (not logged).
+    sessions: Sessions,
 }
 
 impl MetaStore {
@@ -296,6 +305,7 @@ impl MetaStore {
     /// after it (a torn tail is discarded) and, on first open, creates the root directory
     /// (mode 0755, owner 0:0) with `root_default` as its default layout.
     pub fn open(dir: &Path, opts: StoreOptions, root_default: DirLayout) -> Result<MetaStore, MetaError> {
+        let lease = opts.lease;
         root_default.validate().map_err(MetaError::InvalidRootLayout)?;
         std::fs::create_dir_all(dir).map_err(|e| MetaError::io("create directory", dir, e))?;
         snapshot::remove_leftovers(dir);
@@ -358,10 +368,13 @@ impl MetaStore {
             dedup,
             failed: None,
             root_created: false,
+            sessions: Sessions::new(lease),
         };
         if !store.ns.has_root() {
             store.create_root(root_default)?;
             store.root_created = true;
+        } else {
+            store.sessions.start_grace();
         }
         info!(
             dir = %store.dir.display(),
@@ -385,12 +398,63 @@ impl MetaStore {
             op: OpRef::CreateRoot(&layout),
             ino: None,
             layout: None,
+            kept: &[],
         })
     }
 
     /// Replaces the targets new files are placed on (not logged: it comes from mgmtd).
     pub fn set_targets(&mut self, targets: Vec<TargetChoice>) {
         self.placement.set(targets);
+    }
+
+    // ---- operations spanning shards, coordinated here ----
+
+    /// Logs the intent of an operation spanning shards; returns its id. `Busy` while the same
+    /// request runs already (a client's retry).
+    pub(crate) fn begin_intent(
+        &mut self,
+        h: &RequestHeader,
+        kind: IntentKind,
+        steps: Vec<(u16, StepChange)>,
+    ) -> RpcResult<u64> {
+        let request = (h.client_id, h.request_id);
+        if h.request_id != 0 && self.ns.intents.values().any(|i| i.request == request) {
+            return Err(RemoteError::new(ErrorCode::Busy, "this request is being carried out; try again"));
+        }
+        let id = ((self.opts.shard as u64) << 48) | (self.seq + 1);
+        let intent = Intent { request, caller: (h.uid, h.gid, h.groups.clone()), steps, decided: false, kind };
+        self.mutate(&RequestHeader::default(), MetaOp::BeginIntent { id, intent })?;
+        Ok(id)
+    }
+
+    /// Logs the decision to commit an intent.
+    pub(crate) fn decide_intent(&mut self, id: u64) -> RpcResult<()> {
+        self.mutate(&RequestHeader::default(), MetaOp::DecideIntent { id }).map(drop)
+    }
+
+    /// Logs an intent's end; a reply becomes the answer to its client's retries.
+    pub(crate) fn end_intent(&mut self, id: u64, reply: Option<MetaReply>) -> RpcResult<()> {
+        let Some(i) = self.ns.intents.get(&id) else { return Ok(()) };
+        let h = match reply {
+            Some(_) => RequestHeader { client_id: i.request.0, request_id: i.request.1, ..RequestHeader::default() },
+            None => RequestHeader::default(),
+        };
+        self.mutate(&h, MetaOp::EndIntent { id, reply: reply.map(Box::new) }).map(drop)
+    }
+
+    /// The intents not yet ended.
+    pub(crate) fn intents(&self) -> Vec<(u64, Intent)> {
+        self.ns.intents.iter().map(|(k, v)| (*k, v.clone())).collect()
+    }
+
+    /// The parent of a directory held here.
+    pub fn parent_of(&self, _h: &RequestHeader, req: &ParentOf) -> RpcResult<InodeId> {
+        self.ns.parent_of(req.ino)
+    }
+
+    /// How many metadata shards the filesystem has (from mgmtd).
+    pub fn set_shards_total(&mut self, n: u16) {
+        self.ns.shards_total = n;
     }
 
     /// The shard this store serves.
@@ -420,9 +484,19 @@ impl MetaStore {
 
     // ---- reads ----
 
-    /// Looks up `name` in a directory (needs search permission on it).
-    pub fn lookup(&self, h: &RequestHeader, req: &Lookup) -> RpcResult<Attr> {
+    /// Looks up `name` in a directory (needs search permission on it): what it names, here or
+    /// on another shard.
+    pub fn resolve_name(&self, h: &RequestHeader, req: &Lookup) -> RpcResult<Found> {
         self.ns.lookup(h, req)
+    }
+
+    /// The attributes of what `name` names in a directory, when that inode is this shard's
+    /// (`SpansShards` otherwise).
+    pub fn lookup(&self, h: &RequestHeader, req: &Lookup) -> RpcResult<Attr> {
+        match self.ns.lookup(h, req)? {
+            Found::Here(a) => Ok(a),
+            Found::Remote(ino) => Err(crate::namespace::spans_shards(ino)),
+        }
     }
 
     /// The attributes of an inode.
@@ -436,9 +510,69 @@ impl MetaStore {
     }
 
     /// Checks that the caller may open the inode for reading and/or writing (the `Open`
-    /// request; `open` is taken by the constructor).
+    /// request; `open` is taken by the constructor). The service registers the open
+    /// (`register_open`) when asked.
     pub fn open_file(&self, h: &RequestHeader, req: &Open) -> RpcResult<Attr> {
         self.ns.open(h, req)
+    }
+
+    /// Registers a file as held open by the caller's client (an `Open` or `Create` with
+    /// `register`).
+    pub fn register_open(&mut self, h: &RequestHeader, ino: InodeId) {
+        self.sessions.register(h.client_id, ino, h.request_id);
+    }
+
+    /// The caller's client closed these files: each orphan it was the last holder of goes;
+    /// returns their attributes (their chunks go next).
+    pub fn release(&mut self, h: &RequestHeader, req: &Release) -> RpcResult<ReleaseReply> {
+        let mut removed = Vec::new();
+        for &(ino, seq) in &req.files {
+            if self.sessions.release(h.client_id, ino, seq) && self.ns.orphans.contains(&ino) {
+                removed.extend(self.drop_orphan(ino)?);
+            }
+        }
+        Ok(ReleaseReply { removed })
+    }
+
+    /// Keeps the caller's session alive.
+    pub fn session_poll(&mut self, h: &RequestHeader) -> SessionReply {
+        let new_session = self.sessions.touch(h.client_id);
+        SessionReply { new_session, lease_ms: self.sessions.lease().as_millis() as u32 }
+    }
+
+    /// After a new session, the caller's client registers what it holds open again; returns
+    /// how many of those inodes exist.
+    pub fn reopen(&mut self, h: &RequestHeader, req: &Reopen) -> RpcResult<u64> {
+        let mut n = 0;
+        for &(ino, seq) in &req.files {
+            if self.ns.getattr(ino).is_ok() {
+                self.sessions.register(h.client_id, ino, seq);
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Ends the sessions of silent clients and removes every orphan nobody holds open any more;
+    /// returns the removed orphans (their chunks are the caller's to remove).
+    pub fn collect_orphans(&mut self) -> Vec<Attr> {
+        self.sessions.expire();
+        let unheld: Vec<InodeId> = self.ns.orphans.iter().copied().filter(|&i| !self.sessions.held(i)).collect();
+        let mut removed = Vec::new();
+        for ino in unheld {
+            match self.drop_orphan(ino) {
+                Ok(a) => removed.extend(a),
+                Err(e) => warn!(%ino, error = %e, "cannot remove an orphan"),
+            }
+        }
+        removed
+    }
+
+    fn drop_orphan(&mut self, ino: InodeId) -> RpcResult<Option<Attr>> {
+        match self.mutate(&RequestHeader::default(), MetaOp::DropOrphan { ino })? {
+            MetaReply::Orphan(a) => Ok(a),
+            other => Err(RemoteError::new(ErrorCode::Internal, format!("unexpected reply {other:?}"))),
+        }
     }
 
     /// Lists a directory after `req.cookie` (needs read permission on it); "." and ".." are not
@@ -531,12 +665,16 @@ impl MetaStore {
         }
         let now = Timespec::now();
         let placement = &mut self.placement;
-        let applied = self.ns.apply(h, now, &op, &mut Choice::default(), &mut |dl| placement.choose(dl))?;
+        let sessions = &self.sessions;
+        let applied = self
+            .ns
+            .apply(h, now, &op, &mut Choice::default(), &mut |dl| placement.choose(dl), &|i| sessions.held(i))?;
         if !applied.changed {
             return Ok(applied.reply);
         }
         let (ino, layout) = resolved(&op, &applied.reply);
-        let record = RecordRef { seq: self.seq + 1, header: h, now, op: OpRef::Meta(&op), ino, layout };
+        let record =
+            RecordRef { seq: self.seq + 1, header: h, now, op: OpRef::Meta(&op), ino, layout, kept: &applied.kept };
         if let Err(e) = self.wal.append(&record) {
             // Memory is now ahead of the log: refuse further changes until a restart
             // recovers from the log.
@@ -623,13 +761,12 @@ fn replay(
     match &rec.op {
         LoggedOp::Meta(op) => {
             let mut choice = Choice { ino: rec.ino, layout: rec.layout };
+            let kept = rec.kept;
+            let mut no_layout = |_: &DirLayout| {
+                Err(RemoteError::new(ErrorCode::Internal, "the log record lacks the layout chosen for the new file"))
+            };
             let applied = ns
-                .apply(&rec.header, rec.now, op, &mut choice, &mut |_| {
-                    Err(RemoteError::new(
-                        ErrorCode::Internal,
-                        "the log record lacks the layout chosen for the new file",
-                    ))
-                })
+                .apply(&rec.header, rec.now, op, &mut choice, &mut no_layout, &|i| kept.contains(&i))
                 .map_err(failed)?;
             if rec.header.request_id != 0 {
                 dedup.insert((rec.header.client_id, rec.header.request_id), applied.reply);
@@ -667,6 +804,7 @@ mod tests {
             op: OpRef::Meta(&op),
             ino: Some(InodeId(77)),
             layout: Some(&layout),
+            kept: &[InodeId(5)],
         })
         .unwrap();
         let rec: Record = postcard::from_bytes(&bytes).unwrap();
@@ -675,6 +813,7 @@ mod tests {
         assert!(matches!(rec.op, LoggedOp::Meta(o) if o == op));
         assert_eq!(rec.ino, Some(InodeId(77)));
         assert_eq!(rec.layout, Some(layout));
+        assert_eq!(rec.kept, vec![InodeId(5)]);
     }
 
     #[test]

@@ -139,7 +139,7 @@ fn access_and_open_checks() {
     assert_eq!(acc(&s, &root(), 1), Err(Access));
     assert_eq!(acc(&s, &owner, 8), Err(Invalid));
     let open = |s: &MetaStore, h: &RequestHeader, ino, read, write| {
-        code(s.open_file(h, &Open { ino, read, write })).map(|a| a.ino)
+        code(s.open_file(h, &Open { ino, read, write, register: false })).map(|a| a.ino)
     };
     assert_eq!(open(&s, &owner, f.ino, true, true), Ok(f.ino));
     assert_eq!(open(&s, &user(1001), f.ino, true, false), Err(Access));
@@ -573,7 +573,14 @@ fn idempotent_retries_in_process() {
     let mut h = user(1000);
     h.client_id = 77;
     h.request_id = 5;
-    let op = MetaOp::Create(Create { parent: ROOT, name: b"f".to_vec(), mode: 0o644, exclusive: true, layout: None });
+    let op = MetaOp::Create(Create {
+        parent: ROOT,
+        name: b"f".to_vec(),
+        mode: 0o644,
+        exclusive: true,
+        layout: None,
+        register: false,
+    });
     let first = s.mutate(&h, op.clone()).unwrap();
     assert_eq!(s.mutate(&h, op.clone()).unwrap(), first);
     // request id 0 means no dedup.

@@ -204,8 +204,14 @@ fn req(client: u64, id: u64) -> RequestHeader {
 fn retried_requests_after_reopen_are_not_applied_twice() {
     let tmp = tempfile::tempdir().unwrap();
     let mut s = open(tmp.path());
-    let create =
-        MetaOp::Create(Create { parent: ROOT, name: b"f".to_vec(), mode: 0o644, exclusive: true, layout: None });
+    let create = MetaOp::Create(Create {
+        parent: ROOT,
+        name: b"f".to_vec(),
+        mode: 0o644,
+        exclusive: true,
+        layout: None,
+        register: false,
+    });
     let unlink = MetaOp::Unlink(Unlink { parent: ROOT, name: b"g".to_vec() });
     let mkdir = MetaOp::Mkdir(Mkdir { parent: ROOT, name: b"d".to_vec(), mode: 0o755 });
     s.create(&root(), ROOT, b"g", 0o644).unwrap();
@@ -267,4 +273,54 @@ fn replayed_state_matches_in_every_detail_of_a_create() {
         assert_eq!(&s.stat(a.ino).unwrap(), a);
     }
     assert_eq!(s.stat(InodeId(1)).unwrap().kind, FileKind::Dir);
+}
+
+/// A shard's part of an operation spanning shards, and a coordinator's intent, survive a crash:
+/// a prepared step keeps its pin (other changes wait), a repeated step is answered as the
+/// first, and the intent comes back with its decision.
+#[test]
+fn steps_and_intents_of_operations_spanning_shards_survive_a_crash() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut s = open(tmp.path());
+    let f = s.create(&root(), ROOT, b"f", 0o644).unwrap();
+    let step = |phase| {
+        MetaOp::Step(Step {
+            intent: 77,
+            phase,
+            change: StepChange::RemoveName { parent: ROOT, name: b"f".to_vec(), ino: f.ino, owner: 0, is_dir: false },
+        })
+    };
+    s.mutate(&req(77, 1), step(StepPhase::Prepare)).unwrap();
+    let intent = odfs_metad::namespace::Intent {
+        request: (5, 6),
+        caller: (0, 0, vec![]),
+        steps: vec![(0, StepChange::DropLink { ino: f.ino })],
+        decided: false,
+        kind: odfs_metad::namespace::IntentKind::Unlink,
+    };
+    s.mutate(&root(), MetaOp::BeginIntent { id: 99, intent }).unwrap();
+    s.mutate(&root(), MetaOp::DecideIntent { id: 99 }).unwrap();
+    drop(s);
+
+    let mut s = open(tmp.path());
+    // The pinned name refuses other changes until its step commits.
+    assert_eq!(
+        code(s.mutate(&root(), MetaOp::Unlink(Unlink { parent: ROOT, name: b"f".to_vec() }))).map(|_| ()),
+        Err(ErrorCode::Busy)
+    );
+    assert_eq!(s.mutate(&req(77, 1), step(StepPhase::Prepare)).unwrap(), MetaReply::Step(StepReply::default()));
+    s.mutate(&req(77, 2), step(StepPhase::Commit)).unwrap();
+    assert_eq!(
+        code(s.lookup(&root(), &Lookup { parent: ROOT, name: b"f".to_vec() })).map(|_| ()),
+        Err(ErrorCode::NotFound)
+    );
+    // A repeated commit changes nothing more.
+    s.mutate(&req(77, 2), step(StepPhase::Commit)).unwrap();
+    drop(s);
+    let mut s = open(tmp.path());
+    let reply = MetaReply::Unlink(UnlinkReply { removed: None });
+    let end = MetaOp::EndIntent { id: 99, reply: Some(Box::new(reply.clone())) };
+    // The intent came back decided; its end answers the client's retry from then on.
+    assert_eq!(s.mutate(&req(5, 6), end).unwrap(), reply);
+    assert_eq!(s.mutate(&req(5, 6), MetaOp::Unlink(Unlink { parent: ROOT, name: b"zz".to_vec() })).unwrap(), reply);
 }

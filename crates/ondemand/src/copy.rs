@@ -32,6 +32,8 @@ pub struct CopyStats {
     pub links: u64,
     pub dirs: u64,
     pub bytes: u64,
+    /// FIFOs, sockets and device nodes: not copied (their I/O is not data).
+    pub special: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -120,6 +122,9 @@ pub async fn copy(client: &Client, src: &str, dst: &str, opts: &CopyOptions) -> 
     let top = resolve_pair(client, &ctx, src, dst, opts).await?;
     let (dirs, mut files) = walk(client, &ctx, top).await?;
     let mut stats = CopyStats::default();
+    let before = files.len();
+    files.retain(|f| !f.kind.is_special());
+    stats.special = (before - files.len()) as u64;
     for d in &dirs {
         make_dir(client, &ctx, &d.dst, d.mode).await?;
         stats.dirs += 1;

@@ -87,7 +87,11 @@ impl Tests {
             Some("f") => Some(FileKind::File),
             Some("d") => Some(FileKind::Dir),
             Some("l") => Some(FileKind::Symlink),
-            Some(o) => bail!("-type {o}: use f, d or l"),
+            Some("p") => Some(FileKind::Fifo),
+            Some("s") => Some(FileKind::Socket),
+            Some("c") => Some(FileKind::CharDev),
+            Some("b") => Some(FileKind::BlockDev),
+            Some(o) => bail!("-type {o}: use f, d, l, p, s, c or b"),
         };
         let size = size.map(SizeTest::parse).transpose().map_err(anyhow::Error::msg)?;
         Ok(Tests { name, kind, size, newer, stripe_count, pool })
@@ -216,6 +220,7 @@ fn attr_of(p: &Path, m: &std::fs::Metadata, t: &Tests) -> Attr {
         ctime: Timespec { sec: m.ctime(), nsec: m.ctime_nsec() as u32 },
         layout,
         dir_stripes: Vec::new(),
+        rdev: m.rdev() as u32,
     }
 }
 

@@ -30,10 +30,19 @@ pub async fn connect(fs: Option<&Path>) -> Result<Client> {
 /// The odfs kind of a local file type (from `symlink_metadata` or a directory entry).
 pub fn local_kind(t: std::fs::FileType) -> odfs_proto::meta::FileKind {
     use odfs_proto::meta::FileKind;
+    use std::os::unix::fs::FileTypeExt;
     if t.is_dir() {
         FileKind::Dir
     } else if t.is_symlink() {
         FileKind::Symlink
+    } else if t.is_fifo() {
+        FileKind::Fifo
+    } else if t.is_socket() {
+        FileKind::Socket
+    } else if t.is_char_device() {
+        FileKind::CharDev
+    } else if t.is_block_device() {
+        FileKind::BlockDev
     } else {
         FileKind::File
     }

@@ -155,6 +155,9 @@ impl CpArgs {
             copy::copy(&client, &self.src, &self.dst, &o).await
         })?;
         println!("copied {} files, {} links, {} directories, {} bytes", s.files, s.links, s.dirs, s.bytes);
+        if s.special > 0 {
+            println!("skipped {} FIFOs, sockets or device nodes (they hold no data to copy)", s.special);
+        }
         Ok(())
     }
 }

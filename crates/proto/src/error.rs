@@ -84,6 +84,9 @@ error_codes! {
     /// The entry belongs to another shard of a striped directory: the client asks again there
     /// (after learning the directory's stripes anew).
     WrongShard = 26 => libc::EIO,
+    /// Between metad's parts only: the operation touches an inode of another shard and runs as
+    /// an operation that spans shards. Never a client's answer.
+    SpansShards = 27 => libc::EIO,
 }
 
 impl fmt::Display for ErrorCode {

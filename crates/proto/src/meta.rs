@@ -11,6 +11,20 @@ pub enum FileKind {
     File,
     Dir,
     Symlink,
+    /// A named pipe; its I/O is the kernel's on the node that opens it.
+    Fifo,
+    /// A Unix socket's name; connections are the kernel's on the node that binds it.
+    Socket,
+    /// Device nodes (made by root; a `nodev` mount does not open them as devices).
+    CharDev,
+    BlockDev,
+}
+
+impl FileKind {
+    /// FIFOs, sockets and device nodes: inodes without data whose I/O is never odfs's.
+    pub fn is_special(self) -> bool {
+        matches!(self, FileKind::Fifo | FileKind::Socket | FileKind::CharDev | FileKind::BlockDev)
+    }
 }
 
 /// Attributes of an inode. `mode` holds the permission bits (07777) only; `kind` the type.
@@ -32,6 +46,8 @@ pub struct Attr {
     /// (an entry's shard is `stripes[hash(name) % len]`); empty when the directory's own shard
     /// holds every entry.
     pub dir_stripes: Vec<u16>,
+    /// Device nodes: the device number (`st_rdev`, the kernel's encoding); 0 otherwise.
+    pub rdev: u32,
 }
 
 /// The shard holding entry `name` of a directory striped over `stripes`; None for a directory
@@ -201,6 +217,9 @@ pub struct SetAttr {
     pub size: Option<u64>,
     pub atime: Option<SetTime>,
     pub mtime: Option<SetTime>,
+    /// The size changes through a descriptor the caller opened for writing (`ftruncate`,
+    /// `fallocate`): access was decided at open, so write permission is not checked again.
+    pub open_for_write: bool,
 }
 
 impl Default for InodeId {
@@ -220,6 +239,8 @@ pub struct Create {
     pub exclusive: bool,
     /// Layout for the new file instead of the directory default.
     pub layout: Option<DirLayout>,
+    /// The caller opens the file: register it as held open by this client (see `Open`).
+    pub register: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -384,11 +405,61 @@ pub struct ExtendSize {
 }
 
 /// Check that the caller may open the file with these access bits and return its attributes.
+/// With `register`, the file is held open by this client until its `Release`: if its last name
+/// goes meanwhile, it stays as an orphan (nlink 0, reachable by inode id) for this client.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Open {
     pub ino: InodeId,
     pub read: bool,
     pub write: bool,
+    pub register: bool,
+}
+
+/// The client no longer holds these files open: each with the request id of the latest open it
+/// releases (an open sent later, still in flight, stays registered). An orphan whose last holder
+/// this was is removed; the reply lists them, so the client removes their chunks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Release {
+    pub files: Vec<(InodeId, u64)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseReply {
+    pub removed: Vec<Attr>,
+}
+
+/// Keeps this client's session with the shard alive (and, later, carries what it must drop):
+/// answered after at most `wait_ms`, or at once when there is news.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionPoll {
+    pub wait_ms: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionReply {
+    /// The shard did not know this client (it restarted, or the session lapsed): the client
+    /// registers its open files again (`Reopen`).
+    pub new_session: bool,
+    /// A client silent for this long has lost its session.
+    pub lease_ms: u32,
+}
+
+/// After a new session: the files this client holds open on the shard, each with the request id
+/// of its latest open. Inodes that no longer exist are left out of the reply's count.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reopen {
+    pub files: Vec<(InodeId, u64)>,
+}
+
+/// Make a FIFO, a socket's name or a device node (`mknod(2)`). Only root makes devices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mknod {
+    pub parent: InodeId,
+    #[serde(with = "serde_bytes")]
+    pub name: Vec<u8>,
+    pub kind: FileKind,
+    pub mode: u32,
+    pub rdev: u32,
 }
 
 /// Set the default layout a directory gives new children.
@@ -463,6 +534,85 @@ pub struct SetFileLayout {
     pub layout: DirLayout,
 }
 
+/// Between metadata services: one step of an operation that spans shards, for the shard that
+/// holds the step's name or inode (see docs/architecture.md, "Operations that span shards").
+/// The header carries the caller's identity (for permission checks) and a request id unique to
+/// the step and phase, so a repeated step is answered as the first time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Step {
+    pub intent: u64,
+    pub phase: StepPhase,
+    pub change: StepChange,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum StepPhase {
+    /// Check the change as the local operation would and pin what it touches.
+    Prepare,
+    /// Make the change and unpin.
+    Commit,
+    /// Unpin without changing anything.
+    Abort,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StepChange {
+    /// `name` in directory `parent` (its part on this shard) goes; it names `ino`, owned by
+    /// `owner` (for the sticky bit), a directory if `is_dir`.
+    RemoveName {
+        parent: InodeId,
+        #[serde(with = "serde_bytes")]
+        name: Vec<u8>,
+        ino: InodeId,
+        owner: u32,
+        is_dir: bool,
+    },
+    /// `name` in `parent` names `ino` (of kind `kind`) from now on. `expect` is what it names
+    /// now: nothing, or an inode and its owner (replaced, or exchanged with `RENAME_EXCHANGE`).
+    SetName {
+        parent: InodeId,
+        #[serde(with = "serde_bytes")]
+        name: Vec<u8>,
+        ino: InodeId,
+        kind: FileKind,
+        expect: Option<(InodeId, FileKind, u32)>,
+        exchange: bool,
+    },
+    /// One more link to a non-directory of this shard.
+    AddLink { ino: InodeId },
+    /// One link fewer; at none the inode goes, or stays as an orphan while a client holds it.
+    DropLink { ino: InodeId },
+    /// An empty directory of this shard goes (sealed from prepare on: it takes no entry).
+    DropDir { ino: InodeId },
+    /// A directory of this shard moved: its ".." is now `to`. Prepare checks write permission
+    /// on it, as Linux does.
+    Reparent { ino: InodeId, to: InodeId },
+}
+
+/// What a step's prepare or commit reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct StepReply {
+    /// Prepare of an inode step: the inode's attributes; commit of `DropLink`/`DropDir`: the
+    /// attributes of the inode that went (its chunks go next), if it went.
+    pub attr: Option<Attr>,
+}
+
+/// Between metadata services: the parent of a directory (its ".."), from the shard holding it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParentOf {
+    pub ino: InodeId,
+}
+
+/// Between metadata services, to shard 0: take or give back the filesystem's rename lock, under
+/// which directories change parent (as Linux's `s_vfs_rename_mutex`). Taking it waits while
+/// another intent holds it; a holder that vanishes loses it after `hold_ms`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenameLock {
+    pub intent: u64,
+    pub take: bool,
+    pub hold_ms: u32,
+}
+
 crate::rpc! {
     Lookup = 100 => Attr,
     GetAttr = 101 => Attr,
@@ -493,4 +643,11 @@ crate::rpc! {
     SealShadow = 126 => (),
     DropShadow = 127 => (),
     CountEntries = 128 => u64,
+    Mknod = 129 => Attr,
+    Release = 130 => ReleaseReply,
+    SessionPoll = 131 => SessionReply,
+    Reopen = 132 => u64,
+    Step = 133 => StepReply,
+    ParentOf = 134 => InodeId,
+    RenameLock = 135 => (),
 }

@@ -33,6 +33,16 @@ pub struct ChunkData {
     pub data: Vec<u8>,
 }
 
+/// Deallocate `[offset, offset + len)` of a chunk file, keeping its size: the range reads as
+/// zeros (`fallocate(FALLOC_FL_PUNCH_HOLE)`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PunchChunk {
+    pub target: TargetId,
+    pub ino: InodeId,
+    pub offset: u64,
+    pub len: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TruncateChunk {
     pub target: TargetId,
@@ -72,4 +82,5 @@ crate::rpc! {
     RemoveChunk = 204 => (),
     StatTarget = 205 => TargetSpace,
     StatChunk = 206 => Option<u64>,
+    PunchChunk = 207 => (),
 }

@@ -248,6 +248,32 @@ impl ChunkStore {
         blocking(move || file.set_len(len)).await.map_err(|e| t.err("truncate", ino, e))
     }
 
+    /// Punches a hole into the chunk file (the range reads as zeros, the size stays); a missing
+    /// file, or a range past its end, has nothing to punch.
+    pub async fn punch(&self, target: TargetId, ino: InodeId, offset: u64, len: u64) -> Result<(), StoreError> {
+        let t = self.target(target)?;
+        if offset.checked_add(len).is_none_or(|end| end > i64::MAX as u64) {
+            return Err(StoreError::Invalid(format!(
+                "punch of {len} bytes at offset {offset} ends past the largest file offset"
+            )));
+        }
+        let Some(file) = self.file(t, ino, false).await? else {
+            return Ok(());
+        };
+        let punch = move || {
+            use std::os::fd::AsRawFd;
+            let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+            // SAFETY: the descriptor is open for the closure's whole run (the Arc holds it).
+            let r = unsafe { libc::fallocate(file.as_raw_fd(), mode, offset as i64, len as i64) };
+            if r == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        };
+        blocking(punch).await.map_err(|e| t.err("punch", ino, e))
+    }
+
     /// fdatasyncs the chunk file; a missing file has nothing to sync.
     pub async fn sync(&self, target: TargetId, ino: InodeId) -> Result<(), StoreError> {
         let t = self.target(target)?;

@@ -40,6 +40,11 @@ pub fn router(store: ChunkStore) -> Router {
         async move { s.truncate(q.target, q.ino, q.len).await.map_err(RemoteError::from) }
     });
     let s = store.clone();
+    r.add::<PunchChunk, _, _>(move |_h, q: PunchChunk| {
+        let s = s.clone();
+        async move { s.punch(q.target, q.ino, q.offset, q.len).await.map_err(RemoteError::from) }
+    });
+    let s = store.clone();
     r.add::<SyncChunk, _, _>(move |_h, q: SyncChunk| {
         let s = s.clone();
         async move { s.sync(q.target, q.ino).await.map_err(RemoteError::from) }

@@ -6,7 +6,7 @@ use crate::inode::{Body, Inode};
 use crate::namespace::{check_name, Applied, Choice, Chooser, MetaReply, Namespace};
 use crate::permission::{self, new_owner, MAY_EXEC, MAY_WRITE};
 use odfs_proto::error::{ErrorCode, RemoteError, RpcResult};
-use odfs_proto::meta::{Create, CreateReply};
+use odfs_proto::meta::{Create, CreateReply, FileKind};
 use odfs_proto::{RequestHeader, Timespec};
 
 impl Namespace {
@@ -27,8 +27,9 @@ impl Namespace {
             if req.exclusive {
                 return Err(exists(&req.name));
             }
-            let node = self.node(ino)?;
-            return match node.body {
+            // A remote file is opened by its shard (the service asks it).
+            let node = self.target(ino)?;
+            return match &node.body {
                 Body::File(_) => {
                     permission::require(h, node, ino, MAY_WRITE)?;
                     Applied::unchanged(MetaReply::Create(CreateReply { attr: node.attr(ino), created: false }))
@@ -36,8 +37,8 @@ impl Namespace {
                 Body::Dir(_) => {
                     Err(RemoteError::new(ErrorCode::IsDir, format!("\"{}\" is a directory", show(&req.name))))
                 }
-                Body::Symlink(_) => {
-                    Err(RemoteError::new(ErrorCode::Exists, format!("\"{}\" is a symbolic link", show(&req.name))))
+                Body::Symlink(_) | Body::Special { .. } => {
+                    Err(RemoteError::new(ErrorCode::Exists, format!("\"{}\" is not a regular file", show(&req.name))))
                 }
             };
         }
@@ -57,7 +58,7 @@ impl Namespace {
         let node = Inode::new(mode, h.uid, gid, now, Body::File(layout));
         let attr = node.attr(ino);
         self.inodes.insert(ino, node);
-        self.add_entry(req.parent, &req.name, ino, now, false)?;
+        self.add_entry(req.parent, &req.name, ino, FileKind::File, now)?;
         Applied::changed(MetaReply::Create(CreateReply { attr, created: true }))
     }
 }

@@ -8,15 +8,17 @@ use odfs_proto::{RequestHeader, Timespec};
 impl Namespace {
     pub(crate) fn link(&mut self, h: &RequestHeader, now: Timespec, req: &Link) -> RpcResult<Applied> {
         check_name(&req.new_name)?;
-        let src = self.node(req.ino)?;
         self.check_new_entry(h, req.new_parent, &req.new_name)?;
+        let src = self.target(req.ino)?;
+        self.unpinned_node(req.ino)?;
         if src.is_dir() {
             return Err(RemoteError::new(ErrorCode::Perm, "hard links to directories are not allowed"));
         }
         if src.nlink >= MAX_LINKS {
             return Err(RemoteError::new(ErrorCode::TooManyLinks, format!("inode {} has {MAX_LINKS} links", req.ino)));
         }
-        self.add_entry(req.new_parent, &req.new_name, req.ino, now, false)?;
+        let kind = src.kind();
+        self.add_entry(req.new_parent, &req.new_name, req.ino, kind, now)?;
         let node = self.node_mut(req.ino)?;
         node.nlink += 1;
         node.ctime = now;

@@ -4,7 +4,7 @@ use crate::inode::{Body, Dir, Inode};
 use crate::namespace::{Applied, Choice, MetaReply, Namespace, MAX_LINKS};
 use crate::permission::new_owner;
 use odfs_proto::error::{ErrorCode, RemoteError, RpcResult};
-use odfs_proto::meta::Mkdir;
+use odfs_proto::meta::{FileKind, Mkdir};
 use odfs_proto::{RequestHeader, Timespec};
 
 impl Namespace {
@@ -30,7 +30,7 @@ impl Namespace {
         node.nlink = 2;
         let attr = node.attr(ino);
         self.inodes.insert(ino, node);
-        self.add_entry(req.parent, &req.name, ino, now, true)?;
+        self.add_entry(req.parent, &req.name, ino, FileKind::Dir, now)?;
         Applied::changed(MetaReply::Attr(attr))
     }
 }

@@ -3,7 +3,7 @@
 
 use crate::error::{exists, internal, not_found, show};
 use crate::inode::Inode;
-use crate::namespace::{check_name, Applied, MetaReply, Namespace, MAX_LINKS};
+use crate::namespace::{check_name, spans_shards, Applied, Held, MetaReply, Namespace, MAX_LINKS};
 use crate::permission::{self, MAY_EXEC, MAY_WRITE};
 use odfs_proto::error::{ErrorCode, RemoteError, RpcResult};
 use odfs_proto::meta::{Attr, Rename, RenameReply, RENAME_EXCHANGE, RENAME_NOREPLACE};
@@ -29,7 +29,7 @@ fn exchange_asked(flags: u32) -> RpcResult<bool> {
 }
 
 impl Namespace {
-    pub(crate) fn rename(&mut self, h: &RequestHeader, now: Timespec, req: &Rename) -> RpcResult<Applied> {
+    pub(crate) fn rename(&mut self, h: &RequestHeader, now: Timespec, req: &Rename, held: Held) -> RpcResult<Applied> {
         let exchange = exchange_asked(req.flags)?;
         let Some(m) = self.check_rename(h, req, exchange)? else {
             // Two names of one inode: POSIX says do nothing.
@@ -39,7 +39,7 @@ impl Namespace {
             self.swap_names(req, &m, now)?;
             None
         } else {
-            self.move_name(req, &m, now)?
+            self.move_name(req, &m, now, held)?
         };
         self.node_mut(m.src)?.ctime = now;
         self.node_mut(req.parent)?.touch_dir(now);
@@ -54,9 +54,16 @@ impl Namespace {
         let (old_parent, old_dir) = self.dir_node(req.parent)?;
         permission::require(h, old_parent, req.parent, MAY_EXEC)?;
         old_dir.holds_name(&req.name, self.shard)?;
+        // The new name is this shard's only if its directory (part) is here and holds it.
+        if !self.inodes.contains_key(&req.new_parent) {
+            return Err(spans_shards(req.new_parent));
+        }
         let (new_parent, new_dir) = self.dir_node(req.new_parent)?;
         permission::require(h, new_parent, req.new_parent, MAY_EXEC)?;
-        new_dir.holds_name(&req.new_name, self.shard)?;
+        match new_dir.holds_name(&req.new_name, self.shard) {
+            Err(e) if e.code == ErrorCode::WrongShard => return Err(spans_shards(req.new_parent)),
+            other => other?,
+        }
         new_dir.accepts_entries()?;
         let src_ino = old_dir.get(&req.name).ok_or_else(|| not_found(&req.name))?;
         let dst_ino = new_dir.get(&req.new_name);
@@ -66,8 +73,8 @@ impl Namespace {
         if exchange && dst_ino.is_none() {
             return Err(not_found(&req.new_name));
         }
-        let src = self.node(src_ino)?;
-        let dst = dst_ino.map(|i| self.node(i)).transpose()?;
+        let src = self.target(src_ino)?;
+        let dst = dst_ino.map(|i| self.target(i)).transpose()?;
         let m = Move {
             src: src_ino,
             dst: dst_ino,
@@ -76,6 +83,18 @@ impl Namespace {
             moves: req.parent != req.new_parent,
             exchange,
         };
+        // With several shards, a directory changing parent takes the filesystem's rename lock
+        // and checks its ancestors across shards.
+        let dir_moves = m.moves && (m.src_is_dir || (exchange && m.dst_is_dir));
+        if dir_moves && self.shards_total > 1 {
+            return Err(spans_shards(src_ino));
+        }
+        self.unpinned_name(req.parent, &req.name)?;
+        self.unpinned_name(req.new_parent, &req.new_name)?;
+        self.unpinned_node(src_ino)?;
+        if let Some(d) = dst_ino {
+            self.unpinned_node(d)?;
+        }
         self.check_no_loop(req, &m)?;
         if dst_ino == Some(src_ino) {
             return Ok(None);
@@ -146,8 +165,9 @@ impl Namespace {
     /// `RENAME_EXCHANGE`: each name points at the other's inode.
     fn swap_names(&mut self, req: &Rename, m: &Move, now: Timespec) -> RpcResult<()> {
         let dst = m.dst.ok_or_else(|| internal("exchange without a destination"))?;
-        self.node_mut(req.parent)?.dir_mut()?.repoint(&req.name, dst)?;
-        self.node_mut(req.new_parent)?.dir_mut()?.repoint(&req.new_name, m.src)?;
+        let (src_kind, dst_kind) = (self.node(m.src)?.kind(), self.node(dst)?.kind());
+        self.node_mut(req.parent)?.dir_mut()?.repoint(&req.name, dst, dst_kind)?;
+        self.node_mut(req.new_parent)?.dir_mut()?.repoint(&req.new_name, m.src, src_kind)?;
         if m.moves {
             if m.src_is_dir {
                 self.reparent(m.src, req.parent, req.new_parent)?;
@@ -162,20 +182,21 @@ impl Namespace {
 
     /// A plain rename: the old name goes, the new one points at the source (replacing what it
     /// named). Returns the replaced file's attributes if that was its last link.
-    fn move_name(&mut self, req: &Rename, m: &Move, now: Timespec) -> RpcResult<Option<Attr>> {
+    fn move_name(&mut self, req: &Rename, m: &Move, now: Timespec, held: Held) -> RpcResult<Option<Attr>> {
         let mut removed = None;
+        let kind = self.node(m.src)?.kind();
         self.node_mut(req.parent)?.dir_mut()?.remove(&req.name)?;
         match m.dst {
             Some(d) => {
-                self.node_mut(req.new_parent)?.dir_mut()?.repoint(&req.new_name, m.src)?;
+                self.node_mut(req.new_parent)?.dir_mut()?.repoint(&req.new_name, m.src, kind)?;
                 if m.dst_is_dir {
                     self.inodes.remove(&d);
                     self.node_mut(req.new_parent)?.nlink -= 1;
                 } else {
-                    removed = self.drop_link(d, now)?;
+                    removed = self.drop_link(d, now, held)?;
                 }
             }
-            None => self.node_mut(req.new_parent)?.dir_mut()?.insert(&req.new_name, m.src),
+            None => self.node_mut(req.new_parent)?.dir_mut()?.insert(&req.new_name, m.src, kind),
         }
         if m.src_is_dir {
             if m.moves {

@@ -4,7 +4,7 @@ use crate::inode::{Body, Inode};
 use crate::namespace::{Applied, Choice, MetaReply, Namespace, SYMLINK_MAX};
 use crate::permission::new_owner;
 use odfs_proto::error::{ErrorCode, RemoteError, RpcResult};
-use odfs_proto::meta::Symlink;
+use odfs_proto::meta::{FileKind, Symlink};
 use odfs_proto::{RequestHeader, Timespec};
 
 impl Namespace {
@@ -34,7 +34,7 @@ impl Namespace {
         node.size = req.target.len() as u64;
         let attr = node.attr(ino);
         self.inodes.insert(ino, node);
-        self.add_entry(req.parent, &req.name, ino, now, false)?;
+        self.add_entry(req.parent, &req.name, ino, FileKind::Symlink, now)?;
         Applied::changed(MetaReply::Attr(attr))
     }
 }

@@ -1,14 +1,15 @@
 //! `Unlink`: a name of a non-directory removed; the inode goes with its last link (its chunks
-//! are the client's to remove, named in the reply).
+//! are the client's to remove, named in the reply), or stays as an orphan while a client holds
+//! it open.
 
 use crate::error::show;
-use crate::namespace::{Applied, MetaReply, Namespace};
+use crate::namespace::{Applied, Held, MetaReply, Namespace};
 use odfs_proto::error::{ErrorCode, RemoteError, RpcResult};
 use odfs_proto::meta::{Unlink, UnlinkReply};
 use odfs_proto::{RequestHeader, Timespec};
 
 impl Namespace {
-    pub(crate) fn unlink(&mut self, h: &RequestHeader, now: Timespec, req: &Unlink) -> RpcResult<Applied> {
+    pub(crate) fn unlink(&mut self, h: &RequestHeader, now: Timespec, req: &Unlink, held: Held) -> RpcResult<Applied> {
         let (ino, victim) = self.check_delete(h, req.parent, &req.name)?;
         if victim.is_dir() {
             return Err(RemoteError::new(ErrorCode::IsDir, format!("\"{}\" is a directory", show(&req.name))));
@@ -16,7 +17,7 @@ impl Namespace {
         let p = self.node_mut(req.parent)?;
         p.touch_dir(now);
         p.dir_mut()?.remove(&req.name)?;
-        let removed = self.drop_link(ino, now)?;
+        let removed = self.drop_link(ino, now, held)?;
         Applied::changed(MetaReply::Unlink(UnlinkReply { removed }))
     }
 }

@@ -62,7 +62,7 @@ pub trait Ops {
         exclusive: bool,
         layout: Option<DirLayout>,
     ) -> R<CreateReply> {
-        let op = MetaOp::Create(Create { parent, name: name.to_vec(), mode, exclusive, layout });
+        let op = MetaOp::Create(Create { parent, name: name.to_vec(), mode, exclusive, layout, register: false });
         code(self.store().mutate(h, op).and_then(|r| r.into_create()))
     }
     fn mkdir(&mut self, h: &RequestHeader, parent: InodeId, name: &[u8], mode: u32) -> R<Attr> {
