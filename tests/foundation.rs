@@ -186,9 +186,9 @@ async fn sparse_files_holes_and_truncate() {
     assert!(data[4..(1 << 20) + 5].iter().all(|&b| b == 0), "hole must read as zeros");
     assert_eq!(&data[(1 << 20) + 5..], b"tail");
     // Truncate down into the first chunk, then up again: the old bytes must not come back.
-    c.truncate(&ctx, ino, 2, true).await.unwrap();
+    c.truncate(&ctx, ino, 2, odfs_client::Truncate::CheckAccess).await.unwrap();
     assert_eq!(read_all(&c, &ctx, ino).await, b"he");
-    c.truncate(&ctx, ino, 200_000, true).await.unwrap();
+    c.truncate(&ctx, ino, 200_000, odfs_client::Truncate::CheckAccess).await.unwrap();
     let d = read_all(&c, &ctx, ino).await;
     assert_eq!(d.len(), 200_000);
     assert_eq!(&d[..2], b"he");
