@@ -4,9 +4,10 @@
 //! (invisible to the test and to the other node), and is driven with `nsenter`.
 //!
 //! Checks close-to-open across nodes: data written and closed on one node reads byte-identical
-//! on the other, also when the reader had the old contents cached; renames and unlinks on one
-//! node are seen on the other once cached names expire (at most the kernel's and the client
-//! library's TTLs, 1 s each; the test allows 5 s).
+//! on the other, also when the reader had the old contents cached; and coherent caching: a
+//! change on one node is seen by the very next call on the other, which meanwhile answers
+//! repeated stats, lookups and reads from its caches (metad's request counters stay flat),
+//! and a frozen node delays a change by at most the lease time.
 //!
 //! Needs root, /dev/fuse and iproute2 (`ip netns`), util-linux (`unshare`, `nsenter`).
 
@@ -235,4 +236,98 @@ fn nodes_in_their_own_namespaces_share_one_filesystem_close_to_open() {
     b.eventually("unlink of g", &format!("! test -e {mnt}/g"));
     let out = b.sh(&format!("cat {mnt}/g"));
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("No such file"));
+}
+
+/// Requests the metadata services have served by kind (every shard), less session
+/// keep-alives and the counting itself, read from inside the server namespace.
+fn meta_requests(net: &Net, fs: &LocalFs) -> std::collections::BTreeMap<String, u64> {
+    let out = Command::new("ip")
+        .args(["netns", "exec", &net.server])
+        .arg(bin_dir().join("odfs"))
+        .arg("--fs")
+        .arg(fs.config_path())
+        .arg("stats")
+        .output()
+        .expect("run odfs stats");
+    assert!(out.status.success(), "odfs stats: {}", String::from_utf8_lossy(&out.stderr));
+    let mut m = std::collections::BTreeMap::new();
+    for l in String::from_utf8_lossy(&out.stdout).lines().skip(1) {
+        let f: Vec<&str> = l.split('\t').collect();
+        if f.len() == 3 && f[1] != "SessionPoll" && f[1] != "OpCounts" {
+            *m.entry(f[1].to_string()).or_default() += f[2].parse::<u64>().unwrap();
+        }
+    }
+    m
+}
+
+/// Signals a node's odfs-fuse (SIGSTOP freezes it: it answers neither the kernel nor recalls).
+fn signal(node: &Node, sig: i32) {
+    // SAFETY: plain kill(2) of our child.
+    assert_eq!(unsafe { libc::kill(node.child.id() as i32, sig) }, 0);
+}
+
+#[test]
+fn a_change_on_one_node_is_seen_by_the_very_next_call_on_the_other() {
+    let net = Net::new(2);
+    let fs = up_in_server(&net, 4);
+    let a = Node::mount(&net.nodes[0], "A", &fs);
+    let b = Node::mount(&net.nodes[1], "B", &fs);
+    let mnt = a.mnt.display().to_string();
+    a.ok(&format!("mkdir {mnt}/d && printf v1 > {mnt}/d/f && printf keep > {mnt}/d/other"));
+
+    // A caches names, missing names, attributes and data: repeated stats, lookups and reads
+    // reach no metad. (Listings and extended attributes are asked of metad every time.)
+    let warm = format!(
+        "stat {mnt}/d/f {mnt}/d/other >/dev/null && cat {mnt}/d/f {mnt}/d/other >/dev/null && \
+         ! test -e {mnt}/d/new"
+    );
+    a.ok(&format!("ls -l {mnt}/d >/dev/null"));
+    a.ok(&warm);
+    a.ok(&warm);
+    let before = meta_requests(&net, &fs);
+    for _ in 0..20 {
+        a.ok(&warm);
+    }
+    assert_eq!(meta_requests(&net, &fs), before, "cached stats, lookups, misses and reads asked metad (by kind)");
+
+    // Each change on B is seen by A's very next call, with no wait in between.
+    let f = format!("{mnt}/d/f");
+    b.ok(&format!("chmod 640 {f}"));
+    assert_eq!(a.ok(&format!("stat -c %a {f}")).trim(), "640", "chmod");
+    b.ok(&format!("chown 1234:5678 {f}"));
+    assert_eq!(a.ok(&format!("stat -c %u:%g {f}")).trim(), "1234:5678", "chown");
+    b.ok(&format!("printf 'v2, longer' > {f}"));
+    assert_eq!(a.ok(&format!("cat {f}")), "v2, longer", "write and close: A's cached pages are dropped");
+    assert_eq!(a.ok(&format!("stat -c %s {f}")).trim(), "10");
+    b.ok(&format!("truncate -s 3 {f}"));
+    assert_eq!(a.ok(&format!("stat -c %s {f}")).trim(), "3", "truncate");
+    assert_eq!(a.ok(&format!("cat {f}")), "v2,");
+    b.ok(&format!("setfattr -n user.k -v val {f}"));
+    assert!(a.ok(&format!("getfattr -n user.k {f}")).contains("user.k=\"val\""), "setxattr");
+    b.ok(&format!("mv {f} {mnt}/d/g"));
+    a.ok(&format!("test -e {mnt}/d/g && ! test -e {f}"));
+    assert_eq!(a.ok(&format!("cat {mnt}/d/g")), "v2,", "rename");
+    b.ok(&format!("rm {mnt}/d/g"));
+    a.ok(&format!("! test -e {mnt}/d/g && ! cat {mnt}/d/g 2>/dev/null"));
+    // A looked `new` up and cached its absence; B creates it.
+    b.ok(&format!("printf fresh > {mnt}/d/new"));
+    assert_eq!(a.ok(&format!("cat {mnt}/d/new")), "fresh", "create of a name A knew to be missing");
+    b.ok(&format!("mkdir {mnt}/d/sub && chmod 700 {mnt}/d"));
+    assert_eq!(a.ok(&format!("stat -c %a {mnt}/d")).trim(), "700", "chmod of the directory");
+    a.ok(&format!("test -d {mnt}/d/sub"));
+    assert_eq!(a.ok(&format!("cat {mnt}/d/other")), "keep", "what did not change stays readable");
+
+    // B frozen with A's entries cached: a change on A waits for B at most the lease, then
+    // goes through; nothing is lost, and B, thawed, sees it.
+    b.ok(&format!("stat {mnt}/d/new >/dev/null && cat {mnt}/d/new >/dev/null"));
+    signal(&b, libc::SIGSTOP);
+    let t = Instant::now();
+    a.ok(&format!("chmod 600 {mnt}/d/new && printf again > {mnt}/d/new"));
+    let waited = t.elapsed();
+    signal(&b, libc::SIGCONT);
+    // Liveness, not speed: the lease is 10 s; a change that waited for ever would hang here.
+    assert!(waited < Duration::from_secs(30), "a frozen node held a change for {waited:?}");
+    assert_eq!(b.ok(&format!("stat -c %a {mnt}/d/new")).trim(), "600");
+    assert_eq!(b.ok(&format!("cat {mnt}/d/new")), "again");
+    assert_eq!(a.ok(&format!("cat {mnt}/d/new")), "again");
 }

@@ -1,9 +1,9 @@
 //! `OdfsFuse`: fuser's `Filesystem` over an odfs `Client`.
 //!
-//! Every callback translates its arguments, spawns a task on the adapter's tokio runtime that
-//! owns the `Reply*` object, calls the client library and replies with the result or with
-//! `errno()` of the error. fuser's threads only parse and spawn; they never wait for the
-//! network. All filesystem behaviour (permissions, caching, striping, write-behind,
+//! Every callback translates its arguments and either answers at once from what the client
+//! library holds under its leases (lookup, getattr, read-only open), or spawns a task on the
+//! adapter's tokio runtime that owns the `Reply*` object, calls the client library and replies
+//! with the result or with `errno()` of the error. fuser's threads never wait for the network. All filesystem behaviour (permissions, caching, striping, write-behind,
 //! consistency) is the client library's and metad's; this module owns only what FUSE itself
 //! needs: the file-handle table, the ".." inode numbers, reply TTLs, and the kernel settings
 //! negotiated at init.
@@ -30,9 +30,6 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 use tracing::{debug, info, warn};
 
-/// How long the kernel may trust a name or attributes it got from us. Short, so that changes
-/// made on other nodes show within a second (the client library adds its own 1 s cache).
-pub const TTL: Duration = Duration::from_secs(1);
 /// Largest write request: one default chunk.
 pub const MAX_WRITE: u32 = 1 << 20;
 /// Kernel read-ahead asked for at init (the kernel may cap it; see `mount::tune_readahead`).
@@ -67,14 +64,15 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// Lets the kernel be told to drop cached attributes.
+    /// Lets the kernel be told to drop what it caches, and has every recall tell it.
     pub fn set_notifier(&self, n: Notifier) {
-        let _ = self.notifier.set(n);
+        let _ = self.notifier.set(n.clone());
+        self.client.on_recall(Arc::new(move |r| invalidate_kernel(&n, r)));
     }
 
     /// Makes the kernel ask for attributes again before it trusts a size. Called at open:
-    /// metad's answer to the open is fresh (close-to-open), the kernel's cached size may be up
-    /// to `TTL` old, and the kernel clips reads to its cached size.
+    /// metad's answer to the open is fresh (close-to-open); the kernel's cached size may predate it
+    /// (the open asked metad because no lease covered the file), and the kernel clips reads to it.
     fn invalidate_kernel_attrs(&self, ino: InodeId) {
         if let Some(n) = self.notifier.get() {
             // The kernel may already have dropped the inode (ENOENT): nothing to invalidate.
@@ -108,6 +106,21 @@ impl Shared {
             info!(files = files.len(), "closing files left open when the session ended");
         }
         futures::future::join_all(files.into_iter().map(close_file)).await;
+    }
+}
+
+/// Drops from the kernel's caches what a recall names: attributes and pages of inodes, and
+/// names (positive or negative). The kernel may have dropped them already (ENOENT).
+fn invalidate_kernel(n: &Notifier, r: &odfs_proto::meta::Recall) {
+    for i in &r.inos {
+        if let Err(e) = n.inval_inode(INodeNo(i.0), 0, 0) {
+            debug!(ino = %i, error = %e, "inode invalidation not delivered");
+        }
+    }
+    for (dir, name) in &r.names {
+        if let Err(e) = n.inval_entry(INodeNo(dir.0), OsStr::from_bytes(name)) {
+            debug!(dir = %dir, error = %e, "entry invalidation not delivered");
+        }
     }
 }
 
@@ -179,8 +192,52 @@ fn gone(s: &Shared, i: InodeId, e: odfs_client::ClientError) -> FuseError {
     }
 }
 
-fn entry(reply: ReplyEntry, a: &Attr) {
-    reply.entry(&TTL, &file_attr(a), Generation(0));
+/// Attributes with how long the kernel may keep them (and the name that led to them).
+struct Timed {
+    attr: Attr,
+    ttl: Duration,
+}
+
+/// Runs a request that answers attributes and says how long the kernel may keep them: as
+/// long as the client's lease, zero if a recall crossed the reply (the ticket is taken before
+/// the request is sent).
+async fn timed(s: &Shared, work: impl Future<Output = OpResult<Attr>>) -> OpResult<Timed> {
+    let ticket = s.client.ticket();
+    let attr = work.await?;
+    Ok(Timed { ttl: s.client.kernel_ttl(attr.ino, ticket), attr })
+}
+
+/// `timed` for a change this client makes: its own change does not cross its reply.
+async fn timed_change(s: &Shared, work: impl Future<Output = OpResult<Attr>>) -> OpResult<Timed> {
+    let ticket = s.client.ticket();
+    let attr = work.await?;
+    Ok(Timed { ttl: s.client.kernel_ttl(attr.ino, s.client.ticket_after(ticket)), attr })
+}
+
+fn entry(reply: ReplyEntry, t: &Timed) {
+    reply.entry(&t.ttl, &file_attr(&t.attr), Generation(0));
+}
+
+/// A negative entry: the kernel remembers for `ttl` that the name does not exist.
+fn absent(reply: ReplyEntry, ttl: Duration) {
+    let none = fuser::FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: SystemTime::UNIX_EPOCH,
+        mtime: SystemTime::UNIX_EPOCH,
+        ctime: SystemTime::UNIX_EPOCH,
+        crtime: SystemTime::UNIX_EPOCH,
+        kind: fuser::FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
+    };
+    reply.entry(&ttl, &none, Generation(0));
 }
 
 impl OdfsFuse {
@@ -295,17 +352,46 @@ impl Filesystem for OdfsFuse {
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let (s, ctx, name) = (self.shared.clone(), ctx_of(req), name_bytes(name));
+        // What a lease covers is answered on this thread: no task, no network.
+        let ticket = s.client.ticket();
+        if let Some(r) = s.client.lookup_cached(&ctx, ino(parent), &name) {
+            let ttl = s.client.kernel_entry_ttl(ino(parent), &name, ticket);
+            match r {
+                Ok(a) => {
+                    let ttl = ttl.min(s.client.kernel_ttl(a.ino, ticket));
+                    if a.kind == odfs_proto::meta::FileKind::Dir {
+                        s.parents.record(a.ino.0, parent.0);
+                    }
+                    entry(reply, &Timed { attr: a, ttl });
+                }
+                Err(_) => absent(reply, ttl),
+            }
+            return;
+        }
         self.spawn(
             "lookup",
             reply,
             async move {
-                let a = s.client.lookup(&ctx, ino(parent), &name).await?;
-                if a.kind == odfs_proto::meta::FileKind::Dir {
-                    s.parents.record(a.ino.0, parent.0);
+                let ticket = s.client.ticket();
+                let r = s.client.lookup(&ctx, ino(parent), &name).await;
+                let ttl = s.client.kernel_entry_ttl(ino(parent), &name, ticket);
+                match r {
+                    Ok(a) => {
+                        if a.kind == odfs_proto::meta::FileKind::Dir {
+                            s.parents.record(a.ino.0, parent.0);
+                        }
+                        let ttl = ttl.min(s.client.kernel_ttl(a.ino, ticket));
+                        Ok(Ok(Timed { attr: a, ttl }))
+                    }
+                    // A miss under a lease: the kernel may remember it (a negative entry).
+                    Err(e) if e.code() == ErrorCode::NotFound && !ttl.is_zero() => Ok(Err(ttl)),
+                    Err(e) => Err(e.into()),
                 }
-                Ok(a)
             },
-            |reply, a| entry(reply, &a),
+            |reply, t| match t {
+                Ok(t) => entry(reply, &t),
+                Err(ttl) => absent(reply, ttl),
+            },
         );
     }
 
@@ -316,11 +402,19 @@ impl Filesystem for OdfsFuse {
 
     fn getattr(&self, req: &Request, i: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let (s, ctx) = (self.shared.clone(), ctx_of(req));
+        let ticket = s.client.ticket();
+        if let Some(a) = s.client.getattr_cached(ino(i)) {
+            reply.attr(&s.client.kernel_ttl(a.ino, ticket), &file_attr(&a));
+            return;
+        }
         self.spawn(
             "getattr",
             reply,
-            async move { getattr_any(&s, &ctx, ino(i), fh.map(|f| f.0)).await },
-            |reply, a| reply.attr(&TTL, &file_attr(&a)),
+            async move {
+                let s2 = s.clone();
+                timed(&s2, async move { getattr_any(&s, &ctx, ino(i), fh.map(|f| f.0)).await }).await
+            },
+            |reply, t| reply.attr(&t.ttl, &file_attr(&t.attr)),
         );
     }
 
@@ -364,9 +458,11 @@ impl Filesystem for OdfsFuse {
                     mtime: mtime.map(set_time),
                     open_for_write: false,
                 };
-                s.client.setattr(&ctx, req).await.map_err(|e| gone(&s, ino(i), e))
+                let s2 = s.clone();
+                timed_change(&s2, async move { s.client.setattr(&ctx, req).await.map_err(|e| gone(&s, ino(i), e)) })
+                    .await
             },
-            |reply, a| reply.attr(&TTL, &file_attr(&a)),
+            |reply, t| reply.attr(&t.ttl, &file_attr(&t.attr)),
         );
     }
 
@@ -404,10 +500,13 @@ impl Filesystem for OdfsFuse {
             reply,
             async move {
                 let (parent, perm) = (ino(parent), mode & 0o7777);
-                Ok(match special {
-                    Some(kind) => s.client.mknod(&ctx, parent, &name, kind, perm, rdev).await?,
-                    None => s.client.create(&ctx, parent, &name, perm, true, None).await?.attr,
+                timed_change(&s, async {
+                    Ok(match special {
+                        Some(kind) => s.client.mknod(&ctx, parent, &name, kind, perm, rdev).await?,
+                        None => s.client.create(&ctx, parent, &name, perm, true, None).await?.attr,
+                    })
                 })
+                .await
             },
             |reply, a| entry(reply, &a),
         );
@@ -419,9 +518,10 @@ impl Filesystem for OdfsFuse {
             "mkdir",
             reply,
             async move {
-                let a = s.client.mkdir(&ctx, ino(parent), &name, mode & 0o7777).await?;
-                s.parents.record(a.ino.0, parent.0);
-                Ok(a)
+                let t = timed_change(&s, async { Ok(s.client.mkdir(&ctx, ino(parent), &name, mode & 0o7777).await?) })
+                    .await?;
+                s.parents.record(t.attr.ino.0, parent.0);
+                Ok(t)
             },
             |reply, a| entry(reply, &a),
         );
@@ -450,7 +550,7 @@ impl Filesystem for OdfsFuse {
         self.spawn(
             "symlink",
             reply,
-            async move { Ok(s.client.symlink(&ctx, ino(parent), &name, &target).await?) },
+            async move { timed_change(&s, async { Ok(s.client.symlink(&ctx, ino(parent), &name, &target).await?) }).await },
             |reply, a| entry(reply, &a),
         );
     }
@@ -493,7 +593,7 @@ impl Filesystem for OdfsFuse {
         self.spawn(
             "link",
             reply,
-            async move { Ok(s.client.link(&ctx, ino(i), ino(newparent), &name).await?) },
+            async move { timed_change(&s, async { Ok(s.client.link(&ctx, ino(i), ino(newparent), &name).await?) }).await },
             |reply, a| entry(reply, &a),
         );
     }
@@ -505,6 +605,16 @@ impl Filesystem for OdfsFuse {
         let truncate = flags.0 & libc::O_TRUNC != 0;
         let append = flags.0 & libc::O_APPEND != 0;
         let (s, ctx) = (self.shared.clone(), ctx_of(req));
+        if !write && !truncate {
+            // A lease on the file: answered here, and the kernel keeps the file's pages (a
+            // change to the file would have recalled the lease and dropped them). No FLUSH:
+            // a reader has nothing to publish.
+            if let Some(Ok((handle, attr))) = s.client.open_cached(&ctx, ino(i)) {
+                let fh = s.handles.insert(OpenFile { handle, writable: false, append, attr });
+                reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH);
+                return;
+            }
+        }
         self.spawn(
             "open",
             reply,
@@ -658,24 +768,27 @@ impl Filesystem for OdfsFuse {
             async move {
                 // A listing cannot be retried by the kernel: errors go out as they are (a
                 // removed directory answers ENOENT, as Linux does).
+                let ticket = s.client.ticket();
                 let me = if offset < DOTDOT_OFFSET { Some(s.client.getattr(&ctx, ino(i)).await?) } else { None };
                 let cookie = offset.saturating_sub(DOTDOT_OFFSET);
                 let r = s.client.readdir(&ctx, ino(i), cookie, READDIRPLUS_BATCH, true).await?;
                 if r.entries.iter().any(|e| e.attr.is_none()) {
                     return Err(FuseError::Errno(libc::EIO));
                 }
-                Ok((me, r))
+                Ok((me, r, ticket))
             },
-            move |mut reply, (me, r)| {
+            move |mut reply, (me, r, ticket)| {
+                let ttl = |a: InodeId| s2.client.kernel_ttl(a, ticket);
                 if let Some(me) = me {
                     let me = file_attr(&me);
-                    if offset < DOT_OFFSET && reply.add(i, DOT_OFFSET, ".", &TTL, &me, Generation(0)) {
+                    let me_ttl = ttl(ino(i));
+                    if offset < DOT_OFFSET && reply.add(i, DOT_OFFSET, ".", &me_ttl, &me, Generation(0)) {
                         return reply.ok();
                     }
                     // The kernel takes no attributes from "." and ".." entries, only the inode
                     // number that readdir shows; fuser takes that number from the attributes.
                     let up = fuser::FileAttr { ino: INodeNo(parent), ..me };
-                    if reply.add(INodeNo(parent), DOTDOT_OFFSET, "..", &TTL, &up, Generation(0)) {
+                    if reply.add(INodeNo(parent), DOTDOT_OFFSET, "..", &Duration::ZERO, &up, Generation(0)) {
                         return reply.ok();
                     }
                 }
@@ -683,7 +796,8 @@ impl Filesystem for OdfsFuse {
                     let Some(a) = &e.attr else { break };
                     let off = e.cookie + DOTDOT_OFFSET;
                     let fa = file_attr(a);
-                    if reply.add(INodeNo(e.ino.0), off, OsStr::from_bytes(&e.name), &TTL, &fa, Generation(0)) {
+                    let t = ttl(e.ino).min(s2.client.kernel_entry_ttl(ino(i), &e.name, ticket));
+                    if reply.add(INodeNo(e.ino.0), off, OsStr::from_bytes(&e.name), &t, &fa, Generation(0)) {
                         break;
                     }
                     if fa.kind == fuser::FileType::Directory {
@@ -814,6 +928,7 @@ impl Filesystem for OdfsFuse {
             "create",
             reply,
             async move {
+                let ticket = s.client.ticket();
                 let (r, handle) =
                     s.client.create_open(&ctx, ino(parent), &name, mode & 0o7777, exclusive, None).await?;
                 let mut attr = r.attr;
@@ -824,9 +939,12 @@ impl Filesystem for OdfsFuse {
                     attr = handle.getattr().await?;
                 }
                 let fh = s.handles.insert(OpenFile { handle, writable: true, append, attr: attr.clone() });
-                Ok((fh, attr))
+                let ttl = s.client.kernel_ttl(attr.ino, s.client.ticket_after(ticket));
+                Ok((fh, Timed { attr, ttl }))
             },
-            |reply, (fh, a)| reply.created(&TTL, &file_attr(&a), Generation(0), FileHandle(fh), FopenFlags::empty()),
+            |reply, (fh, t)| {
+                reply.created(&t.ttl, &file_attr(&t.attr), Generation(0), FileHandle(fh), FopenFlags::empty())
+            },
         );
     }
 

@@ -7,9 +7,11 @@
 //! SIGTERM). It must not implement filesystem behaviour: permissions, caching, striping,
 //! write-behind and consistency belong to the client library and metad.
 //!
-//! Consistency through the mount is the library's close-to-open model, plus the kernel's caches:
-//! names and attributes are trusted for 1 s (`fs::TTL`), the page cache is dropped at every
-//! open, and the kernel is told to refetch attributes at every open. There is no writeback
+//! Consistency through the mount is the library's: the kernel keeps names, missing names,
+//! attributes and pages for as long as the client's leases last (each reply's TTL ends no later
+//! than the client's trust in its lease), and every recall metad sends the client becomes a
+//! kernel invalidation (`inval_inode`, `inval_entry`). What a lease covers is answered on the
+//! fuser reader thread (lookup, getattr, read-only open) without a task. There is no writeback
 //! cache: every write(2) reaches the client library before it returns, so the library's
 //! write-behind and error reporting stay the only buffering.
 

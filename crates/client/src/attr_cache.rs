@@ -1,97 +1,267 @@
-//! Short-lived cache of attributes and names, so repeated `stat`s and path walks do not each
-//! cost a metad round trip.
+//! What this client caches of metad's answers — attributes, names and the absence of names —
+//! and for how long it may trust them: for as long as its leases last (see docs/architecture.md,
+//! "Coherent caching").
 //!
-//! Entries live for `attr_cache_ms` (default 1 s) and are dropped or refreshed by every
-//! mutation this client makes. `open` always asks metad (close-to-open). A cached name is only
+//! Entries do not age: metad recalls them before any change is acknowledged, and the client
+//! trusts a shard's entries only until its session with that shard could have lapsed (the
+//! send time of the last poll the shard answered, plus nine tenths of the lease). A reply that
+//! was on its way while a recall was applied, or while this client itself changed what it
+//! describes, is not cached (`Ticket`): metad recalls nothing from the client that made a
+//! change, so the client keeps its own caches right. A cached name is only
 //! served to the uid/gid that looked it up, so a lookup never skips another caller's
 //! permission check.
 
-use odfs_proto::meta::Attr;
+use odfs_proto::meta::{Attr, Recall};
 use odfs_proto::InodeId;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// Above this many entries the cache is emptied rather than grown.
+/// Above this many entries the cache is emptied rather than grown (metad's recalls reach the
+/// kernel's caches whatever this cache holds).
 const MAX_ENTRIES: usize = 1 << 20;
 
-/// A cached name: the inode it names, who looked it up (uid, gid), and when.
-type NameEntry = (InodeId, (u32, u32), Instant);
+/// A cached name: the inode it names (`None`: it does not exist), who looked it up (uid,
+/// gid), and the shard whose lease covers it.
+#[derive(Clone, Copy)]
+struct NameEntry {
+    ino: Option<InodeId>,
+    who: (u32, u32),
+    shard: u16,
+}
+
+/// What this client's own changes touch: a name, or an inode.
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum Key {
+    Name(InodeId, Vec<u8>),
+    Ino(InodeId),
+}
+
+/// Taken before a request is sent; says whether its reply may still be cached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ticket {
+    epoch: u64,
+    stamp: u64,
+}
 
 #[derive(Default)]
 struct Maps {
-    attrs: HashMap<InodeId, (Attr, Instant)>,
-    names: HashMap<(InodeId, Vec<u8>), NameEntry>,
+    attrs: HashMap<InodeId, Attr>,
+    names: BTreeMap<(InodeId, Vec<u8>), NameEntry>,
+    /// Counts recalls applied and sessions renewed: a reply to a request sent before the
+    /// latest one may be older than what the recall dropped.
+    epoch: u64,
+    /// Counts this client's own changes; `changed` has the count at each key's latest.
+    stamp: u64,
+    changed: HashMap<Key, u64>,
+}
+
+impl Maps {
+    /// Whether a reply to a request sent with `t` may be older than what is known of `key`.
+    fn stale(&self, t: Ticket, key: &Key) -> bool {
+        t.epoch != self.epoch || self.changed.get(key).is_some_and(|&s| s > t.stamp)
+    }
+
+    fn mark(&mut self, key: Key) {
+        if self.changed.len() >= MAX_ENTRIES {
+            // Forgetting what changed when: no reply in flight may be cached.
+            self.changed.clear();
+            self.epoch += 1;
+        }
+        self.stamp += 1;
+        let stamp = self.stamp;
+        self.changed.insert(key, stamp);
+    }
+}
+
+/// The cached answer to a lookup.
+pub enum Cached {
+    /// The name names this inode.
+    Found(Attr),
+    /// The name does not exist.
+    Absent,
 }
 
 pub(crate) struct AttrCache {
-    ttl: Duration,
+    on: bool,
     maps: Mutex<Maps>,
+    /// Per metadata shard: until when its leases are trusted, in nanoseconds after `base`.
+    trusted: Vec<AtomicU64>,
+    base: Instant,
 }
 
 impl AttrCache {
-    pub fn new(ttl: Duration) -> AttrCache {
-        AttrCache { ttl, maps: Mutex::new(Maps::default()) }
+    /// A cache for a filesystem of `shards` metadata shards; `on: false` caches nothing.
+    pub fn new(on: bool, shards: u16) -> AttrCache {
+        AttrCache {
+            on,
+            maps: Mutex::new(Maps::default()),
+            trusted: (0..shards.max(1)).map(|_| AtomicU64::new(0)).collect(),
+            base: Instant::now(),
+        }
     }
 
-    fn on(&self) -> bool {
-        !self.ttl.is_zero()
+    /// Taken before a request is sent, given back with what its reply should cache.
+    pub fn ticket(&self) -> Ticket {
+        let m = self.maps.lock().expect("cache lock");
+        Ticket { epoch: m.epoch, stamp: m.stamp }
+    }
+
+    /// For the result of this client's own change, sent with `before`: recalls since still
+    /// count, the client's own changes (this one included) do not.
+    pub fn after(&self, before: Ticket) -> Ticket {
+        Ticket { epoch: before.epoch, stamp: self.maps.lock().expect("cache lock").stamp }
+    }
+
+    /// How long what shard `shard` answered may still be trusted.
+    pub fn trust_left(&self, shard: u16) -> Duration {
+        let Some(t) = self.trusted.get(shard as usize) else { return Duration::ZERO };
+        let until = Duration::from_nanos(t.load(Ordering::Acquire));
+        until.saturating_sub(self.base.elapsed())
+    }
+
+    /// How long the kernel may keep what a reply told about inode `ino`: zero when a recall
+    /// or a change of this client crossed the reply, or caching is off.
+    pub fn ttl(&self, ino: InodeId, ticket: Ticket) -> Duration {
+        if !self.on || self.maps.lock().expect("cache lock").stale(ticket, &Key::Ino(ino)) {
+            return Duration::ZERO;
+        }
+        self.trust_left(ino.shard())
+    }
+
+    /// The same for name `name` of `parent`, whose lease is shard `shard`'s.
+    pub fn entry_ttl(&self, parent: InodeId, name: &[u8], shard: u16, ticket: Ticket) -> Duration {
+        let key = Key::Name(parent, name.to_vec());
+        if !self.on || self.maps.lock().expect("cache lock").stale(ticket, &key) {
+            return Duration::ZERO;
+        }
+        self.trust_left(shard)
+    }
+
+    fn trusted(&self, shard: u16) -> bool {
+        self.on && !self.trust_left(shard).is_zero()
+    }
+
+    /// The shard answered a poll sent at `sent`: its leases hold until `sent + trust`.
+    pub fn renew(&self, shard: u16, sent: Instant, trust: Duration) {
+        if let Some(t) = self.trusted.get(shard as usize) {
+            let until = (sent + trust).saturating_duration_since(self.base).as_nanos() as u64;
+            t.store(until, Ordering::Release);
+        }
     }
 
     pub fn attr(&self, ino: InodeId) -> Option<Attr> {
-        if !self.on() {
+        if !self.trusted(ino.shard()) {
+            return None;
+        }
+        self.maps.lock().expect("cache lock").attrs.get(&ino).cloned()
+    }
+
+    pub fn lookup(&self, parent: InodeId, name: &[u8], who: (u32, u32)) -> Option<Cached> {
+        if !self.on {
             return None;
         }
         let m = self.maps.lock().expect("cache lock");
-        m.attrs.get(&ino).filter(|(_, t)| t.elapsed() < self.ttl).map(|(a, _)| a.clone())
-    }
-
-    pub fn lookup(&self, parent: InodeId, name: &[u8], who: (u32, u32)) -> Option<Attr> {
-        if !self.on() {
+        let e = *m.names.get(&(parent, name.to_vec()))?;
+        if e.who != who || !self.trusted(e.shard) {
             return None;
         }
-        let m = self.maps.lock().expect("cache lock");
-        let (ino, owner, t) = m.names.get(&(parent, name.to_vec()))?;
-        if *owner != who || t.elapsed() >= self.ttl {
-            return None;
+        match e.ino {
+            None => Some(Cached::Absent),
+            Some(ino) if self.trusted(ino.shard()) => m.attrs.get(&ino).cloned().map(Cached::Found),
+            Some(_) => None,
         }
-        m.attrs.get(ino).filter(|(_, t)| t.elapsed() < self.ttl).map(|(a, _)| a.clone())
     }
 
-    pub fn put_attr(&self, attr: &Attr) {
-        if !self.on() {
+    /// Caches attributes from a reply to a request sent with `ticket`.
+    pub fn put_attr(&self, attr: &Attr, ticket: Ticket) {
+        if !self.on {
             return;
         }
         let mut m = self.maps.lock().expect("cache lock");
+        if m.stale(ticket, &Key::Ino(attr.ino)) {
+            // A recall crossed the reply: what is cached may be older still.
+            m.attrs.remove(&attr.ino);
+            return;
+        }
         if m.attrs.len() >= MAX_ENTRIES {
             m.attrs.clear();
         }
-        m.attrs.insert(attr.ino, (attr.clone(), Instant::now()));
+        m.attrs.insert(attr.ino, attr.clone());
     }
 
-    pub fn put_entry(&self, parent: InodeId, name: &[u8], attr: &Attr, who: (u32, u32)) {
-        if !self.on() {
+    /// Caches a name (`attr: None`: its absence) that shard `shard` answered.
+    pub fn put_entry(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        attr: Option<&Attr>,
+        who: (u32, u32),
+        shard: u16,
+        ticket: Ticket,
+    ) {
+        if !self.on {
             return;
         }
         let mut m = self.maps.lock().expect("cache lock");
+        if m.stale(ticket, &Key::Name(parent, name.to_vec())) || attr.is_some_and(|a| m.stale(ticket, &Key::Ino(a.ino)))
+        {
+            m.names.remove(&(parent, name.to_vec()));
+            if let Some(a) = attr {
+                m.attrs.remove(&a.ino);
+            }
+            return;
+        }
         if m.names.len() >= MAX_ENTRIES || m.attrs.len() >= MAX_ENTRIES {
             m.names.clear();
             m.attrs.clear();
         }
-        let now = Instant::now();
-        m.names.insert((parent, name.to_vec()), (attr.ino, who, now));
-        m.attrs.insert(attr.ino, (attr.clone(), now));
-    }
-
-    /// Forgets a name and the attributes of the inode it named.
-    pub fn forget_entry(&self, parent: InodeId, name: &[u8]) {
-        let mut m = self.maps.lock().expect("cache lock");
-        if let Some((ino, _, _)) = m.names.remove(&(parent, name.to_vec())) {
-            m.attrs.remove(&ino);
+        m.names.insert((parent, name.to_vec()), NameEntry { ino: attr.map(|a| a.ino), who, shard });
+        if let Some(a) = attr {
+            m.attrs.insert(a.ino, a.clone());
         }
     }
 
+    /// This client changes (or changed) a name: forgets it and the attributes of the inode
+    /// it named; replies in flight about it are not cached. Called before the change is sent
+    /// and again when it is done.
+    pub fn forget_entry(&self, parent: InodeId, name: &[u8]) {
+        let mut m = self.maps.lock().expect("cache lock");
+        m.mark(Key::Name(parent, name.to_vec()));
+        if let Some(NameEntry { ino: Some(ino), .. }) = m.names.remove(&(parent, name.to_vec())) {
+            m.attrs.remove(&ino);
+            m.mark(Key::Ino(ino));
+        }
+    }
+
+    /// The same for an inode's attributes.
     pub fn forget(&self, ino: InodeId) {
-        self.maps.lock().expect("cache lock").attrs.remove(&ino);
+        let mut m = self.maps.lock().expect("cache lock");
+        m.mark(Key::Ino(ino));
+        m.attrs.remove(&ino);
+    }
+
+    /// Drops what a recall names; replies in flight are not cached.
+    pub fn apply(&self, r: &Recall) {
+        let mut m = self.maps.lock().expect("cache lock");
+        m.epoch += 1;
+        for ino in &r.inos {
+            m.attrs.remove(ino);
+        }
+        for (dir, name) in &r.names {
+            m.names.remove(&(*dir, name.clone()));
+        }
+    }
+
+    /// Drops everything shard `shard` leased (its session was lost: recalls may be missed).
+    pub fn drop_shard(&self, shard: u16) {
+        if let Some(t) = self.trusted.get(shard as usize) {
+            t.store(0, Ordering::Release);
+        }
+        let mut m = self.maps.lock().expect("cache lock");
+        m.epoch += 1;
+        m.attrs.retain(|ino, _| ino.shard() != shard);
+        m.names.retain(|_, e| e.shard != shard);
     }
 }

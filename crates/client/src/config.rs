@@ -17,8 +17,9 @@ pub struct ClientConfig {
     pub bulk_transport: Transport,
     /// Bytes of written data that may be in flight to stored per client before writers wait.
     pub write_behind_bytes: u64,
-    /// Milliseconds attributes and names stay cached in the client (0 = no cache). `open`
-    /// always revalidates (close-to-open).
+    /// 0 turns caching of attributes and names off (every request asks metad); any other
+    /// value caches them for as long as this client's leases last (metad recalls them before
+    /// any change; see docs/architecture.md, "Coherent caching"). Default 1000.
     pub attr_cache_ms: u64,
     /// Chunks read ahead of a sequential reader.
     pub readahead_chunks: u32,

@@ -62,6 +62,9 @@ pub struct InodeData {
     registered: std::sync::atomic::AtomicU64,
     /// Mirror of `WriteState::size` readable without the async lock (for getattr).
     size_hint: Mutex<(u64, bool)>,
+    /// Held while an open answered from the cache is being registered with metad: the
+    /// release waits for it, or it would overtake the registration and leave it behind.
+    pub(crate) registering: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl InodeData {
@@ -76,6 +79,7 @@ impl InodeData {
             opens: AtomicUsize::new(0),
             registered: std::sync::atomic::AtomicU64::new(0),
             size_hint: Mutex::new((0, false)),
+            registering: Arc::new(tokio::sync::Mutex::new(())),
         }
     }
 
@@ -98,6 +102,11 @@ impl InodeData {
     /// Returns true when this was the last open.
     pub(crate) fn closed(&self) -> bool {
         self.opens.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+
+    /// An open unknown to metad (answered from the cache) is registered under `seq`.
+    pub(crate) fn mark_registered(&self, seq: u64) {
+        self.registered.fetch_max(seq, Ordering::AcqRel);
     }
 
     /// Request id of the latest registered open.
@@ -239,9 +248,11 @@ impl InodeData {
         }
         if ws.size_dirty {
             let req = ExtendSize { ino: self.ino, size: ws.size, mtime: ws.mtime };
+            let t = client.ticket();
+            client.invalidate(self.ino);
             // An unlinked file open here is an orphan at metad: its size is published as any.
             let attr = client.meta(ctx, self.ino.shard(), &req).await?;
-            client.cache_attr(&attr);
+            client.changed_attr(&attr, t);
             ws.size_dirty = false;
             *self.size_hint.lock().expect("size lock") = (ws.size, false);
         }

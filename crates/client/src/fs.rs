@@ -1,6 +1,6 @@
 //! `Client`: one process's connection to a filesystem, and every namespace operation.
 
-use crate::attr_cache::AttrCache;
+use crate::attr_cache::{AttrCache, Cached, Ticket};
 use crate::cluster::Cluster;
 use crate::file::{FileHandle, InodeData};
 use crate::{ClientConfig, ClientError, Result};
@@ -69,6 +69,8 @@ pub(crate) struct Inner {
     /// Directories' metadata stripes as last seen (striping changes only while a directory is
     /// empty, and a shard asked about a name it does not hold says so: see `entry_call`).
     stripes: Mutex<HashMap<InodeId, Vec<u16>>>,
+    /// odfs-fuse's part of every recall.
+    recall_hook: std::sync::OnceLock<RecallHook>,
 }
 
 /// A connection to one odfs filesystem. Cheap to clone.
@@ -80,6 +82,67 @@ pub struct Client {
 impl Drop for Inner {
     fn drop(&mut self) {
         let _ = self.stop.send(true);
+    }
+}
+
+/// Opens being registered with metad, and the guards holding their releases back until then.
+#[derive(Default)]
+struct Registering {
+    files: Vec<(InodeId, u64)>,
+    guards: Vec<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+/// What odfs-fuse runs on every recall (it drops the kernel's caches).
+pub type RecallHook = Arc<dyn Fn(&Recall) + Send + Sync>;
+
+/// How long a recall waits for the hook before it is acknowledged anyway: a kernel
+/// invalidation waits for the directory's lock, which a local operation waiting on metad may
+/// hold.
+const HOOK_WAIT: Duration = Duration::from_millis(20);
+
+/// One shard's session: polls, applies the recalls each answer brings, and acknowledges them
+/// with the next poll. Trust in the shard's leases is renewed by every answer: until the
+/// poll's send time plus nine tenths of the lease, before the shard could end the session.
+async fn keep_session(weak: std::sync::Weak<Inner>, shard: u16, mut stop: watch::Receiver<bool>) {
+    let (mut acked, mut open) = (0u64, Registering::default());
+    loop {
+        let Some(inner) = weak.upgrade() else { return };
+        let client = Client { inner };
+        let sent = std::time::Instant::now();
+        // Opens to register: answered at once, so that their releases wait no longer.
+        let wait_ms = if open.files.is_empty() { 60_000 } else { 0 };
+        let poll = SessionPoll { wait_ms, acked, open: open.files.clone() };
+        let root = Ctx::root();
+        let r = tokio::select! {
+            r = client.meta(&root, shard, &poll) => r,
+            _ = stop.changed() => return,
+        };
+        match r {
+            Ok(reply) => {
+                if reply.new_session {
+                    client.inner.cache.drop_shard(shard);
+                    acked = 0;
+                    client.reopen(shard).await;
+                }
+                open = Registering::default();
+                for rc in &reply.recalls {
+                    let reg = client.apply_recall(rc).await;
+                    open.files.extend(reg.files);
+                    open.guards.extend(reg.guards);
+                    acked = acked.max(rc.seq);
+                }
+                let lease = Duration::from_millis(reply.lease_ms as u64);
+                client.inner.cache.renew(shard, sent, lease - lease / 10);
+            }
+            Err(e) => {
+                debug!(shard, error = %e, "session poll failed");
+                drop(client);
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = stop.changed() => return,
+                }
+            }
+        }
     }
 }
 
@@ -115,7 +178,8 @@ impl Client {
             next_request: AtomicU64::new(1),
             inodes: Mutex::new(HashMap::new()),
             write_budget: Arc::new(Semaphore::new(budget_units)),
-            cache: AttrCache::new(Duration::from_millis(cfg.attr_cache_ms)),
+            cache: AttrCache::new(cfg.attr_cache_ms > 0, cluster.view().meta_shards()),
+            recall_hook: std::sync::OnceLock::new(),
             cluster,
             pool,
             cfg,
@@ -129,36 +193,73 @@ impl Client {
         Ok(client)
     }
 
-    /// Keeps this client's session with every metadata shard alive: a long poll each, and
-    /// after a shard restarted (a new session), the files held open there registered again.
+    /// Keeps this client's session with every metadata shard alive: a long poll each, which
+    /// brings the shard's recalls and carries their acknowledgements; after a shard restarted
+    /// (a new session), what it leased is dropped and the files held open there are registered
+    /// again.
     fn keep_sessions(&self, stop: &watch::Receiver<bool>) {
         for shard in 0..self.inner.cluster.view().meta_shards().max(1) {
-            let weak = Arc::downgrade(&self.inner);
-            let mut stop = stop.clone();
-            tokio::spawn(async move {
-                loop {
-                    let Some(inner) = weak.upgrade() else { return };
-                    let client = Client { inner };
-                    let root = Ctx::root();
-                    let poll = client.meta(&root, shard, &SessionPoll { wait_ms: 60_000 });
-                    let r = tokio::select! {
-                        r = poll => r,
-                        _ = stop.changed() => return,
-                    };
-                    match r {
-                        Ok(reply) if reply.new_session => client.reopen(shard).await,
-                        Ok(_) => {}
-                        Err(e) => {
-                            debug!(shard, error = %e, "session poll failed");
-                            drop(client);
-                            tokio::select! {
-                                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                                _ = stop.changed() => return,
-                            }
-                        }
-                    }
-                }
-            });
+            tokio::spawn(keep_session(Arc::downgrade(&self.inner), shard, stop.clone()));
+        }
+    }
+
+    /// Lets odfs-fuse drop the kernel's caches on every recall (called before it is
+    /// acknowledged; a hook still busy after `HOOK_WAIT` is not waited for).
+    pub fn on_recall(&self, hook: RecallHook) {
+        let _ = self.inner.recall_hook.set(hook);
+    }
+
+    /// Applies one recall: the client's caches, then the hook's. Returns the recalled files
+    /// this client holds open without having registered them (the acknowledgement names them,
+    /// so they outlive their last name while open here).
+    async fn apply_recall(&self, r: &Recall) -> Registering {
+        self.inner.cache.apply(r);
+        {
+            let mut stripes = self.inner.stripes.lock().expect("stripes lock");
+            for ino in &r.inos {
+                stripes.remove(ino);
+            }
+        }
+        if let Some(hook) = self.inner.recall_hook.get().cloned() {
+            let r = r.clone();
+            let job = tokio::task::spawn_blocking(move || hook(&r));
+            if tokio::time::timeout(HOOK_WAIT, job).await.is_err() {
+                debug!("a kernel invalidation is still waiting (a local operation holds the directory)");
+            }
+        }
+        self.mark_registered(|d| r.inos.contains(&d.ino))
+    }
+
+    /// Marks the open files that `pick` selects and that metad does not know as registered,
+    /// each under a new request id; returns them, with guards that hold their releases back
+    /// until the registration has reached metad.
+    fn mark_registered(&self, pick: impl Fn(&InodeData) -> bool) -> Registering {
+        let map = self.inner.inodes.lock().expect("inodes lock");
+        let mut out = Registering::default();
+        for d in map.values().filter(|d| d.registered() == 0 && pick(d)) {
+            let seq = self.inner.next_request.fetch_add(1, Ordering::Relaxed);
+            d.mark_registered(seq);
+            out.files.push((d.ino, seq));
+            out.guards.extend(d.registering.clone().try_lock_owned().ok());
+        }
+        out
+    }
+
+    /// Registers the files opened from the cache (unknown to metad) before a change that may
+    /// take a file's last name: metad keeps those as orphans for this client.
+    async fn register_local_opens(&self) {
+        let reg = self.mark_registered(|_| true);
+        if reg.files.is_empty() {
+            return;
+        }
+        let mut by_shard: HashMap<u16, Vec<(InodeId, u64)>> = HashMap::new();
+        for f in reg.files {
+            by_shard.entry(f.0.shard()).or_default().push(f);
+        }
+        for (shard, files) in by_shard {
+            if let Err(e) = self.meta(&Ctx::root(), shard, &Reopen { files }).await {
+                warn!(shard, error = %e, "cannot register open files before a change");
+            }
         }
     }
 
@@ -287,23 +388,85 @@ impl Client {
         attr
     }
 
+    /// What `name` in `parent` names; from the cache when a lease covers it (a name known not
+    /// to exist answers `NotFound` there too).
     pub async fn lookup(&self, ctx: &Ctx, parent: InodeId, name: &[u8]) -> Result<Attr> {
-        let who = (ctx.uid, ctx.gid);
-        if let Some(a) = self.inner.cache.lookup(parent, name, who) {
-            return Ok(self.merge_local(a));
+        if let Some(found) = self.lookup_cached(ctx, parent, name) {
+            return found;
         }
-        let a = self.entry_call(ctx, parent, name, &Lookup { parent, name: name.to_vec() }).await?;
-        self.inner.cache.put_entry(parent, name, &a, who);
-        self.note_stripes(&a);
-        Ok(self.merge_local(a))
+        let t = self.inner.cache.ticket();
+        match self.entry_call(ctx, parent, name, &Lookup { parent, name: name.to_vec() }).await {
+            Ok(a) => {
+                self.cache_entry(ctx, parent, name, Some(&a), t);
+                self.note_stripes(&a);
+                Ok(self.merge_local(a))
+            }
+            Err(e) => {
+                if e.code() == ErrorCode::NotFound {
+                    self.cache_entry(ctx, parent, name, None, t);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// A lookup answered from the cache alone, if a lease covers it.
+    pub fn lookup_cached(&self, ctx: &Ctx, parent: InodeId, name: &[u8]) -> Option<Result<Attr>> {
+        match self.inner.cache.lookup(parent, name, (ctx.uid, ctx.gid))? {
+            Cached::Found(a) => Some(Ok(self.merge_local(a))),
+            Cached::Absent => Some(Err(ClientError::new(
+                ErrorCode::NotFound,
+                format!("\"{}\" does not exist", String::from_utf8_lossy(name)),
+            ))),
+        }
+    }
+
+    /// Attributes answered from the cache alone, if a lease covers them.
+    pub fn getattr_cached(&self, ino: InodeId) -> Option<Attr> {
+        self.inner.cache.attr(ino).map(|a| self.merge_local(a))
+    }
+
+    /// Taken before a request: with it, `kernel_ttl` tells whether its reply may be cached.
+    pub fn ticket(&self) -> Ticket {
+        self.inner.cache.ticket()
+    }
+
+    /// For the result of this client's own change sent with `before` (see `AttrCache::after`).
+    pub fn ticket_after(&self, before: Ticket) -> Ticket {
+        self.inner.cache.after(before)
+    }
+
+    /// How long the kernel may cache what a reply said of inode `ino` (the request was sent
+    /// with `ticket`): until this client's lease could lapse; zero when a recall or a change
+    /// of this client crossed it.
+    pub fn kernel_ttl(&self, ino: InodeId, ticket: Ticket) -> Duration {
+        self.inner.cache.ttl(ino, ticket)
+    }
+
+    /// The same for a name of `parent` (its lease is the shard's that holds the name).
+    pub fn kernel_entry_ttl(&self, parent: InodeId, name: &[u8], ticket: Ticket) -> Duration {
+        self.inner.cache.entry_ttl(parent, name, self.known_entry_shard(parent, name), ticket)
+    }
+
+    /// Caches a name (or its absence) from a reply to a request sent with `ticket`.
+    fn cache_entry(&self, ctx: &Ctx, parent: InodeId, name: &[u8], attr: Option<&Attr>, ticket: Ticket) {
+        let shard = self.known_entry_shard(parent, name);
+        self.inner.cache.put_entry(parent, name, attr, (ctx.uid, ctx.gid), shard, ticket);
+    }
+
+    /// The shard holding `name` of `parent`, as far as this client knows the stripes.
+    fn known_entry_shard(&self, parent: InodeId, name: &[u8]) -> u16 {
+        let stripes = self.inner.stripes.lock().expect("stripes lock").get(&parent).cloned().unwrap_or_default();
+        odfs_proto::meta::entry_shard(&stripes, name).unwrap_or(parent.shard())
     }
 
     pub async fn getattr(&self, ctx: &Ctx, ino: InodeId) -> Result<Attr> {
+        let t = self.inner.cache.ticket();
         if let Some(a) = self.inner.cache.attr(ino) {
             return Ok(self.merge_local(a));
         }
         let a = self.meta(ctx, Self::shard_of(ino), &GetAttr { ino }).await?;
-        self.cache_attr(&a);
+        self.cache_attr(&a, t);
         Ok(self.merge_local(a))
     }
 
@@ -312,8 +475,23 @@ impl Client {
         self.inner.cache.forget(ino);
     }
 
-    pub(crate) fn cache_attr(&self, a: &Attr) {
-        self.inner.cache.put_attr(a);
+    /// This client made entry `name` of `parent` (sent with ticket `t`): the change is marked
+    /// done (replies that crossed it are not cached), the parent's times changed, and the new
+    /// entry is cached.
+    fn made_entry(&self, ctx: &Ctx, parent: InodeId, name: &[u8], a: &Attr, t: Ticket) {
+        self.inner.cache.forget_entry(parent, name);
+        self.invalidate(parent);
+        self.cache_entry(ctx, parent, name, Some(a), self.ticket_after(t));
+    }
+
+    /// This client changed `a.ino` (sent with ticket `t`): marked done, then cached.
+    pub(crate) fn changed_attr(&self, a: &Attr, t: Ticket) {
+        self.invalidate(a.ino);
+        self.cache_attr(a, self.ticket_after(t));
+    }
+
+    pub(crate) fn cache_attr(&self, a: &Attr, ticket: Ticket) {
+        self.inner.cache.put_attr(a, ticket);
         self.note_stripes(a);
     }
 
@@ -389,6 +567,8 @@ impl Client {
 
     /// Changes attributes. A size change truncates the data first (after a permission check).
     pub async fn setattr(&self, ctx: &Ctx, req: SetAttr) -> Result<Attr> {
+        let t = self.inner.cache.ticket();
+        self.invalidate(req.ino);
         if req.mtime.is_some() {
             // Publish this process's writes first, or their mtime, sent at close, would replace
             // the one set here (tar and cp -a set times on the open descriptor, then close it).
@@ -410,11 +590,11 @@ impl Client {
             }
             let rest = SetAttr { size: None, ..req };
             let a = self.meta(ctx, Self::shard_of(rest.ino), &rest).await?;
-            self.cache_attr(&a);
+            self.changed_attr(&a, t);
             return Ok(self.merge_local(a));
         }
         let a = self.meta(ctx, Self::shard_of(req.ino), &req).await?;
-        self.cache_attr(&a);
+        self.changed_attr(&a, t);
         Ok(self.merge_local(a))
     }
 
@@ -499,26 +679,28 @@ impl Client {
         exclusive: bool,
         layout: Option<DirLayout>,
     ) -> Result<CreateReply> {
+        let t = self.inner.cache.ticket();
         let req = Create { parent, name: name.to_vec(), mode, exclusive, layout, register: false };
+        self.inner.cache.forget_entry(parent, name);
         let r = self.entry_call(ctx, parent, name, &req).await?;
-        self.inner.cache.put_entry(parent, name, &r.attr, (ctx.uid, ctx.gid));
-        if r.created {
-            self.invalidate(parent);
-        }
+        self.made_entry(ctx, parent, name, &r.attr, t);
         Ok(r)
     }
 
     pub async fn mkdir(&self, ctx: &Ctx, parent: InodeId, name: &[u8], mode: u32) -> Result<Attr> {
+        let t = self.inner.cache.ticket();
+        self.inner.cache.forget_entry(parent, name);
         let a = self.entry_call(ctx, parent, name, &Mkdir { parent, name: name.to_vec(), mode }).await?;
-        self.inner.cache.put_entry(parent, name, &a, (ctx.uid, ctx.gid));
+        self.made_entry(ctx, parent, name, &a, t);
         self.note_stripes(&a);
-        self.invalidate(parent);
         Ok(a)
     }
 
     pub async fn unlink(&self, ctx: &Ctx, parent: InodeId, name: &[u8]) -> Result<()> {
+        self.register_local_opens().await;
         self.inner.cache.forget_entry(parent, name);
         let r = self.entry_call(ctx, parent, name, &Unlink { parent, name: name.to_vec() }).await;
+        self.inner.cache.forget_entry(parent, name);
         self.invalidate(parent);
         self.reclaim(r?.removed).await;
         Ok(())
@@ -527,6 +709,7 @@ impl Client {
     pub async fn rmdir(&self, ctx: &Ctx, parent: InodeId, name: &[u8]) -> Result<()> {
         self.inner.cache.forget_entry(parent, name);
         let r = self.entry_call(ctx, parent, name, &Rmdir { parent, name: name.to_vec() }).await;
+        self.inner.cache.forget_entry(parent, name);
         self.invalidate(parent);
         r
     }
@@ -540,11 +723,14 @@ impl Client {
         new_name: &[u8],
         flags: u32,
     ) -> Result<()> {
+        self.register_local_opens().await;
         self.inner.cache.forget_entry(parent, name);
         self.inner.cache.forget_entry(new_parent, new_name);
         let req = Rename { parent, name: name.to_vec(), new_parent, new_name: new_name.to_vec(), flags };
         // Sent to the shard of the name that goes; it coordinates the other shards, if any.
         let r = self.entry_call(ctx, parent, name, &req).await;
+        self.inner.cache.forget_entry(parent, name);
+        self.inner.cache.forget_entry(new_parent, new_name);
         self.invalidate(parent);
         self.invalidate(new_parent);
         self.reclaim(r?.removed).await;
@@ -561,18 +747,20 @@ impl Client {
         mode: u32,
         rdev: u32,
     ) -> Result<Attr> {
+        let t = self.inner.cache.ticket();
         let req = Mknod { parent, name: name.to_vec(), kind, mode, rdev };
+        self.inner.cache.forget_entry(parent, name);
         let a = self.entry_call(ctx, parent, name, &req).await?;
-        self.inner.cache.put_entry(parent, name, &a, (ctx.uid, ctx.gid));
-        self.invalidate(parent);
+        self.made_entry(ctx, parent, name, &a, t);
         Ok(a)
     }
 
     pub async fn symlink(&self, ctx: &Ctx, parent: InodeId, name: &[u8], target: &[u8]) -> Result<Attr> {
+        let t = self.inner.cache.ticket();
         let req = Symlink { parent, name: name.to_vec(), target: target.to_vec() };
+        self.inner.cache.forget_entry(parent, name);
         let a = self.entry_call(ctx, parent, name, &req).await?;
-        self.inner.cache.put_entry(parent, name, &a, (ctx.uid, ctx.gid));
-        self.invalidate(parent);
+        self.made_entry(ctx, parent, name, &a, t);
         Ok(a)
     }
 
@@ -581,11 +769,14 @@ impl Client {
     }
 
     pub async fn link(&self, ctx: &Ctx, ino: InodeId, new_parent: InodeId, new_name: &[u8]) -> Result<Attr> {
+        let t = self.inner.cache.ticket();
         // Sent to the shard of the new name; it coordinates the file's shard, if another.
         let req = Link { ino, new_parent, new_name: new_name.to_vec() };
+        self.inner.cache.forget_entry(new_parent, new_name);
+        self.invalidate(ino);
         let a = self.entry_call(ctx, new_parent, new_name, &req).await?;
-        self.inner.cache.put_entry(new_parent, new_name, &a, (ctx.uid, ctx.gid));
-        self.invalidate(new_parent);
+        self.invalidate(ino);
+        self.made_entry(ctx, new_parent, new_name, &a, t);
         Ok(self.merge_local(a))
     }
 
@@ -597,10 +788,11 @@ impl Client {
         max_entries: u32,
         plus: bool,
     ) -> Result<ReadDirReply> {
+        let t = self.inner.cache.ticket();
         let mut r = self.readdir_parts(ctx, ino, cookie, max_entries, plus).await?;
         for e in r.entries.iter_mut() {
             if let Some(a) = e.attr.take() {
-                self.inner.cache.put_entry(ino, &e.name, &a, (ctx.uid, ctx.gid));
+                self.cache_entry(ctx, ino, &e.name, Some(&a), t);
                 self.note_stripes(&a);
                 e.attr = Some(self.merge_local(a));
             }
@@ -674,10 +866,11 @@ impl Client {
 
     /// Spreads an empty directory's entries over `count` metadata shards (-1 = every shard).
     pub async fn stripe_dir(&self, ctx: &Ctx, ino: InodeId, count: i32) -> Result<Attr> {
+        let t = self.inner.cache.ticket();
         let a = self.meta(ctx, Self::shard_of(ino), &StripeDir { ino, count }).await;
         self.invalidate(ino);
         let a = a?;
-        self.cache_attr(&a);
+        self.changed_attr(&a, t);
         Ok(a)
     }
 
@@ -775,17 +968,29 @@ impl Client {
 
     /// Opens an existing file. `truncate` empties it (O_TRUNC).
     pub async fn open(&self, ctx: &Ctx, ino: InodeId, read: bool, write: bool, truncate: bool) -> Result<FileHandle> {
+        let t = self.inner.cache.ticket();
         // Always asked of metad: this is the "open" of close-to-open. The open is registered,
         // so the file outlives its last name while open.
         let h = self.header(ctx);
         let registered = h.request_id;
         let attr = self.meta_as(&h, Self::shard_of(ino), &Open { ino, read, write, register: true }).await?;
-        self.cache_attr(&attr);
+        self.cache_attr(&attr, t);
         let handle = self.handle_for(ctx, attr, read, write, registered)?;
         if truncate && write {
             self.truncate(ctx, ino, 0, Truncate::Checked).await?;
         }
         Ok(handle)
+    }
+
+    /// Opens a file for reading from the cache alone, when a lease covers its attributes and
+    /// they let the caller read: no request to metad (the open is registered only if its file
+    /// is recalled or this client removes a name). `None`: ask metad (`open`).
+    pub fn open_cached(&self, ctx: &Ctx, ino: InodeId) -> Option<Result<(FileHandle, Attr)>> {
+        let attr = self.inner.cache.attr(ino)?;
+        if attr.kind != FileKind::File || attr.layout.is_none() || !may_read(ctx, &attr) {
+            return None;
+        }
+        Some(self.handle_for(ctx, attr.clone(), true, false, 0).map(|h| (h, self.merge_local(attr))))
     }
 
     /// Creates (or, without `exclusive`, opens) a file and returns a handle for writing.
@@ -798,14 +1003,13 @@ impl Client {
         exclusive: bool,
         layout: Option<DirLayout>,
     ) -> Result<(CreateReply, FileHandle)> {
+        let t = self.inner.cache.ticket();
         let h = self.header(ctx);
         let registered = h.request_id;
         let req = Create { parent, name: name.to_vec(), mode, exclusive, layout, register: true };
+        self.inner.cache.forget_entry(parent, name);
         let r = self.entry_call_as(ctx, &h, parent, name, &req).await?;
-        self.inner.cache.put_entry(parent, name, &r.attr, (ctx.uid, ctx.gid));
-        if r.created {
-            self.invalidate(parent);
-        }
+        self.made_entry(ctx, parent, name, &r.attr, t);
         let handle = self.handle_for(ctx, r.attr.clone(), true, true, registered)?;
         Ok((r, handle))
     }
@@ -852,6 +1056,12 @@ impl Client {
         // The last handle here: the file is no longer held open by this client. An orphan
         // (its last name went while open) is then gone, and its chunks with it: every target,
         // as writes of this process may lie beyond any published size.
+        // A registration of an open answered from the cache may be on its way: after it.
+        drop(data.registering.lock().await);
+        if data.registered() == 0 {
+            // Opened from the cache and never registered: metad has nothing to release.
+            return;
+        }
         let req = Release { files: vec![(data.ino, data.registered())] };
         match self.meta(&Ctx::root(), Self::shard_of(data.ino), &req).await {
             Ok(r) => {
@@ -865,9 +1075,33 @@ impl Client {
         }
     }
 
+    /// Requests each metadata shard has served since it started, by kind: (shard, kind, count).
+    pub async fn meta_request_counts(&self) -> Result<Vec<(u16, String, u64)>> {
+        let mut out = Vec::new();
+        for shard in 0..self.inner.cluster.view().meta_shards().max(1) {
+            let counts = self.meta(&Ctx::root(), shard, &OpCounts {}).await?;
+            out.extend(counts.into_iter().map(|(kind, n)| (shard, kind, n)));
+        }
+        Ok(out)
+    }
+
     /// Closes every connection. Handles still open are not flushed.
     pub fn shutdown(&self) {
         let _ = self.inner.stop.send(true);
         self.inner.pool.close_all();
     }
+}
+
+/// Whether the mode bits let `ctx` read a file (root reads anything).
+fn may_read(ctx: &Ctx, a: &Attr) -> bool {
+    let bits = if ctx.uid == 0 {
+        return true;
+    } else if ctx.uid == a.uid {
+        a.mode >> 6
+    } else if ctx.gid == a.gid || ctx.groups.contains(&a.gid) {
+        a.mode >> 3
+    } else {
+        a.mode
+    };
+    bits & 0o4 != 0
 }

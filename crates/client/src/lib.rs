@@ -16,9 +16,10 @@ pub mod fs;
 pub mod path;
 pub mod vxattr;
 
+pub use attr_cache::Ticket;
 pub use config::ClientConfig;
 pub use error::ClientError;
 pub use file::FileHandle;
-pub use fs::{Client, Ctx, Truncate};
+pub use fs::{Client, Ctx, RecallHook, Truncate};
 
 pub type Result<T, E = ClientError> = std::result::Result<T, E>;

@@ -153,6 +153,9 @@ pub(crate) struct Dir {
     pub stripes: Vec<u16>,
     /// A part of a striped directory being removed: it refuses new entries.
     pub sealed: bool,
+    /// Names added, removed or repointed since the namespace last collected them (for the
+    /// recalls of the change being applied). Not stored.
+    pub(crate) changed: Vec<Box<[u8]>>,
 }
 
 impl Dir {
@@ -165,6 +168,7 @@ impl Dir {
             order: BTreeMap::new(),
             stripes: Vec::new(),
             sealed: false,
+            changed: Vec::new(),
         }
     }
 
@@ -210,6 +214,7 @@ impl Dir {
         self.next_seq += 1;
         self.names.insert(name.into(), (seq, ino, kind));
         self.order.insert(seq, name.into());
+        self.changed.push(name.into());
     }
 
     /// Points an existing name at another inode, keeping its place in the listing order (a
@@ -218,6 +223,7 @@ impl Dir {
         match self.names.get_mut(name) {
             Some(e) => {
                 (e.1, e.2) = (ino, kind);
+                self.changed.push(name.into());
                 Ok(())
             }
             None => Err(internal("a renamed entry vanished")),
@@ -235,6 +241,7 @@ impl Dir {
     pub(crate) fn remove(&mut self, name: &[u8]) -> RpcResult<InodeId> {
         let (seq, ino, _) = self.names.remove(name).ok_or_else(|| internal("a removed entry vanished"))?;
         self.order.remove(&seq);
+        self.changed.push(name.into());
         Ok(ino)
     }
 }
@@ -268,6 +275,7 @@ impl From<DirImage> for Dir {
             order,
             stripes: img.stripes,
             sealed: img.sealed,
+            changed: Vec::new(),
         }
     }
 }

@@ -173,14 +173,23 @@ pub(crate) struct Applied {
     pub changed: bool,
     /// Inodes whose last link went while a client held them open: kept as orphans.
     pub kept: Vec<InodeId>,
+    /// What changed, for the recalls of clients' caches: inodes, and names (directory, name).
+    pub changes: Changes,
+}
+
+/// What a mutation changed (see `sessions::recall`).
+#[derive(Debug, Default)]
+pub(crate) struct Changes {
+    pub inos: Vec<InodeId>,
+    pub names: Vec<(InodeId, Vec<u8>)>,
 }
 
 impl Applied {
     pub(crate) fn changed(reply: MetaReply) -> RpcResult<Applied> {
-        Ok(Applied { reply, changed: true, kept: Vec::new() })
+        Ok(Applied { reply, changed: true, kept: Vec::new(), changes: Changes::default() })
     }
     pub(crate) fn unchanged(reply: MetaReply) -> RpcResult<Applied> {
-        Ok(Applied { reply, changed: false, kept: Vec::new() })
+        Ok(Applied { reply, changed: false, kept: Vec::new(), changes: Changes::default() })
     }
 }
 
@@ -251,6 +260,9 @@ pub(crate) struct Namespace {
     /// Orphans kept by the mutation being applied (moved into its `Applied`).
     #[serde(skip)]
     kept: Vec<InodeId>,
+    /// Inodes changed by the mutation being applied (moved into its `Applied`, for recalls).
+    #[serde(skip)]
+    touched: Vec<InodeId>,
     /// Names and inodes prepared by operations that span shards, by intent: until the step
     /// commits or aborts, other changes to them answer `Busy` (clients retry).
     pub(crate) pins: HashMap<Pin, u64>,
@@ -303,6 +315,7 @@ impl Namespace {
             foreign: 0,
             orphans: Default::default(),
             kept: Vec::new(),
+            touched: Vec::new(),
             pins: HashMap::new(),
             intents: BTreeMap::new(),
             shards_total: 1,
@@ -365,6 +378,7 @@ impl Namespace {
     }
 
     pub(crate) fn node_mut(&mut self, ino: InodeId) -> RpcResult<&mut Inode> {
+        self.touched.push(ino);
         self.inodes
             .get_mut(&ino)
             .ok_or_else(|| RemoteError::new(ErrorCode::NotFound, format!("inode {ino} does not exist")))
@@ -510,9 +524,32 @@ impl Namespace {
         held: Held,
     ) -> RpcResult<Applied> {
         self.kept.clear();
-        let mut applied = self.dispatch(h, now, op, choice, choose, held)?;
+        self.touched.clear();
+        let r = self.dispatch(h, now, op, choice, choose, held);
+        let changes = self.collect_changes();
+        let mut applied = r?;
         applied.kept = std::mem::take(&mut self.kept);
+        applied.changes = changes;
         Ok(applied)
+    }
+
+    /// The inodes the mutation touched and the names changed in the directories among them.
+    fn collect_changes(&mut self) -> Changes {
+        let mut inos = std::mem::take(&mut self.touched);
+        inos.sort_unstable();
+        inos.dedup();
+        let mut names = Vec::new();
+        for &ino in &inos {
+            if let Some(d) = self.inodes.get_mut(&ino).and_then(|n| n.dir_mut().ok()) {
+                names.extend(std::mem::take(&mut d.changed).into_iter().map(|n| (ino, n.into_vec())));
+            }
+        }
+        Changes { inos, names }
+    }
+
+    /// Records that `ino` changes (node_mut does it; so must code changing inodes directly).
+    pub(crate) fn touch(&mut self, ino: InodeId) {
+        self.touched.push(ino);
     }
 
     fn dispatch(

@@ -2,20 +2,76 @@
 //! list fresh from mgmtd (for layouts and statfs), register the shard, snapshot at shutdown.
 
 use crate::config::MetadConfig;
+use crate::namespace::Found;
 use crate::shards::Coordinator;
 use crate::store::{MetaOp, MetaReply, MetaStore, StoreOptions};
 use crate::MetaError;
+use odfs_proto::error::RpcResult;
 use odfs_proto::meta::*;
 use odfs_proto::mgmt::{GetCluster, Register, ServiceKind};
+use odfs_proto::Rpc;
 use odfs_proto::{ErrorCode, RemoteError, RequestHeader};
 use odfs_rpc::quic::QuicEndpoint;
 use odfs_rpc::{Router, Shutdown, Transport};
 use odfs_service::{announce, Daemon};
+use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tracing::warn;
 
 type Shared = Arc<Mutex<MetaStore>>;
+
+/// metad's router: every request is counted, and the reply to a change waits for the
+/// recalls the change caused (see `sessions`).
+struct Routes {
+    r: Router,
+    store: Shared,
+    counts: Arc<Mutex<BTreeMap<&'static str, u64>>>,
+}
+
+impl Routes {
+    fn add<R, F, Fut>(&mut self, f: F) -> &mut Self
+    where
+        R: Rpc,
+        F: Fn(RequestHeader, R) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = RpcResult<R::Reply>> + Send + 'static,
+    {
+        let (store, counts, f) = (self.store.clone(), self.counts.clone(), Arc::new(f));
+        self.r.add::<R, _, _>(move |h: RequestHeader, q: R| {
+            *counts.lock().expect("counts lock").entry(R::NAME).or_default() += 1;
+            let (store, f) = (store.clone(), f.clone());
+            async move {
+                let out = f(h.clone(), q).await;
+                wait_for_recalls(&store, &h).await;
+                out
+            }
+        });
+        self
+    }
+}
+
+/// Waits until every client that cached what request `h` changed has dropped it, or until its
+/// session ends (at most a lease: then it is ended here). After a restart, changes also wait
+/// out the grace, when every client's caches from before have lapsed.
+pub(crate) async fn wait_for_recalls(store: &Shared, h: &RequestHeader) {
+    let (pending, lease) = {
+        let mut s = store.lock().expect("store lock");
+        (s.take_pending(h), s.lease_time())
+    };
+    let Some(pending) = pending else { return };
+    if let Some(t) = pending.grace {
+        tokio::time::sleep_until(t.into()).await;
+    }
+    let waits = pending.waits.into_iter().map(|mut w| async move {
+        let acked = tokio::time::timeout(lease, w.acked.wait_for(|&a| a >= w.seq)).await;
+        // Err(Elapsed): no answer within the lease. Ok(Err): the session ended meanwhile.
+        acked.is_err().then_some(w.client)
+    });
+    for client in futures::future::join_all(waits).await.into_iter().flatten() {
+        store.lock().expect("store lock").end_session(client);
+    }
+}
 
 pub(crate) fn unexpected(r: MetaReply) -> RemoteError {
     RemoteError::new(ErrorCode::Internal, format!("unexpected reply {r:?}"))
@@ -75,16 +131,21 @@ async fn mutate_fresh(
 
 /// Maps metad's requests to the store.
 pub fn router(store: Shared, coord: Coordinator) -> Router {
-    let mut r = Router::new();
+    let counts = Arc::new(Mutex::new(BTreeMap::new()));
+    let mut r = Routes { r: Router::new(), store: store.clone(), counts: counts.clone() };
     add_placing(&mut r, &coord);
     add_coordinated(&mut r, &coord);
     add_reads(&mut r, &coord);
     add_plain(&mut r, &store);
-    r
+    r.add::<OpCounts, _, _>(move |_h: RequestHeader, _q: OpCounts| {
+        let counts = counts.lock().expect("counts lock").iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        async move { Ok(counts) }
+    });
+    r.r
 }
 
 /// Requests that place data on targets: they judge against mgmtd's target list.
-fn add_placing(r: &mut Router, coord: &Coordinator) {
+fn add_placing(r: &mut Routes, coord: &Coordinator) {
     // Creates and layout changes judge against mgmtd's target list: a failure that a fresher
     // list could change (a target registering, a space report, a pool just changed) is tried
     // once more after looking at mgmtd's current view.
@@ -136,7 +197,7 @@ fn add_placing(r: &mut Router, coord: &Coordinator) {
 }
 
 /// Requests whose work may span metadata shards (the coordinator's).
-fn add_coordinated(r: &mut Router, coord: &Coordinator) {
+fn add_coordinated(r: &mut Routes, coord: &Coordinator) {
     let s = coord.clone();
     r.add::<StripeDir, _, _>(move |h: RequestHeader, q: StripeDir| {
         let s = s.clone();
@@ -217,22 +278,36 @@ fn add_coordinated(r: &mut Router, coord: &Coordinator) {
 }
 
 /// Reads that may need another shard (a remote entry's attributes), open files and sessions.
-fn add_reads(r: &mut Router, coord: &Coordinator) {
+fn add_reads(r: &mut Routes, coord: &Coordinator) {
     let s = coord.clone();
     r.add::<Lookup, _, _>(move |h: RequestHeader, q: Lookup| {
         let s = s.clone();
         async move {
-            let found = s.store.lock().expect("store lock").resolve_name(&h, &q)?;
-            s.resolve(found).await
+            let found = {
+                let mut st = s.store.lock().expect("store lock");
+                st.lease_names(&h, q.parent);
+                let found = st.resolve_name(&h, &q)?;
+                if let Found::Here(a) = &found {
+                    st.lease(&h, [a.ino]);
+                }
+                found
+            };
+            s.resolve(&h, found).await
         }
     });
     let s = coord.clone();
     r.add::<ReadDir, _, _>(move |h: RequestHeader, q: ReadDir| {
         let s = s.clone();
         async move {
-            let mut listing = s.store.lock().expect("store lock").readdir(&h, &q)?;
+            let mut listing = {
+                let mut st = s.store.lock().expect("store lock");
+                let listing = st.readdir(&h, &q)?;
+                st.lease_names(&h, q.ino);
+                st.lease(&h, listing.entries.iter().filter_map(|e| e.attr.as_ref().map(|a| a.ino)));
+                listing
+            };
             if q.plus {
-                s.fill_remote_attrs(&mut listing.entries).await?;
+                s.fill_remote_attrs(&h, &mut listing.entries).await?;
             }
             Ok(listing)
         }
@@ -246,20 +321,31 @@ fn add_reads(r: &mut Router, coord: &Coordinator) {
     r.add::<SessionPoll, _, _>(move |h: RequestHeader, q: SessionPoll| {
         let s = s.clone();
         async move {
-            let reply = s.store.lock().expect("store lock").session_poll(&h);
-            if !reply.new_session {
-                // Paces the client's keep-alive; a third of the lease leaves room for two misses.
-                let most = reply.lease_ms / 3;
-                tokio::time::sleep(Duration::from_millis(q.wait_ms.min(most) as u64)).await;
+            let (reply, wake) = s.store.lock().expect("store lock").session_poll(&h, &q);
+            if reply.new_session || !reply.recalls.is_empty() {
+                return Ok(reply);
             }
-            Ok(reply)
+            // Parked until recalls come, at most a third of the lease (room for two misses).
+            let wait = Duration::from_millis(q.wait_ms.min(reply.lease_ms / 3) as u64);
+            let _ = tokio::time::timeout(wait, wake.notified()).await;
+            let acked = SessionPoll { open: Vec::new(), ..q };
+            Ok(s.store.lock().expect("store lock").session_poll(&h, &acked).0)
         }
     });
 }
 
 /// Reads, and mutations of this shard alone: straight to the store.
-fn add_plain(r: &mut Router, store: &Shared) {
-    read_op!(r, store, GetAttr, getattr);
+fn add_plain(r: &mut Routes, store: &Shared) {
+    let s = store.clone();
+    r.add::<GetAttr, _, _>(move |h: RequestHeader, q: GetAttr| {
+        let s = s.clone();
+        async move {
+            let mut st = s.lock().expect("store lock");
+            let a = st.getattr(&h, &q)?;
+            st.lease(&h, [a.ino]);
+            Ok(a)
+        }
+    });
     read_op!(r, store, Access, access);
     let s = store.clone();
     r.add::<Open, _, _>(move |h: RequestHeader, q: Open| {
@@ -267,6 +353,7 @@ fn add_plain(r: &mut Router, store: &Shared) {
         async move {
             let mut st = s.lock().expect("store lock");
             let a = st.open_file(&h, &q)?;
+            st.lease(&h, [a.ino]);
             if q.register {
                 st.register_open(&h, q.ino);
             }

@@ -1,4 +1,11 @@
-//! Which clients are alive and which inodes each holds open, on this shard.
+//! Which clients are alive, which inodes each holds open, and what each may cache (its leases),
+//! on this shard; the recalls queued for each client and their acknowledgements.
+//!
+//! A lease lets a client cache an inode's attributes (for a file, its data; for a directory,
+//! its names) until it is recalled. A change recalls the leases it breaks from every holder
+//! but the client that made it; the change's reply waits for the holders' acknowledgements
+//! (`Wait`), or for their sessions to end. Leases are not logged: a restarted shard knows none
+//! and lets no change through until its clients' caches have lapsed (the grace below).
 //!
 //! A client's session lives while it polls (`SessionPoll`) at least once a lease; it holds an
 //! inode open from its registration (`Open`/`Create` with `register`) to its `Release`. The
@@ -10,9 +17,106 @@
 //! registration as old as itself, so a release that overtakes a later open of the same file
 //! (both in flight at once) leaves that open registered.
 
+use odfs_proto::meta::Recall;
 use odfs_proto::InodeId;
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::sync::{watch, Notify};
+
+/// A client's recalls in flight: queued until acknowledged.
+struct Queue {
+    next: u64,
+    pending: VecDeque<Recall>,
+    /// The highest acknowledged sequence number, watched by the changes waiting for it.
+    acked: watch::Sender<u64>,
+    /// Wakes the client's parked poll.
+    wake: Arc<Notify>,
+}
+
+impl Queue {
+    fn new() -> Queue {
+        Queue { next: 1, pending: VecDeque::new(), acked: watch::channel(0).0, wake: Arc::new(Notify::new()) }
+    }
+}
+
+/// Leases of one kind: inode → holders, and client → inodes. A recalled lease lasts until the
+/// holder acknowledges the recall (it may hold the file open until it says otherwise); a new
+/// grant meanwhile renews it.
+#[derive(Default)]
+struct LeaseTable {
+    /// Holders, each with whether its lease is being recalled.
+    holders: HashMap<InodeId, Vec<(u64, bool)>>,
+    of: HashMap<u64, HashSet<InodeId>>,
+}
+
+impl LeaseTable {
+    fn grant(&mut self, client: u64, ino: InodeId) {
+        let hs = self.holders.entry(ino).or_default();
+        match hs.iter_mut().find(|(c, _)| *c == client) {
+            Some(h) => h.1 = false,
+            None => {
+                hs.push((client, false));
+                self.of.entry(client).or_default().insert(ino);
+            }
+        }
+    }
+
+    fn holders(&self, ino: InodeId) -> impl Iterator<Item = u64> + '_ {
+        self.holders.get(&ino).into_iter().flatten().map(|(c, _)| *c)
+    }
+
+    /// Marks the leases on `ino` of every holder but `except` as recalled; returns them.
+    fn recall(&mut self, ino: InodeId, except: u64) -> Vec<u64> {
+        let Some(hs) = self.holders.get_mut(&ino) else { return Vec::new() };
+        hs.iter_mut()
+            .filter(|(c, _)| *c != except)
+            .map(|h| {
+                h.1 = true;
+                h.0
+            })
+            .collect()
+    }
+
+    /// `client` acknowledged a recall of `ino`: its lease ends unless granted again since.
+    fn end_recalled(&mut self, client: u64, ino: InodeId) {
+        if let Some(hs) = self.holders.get_mut(&ino) {
+            if hs.iter().any(|&(c, recalled)| c == client && recalled) {
+                self.remove(client, ino);
+            }
+        }
+    }
+
+    fn remove(&mut self, client: u64, ino: InodeId) {
+        if let Some(hs) = self.holders.get_mut(&ino) {
+            hs.retain(|(c, _)| *c != client);
+            if hs.is_empty() {
+                self.holders.remove(&ino);
+            }
+        }
+        if let Some(s) = self.of.get_mut(&client) {
+            s.remove(&ino);
+        }
+    }
+
+    fn drop_client(&mut self, client: u64) {
+        for ino in self.of.remove(&client).unwrap_or_default() {
+            if let Some(hs) = self.holders.get_mut(&ino) {
+                hs.retain(|(c, _)| *c != client);
+                if hs.is_empty() {
+                    self.holders.remove(&ino);
+                }
+            }
+        }
+    }
+}
+
+/// What a change waits for: `client` acknowledging recall `seq`.
+pub(crate) struct Wait {
+    pub client: u64,
+    pub seq: u64,
+    pub acked: watch::Receiver<u64>,
+}
 
 pub(crate) struct Sessions {
     lease: Duration,
@@ -25,11 +129,26 @@ pub(crate) struct Sessions {
     holders: HashMap<InodeId, HashMap<u64, u64>>,
     /// Client → the inodes it holds.
     held_by: HashMap<u64, HashSet<InodeId>>,
+    /// Leases on inodes' attributes (and files' data): ended by a recall.
+    attrs: LeaseTable,
+    /// Leases on directories' names: a change of a name recalls that name only.
+    names: LeaseTable,
+    /// Client → its recalls not yet acknowledged.
+    queues: HashMap<u64, Queue>,
 }
 
 impl Sessions {
     pub fn new(lease: Duration) -> Sessions {
-        Sessions { lease, grace_until: None, clients: HashMap::new(), holders: HashMap::new(), held_by: HashMap::new() }
+        Sessions {
+            lease,
+            grace_until: None,
+            clients: HashMap::new(),
+            holders: HashMap::new(),
+            held_by: HashMap::new(),
+            attrs: LeaseTable::default(),
+            names: LeaseTable::default(),
+            queues: HashMap::new(),
+        }
     }
 
     pub fn lease(&self) -> Duration {
@@ -41,9 +160,120 @@ impl Sessions {
         self.grace_until = Some(Instant::now() + self.lease);
     }
 
+    /// Until when a restarted shard lets no change through (clients may still cache what the
+    /// shard before the restart leased them).
+    pub fn grace_end(&self) -> Option<Instant> {
+        self.grace_until.filter(|t| Instant::now() < *t)
+    }
+
     /// The client was heard from; true when its session is new.
     pub fn touch(&mut self, client: u64) -> bool {
         self.clients.insert(client, Instant::now()).is_none()
+    }
+
+    /// `client` may cache the attributes of `inos` until they are recalled. Only clients with
+    /// a session get leases (a client trusts its caches only while its session lasts).
+    pub fn grant(&mut self, client: u64, inos: impl IntoIterator<Item = InodeId>) {
+        if client == 0 || !self.clients.contains_key(&client) {
+            return;
+        }
+        for ino in inos {
+            self.attrs.grant(client, ino);
+        }
+    }
+
+    /// `client` may cache names of directory `dir`, and their absence.
+    pub fn grant_names(&mut self, client: u64, dir: InodeId) {
+        if client != 0 && self.clients.contains_key(&client) {
+            self.names.grant(client, dir);
+        }
+    }
+
+    /// Whether a client other than `except` holds a lease on `ino`: it may hold the file open
+    /// without having registered the open (opens answered from its cache).
+    pub fn leased_by_other(&self, ino: InodeId, except: u64) -> bool {
+        self.attrs.holders(ino).any(|c| c != except)
+    }
+
+    /// `client`'s own lease on `ino` ends (the inode lost its last name by the client's own
+    /// change: what it holds open there it registered before).
+    pub fn end_lease(&mut self, client: u64, ino: InodeId) {
+        self.attrs.remove(client, ino);
+        self.names.remove(client, ino);
+    }
+
+    /// Recalls the leases that a change of `inos` breaks and the changed `names`
+    /// (directory, name) from every holder but `except`; queues the recalls. Returns what to
+    /// wait for.
+    pub fn recall(&mut self, except: u64, inos: &[InodeId], names: &[(InodeId, Vec<u8>)]) -> Vec<Wait> {
+        fn of(m: &mut HashMap<u64, Recall>, c: u64) -> &mut Recall {
+            m.entry(c).or_insert_with(|| Recall { seq: 0, inos: vec![], names: vec![] })
+        }
+        let mut per_client: HashMap<u64, Recall> = HashMap::new();
+        for (dir, name) in names {
+            for c in self.names.holders(*dir).filter(|&c| c != except) {
+                of(&mut per_client, c).names.push((*dir, name.clone()));
+            }
+        }
+        for &ino in inos {
+            for c in self.attrs.recall(ino, except) {
+                of(&mut per_client, c).inos.push(ino);
+            }
+        }
+        let mut waits = Vec::with_capacity(per_client.len());
+        for (client, mut r) in per_client {
+            let q = self.queues.entry(client).or_insert_with(Queue::new);
+            r.seq = q.next;
+            q.next += 1;
+            waits.push(Wait { client, seq: r.seq, acked: q.acked.subscribe() });
+            q.pending.push_back(r);
+            q.wake.notify_one();
+        }
+        waits
+    }
+
+    /// A poll from `client` acknowledging every recall up to `acked`: the recalls still
+    /// pending, and what wakes the poll when more come.
+    pub fn acknowledge(&mut self, client: u64, acked: u64) -> (Vec<Recall>, Arc<Notify>) {
+        let q = self.queues.entry(client).or_insert_with(Queue::new);
+        while q.pending.front().is_some_and(|r| r.seq <= acked) {
+            if let Some(r) = q.pending.pop_front() {
+                for ino in r.inos {
+                    self.attrs.end_recalled(client, ino);
+                }
+            }
+        }
+        q.acked.send_if_modified(|a| {
+            let newer = acked > *a;
+            *a = (*a).max(acked);
+            newer
+        });
+        (q.pending.iter().cloned().collect(), q.wake.clone())
+    }
+
+    /// Ends `client`'s session: it did not acknowledge a recall within the lease. Returns the
+    /// inodes it held open.
+    pub fn end(&mut self, client: u64) -> Vec<InodeId> {
+        self.clients.remove(&client);
+        self.drop_leases(client);
+        let mut freed = Vec::new();
+        for ino in self.held_by.remove(&client).unwrap_or_default() {
+            if let Some(h) = self.holders.get_mut(&ino) {
+                h.remove(&client);
+                if h.is_empty() {
+                    self.holders.remove(&ino);
+                }
+            }
+            freed.push(ino);
+        }
+        freed
+    }
+
+    fn drop_leases(&mut self, client: u64) {
+        self.attrs.drop_client(client);
+        self.names.drop_client(client);
+        // Waiters see the sender go (the session ended): they stop waiting.
+        self.queues.remove(&client);
     }
 
     /// `client` holds `ino` open, as of its open number `seq`.
@@ -81,20 +311,7 @@ impl Sessions {
     pub fn expire(&mut self) -> Vec<InodeId> {
         let lease = self.lease;
         let gone: Vec<u64> = self.clients.iter().filter(|(_, t)| t.elapsed() > lease).map(|(c, _)| *c).collect();
-        let mut freed = Vec::new();
-        for c in gone {
-            self.clients.remove(&c);
-            for ino in self.held_by.remove(&c).unwrap_or_default() {
-                if let Some(h) = self.holders.get_mut(&ino) {
-                    h.remove(&c);
-                    if h.is_empty() {
-                        self.holders.remove(&ino);
-                    }
-                }
-                freed.push(ino);
-            }
-        }
-        freed
+        gone.into_iter().flat_map(|c| self.end(c)).collect()
     }
 }
 

@@ -30,8 +30,10 @@ pub struct Coordinator {
     pub ready: Arc<std::sync::atomic::AtomicBool>,
     /// mgmtd's view at the last refresh: where the other shards' metads are.
     pub view: Arc<std::sync::RwLock<Option<Arc<ClusterView>>>>,
-    /// Intents this process is running now (the others, after a restart, are redriven).
-    pub(crate) running: Arc<Mutex<std::collections::HashSet<u64>>>,
+    /// Intents this process is running now (the others, after a restart, are redriven), each
+    /// with the client that asked for it (0 when redriven): that client is not sent recalls
+    /// of its own operation's steps.
+    pub(crate) running: Arc<Mutex<std::collections::HashMap<u64, u64>>>,
     /// Shard 0 only: the filesystem's rename lock (intent, held until), see `RenameLock`.
     pub(crate) rename_lock: Arc<Mutex<Option<(u64, std::time::Instant)>>>,
 }
@@ -121,19 +123,20 @@ impl Coordinator {
     }
 
     /// The attributes a lookup answers: a remote entry's come from its inode's shard.
-    pub async fn resolve(&self, found: Found) -> RpcResult<Attr> {
+    /// Asked on behalf of the caller of `h`, so that its shard leases the inode to the client.
+    pub async fn resolve(&self, h: &RequestHeader, found: Found) -> RpcResult<Attr> {
         match found {
             Found::Here(a) => Ok(a),
-            Found::Remote(ino) => self.peer(ino.shard(), &GetAttr { ino }).await,
+            Found::Remote(ino) => self.peer_as(h, ino.shard(), &GetAttr { ino }).await,
         }
     }
 
     /// Adds the attributes of remote entries to a readdirplus listing (asked of their shards).
-    pub async fn fill_remote_attrs(&self, entries: &mut [DirEntry]) -> RpcResult<()> {
+    pub async fn fill_remote_attrs(&self, h: &RequestHeader, entries: &mut [DirEntry]) -> RpcResult<()> {
         let missing: Vec<usize> = (0..entries.len()).filter(|&i| entries[i].attr.is_none()).collect();
         let got = futures::future::join_all(missing.iter().map(|&i| {
             let ino = entries[i].ino;
-            async move { self.peer(ino.shard(), &GetAttr { ino }).await }
+            async move { self.peer_as(h, ino.shard(), &GetAttr { ino }).await }
         }))
         .await;
         for (i, a) in missing.into_iter().zip(got) {

@@ -57,9 +57,12 @@ impl Coordinator {
         change: &StepChange,
     ) -> RpcResult<StepReply> {
         let h = step_header(caller, intent, index, phase);
-        let step = Step { intent, phase, change: change.clone() };
+        let client = self.running.lock().expect("running lock").get(&intent).copied().unwrap_or(0);
+        let step = Step { intent, phase, change: change.clone(), client };
         if shard == self.own_shard() {
-            return match self.store.lock().expect("store lock").mutate(&h, MetaOp::Step(step))? {
+            let r = self.store.lock().expect("store lock").mutate(&h, MetaOp::Step(step));
+            crate::service::wait_for_recalls(&self.store, &h).await;
+            return match r? {
                 MetaReply::Step(r) => Ok(r),
                 other => Err(crate::service::unexpected(other)),
             };
@@ -76,7 +79,7 @@ impl Coordinator {
         steps: Vec<(u16, StepChange)>,
     ) -> RpcResult<Vec<StepReply>> {
         let id = self.store.lock().expect("store lock").begin_intent(h, kind, steps.clone())?;
-        self.running.lock().expect("running lock").insert(id);
+        self.running.lock().expect("running lock").insert(id, h.client_id);
         let r = self.drive(id, &caller_of(h), &steps).await;
         let reply = r.as_ref().ok().map(|replies| final_reply(kind, replies));
         if let Err(e) = self.store.lock().expect("store lock").end_intent(id, reply) {
@@ -145,7 +148,7 @@ impl Coordinator {
     pub async fn redrive(&self) {
         let open = self.store.lock().expect("store lock").intents();
         for (id, intent) in open {
-            if !self.running.lock().expect("running lock").insert(id) {
+            if self.running.lock().expect("running lock").insert(id, 0).is_some() {
                 continue;
             }
             let reply = if intent.decided {
@@ -188,7 +191,7 @@ impl Coordinator {
         let found = if shard == self.own_shard() {
             let f = self.store.lock().expect("store lock").resolve_name(h, &q);
             match f {
-                Ok(f) => self.resolve(f).await,
+                Ok(f) => self.resolve(h, f).await,
                 Err(e) => Err(e),
             }
         } else {

@@ -7,9 +7,9 @@
 //! Recovery loads the snapshot and re-applies the log records that follow it.
 
 use crate::inode::IdHasher;
-use crate::namespace::{Choice, Intent, IntentKind, Namespace};
+use crate::namespace::{Changes, Choice, Intent, IntentKind, Namespace};
 pub use crate::namespace::{Found, MetaOp, MetaReply};
-use crate::sessions::Sessions;
+use crate::sessions::{Sessions, Wait};
 use crate::wal::{self, Wal, LOG_FILE};
 use crate::{snapshot, MetaError};
 use odfs_proto::error::{ErrorCode, RemoteError, RpcResult};
@@ -20,10 +20,14 @@ use serde::{Deserialize, Serialize, Serializer};
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasherDefault;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tokio::sync::Notify;
 use tracing::{info, warn};
 
 /// Most supplementary groups a request may carry (Linux `NGROUPS_MAX`); bounds log records.
 const MAX_GROUPS: usize = 65536;
+/// Replies waiting for recalls, at most (more means requests whose handler never asked).
+const MAX_PENDING: usize = 65536;
 /// Inode total reported by statfs: ids are plentiful, memory is the real limit.
 const STATFS_INODES: u64 = 1 << 32;
 /// Block size reported by statfs.
@@ -296,8 +300,19 @@ pub struct MetaStore {
     failed: Option<String>,
     /// The root directory was created by this open (a new filesystem).
     root_created: bool,
-    /// Which clients hold which inodes open (not logged).
+    /// Which clients hold which inodes open, and their leases (not logged).
     sessions: Sessions,
+    /// What the replies to changes wait for, by request (client id, request id).
+    pending: HashMap<(u64, u64), Pending>,
+}
+
+/// What a change's reply waits for before it goes out.
+#[derive(Default)]
+pub(crate) struct Pending {
+    /// Acknowledgements of the recalls the change caused.
+    pub waits: Vec<Wait>,
+    /// The end of a restarted shard's grace: clients may cache what the shard leased before.
+    pub grace: Option<std::time::Instant>,
 }
 
 impl MetaStore {
@@ -369,6 +384,7 @@ impl MetaStore {
             failed: None,
             root_created: false,
             sessions: Sessions::new(lease),
+            pending: HashMap::new(),
         };
         if !store.ns.has_root() {
             store.create_root(root_default)?;
@@ -490,6 +506,23 @@ impl MetaStore {
         self.ns.lookup(h, req)
     }
 
+    /// Leases the attributes of `inos` to the caller's client (it caches what it was told).
+    /// An orphan (no name left) is not leased: nothing about it can be looked up, and a lease
+    /// would count as a hold on it.
+    pub fn lease(&mut self, h: &RequestHeader, inos: impl IntoIterator<Item = InodeId>) {
+        let ns = &self.ns;
+        let named = inos.into_iter().filter(|&i| ns.node(i).is_ok_and(|n| n.is_dir() || n.nlink > 0));
+        self.sessions.grant(h.client_id, named);
+    }
+
+    /// Leases the names of directory `dir` to the caller's client: found and missing names
+    /// alike (the client may cache a miss).
+    pub fn lease_names(&mut self, h: &RequestHeader, dir: InodeId) {
+        if self.ns.dir_node(dir).is_ok() {
+            self.sessions.grant_names(h.client_id, dir);
+        }
+    }
+
     /// The attributes of what `name` names in a directory, when that inode is this shard's
     /// (`SpansShards` otherwise).
     pub fn lookup(&self, h: &RequestHeader, req: &Lookup) -> RpcResult<Attr> {
@@ -534,10 +567,39 @@ impl MetaStore {
         Ok(ReleaseReply { removed })
     }
 
-    /// Keeps the caller's session alive.
-    pub fn session_poll(&mut self, h: &RequestHeader) -> SessionReply {
+    /// Keeps the caller's session alive and takes its acknowledgements: the opens it reports
+    /// are registered, the recalls it applied are done. Returns the reply (with the recalls
+    /// still pending) and what wakes a parked poll.
+    pub fn session_poll(&mut self, h: &RequestHeader, q: &SessionPoll) -> (SessionReply, Arc<Notify>) {
         let new_session = self.sessions.touch(h.client_id);
-        SessionReply { new_session, lease_ms: self.sessions.lease().as_millis() as u32 }
+        for &(ino, seq) in &q.open {
+            if self.ns.getattr(ino).is_ok() {
+                self.sessions.register(h.client_id, ino, seq);
+            }
+        }
+        let (recalls, wake) = self.sessions.acknowledge(h.client_id, q.acked);
+        let lease_ms = self.sessions.lease().as_millis() as u32;
+        (SessionReply { new_session, lease_ms, recalls }, wake)
+    }
+
+    /// What the reply to request `h` waits for (taken: asked once, after the request).
+    pub(crate) fn take_pending(&mut self, h: &RequestHeader) -> Option<Pending> {
+        self.pending.remove(&(h.client_id, h.request_id))
+    }
+
+    /// Ends a client's session that did not acknowledge a recall within the lease.
+    pub fn end_session(&mut self, client: u64) {
+        let freed = self.sessions.end(client);
+        tracing::info!(
+            client,
+            open_files = freed.len(),
+            "a client did not answer a recall within the lease; its session ended"
+        );
+    }
+
+    /// A client's lease time.
+    pub fn lease_time(&self) -> std::time::Duration {
+        self.sessions.lease()
     }
 
     /// After a new session, the caller's client registers what it holds open again; returns
@@ -666,9 +728,15 @@ impl MetaStore {
         let now = Timespec::now();
         let placement = &mut self.placement;
         let sessions = &self.sessions;
-        let applied = self
-            .ns
-            .apply(h, now, &op, &mut Choice::default(), &mut |dl| placement.choose(dl), &|i| sessions.held(i))?;
+        // A step of an operation spanning shards is the asking client's change, not the
+        // coordinator's. A file leased to another client may be open there (opens answered
+        // from its cache): it stays an orphan until that client's answer to the recall says.
+        let requester = match &op {
+            MetaOp::Step(s) if s.client != 0 => s.client,
+            _ => h.client_id,
+        };
+        let held = |i| sessions.held(i) || sessions.leased_by_other(i, requester);
+        let applied = self.ns.apply(h, now, &op, &mut Choice::default(), &mut |dl| placement.choose(dl), &held)?;
         if !applied.changed {
             return Ok(applied.reply);
         }
@@ -687,6 +755,7 @@ impl MetaStore {
         if h.request_id != 0 {
             self.dedup.insert(key, applied.reply.clone());
         }
+        self.recall(h, requester, &applied.changes);
         if self.wal.len() >= self.snapshot_at {
             if let Err(e) = self.snapshot() {
                 warn!(error = %e, "automatic snapshot failed");
@@ -694,6 +763,36 @@ impl MetaStore {
             }
         }
         Ok(applied.reply)
+    }
+
+    /// Recalls what a logged change broke from other clients' caches and leases the change's
+    /// inodes to the client that made it (it caches what its reply told it). Its reply then
+    /// waits for the recalls (see `take_pending`).
+    fn recall(&mut self, h: &RequestHeader, requester: u64, changes: &Changes) {
+        let waits = self.sessions.recall(requester, &changes.inos, &changes.names);
+        for &ino in &changes.inos {
+            match self.ns.node(ino) {
+                Ok(n) if n.is_dir() => {
+                    self.sessions.grant(requester, [ino]);
+                    self.sessions.grant_names(requester, ino);
+                }
+                Ok(n) if n.nlink > 0 => self.sessions.grant(requester, [ino]),
+                // Gone, or an orphan: nothing to cache.
+                _ => self.sessions.end_lease(requester, ino),
+            }
+        }
+        let grace = self.sessions.grace_end();
+        if h.client_id == 0 || (waits.is_empty() && grace.is_none()) {
+            return;
+        }
+        if self.pending.len() > MAX_PENDING {
+            // Requests whose handler never asked (internal changes): their recalls stay queued,
+            // nobody waits for them.
+            self.pending.clear();
+        }
+        let p = self.pending.entry((h.client_id, h.request_id)).or_default();
+        p.waits.extend(waits);
+        p.grace = grace;
     }
 
     /// True when this open created the root directory (a new, empty filesystem).

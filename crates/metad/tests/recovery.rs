@@ -288,6 +288,7 @@ fn steps_and_intents_of_operations_spanning_shards_survive_a_crash() {
             intent: 77,
             phase,
             change: StepChange::RemoveName { parent: ROOT, name: b"f".to_vec(), ino: f.ino, owner: 0, is_dir: false },
+            client: 0,
         })
     };
     s.mutate(&req(77, 1), step(StepPhase::Prepare)).unwrap();

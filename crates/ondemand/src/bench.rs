@@ -74,11 +74,20 @@ pub struct Phase {
     pub plain: Option<f64>,
     pub odfs_cpu: f64,
     pub plain_cpu: Option<f64>,
+    /// The same phase on a plain FUSE passthrough of the same disk (bindfs), where measured.
+    pub floor: Option<f64>,
+    /// Requests that reached metad (every shard) during the odfs run, where counted.
+    pub meta_requests: Option<u64>,
 }
 
 impl Phase {
     pub fn ratio(&self) -> Option<f64> {
         self.plain.filter(|p| *p > 0.0).map(|p| self.odfs / p)
+    }
+
+    /// odfs against the FUSE floor.
+    pub fn floor_ratio(&self) -> Option<f64> {
+        self.floor.filter(|p| *p > 0.0).map(|p| self.odfs / p)
     }
 }
 
@@ -376,7 +385,16 @@ fn run_phases(o: &BenchOptions, fsroot: &Path, plain: &Path, pids: &[u32]) -> Re
 
     eprintln!("bench: sequential write, {} clients x {} MiB", o.clients, o.file_size >> 20);
     let (t, c) = time(pids, || rt.block_on(odfs_seq_write(&cfg, o)))?;
-    let mut p = Phase { name: "seq write", unit: "MiB/s", odfs: mib / t, plain: None, odfs_cpu: c, plain_cpu: None };
+    let mut p = Phase {
+        name: "seq write",
+        unit: "MiB/s",
+        odfs: mib / t,
+        plain: None,
+        odfs_cpu: c,
+        plain_cpu: None,
+        floor: None,
+        meta_requests: None,
+    };
     if !o.skip_plain {
         let (t, c) = time(&[], || plain_seq_write(&plain.join("seq"), o))?;
         p.plain = Some(mib / t);
@@ -387,7 +405,16 @@ fn run_phases(o: &BenchOptions, fsroot: &Path, plain: &Path, pids: &[u32]) -> Re
     eprintln!("bench: sequential read (page cache dropped)");
     dropped &= drop_caches();
     let (t, c) = time(pids, || rt.block_on(odfs_seq_read(&cfg, o)))?;
-    let mut p = Phase { name: "seq read", unit: "MiB/s", odfs: mib / t, plain: None, odfs_cpu: c, plain_cpu: None };
+    let mut p = Phase {
+        name: "seq read",
+        unit: "MiB/s",
+        odfs: mib / t,
+        plain: None,
+        odfs_cpu: c,
+        plain_cpu: None,
+        floor: None,
+        meta_requests: None,
+    };
     if !o.skip_plain {
         dropped &= drop_caches();
         let (t, c) = time(&[], || plain_seq_read(&plain.join("seq"), o))?;
@@ -408,7 +435,16 @@ fn run_phases(o: &BenchOptions, fsroot: &Path, plain: &Path, pids: &[u32]) -> Re
     for (name, op) in [("create", MdOp::Create), ("stat", MdOp::Stat), ("unlink", MdOp::Unlink)] {
         eprintln!("bench: {name}, {} threads x {} files", o.threads, o.files_per_thread);
         let (t, c) = time(pids, || rt.block_on(odfs_md(&cfg, o, op, &dirs)))?;
-        let mut p = Phase { name, unit: "ops/s", odfs: ops / t, plain: None, odfs_cpu: c, plain_cpu: None };
+        let mut p = Phase {
+            name,
+            unit: "ops/s",
+            odfs: ops / t,
+            plain: None,
+            odfs_cpu: c,
+            plain_cpu: None,
+            floor: None,
+            meta_requests: None,
+        };
         if !o.skip_plain {
             let (t, c) = time(&[], || plain_md(&plain.join("md"), o, op))?;
             p.plain = Some(ops / t);

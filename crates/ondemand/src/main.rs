@@ -78,6 +78,9 @@ enum Cmd {
     SiteConfig(SiteConfigArgs),
     /// Print `export` lines for the job's tasks (Slurm TaskProlog): ODFS_MOUNT, ODFS_JOB.
     TaskEnv(SiteArg),
+    /// Requests each metadata shard has served since it started, by kind (with --fs, or in the
+    /// mount's job): what the clients' caches did not answer.
+    Stats,
 }
 
 impl Cmd {
@@ -103,6 +106,7 @@ impl Cmd {
             Cmd::Pool(c) => c.run(fs),
             Cmd::SiteConfig(a) => a.run(),
             Cmd::TaskEnv(a) => a.task_env(),
+            Cmd::Stats => run_stats(fs),
         }
     }
 }
@@ -225,6 +229,18 @@ impl GetstripeArgs {
         print!("{out}");
         Ok(())
     }
+}
+
+fn run_stats(fs: Option<&Path>) -> Result<()> {
+    let counts = runtime()?.block_on(async {
+        let client = fsref::connect(fs).await?;
+        anyhow::Ok(client.meta_request_counts().await?)
+    })?;
+    println!("shard\trequest\tcount");
+    for (shard, kind, n) in counts {
+        println!("{shard}\t{kind}\t{n}");
+    }
+    Ok(())
 }
 
 #[derive(Args)]

@@ -386,6 +386,11 @@ pub struct RemoveXattr {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatFs {}
 
+/// How many requests of each kind this shard has served since it started (by request name),
+/// recalls sent among them as `Recall`: what shows how much the clients' caches answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpCounts {}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct StatFsReply {
     pub total_bytes: u64,
@@ -428,20 +433,36 @@ pub struct ReleaseReply {
     pub removed: Vec<Attr>,
 }
 
-/// Keeps this client's session with the shard alive (and, later, carries what it must drop):
-/// answered after at most `wait_ms`, or at once when there is news.
+/// Keeps this client's session with the shard alive and carries its acknowledgements of
+/// recalls: answered after at most `wait_ms`, or at once when recalls are queued for it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionPoll {
     pub wait_ms: u32,
+    /// Every recall up to this sequence number has been applied (0: none yet).
+    pub acked: u64,
+    /// Inodes among the recalled ones that this client holds open, each with the request id
+    /// it registers the open under: they stay orphans for it if their last name went.
+    pub open: Vec<(InodeId, u64)>,
+}
+
+/// What a client must stop caching: attributes (and, for files, data) of `inos`, and the
+/// names `names` (directory, name), positive or negative.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recall {
+    pub seq: u64,
+    pub inos: Vec<InodeId>,
+    pub names: Vec<(InodeId, Vec<u8>)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionReply {
     /// The shard did not know this client (it restarted, or the session lapsed): the client
-    /// registers its open files again (`Reopen`).
+    /// drops everything it cached from the shard and registers its open files again (`Reopen`).
     pub new_session: bool,
-    /// A client silent for this long has lost its session.
+    /// A client silent for this long has lost its session, and every lease with it.
     pub lease_ms: u32,
+    /// Recalls not yet acknowledged, oldest first.
+    pub recalls: Vec<Recall>,
 }
 
 /// After a new session: the files this client holds open on the shard, each with the request id
@@ -543,6 +564,9 @@ pub struct Step {
     pub intent: u64,
     pub phase: StepPhase,
     pub change: StepChange,
+    /// The client whose operation this step is part of (0: unknown, after a restart): its
+    /// own caches are its business, it is sent no recalls for the step.
+    pub client: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -650,4 +674,5 @@ crate::rpc! {
     Step = 133 => StepReply,
     ParentOf = 134 => InodeId,
     RenameLock = 135 => (),
+    OpCounts = 136 => Vec<(String, u64)>,
 }

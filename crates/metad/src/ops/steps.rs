@@ -227,7 +227,10 @@ impl Namespace {
                 true => self.drop_link(*ino, now, held),
                 false => Ok(None),
             },
-            StepChange::DropDir { ino } => Ok(self.inodes.remove(ino).map(|n| n.attr(*ino))),
+            StepChange::DropDir { ino } => {
+                self.touch(*ino);
+                Ok(self.inodes.remove(ino).map(|n| n.attr(*ino)))
+            }
             StepChange::Reparent { ino, to } => {
                 let n = self.node_mut(*ino)?;
                 n.dir_mut()?.parent = *to;

@@ -23,6 +23,7 @@ impl Namespace {
         if r.ino.shard() == self.shard {
             return Err(internal("a directory's own shard holds no part of it"));
         }
+        self.touch(r.ino);
         if let Some(node) = self.inodes.get_mut(&r.ino) {
             (node.mode, node.uid, node.gid) = (r.mode, r.uid, r.gid);
             let d = node.dir_mut()?;

@@ -3,10 +3,13 @@
 //!
 //! Owns the mount-mode phases: fio sequential write and read and 4 KiB random reads (fio's JSON
 //! report gives the rates), mdtest-easy style metadata (each worker its own directory), many
-//! workers in one shared directory, and cold reads of many small files in random order. The
-//! metadata and small-file phases are plain file-system calls from worker threads, so on odfs
-//! they go through the kernel and FUSE like any application's. The filesystem is started and
-//! stopped through [`odfs_job::local`].
+//! workers in one shared directory, cold reads of many small files in random order, and two
+//! more epochs of those reads with the caches kept (a training job's dataset). The metadata and
+//! small-file phases are plain file-system calls from worker threads, so on odfs they go through
+//! the kernel and FUSE like any application's. Every phase also runs on a plain FUSE
+//! passthrough of the same disk (bindfs, when installed): the FUSE floor. The requests that
+//! reach metad during each odfs phase are counted (metad's `OpCounts`), so what the caches
+//! answer shows. The filesystem is started and stopped through [`odfs_job::local`].
 
 use super::{close, drop_caches, fill_pattern, parallel, CpuMeter, Phase};
 use anyhow::{bail, Context, Result};
@@ -21,6 +24,34 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
+
+/// Requests that keep a session alive or read the counters themselves: not the workload's.
+const UNCOUNTED: [&str; 2] = ["SessionPoll", "OpCounts"];
+
+/// Reads metad's request counters of every shard, through a client of the filesystem.
+struct MetaCounter {
+    rt: tokio::runtime::Runtime,
+    client: odfs_client::Client,
+}
+
+impl MetaCounter {
+    fn connect(fsroot: &Path) -> Result<MetaCounter> {
+        let cfg = odfs_client::ClientConfig::load(&local::client_config_path(fsroot))?;
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+        let client = rt.block_on(odfs_client::Client::connect(cfg))?;
+        Ok(MetaCounter { rt, client })
+    }
+
+    fn shards(&self) -> u16 {
+        self.client.cluster().view().meta_shards().max(1)
+    }
+
+    /// Requests served by every shard so far, less the uncounted kinds.
+    fn total(&self) -> Result<u64> {
+        let counts = self.rt.block_on(self.client.meta_request_counts())?;
+        Ok(counts.iter().filter(|(_, k, _)| !UNCOUNTED.contains(&k.as_str())).map(|(_, _, n)| n).sum())
+    }
+}
 
 /// Options of `odfs bench --mount`; `Default` is the published shape, [`Self::small`] a quick run.
 #[derive(Debug, Clone)]
@@ -49,6 +80,8 @@ pub struct MountBenchOptions {
     /// Workers writing and then reading the small files.
     pub small_threads: usize,
     pub skip_plain: bool,
+    /// Skip the FUSE floor (bindfs) column.
+    pub skip_floor: bool,
     pub keep: bool,
 }
 
@@ -71,6 +104,7 @@ impl Default for MountBenchOptions {
             small_dirs: 100,
             small_threads: 8,
             skip_plain: false,
+            skip_floor: false,
             keep: false,
         }
     }
@@ -97,7 +131,9 @@ impl MountBenchOptions {
              rand read: fio 4 KiB, O_DIRECT, libaio, iodepth {}, {} jobs, {} s over the seq files\n\
              md: {} workers x {} empty files, each worker its own directory\n\
              shared: {} workers x {} files of {} bytes in one directory\n\
-             small: {} files of {} KiB in {} directories, {} workers; read cold in random order\n",
+             small: {} files of {} KiB in {} directories, {} workers; read cold in random order, then\n\
+             twice more in other random orders with caches kept (epochs 2 and 3)\n\
+             FUSE floor: the same phases on bindfs (libfuse passthrough, default caching) of the same disk\n",
             self.jobs,
             self.job_size >> 20,
             self.iodepth,
@@ -125,11 +161,22 @@ struct Sample {
     rate: Option<f64>,
 }
 
-/// The two sides of one run: the odfs mount (whose CPU includes every odfs process) and the
-/// plain directory.
+/// One phase measured on every side.
+struct Sampled {
+    odfs: Sample,
+    plain: Option<Sample>,
+    floor: Option<Sample>,
+    /// Requests that reached metad during the odfs run.
+    meta: Option<u64>,
+}
+
+/// The sides of one run: the odfs mount (whose CPU includes every odfs process), the plain
+/// directory and the FUSE floor (bindfs over a directory of the same disk).
 struct Sides {
     mnt: PathBuf,
     plain: Option<PathBuf>,
+    floor: Option<PathBuf>,
+    counter: Option<MetaCounter>,
     /// Daemons and odfs-fuse.
     pids: Vec<u32>,
     phases: Vec<Phase>,
@@ -137,9 +184,9 @@ struct Sides {
 }
 
 impl Sides {
-    /// Runs `f(dir, side)` on the mount, then on the plain directory; `cold` drops the page
-    /// cache before each.
-    fn run(&mut self, cold: bool, f: impl Fn(&Path, &str) -> Result<Option<f64>>) -> Result<(Sample, Option<Sample>)> {
+    /// Runs `f(dir, side)` on the mount, then on the plain directory and the FUSE floor; `cold`
+    /// drops the page cache before each.
+    fn run(&mut self, cold: bool, f: impl Fn(&Path, &str) -> Result<Option<f64>>) -> Result<Sampled> {
         let mut dropped = true;
         let mut one = |dir: &Path, side: &str, pids: &[u32]| -> Result<Sample> {
             if cold {
@@ -150,29 +197,44 @@ impl Sides {
             let rate = f(dir, side).with_context(|| format!("{side} ({})", dir.display()))?;
             Ok(Sample { secs: t.elapsed().as_secs_f64(), cpu: cpu.stop(), rate })
         };
+        let before = self.counter.as_ref().map(|c| c.total()).transpose()?;
         let o = one(&self.mnt, "odfs", &self.pids)?;
+        let after = self.counter.as_ref().map(|c| c.total()).transpose()?;
+        // The counter's own requests (one per shard) are not the workload's.
+        let shards = self.counter.as_ref().map_or(0, |c| c.shards() as u64);
+        let meta = before.zip(after).map(|(b, a)| a.saturating_sub(b).saturating_sub(shards));
         let p = match &self.plain {
             Some(dir) => Some(one(dir, "plain", &[])?),
             None => None,
         };
+        let fl = match &self.floor {
+            Some(dir) => Some(one(dir, "floor", &[])?),
+            None => None,
+        };
         self.dropped &= dropped;
-        match &p {
-            Some(p) => eprintln!("       odfs {:.1} s, plain {:.1} s", o.secs, p.secs),
-            None => eprintln!("       odfs {:.1} s", o.secs),
-        }
-        Ok((o, p))
+        let secs = |s: &Option<Sample>| s.map(|s| format!("{:.1} s", s.secs)).unwrap_or_else(|| "-".into());
+        eprintln!(
+            "       odfs {:.1} s ({} metad requests), plain {}, FUSE floor {}",
+            o.secs,
+            meta.map(|m| m.to_string()).unwrap_or_else(|| "?".into()),
+            secs(&p),
+            secs(&fl)
+        );
+        Ok(Sampled { odfs: o, plain: p, floor: fl, meta })
     }
 
     /// Adds a row: the tool's rate if it gave one, else `amount` per second.
-    fn push(&mut self, name: &'static str, unit: &'static str, amount: f64, s: (Sample, Option<Sample>)) {
+    fn push(&mut self, name: &'static str, unit: &'static str, amount: f64, s: &Sampled) {
         let value = |x: &Sample| x.rate.unwrap_or(amount / x.secs);
         self.phases.push(Phase {
             name,
             unit,
-            odfs: value(&s.0),
-            plain: s.1.as_ref().map(value),
-            odfs_cpu: s.0.cpu,
-            plain_cpu: s.1.map(|x| x.cpu),
+            odfs: value(&s.odfs),
+            plain: s.plain.as_ref().map(value),
+            odfs_cpu: s.odfs.cpu,
+            plain_cpu: s.plain.map(|x| x.cpu),
+            floor: s.floor.as_ref().map(value),
+            meta_requests: s.meta,
         });
     }
 }
@@ -188,7 +250,9 @@ pub fn run(o: &MountBenchOptions) -> Result<(Vec<Phase>, bool)> {
     let mnt = fsroot.join("mnt");
     let plain = root.join("plain");
     let reports = root.join("reports");
-    clean(&fsroot, &mnt, &[&plain, &reports])?;
+    let (floor, floor_src) = (root.join("floor"), root.join("floor-src"));
+    mount::unmount(&floor)?;
+    clean(&fsroot, &mnt, &[&plain, &reports, &floor, &floor_src])?;
     std::fs::create_dir_all(&reports)?;
     if !o.skip_plain {
         std::fs::create_dir_all(&plain)?;
@@ -208,6 +272,8 @@ pub fn run(o: &MountBenchOptions) -> Result<(Vec<Phase>, bool)> {
         let mut sides = Sides {
             mnt: mnt.clone(),
             plain: (!o.skip_plain).then(|| plain.clone()),
+            floor: if o.skip_floor { None } else { mount_floor(&floor_src, &floor)? },
+            counter: Some(MetaCounter::connect(&fsroot)?),
             pids: state.procs.iter().map(|p| p.pid).collect(),
             phases: Vec::new(),
             dropped: true,
@@ -215,13 +281,38 @@ pub fn run(o: &MountBenchOptions) -> Result<(Vec<Phase>, bool)> {
         run_phases(o, &fio, &reports, &mut sides)?;
         Ok((sides.phases, sides.dropped))
     })();
+    let _ = mount::unmount(&floor);
     let down = local::down(&fsroot);
     if !o.keep {
-        let _ = clean(&fsroot, &mnt, &[&plain, &reports]);
+        let _ = clean(&fsroot, &mnt, &[&plain, &reports, &floor, &floor_src]);
     }
     let out = result?;
     down.context("stopping the local filesystem")?;
     Ok(out)
+}
+
+/// Mounts the FUSE floor: bindfs (a plain libfuse passthrough, default caching) of `src` at
+/// `at`. `None`, with a note, when bindfs is not installed.
+fn mount_floor(src: &Path, at: &Path) -> Result<Option<PathBuf>> {
+    std::fs::create_dir_all(src)?;
+    std::fs::create_dir_all(at)?;
+    let out = match Command::new("bindfs").arg(src).arg(at).output() {
+        Ok(out) => out,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!("bench: bindfs not installed (apt-get install -y bindfs): no FUSE floor column");
+            return Ok(None);
+        }
+        Err(e) => return Err(e).context("cannot run bindfs"),
+    };
+    anyhow::ensure!(
+        out.status.success(),
+        "bindfs {} {} failed: {}",
+        src.display(),
+        at.display(),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    eprintln!("bench: FUSE floor: bindfs {} at {}", src.display(), at.display());
+    Ok(Some(at.to_path_buf()))
 }
 
 /// Removes what a previous run left, never descending into a live mount.
@@ -281,7 +372,7 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
         r.expect_bytes("write", seq_bytes)?;
         Ok(Some(r.bw_bytes("write")? / MIB))
     })?;
-    sides.push("seq write", "MiB/s", 0.0, s);
+    sides.push("seq write", "MiB/s", 0.0, &s);
 
     eprintln!("bench: fio sequential read (page cache dropped)");
     let s = sides.run(true, |dir, side| {
@@ -291,7 +382,7 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
         r.expect_bytes("read", seq_bytes)?;
         Ok(Some(r.bw_bytes("read")? / MIB))
     })?;
-    sides.push("seq read", "MiB/s", 0.0, s);
+    sides.push("seq read", "MiB/s", 0.0, &s);
 
     eprintln!("bench: fio 4 KiB random read, O_DIRECT, {} s", o.randread_secs);
     let s = sides.run(true, |dir, side| {
@@ -310,7 +401,7 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
         anyhow::ensure!(r.field("read", "io_bytes")? > 0.0, "fio read nothing");
         Ok(Some(r.field("read", "iops")?))
     })?;
-    sides.push("rand read 4k", "IOPS", 0.0, s);
+    sides.push("rand read 4k", "IOPS", 0.0, &s);
     Ok(())
 }
 
@@ -326,7 +417,7 @@ fn md_phases(o: &MountBenchOptions, sides: &mut Sides) -> Result<()> {
             md(&dir.join("md"), MdShape { threads: o.threads, files: o.files_per_thread, size: 0, shared: false }, op)
                 .map(|()| None)
         })?;
-        sides.push(name, "ops/s", md_ops, s);
+        sides.push(name, "ops/s", md_ops, &s);
     }
 
     let shared_ops = (o.threads * o.shared_files_per_thread) as f64;
@@ -343,7 +434,7 @@ fn md_phases(o: &MountBenchOptions, sides: &mut Sides) -> Result<()> {
             o.threads, o.shared_files_per_thread, o.shared_file_size
         );
         let s = sides.run(false, |dir, _| md(&dir.join("shared"), shape, op).map(|()| None))?;
-        sides.push(name, "ops/s", shared_ops, s);
+        sides.push(name, "ops/s", shared_ops, &s);
     }
     Ok(())
 }
@@ -360,11 +451,17 @@ fn small_phases(o: &MountBenchOptions, sides: &mut Sides) -> Result<()> {
         o.small_threads
     );
     let s = sides.run(false, |dir, _| small_write(&dir.join("small"), o).map(|()| None))?;
-    sides.push("small write", "files/s", n, s);
+    sides.push("small write", "files/s", n, &s);
     eprintln!("bench: small read, cold, random order, {} workers", o.small_threads);
-    let s = sides.run(true, |dir, _| small_read(&dir.join("small"), o).map(|()| None))?;
-    sides.push("small read cold", "files/s", n, s);
-    sides.push("small read cold", "MiB/s", mib, s);
+    let s = sides.run(true, |dir, _| small_read(&dir.join("small"), o, 0).map(|()| None))?;
+    sides.push("small read cold", "files/s", n, &s);
+    sides.push("small read cold", "MiB/s", mib, &s);
+    // A training job's next epochs: the same files in another random order, caches kept.
+    for (name, epoch) in [("small read epoch 2", 1), ("small read epoch 3", 2)] {
+        eprintln!("bench: {name}, caches kept, random order, {} workers", o.small_threads);
+        let s = sides.run(false, |dir, _| small_read(&dir.join("small"), o, epoch).map(|()| None))?;
+        sides.push(name, "files/s", n, &s);
+    }
     Ok(())
 }
 
@@ -529,10 +626,11 @@ fn small_write(dir: &Path, o: &MountBenchOptions) -> Result<()> {
     })
 }
 
-/// Reads every small file once in a fixed random order and checks size and index.
-fn small_read(dir: &Path, o: &MountBenchOptions) -> Result<()> {
+/// Reads every small file once in a random order fixed for each `epoch` and checks size and
+/// index.
+fn small_read(dir: &Path, o: &MountBenchOptions, epoch: u64) -> Result<()> {
     let mut order: Vec<usize> = (0..o.small_files).collect();
-    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(0x0DF5));
+    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(0x0DF5 + epoch));
     let total = AtomicU64::new(0);
     parallel(o.small_threads, &order, |i| {
         let p = small_path(dir, o, i);
@@ -554,15 +652,23 @@ fn small_read(dir: &Path, o: &MountBenchOptions) -> Result<()> {
 /// Renders results as a Markdown table with a unit column.
 pub fn render(phases: &[Phase]) -> String {
     let mut s = String::from(
-        "| phase | unit | odfs | plain | ratio | odfs CPU-s | plain CPU-s |\n|---|---|---|---|---|---|---|\n",
+        "| phase | unit | odfs | plain | ratio | FUSE floor | vs floor | metad requests | odfs CPU-s | plain CPU-s |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
     );
+    let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
     for p in phases {
-        let plain = p.plain.map(|v| format!("{v:.0}")).unwrap_or_else(|| "-".into());
-        let ratio = p.ratio().map(|r| format!("{r:.2}x")).unwrap_or_else(|| "-".into());
-        let pc = p.plain_cpu.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
         s.push_str(&format!(
-            "| {} | {} | {:.0} | {plain} | {ratio} | {:.1} | {pc} |\n",
-            p.name, p.unit, p.odfs, p.odfs_cpu
+            "| {} | {} | {:.0} | {} | {} | {} | {} | {} | {:.1} | {} |\n",
+            p.name,
+            p.unit,
+            p.odfs,
+            opt(p.plain.map(|v| format!("{v:.0}"))),
+            opt(p.ratio().map(|r| format!("{r:.2}x"))),
+            opt(p.floor.map(|v| format!("{v:.0}"))),
+            opt(p.floor_ratio().map(|r| format!("{r:.2}x"))),
+            opt(p.meta_requests.map(|v| v.to_string())),
+            p.odfs_cpu,
+            opt(p.plain_cpu.map(|v| format!("{v:.1}"))),
         ));
     }
     s
