@@ -55,6 +55,9 @@ struct Maps {
     /// Counts this client's own changes; `changed` has the count at each key's latest.
     stamp: u64,
     changed: HashMap<Key, u64>,
+    /// Directories whose every name is cached (this client made them and its name lease has
+    /// held since): a name not cached there does not exist.
+    complete: std::collections::HashSet<InodeId>,
 }
 
 impl Maps {
@@ -163,7 +166,10 @@ impl AttrCache {
             return None;
         }
         let m = self.maps.lock().expect("cache lock");
-        let e = *m.names.get(&(parent, name.to_vec()))?;
+        let Some(&e) = m.names.get(&(parent, name.to_vec())) else {
+            let known_absent = m.complete.contains(&parent) && self.trusted(parent.shard());
+            return known_absent.then_some(Cached::Absent);
+        };
         if e.who != who || !self.trusted(e.shard) {
             return None;
         }
@@ -191,6 +197,18 @@ impl AttrCache {
         m.attrs.insert(attr.ino, attr.clone());
     }
 
+    /// Caches a directory's attributes that a change of this client's returned, unless those
+    /// cached are newer (replies to concurrent changes may arrive in any order).
+    pub fn put_newer(&self, attr: &Attr, ticket: Ticket) {
+        let newer = {
+            let m = self.maps.lock().expect("cache lock");
+            m.attrs.get(&attr.ino).is_some_and(|a| a.ctime > attr.ctime)
+        };
+        if !newer {
+            self.put_attr(attr, ticket);
+        }
+    }
+
     /// Caches a name (`attr: None`: its absence) that shard `shard` answered.
     pub fn put_entry(
         &self,
@@ -216,6 +234,7 @@ impl AttrCache {
         if m.names.len() >= MAX_ENTRIES || m.attrs.len() >= MAX_ENTRIES {
             m.names.clear();
             m.attrs.clear();
+            m.complete.clear();
         }
         m.names.insert((parent, name.to_vec()), NameEntry { ino: attr.map(|a| a.ino), who, shard });
         if let Some(a) = attr {
@@ -242,6 +261,20 @@ impl AttrCache {
         m.attrs.remove(&ino);
     }
 
+    /// This client made directory `dir` (one shard holds all its names) and leases its names:
+    /// until another client changes a name there, a name not cached does not exist.
+    pub fn made_dir(&self, dir: InodeId, ticket: Ticket) {
+        let mut m = self.maps.lock().expect("cache lock");
+        if self.on && !m.stale(ticket, &Key::Ino(dir)) {
+            m.complete.insert(dir);
+        }
+    }
+
+    /// Names of `dir` may exist that are not cached (this client's own rename into it).
+    pub fn incomplete(&self, dir: InodeId) {
+        self.maps.lock().expect("cache lock").complete.remove(&dir);
+    }
+
     /// Drops what a recall names; replies in flight are not cached.
     pub fn apply(&self, r: &Recall) {
         let mut m = self.maps.lock().expect("cache lock");
@@ -251,6 +284,8 @@ impl AttrCache {
         }
         for (dir, name) in &r.names {
             m.names.remove(&(*dir, name.clone()));
+            // Another client changed a name there: which ones exist is no longer all known.
+            m.complete.remove(dir);
         }
     }
 
@@ -263,5 +298,6 @@ impl AttrCache {
         m.epoch += 1;
         m.attrs.retain(|ino, _| ino.shard() != shard);
         m.names.retain(|_, e| e.shard != shard);
+        m.complete.retain(|d| d.shard() != shard);
     }
 }

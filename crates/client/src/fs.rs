@@ -484,6 +484,15 @@ impl Client {
         self.cache_entry(ctx, parent, name, Some(a), self.ticket_after(t));
     }
 
+    /// The attributes of a directory this client just changed, as its shard returned them
+    /// (sent with ticket `t`): cached, so that the kernel's next permission check of the
+    /// directory needs no request.
+    fn cache_parent(&self, parent: Option<&Attr>, t: Ticket) {
+        if let Some(p) = parent {
+            self.inner.cache.put_newer(p, self.ticket_after(t));
+        }
+    }
+
     /// This client changed `a.ino` (sent with ticket `t`): marked done, then cached.
     pub(crate) fn changed_attr(&self, a: &Attr, t: Ticket) {
         self.invalidate(a.ino);
@@ -684,6 +693,7 @@ impl Client {
         self.inner.cache.forget_entry(parent, name);
         let r = self.entry_call(ctx, parent, name, &req).await?;
         self.made_entry(ctx, parent, name, &r.attr, t);
+        self.cache_parent(r.parent.as_ref(), t);
         Ok(r)
     }
 
@@ -693,16 +703,22 @@ impl Client {
         let a = self.entry_call(ctx, parent, name, &Mkdir { parent, name: name.to_vec(), mode }).await?;
         self.made_entry(ctx, parent, name, &a, t);
         self.note_stripes(&a);
+        if a.dir_stripes.len() <= 1 {
+            self.inner.cache.made_dir(a.ino, self.ticket_after(t));
+        }
         Ok(a)
     }
 
     pub async fn unlink(&self, ctx: &Ctx, parent: InodeId, name: &[u8]) -> Result<()> {
         self.register_local_opens().await;
         self.inner.cache.forget_entry(parent, name);
+        let t = self.ticket();
         let r = self.entry_call(ctx, parent, name, &Unlink { parent, name: name.to_vec() }).await;
         self.inner.cache.forget_entry(parent, name);
         self.invalidate(parent);
-        self.reclaim(r?.removed).await;
+        let r = r?;
+        self.cache_parent(r.parent.as_ref(), t);
+        self.reclaim(r.removed).await;
         Ok(())
     }
 
@@ -731,6 +747,10 @@ impl Client {
         let r = self.entry_call(ctx, parent, name, &req).await;
         self.inner.cache.forget_entry(parent, name);
         self.inner.cache.forget_entry(new_parent, new_name);
+        self.inner.cache.incomplete(new_parent);
+        if flags & RENAME_EXCHANGE != 0 {
+            self.inner.cache.incomplete(parent);
+        }
         self.invalidate(parent);
         self.invalidate(new_parent);
         self.reclaim(r?.removed).await;
@@ -1005,12 +1025,14 @@ impl Client {
     ) -> Result<(CreateReply, FileHandle)> {
         let t = self.inner.cache.ticket();
         let h = self.header(ctx);
-        let registered = h.request_id;
-        let req = Create { parent, name: name.to_vec(), mode, exclusive, layout, register: true };
+        // Not registered, as an open answered from the cache: the new file is leased to this
+        // client, which registers its opens before it removes a name (see `open_cached`).
+        let req = Create { parent, name: name.to_vec(), mode, exclusive, layout, register: false };
         self.inner.cache.forget_entry(parent, name);
         let r = self.entry_call_as(ctx, &h, parent, name, &req).await?;
         self.made_entry(ctx, parent, name, &r.attr, t);
-        let handle = self.handle_for(ctx, r.attr.clone(), true, true, registered)?;
+        self.cache_parent(r.parent.as_ref(), t);
+        let handle = self.handle_for(ctx, r.attr.clone(), true, true, 0)?;
         Ok((r, handle))
     }
 

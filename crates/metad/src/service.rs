@@ -163,8 +163,12 @@ fn add_placing(r: &mut Routes, coord: &Coordinator) {
                 }
                 Err(e) => return Err(e),
             };
+            let mut st = s.store.lock().expect("store lock");
+            // Leased also when the file existed (nothing changed, nothing leased yet): a client
+            // that does not register the open holds it through the lease.
+            st.lease(&h, [c.attr.ino]);
             if register {
-                s.store.lock().expect("store lock").register_open(&h, c.attr.ino);
+                st.register_open(&h, c.attr.ino);
             }
             Ok(c)
         }

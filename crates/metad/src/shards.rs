@@ -160,7 +160,7 @@ impl Coordinator {
         if attr.kind != FileKind::File {
             return Err(RemoteError::new(ErrorCode::Exists, "the name exists and is not a regular file"));
         }
-        Ok(CreateReply { attr, created: false })
+        Ok(CreateReply { attr, created: false, parent: None })
     }
 
     /// Removes the chunks of an inode metad removed itself (an orphan whose holders went away).

@@ -280,7 +280,7 @@ impl Coordinator {
             (a.ino.shard(), StepChange::DropLink { ino: a.ino }),
         ];
         let replies = self.run(h, IntentKind::Unlink, steps).await?;
-        Ok(UnlinkReply { removed: replies.into_iter().find_map(|r| r.attr) })
+        Ok(UnlinkReply { removed: replies.into_iter().find_map(|r| r.attr), parent: None })
     }
 
     /// `Rmdir` of a name whose directory lives on another shard.
@@ -498,7 +498,7 @@ fn final_reply(kind: IntentKind, replies: &[StepReply]) -> MetaReply {
     let removed = first.clone().filter(|a| a.kind == FileKind::File);
     match (kind, first) {
         (IntentKind::Rename, _) => MetaReply::Rename(RenameReply { removed }),
-        (IntentKind::Unlink, _) => MetaReply::Unlink(UnlinkReply { removed }),
+        (IntentKind::Unlink, _) => MetaReply::Unlink(UnlinkReply { removed, parent: None }),
         (IntentKind::Link, Some(a)) => MetaReply::Attr(a),
         (IntentKind::Rmdir | IntentKind::Link, _) => MetaReply::Unit,
     }

@@ -319,7 +319,7 @@ fn steps_and_intents_of_operations_spanning_shards_survive_a_crash() {
     s.mutate(&req(77, 2), step(StepPhase::Commit)).unwrap();
     drop(s);
     let mut s = open(tmp.path());
-    let reply = MetaReply::Unlink(UnlinkReply { removed: None });
+    let reply = MetaReply::Unlink(UnlinkReply { removed: None, parent: None });
     let end = MetaOp::EndIntent { id: 99, reply: Some(Box::new(reply.clone())) };
     // The intent came back decided; its end answers the client's retry from then on.
     assert_eq!(s.mutate(&req(5, 6), end).unwrap(), reply);

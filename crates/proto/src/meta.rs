@@ -247,6 +247,9 @@ pub struct Create {
 pub struct CreateReply {
     pub attr: Attr,
     pub created: bool,
+    /// The directory's attributes after the create, when its shard made it (the client
+    /// caches them instead of asking again).
+    pub parent: Option<Attr>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -268,6 +271,8 @@ pub struct Unlink {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UnlinkReply {
     pub removed: Option<Attr>,
+    /// The directory's attributes after the unlink, when its shard did it alone.
+    pub parent: Option<Attr>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -32,7 +32,7 @@ impl Namespace {
             return match &node.body {
                 Body::File(_) => {
                     permission::require(h, node, ino, MAY_WRITE)?;
-                    Applied::unchanged(MetaReply::Create(CreateReply { attr: node.attr(ino), created: false }))
+                    Applied::unchanged(MetaReply::Create(CreateReply { attr: node.attr(ino), created: false, parent: None }))
                 }
                 Body::Dir(_) => {
                     Err(RemoteError::new(ErrorCode::IsDir, format!("\"{}\" is a directory", show(&req.name))))
@@ -58,7 +58,9 @@ impl Namespace {
         let node = Inode::new(mode, h.uid, gid, now, Body::File(layout));
         let attr = node.attr(ino);
         self.inodes.insert(ino, node);
+        self.touch(ino);
         self.add_entry(req.parent, &req.name, ino, FileKind::File, now)?;
-        Applied::changed(MetaReply::Create(CreateReply { attr, created: true }))
+        let parent = Some(self.node(req.parent)?.attr(req.parent));
+        Applied::changed(MetaReply::Create(CreateReply { attr, created: true, parent }))
     }
 }

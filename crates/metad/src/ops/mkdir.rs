@@ -30,6 +30,7 @@ impl Namespace {
         node.nlink = 2;
         let attr = node.attr(ino);
         self.inodes.insert(ino, node);
+        self.touch(ino);
         self.add_entry(req.parent, &req.name, ino, FileKind::Dir, now)?;
         Applied::changed(MetaReply::Attr(attr))
     }

@@ -34,6 +34,7 @@ impl Namespace {
         node.size = req.target.len() as u64;
         let attr = node.attr(ino);
         self.inodes.insert(ino, node);
+        self.touch(ino);
         self.add_entry(req.parent, &req.name, ino, FileKind::Symlink, now)?;
         Applied::changed(MetaReply::Attr(attr))
     }

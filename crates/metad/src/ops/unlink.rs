@@ -18,6 +18,7 @@ impl Namespace {
         p.touch_dir(now);
         p.dir_mut()?.remove(&req.name)?;
         let removed = self.drop_link(ino, now, held)?;
-        Applied::changed(MetaReply::Unlink(UnlinkReply { removed }))
+        let parent = Some(self.node(req.parent)?.attr(req.parent));
+        Applied::changed(MetaReply::Unlink(UnlinkReply { removed, parent }))
     }
 }
