@@ -325,8 +325,8 @@ fn a_change_on_one_node_is_seen_by_the_very_next_call_on_the_other() {
     a.ok(&format!("chmod 600 {mnt}/d/new && printf again > {mnt}/d/new"));
     let waited = t.elapsed();
     signal(&b, libc::SIGCONT);
-    // Liveness, not speed: the lease is 10 s; a change that waited for ever would hang here.
-    assert!(waited < Duration::from_secs(30), "a frozen node held a change for {waited:?}");
+    // Liveness, not speed: the lease is 30 s; a change that waited for ever would hang here.
+    assert!(waited < Duration::from_secs(90), "a frozen node held a change for {waited:?}");
     assert_eq!(b.ok(&format!("stat -c %a {mnt}/d/new")).trim(), "600");
     assert_eq!(b.ok(&format!("cat {mnt}/d/new")), "again");
     assert_eq!(a.ok(&format!("cat {mnt}/d/new")), "again");

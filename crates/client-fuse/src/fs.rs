@@ -703,6 +703,16 @@ impl Filesystem for OdfsFuse {
         reply: ReplyEmpty,
     ) {
         let file = self.shared.handles.remove(fh.0);
+        // A reader's handle opened from the cache closes here, without a task.
+        let file = match file.map(Arc::try_unwrap) {
+            Some(Ok(f)) if !f.writable => match f.handle.close_if_clean() {
+                Ok(()) => return reply.ok(),
+                Err(handle) => Some(Arc::new(OpenFile { handle, ..f })),
+            },
+            Some(Ok(f)) => Some(Arc::new(f)),
+            Some(Err(shared)) => Some(shared),
+            None => None,
+        };
         self.spawn(
             "release",
             reply,

@@ -471,6 +471,17 @@ impl FileHandle {
         self.client.getattr(&self.ctx, self.data.ino).await
     }
 
+    /// Closes a read-only handle that needs no request to close (its open was answered from
+    /// the cache and never registered): done at once. Otherwise the handle comes back, for
+    /// `close`.
+    pub fn close_if_clean(mut self) -> std::result::Result<(), FileHandle> {
+        if self.writable || !self.client.release_without_request(&self.data) {
+            return Err(self);
+        }
+        self.closed = true;
+        Ok(())
+    }
+
     /// Flushes and releases the handle. Errors of earlier background writes surface here.
     pub async fn close(mut self) -> Result<()> {
         self.closed = true;

@@ -1058,6 +1058,23 @@ impl Client {
         Ok(FileHandle::new(self.clone(), data, ctx.clone(), read, write))
     }
 
+    /// A close that needs no request: the inode's opens here were never registered with metad
+    /// (checked under the inodes lock, which registrations take too). True when done.
+    pub(crate) fn release_without_request(&self, data: &Arc<InodeData>) -> bool {
+        let mut map = self.inner.inodes.lock().expect("inodes lock");
+        if data.registered() != 0 {
+            return false;
+        }
+        if data.closed() {
+            if let Some(cur) = map.get(&data.ino) {
+                if Arc::ptr_eq(cur, data) {
+                    map.remove(&data.ino);
+                }
+            }
+        }
+        true
+    }
+
     /// Called by a handle's close: forget the inode's data state when its last handle goes.
     pub(crate) async fn release(&self, data: &Arc<InodeData>) {
         let last = {

@@ -35,7 +35,10 @@ pub struct MetadConfig {
     /// job's user in the Slurm mode); none keeps root 0:0 mode 0755.
     pub root_owner: Option<RootOwner>,
     /// Milliseconds a client may stay silent before its session ends: what it held open is
-    /// released (orphans it held go), and a change waits at most this long for it.
+    /// released (orphans it held go), and a change waits at most this long for it. Clients and
+    /// their kernels trust their caches for up to nine tenths of it (default 30 s: a training
+    /// job's epoch or a metadata phase fits in what the kernel keeps; a frozen node delays
+    /// changes to what it cached by at most this; after a restart, changes wait this long).
     pub lease_ms: u64,
 }
 
@@ -65,7 +68,7 @@ impl Default for MetadConfig {
             register_timeout_secs: 30,
             root_only_layouts: false,
             root_owner: None,
-            lease_ms: 10_000,
+            lease_ms: 30_000,
         }
     }
 }

@@ -58,7 +58,7 @@ impl Default for StoreOptions {
             snapshot_every_bytes: 64 << 20,
             dedup_capacity: 262_144,
             root_only_layouts: false,
-            lease: std::time::Duration::from_secs(10),
+            lease: std::time::Duration::from_secs(30),
         }
     }
 }

@@ -32,7 +32,11 @@ impl Namespace {
             return match &node.body {
                 Body::File(_) => {
                     permission::require(h, node, ino, MAY_WRITE)?;
-                    Applied::unchanged(MetaReply::Create(CreateReply { attr: node.attr(ino), created: false, parent: None }))
+                    Applied::unchanged(MetaReply::Create(CreateReply {
+                        attr: node.attr(ino),
+                        created: false,
+                        parent: None,
+                    }))
                 }
                 Body::Dir(_) => {
                     Err(RemoteError::new(ErrorCode::IsDir, format!("\"{}\" is a directory", show(&req.name))))
