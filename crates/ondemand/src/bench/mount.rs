@@ -187,40 +187,57 @@ impl Sides {
     /// Runs `f(dir, side)` on the mount, then on the plain directory and the FUSE floor; `cold`
     /// drops the page cache before each.
     fn run(&mut self, cold: bool, f: impl Fn(&Path, &str) -> Result<Option<f64>>) -> Result<Sampled> {
+        let mut s = self.run_series(&[cold], |dir, side, _| f(dir, side))?;
+        Ok(s.remove(0))
+    }
+
+    /// Runs the steps `f(dir, side, i)` one after the other on each side in turn (the mount,
+    /// the plain directory, the FUSE floor), dropping the page cache before step i when
+    /// `cold[i]`: a side's later steps find what its earlier ones cached, untouched by the
+    /// other sides. One result per step.
+    fn run_series(
+        &mut self,
+        cold: &[bool],
+        f: impl Fn(&Path, &str, usize) -> Result<Option<f64>>,
+    ) -> Result<Vec<Sampled>> {
         let mut dropped = true;
-        let mut one = |dir: &Path, side: &str, pids: &[u32]| -> Result<Sample> {
-            if cold {
+        let mut one = |dir: &Path, side: &str, pids: &[u32], i: usize| -> Result<Sample> {
+            if cold[i] {
                 dropped &= drop_caches();
             }
             let cpu = CpuMeter::start(pids);
             let t = Instant::now();
-            let rate = f(dir, side).with_context(|| format!("{side} ({})", dir.display()))?;
+            let rate = f(dir, side, i).with_context(|| format!("{side} ({})", dir.display()))?;
             Ok(Sample { secs: t.elapsed().as_secs_f64(), cpu: cpu.stop(), rate })
         };
-        let before = self.counter.as_ref().map(|c| c.total()).transpose()?;
-        let o = one(&self.mnt, "odfs", &self.pids)?;
-        let after = self.counter.as_ref().map(|c| c.total()).transpose()?;
         // The counter's own requests (one per shard) are not the workload's.
         let shards = self.counter.as_ref().map_or(0, |c| c.shards() as u64);
-        let meta = before.zip(after).map(|(b, a)| a.saturating_sub(b).saturating_sub(shards));
-        let p = match &self.plain {
-            Some(dir) => Some(one(dir, "plain", &[])?),
-            None => None,
+        let mut odfs = Vec::new();
+        for i in 0..cold.len() {
+            let before = self.counter.as_ref().map(|c| c.total()).transpose()?;
+            let o = one(&self.mnt, "odfs", &self.pids, i)?;
+            let after = self.counter.as_ref().map(|c| c.total()).transpose()?;
+            odfs.push((o, before.zip(after).map(|(b, a)| a.saturating_sub(b).saturating_sub(shards))));
+        }
+        let mut side = |dir: &Option<PathBuf>, name: &str| -> Result<Vec<Option<Sample>>> {
+            (0..cold.len()).map(|i| dir.as_ref().map(|d| one(d, name, &[], i)).transpose()).collect()
         };
-        let fl = match &self.floor {
-            Some(dir) => Some(one(dir, "floor", &[])?),
-            None => None,
-        };
+        let plain = side(&self.plain, "plain")?;
+        let floor = side(&self.floor, "floor")?;
         self.dropped &= dropped;
         let secs = |s: &Option<Sample>| s.map(|s| format!("{:.1} s", s.secs)).unwrap_or_else(|| "-".into());
-        eprintln!(
-            "       odfs {:.1} s ({} metad requests), plain {}, FUSE floor {}",
-            o.secs,
-            meta.map(|m| m.to_string()).unwrap_or_else(|| "?".into()),
-            secs(&p),
-            secs(&fl)
-        );
-        Ok(Sampled { odfs: o, plain: p, floor: fl, meta })
+        let mut out = Vec::new();
+        for (((o, meta), p), fl) in odfs.into_iter().zip(plain).zip(floor) {
+            eprintln!(
+                "       odfs {:.1} s ({} metad requests), plain {}, FUSE floor {}",
+                o.secs,
+                meta.map(|m| m.to_string()).unwrap_or_else(|| "?".into()),
+                secs(&p),
+                secs(&fl)
+            );
+            out.push(Sampled { odfs: o, plain: p, floor: fl, meta });
+        }
+        Ok(out)
     }
 
     /// Adds a row: the tool's rate if it gave one, else `amount` per second.
@@ -452,16 +469,16 @@ fn small_phases(o: &MountBenchOptions, sides: &mut Sides) -> Result<()> {
     );
     let s = sides.run(false, |dir, _| small_write(&dir.join("small"), o).map(|()| None))?;
     sides.push("small write", "files/s", n, &s);
-    eprintln!("bench: small read, cold, random order, {} workers", o.small_threads);
-    let s = sides.run(true, |dir, _| small_read(&dir.join("small"), o, 0).map(|()| None))?;
-    sides.push("small read cold", "files/s", n, &s);
-    sides.push("small read cold", "MiB/s", mib, &s);
-    // A training job's next epochs: the same files in another random order, caches kept.
-    for (name, epoch) in [("small read epoch 2", 1), ("small read epoch 3", 2)] {
-        eprintln!("bench: {name}, caches kept, random order, {} workers", o.small_threads);
-        let s = sides.run(false, |dir, _| small_read(&dir.join("small"), o, epoch).map(|()| None))?;
-        sides.push(name, "files/s", n, &s);
-    }
+    // A training job's epochs: cold first, then twice more in other random orders with the
+    // caches kept (each side runs its three epochs in a row).
+    eprintln!("bench: small read, cold, then epochs 2 and 3 (caches kept), random order, {} workers", o.small_threads);
+    let s = sides.run_series(&[true, false, false], |dir, _, epoch| {
+        small_read(&dir.join("small"), o, epoch as u64).map(|()| None)
+    })?;
+    sides.push("small read cold", "files/s", n, &s[0]);
+    sides.push("small read cold", "MiB/s", mib, &s[0]);
+    sides.push("small read epoch 2", "files/s", n, &s[1]);
+    sides.push("small read epoch 3", "files/s", n, &s[2]);
     Ok(())
 }
 
