@@ -85,6 +85,11 @@ impl Phase {
         self.plain.filter(|p| *p > 0.0).map(|p| self.odfs / p)
     }
 
+    /// A phase measured on odfs alone so far (the other sides are filled in when measured).
+    pub fn odfs_only(name: &'static str, unit: &'static str, odfs: f64, cpu: f64) -> Phase {
+        Phase { name, unit, odfs, plain: None, odfs_cpu: cpu, plain_cpu: None, floor: None, meta_requests: None }
+    }
+
     /// odfs against the FUSE floor.
     pub fn floor_ratio(&self) -> Option<f64> {
         self.floor.filter(|p| *p > 0.0).map(|p| self.odfs / p)
@@ -385,16 +390,7 @@ fn run_phases(o: &BenchOptions, fsroot: &Path, plain: &Path, pids: &[u32]) -> Re
 
     eprintln!("bench: sequential write, {} clients x {} MiB", o.clients, o.file_size >> 20);
     let (t, c) = time(pids, || rt.block_on(odfs_seq_write(&cfg, o)))?;
-    let mut p = Phase {
-        name: "seq write",
-        unit: "MiB/s",
-        odfs: mib / t,
-        plain: None,
-        odfs_cpu: c,
-        plain_cpu: None,
-        floor: None,
-        meta_requests: None,
-    };
+    let mut p = Phase::odfs_only("seq write", "MiB/s", mib / t, c);
     if !o.skip_plain {
         let (t, c) = time(&[], || plain_seq_write(&plain.join("seq"), o))?;
         p.plain = Some(mib / t);
@@ -405,16 +401,7 @@ fn run_phases(o: &BenchOptions, fsroot: &Path, plain: &Path, pids: &[u32]) -> Re
     eprintln!("bench: sequential read (page cache dropped)");
     dropped &= drop_caches();
     let (t, c) = time(pids, || rt.block_on(odfs_seq_read(&cfg, o)))?;
-    let mut p = Phase {
-        name: "seq read",
-        unit: "MiB/s",
-        odfs: mib / t,
-        plain: None,
-        odfs_cpu: c,
-        plain_cpu: None,
-        floor: None,
-        meta_requests: None,
-    };
+    let mut p = Phase::odfs_only("seq read", "MiB/s", mib / t, c);
     if !o.skip_plain {
         dropped &= drop_caches();
         let (t, c) = time(&[], || plain_seq_read(&plain.join("seq"), o))?;
@@ -435,16 +422,7 @@ fn run_phases(o: &BenchOptions, fsroot: &Path, plain: &Path, pids: &[u32]) -> Re
     for (name, op) in [("create", MdOp::Create), ("stat", MdOp::Stat), ("unlink", MdOp::Unlink)] {
         eprintln!("bench: {name}, {} threads x {} files", o.threads, o.files_per_thread);
         let (t, c) = time(pids, || rt.block_on(odfs_md(&cfg, o, op, &dirs)))?;
-        let mut p = Phase {
-            name,
-            unit: "ops/s",
-            odfs: ops / t,
-            plain: None,
-            odfs_cpu: c,
-            plain_cpu: None,
-            floor: None,
-            meta_requests: None,
-        };
+        let mut p = Phase::odfs_only(name, "ops/s", ops / t, c);
         if !o.skip_plain {
             let (t, c) = time(&[], || plain_md(&plain.join("md"), o, op))?;
             p.plain = Some(ops / t);
