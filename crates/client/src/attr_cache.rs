@@ -167,7 +167,11 @@ impl AttrCache {
         }
         let m = self.maps.lock().expect("cache lock");
         let Some(&e) = m.names.get(&(parent, name.to_vec())) else {
-            let known_absent = m.complete.contains(&parent) && self.trusted(parent.shard());
+            // Not for a name this client changes or changed: its change may be in flight (a
+            // mkdir that another of its tasks found existing, say).
+            let known_absent = m.complete.contains(&parent)
+                && !m.changed.contains_key(&Key::Name(parent, name.to_vec()))
+                && self.trusted(parent.shard());
             return known_absent.then_some(Cached::Absent);
         };
         if e.who != who || !self.trusted(e.shard) {

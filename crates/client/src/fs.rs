@@ -111,7 +111,8 @@ async fn keep_session(weak: std::sync::Weak<Inner>, shard: u16, mut stop: watch:
         let sent = std::time::Instant::now();
         // Opens to register: answered at once, so that their releases wait no longer.
         let wait_ms = if open.files.is_empty() { 60_000 } else { 0 };
-        let poll = SessionPoll { wait_ms, acked, open: open.files.clone() };
+        let caching = client.inner.cfg.attr_cache_ms > 0;
+        let poll = SessionPoll { wait_ms, acked, open: open.files.clone(), caching };
         let root = Ctx::root();
         let r = tokio::select! {
             r = client.meta(&root, shard, &poll) => r,
@@ -1025,14 +1026,16 @@ impl Client {
     ) -> Result<(CreateReply, FileHandle)> {
         let t = self.inner.cache.ticket();
         let h = self.header(ctx);
-        // Not registered, as an open answered from the cache: the new file is leased to this
-        // client, which registers its opens before it removes a name (see `open_cached`).
-        let req = Create { parent, name: name.to_vec(), mode, exclusive, layout, register: false };
+        // A caching client does not register: the new file is leased to it, and it registers
+        // its opens before it removes a name (see `open_cached`). Others hold no lease.
+        let register = self.inner.cfg.attr_cache_ms == 0;
+        let registered = if register { h.request_id } else { 0 };
+        let req = Create { parent, name: name.to_vec(), mode, exclusive, layout, register };
         self.inner.cache.forget_entry(parent, name);
         let r = self.entry_call_as(ctx, &h, parent, name, &req).await?;
         self.made_entry(ctx, parent, name, &r.attr, t);
         self.cache_parent(r.parent.as_ref(), t);
-        let handle = self.handle_for(ctx, r.attr.clone(), true, true, 0)?;
+        let handle = self.handle_for(ctx, r.attr.clone(), true, true, registered)?;
         Ok((r, handle))
     }
 

@@ -135,6 +135,8 @@ pub(crate) struct Sessions {
     names: LeaseTable,
     /// Client → its recalls not yet acknowledged.
     queues: HashMap<u64, Queue>,
+    /// Clients that cache, and so take leases (they said so in their polls).
+    caching: HashSet<u64>,
 }
 
 impl Sessions {
@@ -148,6 +150,7 @@ impl Sessions {
             attrs: LeaseTable::default(),
             names: LeaseTable::default(),
             queues: HashMap::new(),
+            caching: HashSet::new(),
         }
     }
 
@@ -174,7 +177,7 @@ impl Sessions {
     /// `client` may cache the attributes of `inos` until they are recalled. Only clients with
     /// a session get leases (a client trusts its caches only while its session lasts).
     pub fn grant(&mut self, client: u64, inos: impl IntoIterator<Item = InodeId>) {
-        if client == 0 || !self.clients.contains_key(&client) {
+        if !self.caching.contains(&client) || !self.clients.contains_key(&client) {
             return;
         }
         for ino in inos {
@@ -184,7 +187,7 @@ impl Sessions {
 
     /// `client` may cache names of directory `dir`, and their absence.
     pub fn grant_names(&mut self, client: u64, dir: InodeId) {
-        if client != 0 && self.clients.contains_key(&client) {
+        if self.caching.contains(&client) && self.clients.contains_key(&client) {
             self.names.grant(client, dir);
         }
     }
@@ -232,6 +235,16 @@ impl Sessions {
         waits
     }
 
+    /// Whether `client` caches (its latest poll says); only caching clients get leases.
+    pub fn set_caching(&mut self, client: u64, caching: bool) {
+        if caching {
+            self.caching.insert(client);
+        } else {
+            self.caching.remove(&client);
+            self.drop_leases(client);
+        }
+    }
+
     /// A poll from `client` acknowledging every recall up to `acked`: the recalls still
     /// pending, and what wakes the poll when more come.
     pub fn acknowledge(&mut self, client: u64, acked: u64) -> (Vec<Recall>, Arc<Notify>) {
@@ -255,6 +268,7 @@ impl Sessions {
     /// inodes it held open.
     pub fn end(&mut self, client: u64) -> Vec<InodeId> {
         self.clients.remove(&client);
+        self.caching.remove(&client);
         self.drop_leases(client);
         let mut freed = Vec::new();
         for ino in self.held_by.remove(&client).unwrap_or_default() {

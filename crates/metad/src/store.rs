@@ -572,6 +572,7 @@ impl MetaStore {
     /// still pending) and what wakes a parked poll.
     pub fn session_poll(&mut self, h: &RequestHeader, q: &SessionPoll) -> (SessionReply, Arc<Notify>) {
         let new_session = self.sessions.touch(h.client_id);
+        self.sessions.set_caching(h.client_id, q.caching);
         for &(ino, seq) in &q.open {
             if self.ns.getattr(ino).is_ok() {
                 self.sessions.register(h.client_id, ino, seq);

@@ -448,6 +448,9 @@ pub struct SessionPoll {
     /// Inodes among the recalled ones that this client holds open, each with the request id
     /// it registers the open under: they stay orphans for it if their last name went.
     pub open: Vec<(InodeId, u64)>,
+    /// The client caches what it is told (and so takes leases). A one-shot client (a command
+    /// that exits when done) does not: a change never waits for it.
+    pub caching: bool,
 }
 
 /// What a client must stop caching: attributes (and, for files, data) of `inos`, and the
