@@ -200,18 +200,45 @@ struct Timed {
 
 /// Runs a request that answers attributes and says how long the kernel may keep them: as
 /// long as the client's lease, zero if a recall crossed the reply (the ticket is taken before
-/// the request is sent).
-async fn timed(s: &Shared, work: impl Future<Output = OpResult<Attr>>) -> OpResult<Timed> {
-    let ticket = s.client.ticket();
+/// the request is sent). With `own_change` the request is a change this client makes, which
+/// does not cross its own reply.
+async fn timed(s: &Shared, own_change: bool, work: impl Future<Output = OpResult<Attr>>) -> OpResult<Timed> {
+    let mut ticket = s.client.ticket();
     let attr = work.await?;
+    if own_change {
+        ticket = s.client.ticket_after(ticket);
+    }
     Ok(Timed { ttl: s.client.kernel_ttl(attr.ino, ticket), attr })
 }
 
-/// `timed` for a change this client makes: its own change does not cross its reply.
-async fn timed_change(s: &Shared, work: impl Future<Output = OpResult<Attr>>) -> OpResult<Timed> {
-    let ticket = s.client.ticket();
-    let attr = work.await?;
-    Ok(Timed { ttl: s.client.kernel_ttl(attr.ino, s.client.ticket_after(ticket)), attr })
+/// What the kernel gets for lookup result `r` (asked with `ticket`): the entry with how long
+/// it may keep it, or, for a miss a lease covers, how long it may remember the name missing.
+fn looked_up(
+    s: &Shared,
+    parent: INodeNo,
+    name: &[u8],
+    r: odfs_client::Result<Attr>,
+    ticket: odfs_client::Ticket,
+) -> OpResult<Result<Timed, Duration>> {
+    let ttl = s.client.kernel_entry_ttl(ino(parent), name, ticket);
+    match r {
+        Ok(a) => {
+            if a.kind == odfs_proto::meta::FileKind::Dir {
+                s.parents.record(a.ino.0, parent.0);
+            }
+            let ttl = ttl.min(s.client.kernel_ttl(a.ino, ticket));
+            Ok(Ok(Timed { attr: a, ttl }))
+        }
+        Err(e) if e.code() == ErrorCode::NotFound && !ttl.is_zero() => Ok(Err(ttl)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn lookup_reply(reply: ReplyEntry, t: Result<Timed, Duration>) {
+    match t {
+        Ok(t) => entry(reply, &t),
+        Err(ttl) => absent(reply, ttl),
+    }
 }
 
 fn entry(reply: ReplyEntry, t: &Timed) {
@@ -355,16 +382,9 @@ impl Filesystem for OdfsFuse {
         // What a lease covers is answered on this thread: no task, no network.
         let ticket = s.client.ticket();
         if let Some(r) = s.client.lookup_cached(&ctx, ino(parent), &name) {
-            let ttl = s.client.kernel_entry_ttl(ino(parent), &name, ticket);
-            match r {
-                Ok(a) => {
-                    let ttl = ttl.min(s.client.kernel_ttl(a.ino, ticket));
-                    if a.kind == odfs_proto::meta::FileKind::Dir {
-                        s.parents.record(a.ino.0, parent.0);
-                    }
-                    entry(reply, &Timed { attr: a, ttl });
-                }
-                Err(_) => absent(reply, ttl),
+            match looked_up(&s, parent, &name, r, ticket) {
+                Ok(t) => lookup_reply(reply, t),
+                Err(e) => reply.fail(Errno::from_i32(e.errno())),
             }
             return;
         }
@@ -374,24 +394,9 @@ impl Filesystem for OdfsFuse {
             async move {
                 let ticket = s.client.ticket();
                 let r = s.client.lookup(&ctx, ino(parent), &name).await;
-                let ttl = s.client.kernel_entry_ttl(ino(parent), &name, ticket);
-                match r {
-                    Ok(a) => {
-                        if a.kind == odfs_proto::meta::FileKind::Dir {
-                            s.parents.record(a.ino.0, parent.0);
-                        }
-                        let ttl = ttl.min(s.client.kernel_ttl(a.ino, ticket));
-                        Ok(Ok(Timed { attr: a, ttl }))
-                    }
-                    // A miss under a lease: the kernel may remember it (a negative entry).
-                    Err(e) if e.code() == ErrorCode::NotFound && !ttl.is_zero() => Ok(Err(ttl)),
-                    Err(e) => Err(e.into()),
-                }
+                looked_up(&s, parent, &name, r, ticket)
             },
-            |reply, t| match t {
-                Ok(t) => entry(reply, &t),
-                Err(ttl) => absent(reply, ttl),
-            },
+            lookup_reply,
         );
     }
 
@@ -412,7 +417,7 @@ impl Filesystem for OdfsFuse {
             reply,
             async move {
                 let s2 = s.clone();
-                timed(&s2, async move { getattr_any(&s, &ctx, ino(i), fh.map(|f| f.0)).await }).await
+                timed(&s2, false, async move { getattr_any(&s, &ctx, ino(i), fh.map(|f| f.0)).await }).await
             },
             |reply, t| reply.attr(&t.ttl, &file_attr(&t.attr)),
         );
@@ -459,7 +464,7 @@ impl Filesystem for OdfsFuse {
                     open_for_write: false,
                 };
                 let s2 = s.clone();
-                timed_change(&s2, async move { s.client.setattr(&ctx, req).await.map_err(|e| gone(&s, ino(i), e)) })
+                timed(&s2, true, async move { s.client.setattr(&ctx, req).await.map_err(|e| gone(&s, ino(i), e)) })
                     .await
             },
             |reply, t| reply.attr(&t.ttl, &file_attr(&t.attr)),
@@ -500,7 +505,7 @@ impl Filesystem for OdfsFuse {
             reply,
             async move {
                 let (parent, perm) = (ino(parent), mode & 0o7777);
-                timed_change(&s, async {
+                timed(&s, true, async {
                     Ok(match special {
                         Some(kind) => s.client.mknod(&ctx, parent, &name, kind, perm, rdev).await?,
                         None => s.client.create(&ctx, parent, &name, perm, true, None).await?.attr,
@@ -518,7 +523,7 @@ impl Filesystem for OdfsFuse {
             "mkdir",
             reply,
             async move {
-                let t = timed_change(&s, async { Ok(s.client.mkdir(&ctx, ino(parent), &name, mode & 0o7777).await?) })
+                let t = timed(&s, true, async { Ok(s.client.mkdir(&ctx, ino(parent), &name, mode & 0o7777).await?) })
                     .await?;
                 s.parents.record(t.attr.ino.0, parent.0);
                 Ok(t)
@@ -550,7 +555,7 @@ impl Filesystem for OdfsFuse {
         self.spawn(
             "symlink",
             reply,
-            async move { timed_change(&s, async { Ok(s.client.symlink(&ctx, ino(parent), &name, &target).await?) }).await },
+            async move { timed(&s, true, async { Ok(s.client.symlink(&ctx, ino(parent), &name, &target).await?) }).await },
             |reply, a| entry(reply, &a),
         );
     }
@@ -593,7 +598,7 @@ impl Filesystem for OdfsFuse {
         self.spawn(
             "link",
             reply,
-            async move { timed_change(&s, async { Ok(s.client.link(&ctx, ino(i), ino(newparent), &name).await?) }).await },
+            async move { timed(&s, true, async { Ok(s.client.link(&ctx, ino(i), ino(newparent), &name).await?) }).await },
             |reply, a| entry(reply, &a),
         );
     }

@@ -186,10 +186,17 @@ impl AttrCache {
 
     /// Caches attributes from a reply to a request sent with `ticket`.
     pub fn put_attr(&self, attr: &Attr, ticket: Ticket) {
+        self.put(attr, ticket, false);
+    }
+
+    fn put(&self, attr: &Attr, ticket: Ticket, newer_only: bool) {
         if !self.on {
             return;
         }
         let mut m = self.maps.lock().expect("cache lock");
+        if newer_only && m.attrs.get(&attr.ino).is_some_and(|a| a.ctime > attr.ctime) {
+            return;
+        }
         if m.stale(ticket, &Key::Ino(attr.ino)) {
             // A recall crossed the reply: what is cached may be older still.
             m.attrs.remove(&attr.ino);
@@ -204,13 +211,7 @@ impl AttrCache {
     /// Caches a directory's attributes that a change of this client's returned, unless those
     /// cached are newer (replies to concurrent changes may arrive in any order).
     pub fn put_newer(&self, attr: &Attr, ticket: Ticket) {
-        let newer = {
-            let m = self.maps.lock().expect("cache lock");
-            m.attrs.get(&attr.ino).is_some_and(|a| a.ctime > attr.ctime)
-        };
-        if !newer {
-            self.put_attr(attr, ticket);
-        }
+        self.put(attr, ticket, true);
     }
 
     /// Caches a name (`attr: None`: its absence) that shard `shard` answered.

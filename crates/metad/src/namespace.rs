@@ -547,9 +547,22 @@ impl Namespace {
         Changes { inos, names }
     }
 
-    /// Records that `ino` changes (node_mut does it; so must code changing inodes directly).
+    /// Records that `ino` changes (node_mut, insert_inode and remove_inode do it; so must code
+    /// changing inodes directly).
     pub(crate) fn touch(&mut self, ino: InodeId) {
         self.touched.push(ino);
+    }
+
+    /// Adds a new inode (its creator is leased it).
+    pub(crate) fn insert_inode(&mut self, ino: InodeId, node: Inode) {
+        self.touch(ino);
+        self.inodes.insert(ino, node);
+    }
+
+    /// Removes an inode (whoever cached it is recalled).
+    pub(crate) fn remove_inode(&mut self, ino: InodeId) -> Option<Inode> {
+        self.touch(ino);
+        self.inodes.remove(&ino)
     }
 
     fn dispatch(
@@ -670,7 +683,7 @@ impl Namespace {
             return Ok(None);
         }
         let attr = node.attr(ino);
-        self.inodes.remove(&ino);
+        self.remove_inode(ino);
         Ok(Some(attr))
     }
 
@@ -682,7 +695,7 @@ impl Namespace {
             return Applied::unchanged(MetaReply::Orphan(None));
         }
         self.orphans.remove(&ino);
-        let attr = self.inodes.remove(&ino).map(|n| n.attr(ino));
+        let attr = self.remove_inode(ino).map(|n| n.attr(ino));
         Applied::changed(MetaReply::Orphan(attr))
     }
 

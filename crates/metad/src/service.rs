@@ -4,7 +4,7 @@
 use crate::config::MetadConfig;
 use crate::namespace::Found;
 use crate::shards::Coordinator;
-use crate::store::{MetaOp, MetaReply, MetaStore, StoreOptions};
+use crate::store::{MetaOp, MetaReply, MetaStore, PendingReplies, StoreOptions};
 use crate::MetaError;
 use odfs_proto::error::RpcResult;
 use odfs_proto::meta::*;
@@ -26,7 +26,7 @@ type Shared = Arc<Mutex<MetaStore>>;
 /// recalls the change caused (see `sessions`).
 struct Routes {
     r: Router,
-    store: Shared,
+    recalls: Arc<Recalls>,
     counts: Arc<Mutex<BTreeMap<&'static str, u64>>>,
 }
 
@@ -37,13 +37,13 @@ impl Routes {
         F: Fn(RequestHeader, R) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = RpcResult<R::Reply>> + Send + 'static,
     {
-        let (store, counts, f) = (self.store.clone(), self.counts.clone(), Arc::new(f));
+        let (recalls, counts, f) = (self.recalls.clone(), self.counts.clone(), Arc::new(f));
         self.r.add::<R, _, _>(move |h: RequestHeader, q: R| {
             *counts.lock().expect("counts lock").entry(R::NAME).or_default() += 1;
-            let (store, f) = (store.clone(), f.clone());
+            let (recalls, f) = (recalls.clone(), f.clone());
             async move {
                 let out = f(h.clone(), q).await;
-                wait_for_recalls(&store, &h).await;
+                recalls.wait(&h).await;
                 out
             }
         });
@@ -51,25 +51,37 @@ impl Routes {
     }
 }
 
-/// Waits until every client that cached what request `h` changed has dropped it, or until its
-/// session ends (at most a lease: then it is ended here). After a restart, changes also wait
-/// out the grace, when every client's caches from before have lapsed.
-pub(crate) async fn wait_for_recalls(store: &Shared, h: &RequestHeader) {
-    let (pending, lease) = {
-        let mut s = store.lock().expect("store lock");
-        (s.take_pending(h), s.lease_time())
-    };
-    let Some(pending) = pending else { return };
-    if let Some(t) = pending.grace {
-        tokio::time::sleep_until(t.into()).await;
+/// The replies to changes, held until the recalls the changes caused are acknowledged.
+pub(crate) struct Recalls {
+    store: Shared,
+    pending: PendingReplies,
+    lease: Duration,
+}
+
+impl Recalls {
+    pub(crate) fn new(store: &Shared) -> Recalls {
+        let s = store.lock().expect("store lock");
+        Recalls { store: store.clone(), pending: s.pending_replies(), lease: s.lease_time() }
     }
-    let waits = pending.waits.into_iter().map(|mut w| async move {
-        let acked = tokio::time::timeout(lease, w.acked.wait_for(|&a| a >= w.seq)).await;
-        // Err(Elapsed): no answer within the lease. Ok(Err): the session ended meanwhile.
-        acked.is_err().then_some(w.client)
-    });
-    for client in futures::future::join_all(waits).await.into_iter().flatten() {
-        store.lock().expect("store lock").end_session(client);
+
+    /// Waits until every client that cached what request `h` changed has dropped it, or until
+    /// its session ends (at most a lease: then it is ended here). After a restart, changes also
+    /// wait out the grace, when every client's caches from before have lapsed.
+    pub(crate) async fn wait(&self, h: &RequestHeader) {
+        let pending = self.pending.lock().expect("pending lock").remove(&(h.client_id, h.request_id));
+        let Some(pending) = pending else { return };
+        if let Some(t) = pending.grace {
+            tokio::time::sleep_until(t.into()).await;
+        }
+        let lease = self.lease;
+        let waits = pending.waits.into_iter().map(|mut w| async move {
+            let acked = tokio::time::timeout(lease, w.acked.wait_for(|&a| a >= w.seq)).await;
+            // Err(Elapsed): no answer within the lease. Ok(Err): the session ended meanwhile.
+            acked.is_err().then_some(w.client)
+        });
+        for client in futures::future::join_all(waits).await.into_iter().flatten() {
+            self.store.lock().expect("store lock").end_session(client);
+        }
     }
 }
 
@@ -132,7 +144,7 @@ async fn mutate_fresh(
 /// Maps metad's requests to the store.
 pub fn router(store: Shared, coord: Coordinator) -> Router {
     let counts = Arc::new(Mutex::new(BTreeMap::new()));
-    let mut r = Routes { r: Router::new(), store: store.clone(), counts: counts.clone() };
+    let mut r = Routes { r: Router::new(), recalls: coord.recalls.clone(), counts: counts.clone() };
     add_placing(&mut r, &coord);
     add_coordinated(&mut r, &coord);
     add_reads(&mut r, &coord);

@@ -100,14 +100,10 @@ impl LeaseTable {
     }
 
     fn drop_client(&mut self, client: u64) {
-        for ino in self.of.remove(&client).unwrap_or_default() {
-            if let Some(hs) = self.holders.get_mut(&ino) {
-                hs.retain(|(c, _)| *c != client);
-                if hs.is_empty() {
-                    self.holders.remove(&ino);
-                }
-            }
+        for ino in self.of.get(&client).cloned().unwrap_or_default() {
+            self.remove(client, ino);
         }
+        self.of.remove(&client);
     }
 }
 

@@ -34,6 +34,8 @@ pub struct Coordinator {
     /// with the client that asked for it (0 when redriven): that client is not sent recalls
     /// of its own operation's steps.
     pub(crate) running: Arc<Mutex<std::collections::HashMap<u64, u64>>>,
+    /// Replies to changes waiting for their recalls (this shard's own steps wait there too).
+    pub(crate) recalls: Arc<crate::service::Recalls>,
     /// Shard 0 only: the filesystem's rename lock (intent, held until), see `RenameLock`.
     pub(crate) rename_lock: Arc<Mutex<Option<(u64, std::time::Instant)>>>,
 }
@@ -43,6 +45,7 @@ impl Coordinator {
         Coordinator {
             pool,
             mgmtd,
+            recalls: Arc::new(crate::service::Recalls::new(&store)),
             store,
             ready: Default::default(),
             view: Default::default(),

@@ -61,7 +61,7 @@ impl Coordinator {
         let step = Step { intent, phase, change: change.clone(), client };
         if shard == self.own_shard() {
             let r = self.store.lock().expect("store lock").mutate(&h, MetaOp::Step(step));
-            crate::service::wait_for_recalls(&self.store, &h).await;
+            self.recalls.wait(&h).await;
             return match r? {
                 MetaReply::Step(r) => Ok(r),
                 other => Err(crate::service::unexpected(other)),

@@ -302,9 +302,13 @@ pub struct MetaStore {
     root_created: bool,
     /// Which clients hold which inodes open, and their leases (not logged).
     sessions: Sessions,
-    /// What the replies to changes wait for, by request (client id, request id).
-    pending: HashMap<(u64, u64), Pending>,
+    /// What the replies to changes wait for (shared with the service: every request asks).
+    pending: PendingReplies,
 }
+
+/// What the replies to changes wait for, by request (client id, request id). Its own lock, so
+/// that a request asking after itself needs no store lock.
+pub(crate) type PendingReplies = std::sync::Arc<std::sync::Mutex<HashMap<(u64, u64), Pending>>>;
 
 /// What a change's reply waits for before it goes out.
 #[derive(Default)]
@@ -384,7 +388,7 @@ impl MetaStore {
             failed: None,
             root_created: false,
             sessions: Sessions::new(lease),
-            pending: HashMap::new(),
+            pending: PendingReplies::default(),
         };
         if !store.ns.has_root() {
             store.create_root(root_default)?;
@@ -583,9 +587,9 @@ impl MetaStore {
         (SessionReply { new_session, lease_ms, recalls }, wake)
     }
 
-    /// What the reply to request `h` waits for (taken: asked once, after the request).
-    pub(crate) fn take_pending(&mut self, h: &RequestHeader) -> Option<Pending> {
-        self.pending.remove(&(h.client_id, h.request_id))
+    /// What the replies to changes wait for (each taken once, after its request).
+    pub(crate) fn pending_replies(&self) -> PendingReplies {
+        self.pending.clone()
     }
 
     /// Ends a client's session that did not acknowledge a recall within the lease.
@@ -768,7 +772,7 @@ impl MetaStore {
 
     /// Recalls what a logged change broke from other clients' caches and leases the change's
     /// inodes to the client that made it (it caches what its reply told it). Its reply then
-    /// waits for the recalls (see `take_pending`).
+    /// waits for the recalls (see `pending_replies`).
     fn recall(&mut self, h: &RequestHeader, requester: u64, changes: &Changes) {
         let waits = self.sessions.recall(requester, &changes.inos, &changes.names);
         for &ino in &changes.inos {
@@ -786,12 +790,13 @@ impl MetaStore {
         if h.client_id == 0 || (waits.is_empty() && grace.is_none()) {
             return;
         }
-        if self.pending.len() > MAX_PENDING {
+        let mut pending = self.pending.lock().expect("pending lock");
+        if pending.len() > MAX_PENDING {
             // Requests whose handler never asked (internal changes): their recalls stay queued,
             // nobody waits for them.
-            self.pending.clear();
+            pending.clear();
         }
-        let p = self.pending.entry((h.client_id, h.request_id)).or_default();
+        let p = pending.entry((h.client_id, h.request_id)).or_default();
         p.waits.extend(waits);
         p.grace = grace;
     }

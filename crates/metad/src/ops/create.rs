@@ -61,8 +61,7 @@ impl Namespace {
         let ino = self.alloc(choice.ino)?;
         let node = Inode::new(mode, h.uid, gid, now, Body::File(layout));
         let attr = node.attr(ino);
-        self.inodes.insert(ino, node);
-        self.touch(ino);
+        self.insert_inode(ino, node);
         self.add_entry(req.parent, &req.name, ino, FileKind::File, now)?;
         let parent = Some(self.node(req.parent)?.attr(req.parent));
         Applied::changed(MetaReply::Create(CreateReply { attr, created: true, parent }))

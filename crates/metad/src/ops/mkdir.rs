@@ -29,8 +29,7 @@ impl Namespace {
         let mut node = Inode::new(mode, h.uid, gid, now, Body::Dir(Box::new(Dir::new(req.parent, layout))));
         node.nlink = 2;
         let attr = node.attr(ino);
-        self.inodes.insert(ino, node);
-        self.touch(ino);
+        self.insert_inode(ino, node);
         self.add_entry(req.parent, &req.name, ino, FileKind::Dir, now)?;
         Applied::changed(MetaReply::Attr(attr))
     }

@@ -32,8 +32,7 @@ impl Namespace {
         let ino = self.alloc(choice.ino)?;
         let node = Inode::new(mode, h.uid, gid, now, Body::Special { kind: req.kind, rdev });
         let attr = node.attr(ino);
-        self.inodes.insert(ino, node);
-        self.touch(ino);
+        self.insert_inode(ino, node);
         self.add_entry(req.parent, &req.name, ino, req.kind, now)?;
         Applied::changed(MetaReply::Attr(attr))
     }

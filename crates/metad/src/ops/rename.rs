@@ -190,8 +190,7 @@ impl Namespace {
             Some(d) => {
                 self.node_mut(req.new_parent)?.dir_mut()?.repoint(&req.new_name, m.src, kind)?;
                 if m.dst_is_dir {
-                    self.touch(d);
-                    self.inodes.remove(&d);
+                    self.remove_inode(d);
                     self.node_mut(req.new_parent)?.nlink -= 1;
                 } else {
                     removed = self.drop_link(d, now, held)?;

@@ -26,8 +26,7 @@ impl Namespace {
         p.touch_dir(now);
         p.nlink -= 1;
         p.dir_mut()?.remove(&req.name)?;
-        self.touch(ino);
-        self.inodes.remove(&ino);
+        self.remove_inode(ino);
         Applied::changed(MetaReply::Unit)
     }
 }

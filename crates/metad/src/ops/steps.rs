@@ -227,10 +227,7 @@ impl Namespace {
                 true => self.drop_link(*ino, now, held),
                 false => Ok(None),
             },
-            StepChange::DropDir { ino } => {
-                self.touch(*ino);
-                Ok(self.inodes.remove(ino).map(|n| n.attr(*ino)))
-            }
+            StepChange::DropDir { ino } => Ok(self.remove_inode(*ino).map(|n| n.attr(*ino))),
             StepChange::Reparent { ino, to } => {
                 let n = self.node_mut(*ino)?;
                 n.dir_mut()?.parent = *to;

@@ -64,7 +64,7 @@ impl Namespace {
         if !self.shadow_mut(r.ino)?.dir_mut()?.is_empty() {
             return Err(RemoteError::new(ErrorCode::NotEmpty, "the directory part is not empty"));
         }
-        self.inodes.remove(&r.ino);
+        self.remove_inode(r.ino);
         self.foreign -= 1;
         Applied::changed(MetaReply::Unit)
     }

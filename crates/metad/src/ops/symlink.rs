@@ -33,8 +33,7 @@ impl Namespace {
         let mut node = Inode::new(0o777, h.uid, gid, now, Body::Symlink(req.target.clone()));
         node.size = req.target.len() as u64;
         let attr = node.attr(ino);
-        self.inodes.insert(ino, node);
-        self.touch(ino);
+        self.insert_inode(ino, node);
         self.add_entry(req.parent, &req.name, ino, FileKind::Symlink, now)?;
         Applied::changed(MetaReply::Attr(attr))
     }
