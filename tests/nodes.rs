@@ -275,11 +275,12 @@ fn a_change_on_one_node_is_seen_by_the_very_next_call_on_the_other() {
     let mnt = a.mnt.display().to_string();
     a.ok(&format!("mkdir {mnt}/d && printf v1 > {mnt}/d/f && printf keep > {mnt}/d/other"));
 
-    // A caches names, missing names, attributes and data: repeated stats, lookups and reads
-    // reach no metad. (Listings and extended attributes are asked of metad every time.)
+    // A caches names, missing names, attributes, data and extended attributes (a missing one
+    // too): repeated stats, lookups, reads and getxattrs reach no metad. (Listings of a
+    // directory that is not sealed are asked of metad every time.)
     let warm = format!(
         "stat {mnt}/d/f {mnt}/d/other >/dev/null && cat {mnt}/d/f {mnt}/d/other >/dev/null && \
-         ! test -e {mnt}/d/new"
+         ! test -e {mnt}/d/new && ! getfattr -n user.k {mnt}/d/f 2>/dev/null"
     );
     a.ok(&format!("ls -l {mnt}/d >/dev/null"));
     a.ok(&warm);
@@ -288,7 +289,11 @@ fn a_change_on_one_node_is_seen_by_the_very_next_call_on_the_other() {
     for _ in 0..20 {
         a.ok(&warm);
     }
-    assert_eq!(meta_requests(&net, &fs), before, "cached stats, lookups, misses and reads asked metad (by kind)");
+    assert_eq!(
+        meta_requests(&net, &fs),
+        before,
+        "cached stats, lookups, misses, reads and getxattrs asked metad (by kind)"
+    );
 
     // Each change on B is seen by A's very next call, with no wait in between.
     let f = format!("{mnt}/d/f");
@@ -330,4 +335,79 @@ fn a_change_on_one_node_is_seen_by_the_very_next_call_on_the_other() {
     assert_eq!(b.ok(&format!("stat -c %a {mnt}/d/new")).trim(), "600");
     assert_eq!(b.ok(&format!("cat {mnt}/d/new")), "again");
     assert_eq!(a.ok(&format!("cat {mnt}/d/new")), "again");
+}
+
+#[test]
+fn a_sealed_tree_refuses_every_change_is_served_from_caches_and_unseals_everywhere() {
+    let net = Net::new(2);
+    let fs = up_in_server(&net, 4);
+    let a = Node::mount(&net.nodes[0], "A", &fs);
+    let b = Node::mount(&net.nodes[1], "B", &fs);
+    let mnt = a.mnt.display().to_string();
+    let odfs = bin_dir().join("odfs").display().to_string();
+    b.ok(&format!(
+        "mkdir -p {mnt}/d/sub && printf data > {mnt}/d/f && printf s > {mnt}/d/sub/g && ln -s f {mnt}/d/l && \
+         mkfifo {mnt}/d/p && setfattr -n user.k -v v {mnt}/d/f"
+    ));
+    // A reads the tree before the seal: the seal recalls what A cached.
+    a.ok(&format!("ls -lR {mnt}/d >/dev/null && cat {mnt}/d/f >/dev/null"));
+    b.ok(&format!("{odfs} seal {mnt}/d"));
+    assert_eq!(a.ok(&format!("getfattr --only-values -n odfs.sealed {mnt}/d/sub/g")), "1");
+
+    // Every change, on the other node, is refused with EROFS and changes nothing.
+    let d = format!("{mnt}/d");
+    for change in [
+        format!("printf x > {d}/new"),
+        format!("mkdir {d}/new"),
+        format!("mkfifo {d}/new"),
+        format!("ln -s f {d}/new"),
+        format!("ln {d}/f {d}/new"),
+        format!("ln {d}/f {mnt}/outside"),
+        format!("rm {d}/f"),
+        format!("rm {d}/l"),
+        format!("rmdir {d}/sub"),
+        format!("mv {d}/f {d}/f2"),
+        format!("mv {d}/f {mnt}/f2"),
+        format!("mv {d}/sub {d}/sub2"),
+        format!("mv {d} {mnt}/d2"),
+        format!("chmod 600 {d}/f"),
+        format!("chmod 700 {d}"),
+        format!("chown 1:1 {d}/f"),
+        format!("touch {d}/f"),
+        format!("touch -h {d}/l"),
+        format!("truncate -s 0 {d}/f"),
+        format!("printf x >> {d}/f"),
+        format!("printf x > {d}/sub/g"),
+        format!("setfattr -n user.k -v w {d}/f"),
+        format!("setfattr -x user.k {d}/f"),
+        format!("setfattr -n user.k -v w {d}/sub"),
+    ] {
+        let out = a.sh(&change);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("Read-only file system"), "`{change}` on a sealed tree: {err}");
+    }
+    assert_eq!(a.ok(&format!("cat {d}/f {d}/sub/g")), "datas", "a refused change changed nothing");
+    assert_eq!(a.ok(&format!("ls {d} | tr '\\n' ' '")), "f l p sub ");
+    assert!(!a.sh(&format!("test -e {mnt}/outside || test -e {mnt}/f2 || test -e {mnt}/d2")).status.success());
+
+    // Repeated opens, reads, stats and listings of the sealed tree reach no metad.
+    let warm = format!("ls -lR {d} >/dev/null && cat {d}/f {d}/sub/g >/dev/null && stat {d}/l {d}/p >/dev/null");
+    a.ok(&warm);
+    a.ok(&warm);
+    let before = meta_requests(&net, &fs);
+    for _ in 0..20 {
+        a.ok(&warm);
+    }
+    assert_eq!(meta_requests(&net, &fs), before, "a sealed tree's opens, reads and listings asked metad (by kind)");
+
+    // Unsealed on B: changes work again, and each node sees the other's at once.
+    b.ok(&format!("{odfs} unseal {mnt}/d"));
+    a.ok(&format!("chmod 600 {d}/f && printf new > {d}/new && mkdir {d}/sub/more"));
+    assert_eq!(b.ok(&format!("stat -c %a {d}/f")).trim(), "600");
+    assert_eq!(b.ok(&format!("cat {d}/new")), "new");
+    assert_eq!(b.ok(&format!("ls {d}/sub | tr '\\n' ' '")), "g more ");
+    b.ok(&format!("rm {d}/l && printf again > {d}/f"));
+    assert_eq!(a.ok(&format!("ls {d} | tr '\\n' ' '")), "f new p sub ", "A's cached listing of the sealed tree");
+    assert_eq!(a.ok(&format!("cat {d}/f")), "again");
+    assert_eq!(a.ok(&format!("getfattr --only-values -n odfs.sealed {d}")), "0");
 }

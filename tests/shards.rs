@@ -223,3 +223,41 @@ fn a_stage_in_target_is_striped_over_every_shard() {
     }
     assert_eq!(fs::read(m.p("data/sub/t")).unwrap(), b"t");
 }
+
+#[test]
+fn a_striped_tree_seals_and_unseals_on_every_shard_through_the_library() {
+    let fs = LocalFs::up(4, &["--meta", "4"]);
+    let m = FuseMount::start(&fs);
+    let d = m.p("ds");
+    fs.cli_ok(&["mkdir", "-c", "-1", &d.display().to_string()]);
+    fs::create_dir(d.join("sub")).unwrap();
+    for i in 0..32 {
+        fs::write(d.join(format!("f{i}")), format!("file {i}")).unwrap();
+        fs::write(d.join("sub").join(format!("g{i}")), format!("sub {i}")).unwrap();
+    }
+    // Through the library (odfs:/PATH with --fs), as a job's stage-in would.
+    fs.cli_ok(&["seal", "odfs:/ds"]);
+    let per = entries_per_shard(&dir_layout(&d));
+    assert!(per.iter().all(|&n| n > 0), "names on every shard: {per:?}");
+    for i in 0..32 {
+        // New names hash to every shard: each part refuses them.
+        let e = fs::write(d.join(format!("new{i}")), b"x").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EROFS), "new{i}: {e}");
+        let e = fs::rename(d.join(format!("f{i}")), d.join(format!("moved{i}"))).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EROFS), "rename of f{i} across the parts: {e}");
+        let e = fs::remove_file(d.join("sub").join(format!("g{i}"))).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EROFS), "sub/g{i}: {e}");
+        assert_eq!(fs::read_to_string(d.join(format!("f{i}"))).unwrap(), format!("file {i}"));
+    }
+    assert_eq!(getfattr(&d.join("sub/g3"), "odfs.sealed"), "1");
+    // A stage-out of a sealed tree, or a find, reads it as usual.
+    assert_eq!(fs.cli_ok(&["find", "odfs:/ds", "-type", "f"]).lines().count(), 64);
+
+    fs.cli_ok(&["unseal", "odfs:/ds"]);
+    for i in 0..32 {
+        fs::write(d.join(format!("new{i}")), b"x").unwrap();
+        fs::rename(d.join(format!("f{i}")), d.join(format!("moved{i}"))).unwrap();
+    }
+    assert_eq!(fs::read_dir(&d).unwrap().count(), 65);
+    assert_eq!(getfattr(&d, "odfs.sealed"), "0");
+}

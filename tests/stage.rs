@@ -371,6 +371,20 @@ fn stage_in_from_a_posix_tree_keeps_modes_and_times_and_resumes() {
     let again = ok(odfs_stage(&fs, &[], &["stage-in", src.to_str().unwrap(), "odfs:/pfs"]));
     assert!(again.contains(" 1 files") && again.contains("300 already complete"), "{again}");
     assert_eq!(rt.block_on(lib_read(&c, "/pfs/d5/f0005.bin")), b"changed");
+
+    // --seal: the verified tree is sealed; every file and directory of it refuses changes.
+    let sealed = ok(odfs_stage(&fs, &[], &["stage-in", src.to_str().unwrap(), "odfs:/ro", "--seal"]));
+    assert!(sealed.contains("sealed read-only: "), "{sealed}");
+    for p in ["/ro", "/ro/d1", "/ro/d1/f0001.bin", "/ro/empty/dir"] {
+        assert!(rt.block_on(c.resolve(&ctx, p, true)).unwrap().sealed, "{p} is not sealed");
+    }
+    let top = rt.block_on(c.resolve(&ctx, "/ro/d1", true)).unwrap();
+    let e = rt.block_on(c.create(&ctx, top.ino, b"new", 0o644, true, None)).unwrap_err();
+    assert_eq!(e.errno(), libc::EROFS, "{e}");
+    let e = rt.block_on(c.unlink(&ctx, top.ino, b"f0001.bin")).unwrap_err();
+    assert_eq!(e.errno(), libc::EROFS, "{e}");
+    let o = odfs_stage(&fs, &[], &["stage-out", "odfs:/ro", tmp.path().join("o").to_str().unwrap(), "--seal"]);
+    assert!(!o.status.success() && text(&o).contains("--seal seals a stage-in's destination"), "{}", text(&o));
 }
 
 #[test]

@@ -139,6 +139,7 @@ mod tests {
             layout,
             dir_stripes: Vec::new(),
             rdev: 0,
+            sealed: false,
         }
     }
 

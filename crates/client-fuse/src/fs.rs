@@ -362,6 +362,8 @@ impl Filesystem for OdfsFuse {
         // Atomic O_TRUNC: open(O_TRUNC) arrives as one open request instead of open + setattr.
         // Parallel dirops: lookups and creates in one directory run concurrently (metad
         // serialises what must be serialised).
+        // Cached symlinks: a symlink's target never changes, so the kernel keeps it (a recall's
+        // inval_inode drops it with the inode).
         // Not asked: writeback cache (the kernel would hold written data and sizes, outside the
         // client library's close-to-open accounting), POSIX locks (left to the kernel, node-local).
         for cap in [
@@ -369,6 +371,7 @@ impl Filesystem for OdfsFuse {
             InitFlags::FUSE_READDIRPLUS_AUTO,
             InitFlags::FUSE_ATOMIC_O_TRUNC,
             InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_CACHE_SYMLINKS,
         ] {
             if let Err(missing) = config.add_capabilities(cap) {
                 info!(capability = ?missing, "kernel does not offer this FUSE capability");
@@ -738,9 +741,14 @@ impl Filesystem for OdfsFuse {
         self.spawn("fsync", reply, async move { Ok(f.handle.fsync().await?) }, |reply, ()| reply.ok());
     }
 
-    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         // Listings are stateless (offsets map to metad's stable cookies), so no handle is kept.
-        reply.opened(FileHandle(0), FopenFlags::empty());
+        // A sealed directory's listing cannot change until an unseal, whose recall drops the
+        // kernel's copy (inval_inode): the kernel keeps it across opens.
+        let sealed = self.shared.client.getattr_cached(ino(i)).is_some_and(|a| a.sealed);
+        let flags =
+            if sealed { FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
+        reply.opened(FileHandle(0), flags);
     }
 
     fn readdir(&self, req: &Request, i: INodeNo, _fh: FileHandle, offset: u64, reply: ReplyDirectory) {

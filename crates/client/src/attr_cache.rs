@@ -1,5 +1,5 @@
-//! What this client caches of metad's answers — attributes, names and the absence of names —
-//! and for how long it may trust them: for as long as its leases last (see docs/architecture.md,
+//! What this client caches of metad's answers — attributes, names and the absence of names,
+//! extended attributes — and for how long it may trust them: for as long as its leases last (see docs/architecture.md,
 //! "Coherent caching").
 //!
 //! Entries do not age: metad recalls them before any change is acknowledged, and the client
@@ -12,7 +12,7 @@
 //! permission check.
 
 use odfs_proto::meta::{Attr, Recall};
-use odfs_proto::InodeId;
+use odfs_proto::{InodeId, Timespec};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -45,9 +45,19 @@ pub struct Ticket {
     stamp: u64,
 }
 
+/// A cached extended attribute (`value: None`: absent), read under attributes of change time
+/// `ctime` by `who`. Every change of an extended attribute moves the inode's ctime and recalls
+/// its attributes, so the value holds while attributes of that ctime are cached.
+struct XattrEntry {
+    ctime: Timespec,
+    who: (u32, u32),
+    value: Option<Vec<u8>>,
+}
+
 #[derive(Default)]
 struct Maps {
     attrs: HashMap<InodeId, Attr>,
+    xattrs: HashMap<InodeId, HashMap<Vec<u8>, XattrEntry>>,
     names: BTreeMap<(InodeId, Vec<u8>), NameEntry>,
     /// Counts recalls applied and sessions renewed: a reply to a request sent before the
     /// latest one may be older than what the recall dropped.
@@ -184,6 +194,36 @@ impl AttrCache {
         }
     }
 
+    /// A cached extended attribute of `ino` (`Some(None)`: it is absent), if the attributes it
+    /// was read under are still cached and it was read by `who`.
+    pub fn xattr(&self, ino: InodeId, name: &[u8], who: (u32, u32)) -> Option<Option<Vec<u8>>> {
+        if !self.trusted(ino.shard()) {
+            return None;
+        }
+        let m = self.maps.lock().expect("cache lock");
+        let ctime = m.attrs.get(&ino)?.ctime;
+        let e = m.xattrs.get(&ino)?.get(name)?;
+        (e.ctime == ctime && e.who == who).then(|| e.value.clone())
+    }
+
+    /// Caches an extended attribute (`None`: absent) from a reply to a request sent with
+    /// `ticket`, under the attributes cached for `ino` (none cached: nothing is).
+    pub fn put_xattr(&self, ino: InodeId, name: &[u8], value: Option<&[u8]>, who: (u32, u32), ticket: Ticket) {
+        if !self.on {
+            return;
+        }
+        let mut m = self.maps.lock().expect("cache lock");
+        if m.stale(ticket, &Key::Ino(ino)) {
+            return;
+        }
+        let Some(ctime) = m.attrs.get(&ino).map(|a| a.ctime) else { return };
+        if m.xattrs.len() >= MAX_ENTRIES {
+            m.xattrs.clear();
+        }
+        let e = XattrEntry { ctime, who, value: value.map(<[u8]>::to_vec) };
+        m.xattrs.entry(ino).or_default().insert(name.to_vec(), e);
+    }
+
     /// Caches attributes from a reply to a request sent with `ticket`.
     pub fn put_attr(&self, attr: &Attr, ticket: Ticket) {
         self.put(attr, ticket, false);
@@ -264,6 +304,7 @@ impl AttrCache {
         let mut m = self.maps.lock().expect("cache lock");
         m.mark(Key::Ino(ino));
         m.attrs.remove(&ino);
+        m.xattrs.remove(&ino);
     }
 
     /// This client made directory `dir` (one shard holds all its names) and leases its names:
@@ -286,6 +327,7 @@ impl AttrCache {
         m.epoch += 1;
         for ino in &r.inos {
             m.attrs.remove(ino);
+            m.xattrs.remove(ino);
         }
         for (dir, name) in &r.names {
             m.names.remove(&(*dir, name.clone()));
@@ -302,6 +344,7 @@ impl AttrCache {
         let mut m = self.maps.lock().expect("cache lock");
         m.epoch += 1;
         m.attrs.retain(|ino, _| ino.shard() != shard);
+        m.xattrs.retain(|ino, _| ino.shard() != shard);
         m.names.retain(|_, e| e.shard != shard);
         m.complete.retain(|d| d.shard() != shard);
     }

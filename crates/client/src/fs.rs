@@ -936,7 +936,18 @@ impl Client {
         if name.starts_with(crate::vxattr::PREFIX) {
             return self.get_virtual(ctx, ino, name).await;
         }
-        self.meta(ctx, Self::shard_of(ino), &GetXattr { ino, name: name.to_vec() }).await
+        let who = (ctx.uid, ctx.gid);
+        if let Some(v) = self.inner.cache.xattr(ino, name, who) {
+            return v.ok_or_else(|| ClientError::new(ErrorCode::NoData, "no such extended attribute"));
+        }
+        let t = self.ticket();
+        let r = self.meta(ctx, Self::shard_of(ino), &GetXattr { ino, name: name.to_vec() }).await;
+        match &r {
+            Ok(v) => self.inner.cache.put_xattr(ino, name, Some(v), who, t),
+            Err(e) if e.code() == ErrorCode::NoData => self.inner.cache.put_xattr(ino, name, None, who, t),
+            Err(_) => {}
+        }
+        r
     }
 
     pub async fn listxattr(&self, ctx: &Ctx, ino: InodeId) -> Result<Vec<Vec<u8>>> {

@@ -14,6 +14,7 @@ pub mod error;
 pub mod file;
 pub mod fs;
 pub mod path;
+mod seal;
 pub mod vxattr;
 
 pub use attr_cache::Ticket;

@@ -13,6 +13,9 @@
 //!   free=… inodes=… inodes_free=…`), every pool (`pool=nvme`) and every metadata shard
 //!   (`meta=0 node=0 online=1`), one per line; read-only.
 //!
+//! - `odfs.sealed`: `1` for an inode of a sealed tree, `0` otherwise; setting `1` (or `0`) on
+//!   a directory seals (unseals) the whole tree below it, as `odfs seal` (`unseal`) does.
+//!
 //! Names under `odfs.` are reserved: unknown ones have no data and cannot be set. None is
 //! listed by listxattr.
 
@@ -26,6 +29,7 @@ pub const PREFIX: &[u8] = b"odfs.";
 pub const LAYOUT: &[u8] = b"odfs.layout";
 pub const DIR_LAYOUT: &[u8] = b"odfs.dir_layout";
 pub const TARGETS: &[u8] = b"odfs.targets";
+pub const SEALED: &[u8] = b"odfs.sealed";
 
 /// A target as `odfs.targets` describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,13 +167,22 @@ impl Client {
                 .into_bytes())
             }
             TARGETS => Ok(targets_text(&*self.cluster().refresh().await?).into_bytes()),
+            SEALED => Ok(if self.getattr(ctx, ino).await?.sealed { b"1".to_vec() } else { b"0".to_vec() }),
             _ => Err(ClientError::new(ErrorCode::NoData, format!("no attribute {}", String::from_utf8_lossy(name)))),
         }
     }
 
-    /// Sets a virtual attribute: `odfs.layout`, and `odfs.dir_layout` of an empty directory
-    /// (`stripe_count=N`: spread its entries over N metadata shards; -1 = all).
+    /// Sets a virtual attribute: `odfs.layout`, `odfs.dir_layout` of an empty directory
+    /// (`stripe_count=N`: spread its entries over N metadata shards; -1 = all), `odfs.sealed`.
     pub(crate) async fn set_virtual(&self, ctx: &Ctx, ino: InodeId, name: &[u8], value: &[u8]) -> Result<()> {
+        if name == SEALED {
+            let sealed = match value.strip_suffix(b"\0").unwrap_or(value) {
+                b"1" => true,
+                b"0" => false,
+                _ => return Err(ClientError::new(ErrorCode::Invalid, "odfs.sealed takes 1 (seal) or 0 (unseal)")),
+            };
+            return self.seal_tree(ctx, ino, sealed).await.map(drop);
+        }
         if name == DIR_LAYOUT {
             let text =
                 std::str::from_utf8(value).map_err(|_| ClientError::new(ErrorCode::Invalid, "a layout is text"))?;

@@ -3,7 +3,7 @@
 //! ```text
 //! #!/bin/bash
 //! #SBATCH --constraint=odfs
-//! #ODFS stage-in  s3://datasets/imagenet /data
+//! #ODFS stage-in  s3://datasets/imagenet /data --seal
 //! #ODFS stage-out /out s3://runs/%u/%j
 //! #ODFS stripe-count 4
 //! #ODFS chunk-size 4M
@@ -22,6 +22,9 @@ use serde::{Deserialize, Serialize};
 pub struct Transfer {
     pub src: String,
     pub dst: String,
+    /// Stage-in only: seal the destination once it is verified (`--seal`).
+    #[serde(default)]
+    pub seal: bool,
 }
 
 /// Everything `#ODFS` lines can ask for.
@@ -44,7 +47,7 @@ pub struct Directives {
 }
 
 /// The help text listing every directive (printed with errors).
-pub const HELP: &str = "stage-in SRC DST | stage-out SRC DST | stripe-count N | chunk-size SIZE | pool NAME | \
+pub const HELP: &str = "stage-in SRC DST [--seal] | stage-out SRC DST | stripe-count N | chunk-size SIZE | pool NAME | \
                         endpoint-url URL | region NAME | path-style | profile NAME | concurrency N | max-bandwidth SIZE";
 
 /// Splits one directive's arguments (blanks; quotes group).
@@ -117,12 +120,18 @@ fn one_directive(d: &mut Directives, w: &[String]) -> Result<(), String> {
     };
     match name {
         "stage-in" => {
-            want(2, "a source (s3://... or /path) and a destination in the job's filesystem")?;
-            d.stage_in.push(Transfer { src: store_path(&args[0])?, dst: odfs_path(&args[1])? });
+            let seal = args.last().is_some_and(|a| a == "--seal");
+            let args = &args[..args.len() - seal as usize];
+            if args.len() != 2 {
+                return Err("stage-in takes a source (s3://... or /path), a destination in the job's filesystem, \
+                     and --seal to seal the destination read-only once it is verified"
+                    .into());
+            }
+            d.stage_in.push(Transfer { src: store_path(&args[0])?, dst: odfs_path(&args[1])?, seal });
         }
         "stage-out" => {
             want(2, "a source in the job's filesystem and a destination (s3://... or /path)")?;
-            d.stage_out.push(Transfer { src: odfs_path(&args[0])?, dst: store_path(&args[1])? });
+            d.stage_out.push(Transfer { src: odfs_path(&args[0])?, dst: store_path(&args[1])?, seal: false });
         }
         "stripe-count" => {
             want(1, "a number of targets (-1 = every target)")?;
@@ -218,12 +227,18 @@ mod tests {
         let s = "#!/bin/bash\n#SBATCH -N 4\n#ODFS stage-in s3://ds/imagenet /data\n#ODFS stage-in /pfs/x odfs:/x\n\
                  #ODFS stage-out /out s3://runs/%u/run-%j\n#ODFS stripe-count -1\n#ODFS chunk-size 4M\n#ODFS pool ram\n\
                  #ODFS endpoint-url http://s3:9000\n#ODFS region eu-1\n  #ODFS path-style\n#ODFS profile lab\n#ODFS concurrency 8\n\
-                 #ODFS max-bandwidth 1G\n#ODFS stage-in 's3://b/with space' \"/my data\"\nsrun train.py\n# #ODFS in a comment later is fine\n";
+                 #ODFS max-bandwidth 1G\n#ODFS stage-in 's3://b/with space' \"/my data\" --seal\nsrun train.py\n# #ODFS in a comment later is fine\n";
         let d = parse(s, "42", "ana").unwrap();
-        assert_eq!(d.stage_in[0], Transfer { src: "s3://ds/imagenet".into(), dst: "odfs:/data".into() });
-        assert_eq!(d.stage_in[1], Transfer { src: "/pfs/x".into(), dst: "odfs:/x".into() });
-        assert_eq!(d.stage_in[2], Transfer { src: "s3://b/with space".into(), dst: "odfs:/my data".into() });
-        assert_eq!(d.stage_out[0], Transfer { src: "odfs:/out".into(), dst: "s3://runs/ana/run-42".into() });
+        assert_eq!(d.stage_in[0], Transfer { src: "s3://ds/imagenet".into(), dst: "odfs:/data".into(), seal: false });
+        assert_eq!(d.stage_in[1], Transfer { src: "/pfs/x".into(), dst: "odfs:/x".into(), seal: false });
+        assert_eq!(
+            d.stage_in[2],
+            Transfer { src: "s3://b/with space".into(), dst: "odfs:/my data".into(), seal: true }
+        );
+        assert_eq!(
+            d.stage_out[0],
+            Transfer { src: "odfs:/out".into(), dst: "s3://runs/ana/run-42".into(), seal: false }
+        );
         assert_eq!((d.stripe_count, d.chunk_size, d.pool.as_deref()), (Some(-1), Some(4 << 20), Some("ram")));
         assert_eq!(
             (d.endpoint_url.as_deref(), d.region.as_deref(), d.path_style),
@@ -237,6 +252,7 @@ mod tests {
     fn the_shipped_examples_parse() {
         let t = parse(include_str!("../../../slurm/examples/train.sbatch"), "7", "ana").unwrap();
         assert_eq!(t.stage_out[0].dst, "s3://runs/ana/train-7");
+        assert!(t.stage_in[0].seal, "the training example seals its dataset");
         assert_eq!((t.stripe_count, t.chunk_size), (Some(-1), Some(4 << 20)));
         let c = parse(include_str!("../../../slurm/examples/checkpoint.sbatch"), "8", "bo").unwrap();
         assert_eq!(c.pool.as_deref(), Some("ram"));
@@ -247,6 +263,7 @@ mod tests {
         for (s, want) in [
             ("#ODFS stripe-count four\n", "line 1: `#ODFS stripe-count four`: stripe-count \"four\" is not a number"),
             ("#!/bin/sh\n#ODFS stage-in s3://b/x\n", "line 2"),
+            ("#ODFS stage-in s3://b/x /d --sealed\n", "stage-in takes a source"),
             ("#ODFS stage-in s3://b/x data\n", "not a path in the job's filesystem"),
             ("#ODFS stage-out /out bucket/x\n", "neither s3://"),
             ("#ODFS stage-in s3:// /d\n", "names no bucket"),

@@ -501,6 +501,7 @@ pub(crate) fn run_stages(
                     concurrency: d.concurrency,
                     max_bandwidth: d.max_bandwidth,
                     site_config: Some(ctx.site_path.clone()),
+                    seal: t.seal,
                     ..Default::default()
                 };
                 let report = odfs_stage::request::run(&client, &rec.spec.user.ctx(), &req, way)

@@ -50,6 +50,8 @@ pub(crate) struct Inode {
     pub ctime: Timespec,
     pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
     pub body: Body,
+    /// Part of a sealed tree: refuses every change (see `ops::seal`).
+    pub sealed: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -66,7 +68,19 @@ pub(crate) enum Body {
 
 impl Inode {
     pub(crate) fn new(mode: u32, uid: u32, gid: u32, now: Timespec, body: Body) -> Inode {
-        Inode { mode, nlink: 1, uid, gid, size: 0, atime: now, mtime: now, ctime: now, xattrs: BTreeMap::new(), body }
+        Inode {
+            mode,
+            nlink: 1,
+            uid,
+            gid,
+            size: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            xattrs: BTreeMap::new(),
+            body,
+            sealed: false,
+        }
     }
 
     pub(crate) fn kind(&self) -> FileKind {
@@ -125,6 +139,7 @@ impl Inode {
             layout,
             dir_stripes,
             rdev,
+            sealed: self.sealed,
         }
     }
 
@@ -151,8 +166,8 @@ pub(crate) struct Dir {
     order: BTreeMap<u64, Box<[u8]>>,
     /// Shards holding the entries of a striped directory (see `entry_shard`); empty otherwise.
     pub stripes: Vec<u16>,
-    /// A part of a striped directory being removed: it refuses new entries.
-    pub sealed: bool,
+    /// A part of a striped directory being removed (`SealShadow`): it refuses new entries.
+    pub closing: bool,
     /// Names added, removed or repointed since the namespace last collected them (for the
     /// recalls of the change being applied). Not stored.
     pub(crate) changed: Vec<Box<[u8]>>,
@@ -167,7 +182,7 @@ impl Dir {
             names: HashMap::new(),
             order: BTreeMap::new(),
             stripes: Vec::new(),
-            sealed: false,
+            closing: false,
             changed: Vec::new(),
         }
     }
@@ -185,7 +200,7 @@ impl Dir {
 
     /// Refuses new entries in a part being removed.
     pub(crate) fn accepts_entries(&self) -> RpcResult<()> {
-        if self.sealed {
+        if self.closing {
             return Err(RemoteError::new(ErrorCode::NotFound, "the directory is being removed"));
         }
         Ok(())
@@ -255,7 +270,7 @@ struct DirImage {
     next_seq: u64,
     entries: Vec<(u64, Vec<u8>, InodeId, FileKind)>,
     stripes: Vec<u16>,
-    sealed: bool,
+    closing: bool,
 }
 
 impl From<DirImage> for Dir {
@@ -274,7 +289,7 @@ impl From<DirImage> for Dir {
             names,
             order,
             stripes: img.stripes,
-            sealed: img.sealed,
+            closing: img.closing,
             changed: Vec::new(),
         }
     }
@@ -301,7 +316,7 @@ impl Serialize for Dir {
         st.serialize_field("next_seq", &self.next_seq)?;
         st.serialize_field("entries", &Entries(self))?;
         st.serialize_field("stripes", &self.stripes)?;
-        st.serialize_field("sealed", &self.sealed)?;
+        st.serialize_field("closing", &self.closing)?;
         st.end()
     }
 }

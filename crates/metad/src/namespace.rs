@@ -88,6 +88,7 @@ pub enum MetaOp {
         id: u64,
         reply: Option<Box<MetaReply>>,
     },
+    SetSealed(SetSealed),
 }
 
 /// The successful reply of a [`MetaOp`]. Stored in snapshots: add variants at the end only.
@@ -463,6 +464,9 @@ impl Namespace {
         }
         let mask = if req.read { MAY_READ } else { 0 } | if req.write { MAY_WRITE } else { 0 };
         permission::require(h, node, req.ino, mask)?;
+        if req.write {
+            self.refuse_sealed_write(req.ino)?;
+        }
         Ok(node.attr(req.ino))
     }
 
@@ -525,6 +529,7 @@ impl Namespace {
     ) -> RpcResult<Applied> {
         self.kept.clear();
         self.touched.clear();
+        self.refuse_sealed(op)?;
         let r = self.dispatch(h, now, op, choice, choose, held);
         let changes = self.collect_changes();
         let mut applied = r?;
@@ -600,6 +605,7 @@ impl Namespace {
             MetaOp::DropShadow(r) => self.drop_shadow(r),
             MetaOp::SetDirStripes { ino, stripes } => self.set_dir_stripes(now, *ino, stripes),
             MetaOp::SetRootOwner { uid, gid, mode } => self.set_root_owner(now, *uid, *gid, *mode),
+            MetaOp::SetSealed(r) => self.set_sealed(h, now, r),
         }
     }
 

@@ -7,6 +7,7 @@
 //! - `setattr`: modes, owners, sizes, times; the size a writer publishes; the root's owner.
 //! - `xattr`: extended attributes.
 //! - `layout`: a directory's default layout, an empty file's layout.
+//! - `seal`: sealed trees, and the one check that keeps them unchanged.
 //! - `stripe`: the parts of a directory striped over metadata shards.
 //! - `steps`: one shard's steps of an operation spanning shards, and the coordinator's intents.
 
@@ -17,6 +18,7 @@ mod mkdir;
 mod mknod;
 mod rename;
 mod rmdir;
+mod seal;
 mod setattr;
 mod steps;
 mod stripe;

@@ -395,6 +395,7 @@ fn add_plain(r: &mut Routes, store: &Shared) {
     mutation!(r, store, SetXattr, MetaReply::Unit => ());
     mutation!(r, store, RemoveXattr, MetaReply::Unit => ());
     mutation!(r, store, ExtendSize, MetaReply::Attr(a) => a);
+    mutation!(r, store, SetSealed, MetaReply::Attr(a) => a);
 }
 
 /// Runs metad until `shutdown` fires.

@@ -650,3 +650,46 @@ fn a_site_can_keep_layouts_to_root() {
     assert!(e.code == Perm && e.message.contains("only root"), "{e}");
     s.mutate(&root(), MetaOp::SetDirLayout(SetDirLayout { ino: ROOT, layout })).unwrap();
 }
+
+#[test]
+fn sealed_inodes_refuse_every_change_and_only_owners_seal() {
+    let (_d, mut s) = open_root();
+    let owner = user(1000);
+    let dir = s.mkdir(&owner, ROOT, b"d", 0o755).unwrap();
+    let f = s.create(&owner, dir.ino, b"f", 0o644).unwrap();
+    let sub = s.mkdir(&owner, dir.ino, b"sub", 0o755).unwrap();
+    let other = s.create(&owner, ROOT, b"other", 0o644).unwrap();
+    let seal = |s: &mut MetaStore, h: &RequestHeader, ino, sealed| {
+        code(s.mutate(h, MetaOp::SetSealed(SetSealed { ino, sealed })).and_then(|r| r.into_attr()))
+    };
+    assert_eq!(seal(&mut s, &user(1001), dir.ino, true), Err(Perm));
+    for ino in [dir.ino, f.ino, sub.ino] {
+        assert!(seal(&mut s, &owner, ino, true).unwrap().sealed);
+    }
+    assert!(s.stat(f.ino).unwrap().sealed);
+    let sa = SetAttr { ino: f.ino, mode: Some(0o600), ..Default::default() };
+    assert_eq!(s.setattr(&root(), sa), Err(ReadOnly));
+    assert_eq!(s.create(&owner, dir.ino, b"g", 0o644), Err(ReadOnly));
+    assert_eq!(s.mkdir(&owner, dir.ino, b"g", 0o755), Err(ReadOnly));
+    assert_eq!(s.symlink(&owner, dir.ino, b"g", b"t"), Err(ReadOnly));
+    assert_eq!(s.unlink(&owner, dir.ino, b"f"), Err(ReadOnly));
+    assert_eq!(s.rmdir(&owner, dir.ino, b"sub"), Err(ReadOnly));
+    assert_eq!(s.link(&owner, f.ino, ROOT, b"g"), Err(ReadOnly));
+    assert_eq!(s.rename(&owner, dir.ino, b"f", ROOT, b"g", 0), Err(ReadOnly));
+    assert_eq!(s.rename(&owner, ROOT, b"d", ROOT, b"d2", 0), Err(ReadOnly), "the sealed directory itself moves");
+    assert_eq!(s.rename(&owner, ROOT, b"other", dir.ino, b"sub", 0), Err(ReadOnly), "over a sealed entry");
+    let x = SetXattr { ino: f.ino, name: b"user.k".to_vec(), value: b"v".to_vec(), flags: 0 };
+    assert_eq!(code(s.mutate(&owner, MetaOp::SetXattr(x)).map(drop)), Err(ReadOnly));
+    let open = Open { ino: f.ino, read: true, write: true, register: false };
+    assert_eq!(code(s.open_file(&owner, &open).map(drop)), Err(ReadOnly));
+    let open = Open { write: false, ..open };
+    assert_eq!(code(s.open_file(&owner, &open)).map(|a| a.ino), Ok(f.ino), "a sealed file opens for reading");
+    // Root refused too; unsealing lets changes through again.
+    assert_eq!(s.unlink(&root(), dir.ino, b"f"), Err(ReadOnly));
+    assert!(!seal(&mut s, &root(), dir.ino, false).unwrap().sealed);
+    assert!(s.create(&owner, dir.ino, b"g", 0o644).is_ok());
+    assert_eq!(s.unlink(&owner, dir.ino, b"f"), Err(ReadOnly), "f itself is still sealed");
+    assert!(seal(&mut s, &owner, f.ino, false).is_ok());
+    assert!(s.unlink(&owner, dir.ino, b"f").is_ok());
+    assert!(s.stat(other.ino).is_ok());
+}

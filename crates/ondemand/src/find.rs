@@ -221,6 +221,7 @@ fn attr_of(p: &Path, m: &std::fs::Metadata, t: &Tests) -> Attr {
         layout,
         dir_stripes: Vec::new(),
         rdev: m.rdev() as u32,
+        sealed: false,
     }
 }
 

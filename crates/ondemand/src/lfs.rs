@@ -353,6 +353,26 @@ pub async fn setstripe(place: &Place, a: &StripeArgs) -> Result<()> {
     r
 }
 
+/// `odfs seal PATH` (`sealed`) / `odfs unseal PATH`: the whole tree under PATH, through the
+/// `odfs.sealed` virtual attribute in a mount (one request; the library walks the tree).
+pub async fn seal(place: &Place, sealed: bool) -> Result<()> {
+    let value: &[u8] = if sealed { b"1" } else { b"0" };
+    match place {
+        Place::Lib { client, path } => {
+            let ctx = Ctx::current();
+            let a = client.resolve(&ctx, path, false).await.map_err(why)?;
+            client.seal_tree(&ctx, a.ino, sealed).await.map(drop).map_err(why)
+        }
+        Place::Mount(p) => set_xattr(p, vxattr::SEALED, value).map_err(|e| match e.raw_os_error() {
+            Some(libc::EPERM) => anyhow::anyhow!(
+                "{}: {e}: only root or the owner of every file and directory below it may seal or unseal a tree",
+                p.display()
+            ),
+            _ => anyhow::anyhow!("{}: {e}", p.display()),
+        }),
+    }
+}
+
 /// `odfs mkdir [-p] [-c N]`: a directory, spread over N metadata shards when asked.
 pub async fn mkdir(place: &Place, parents: bool, count: Option<i32>) -> Result<()> {
     // A count the filesystem cannot give is refused before anything (parents included) is made.

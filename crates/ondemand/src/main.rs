@@ -70,6 +70,12 @@ enum Cmd {
     /// Find files like find(1), in parallel: odfs find PATH [-name GLOB] [-type f|d|l]
     /// [-size [+-]N[ckMG]] [-newer FILE] [--stripe-count N] [--pool P].
     Find(FindArgs),
+    /// Seal a tree read-only: every change under PATH is refused (EROFS) until `odfs unseal`,
+    /// and every node caches the tree for as long as it is sealed. PATH is in a mount, or
+    /// odfs:/PATH with --fs.
+    Seal(PathArg),
+    /// Make a sealed tree writable again (every node's caches of it are recalled first).
+    Unseal(PathArg),
     /// Storage pools: list them; create, fill, empty or destroy one (with --fs).
     #[command(subcommand)]
     Pool(PoolCmd),
@@ -103,6 +109,8 @@ impl Cmd {
             Cmd::Df(a) => a.run(fs),
             Cmd::Mkdir(a) => a.run(fs),
             Cmd::Find(a) => a.run(fs),
+            Cmd::Seal(a) => a.seal(fs, true),
+            Cmd::Unseal(a) => a.seal(fs, false),
             Cmd::Pool(c) => c.run(fs),
             Cmd::SiteConfig(a) => a.run(),
             Cmd::TaskEnv(a) => a.task_env(),
@@ -187,6 +195,17 @@ impl SetstripeArgs {
     fn run(self, fs: Option<&Path>) -> Result<()> {
         let a = lfs::StripeArgs { count: self.count, size: self.size, pool: self.pool, start: self.index };
         runtime()?.block_on(async { lfs::setstripe(&lfs::Place::open(&self.path, fs).await?, &a).await })
+    }
+}
+
+#[derive(Args)]
+struct PathArg {
+    path: String,
+}
+
+impl PathArg {
+    fn seal(self, fs: Option<&Path>, sealed: bool) -> Result<()> {
+        runtime()?.block_on(async { lfs::seal(&lfs::Place::open(&self.path, fs).await?, sealed).await })
     }
 }
 

@@ -48,6 +48,9 @@ pub struct Attr {
     pub dir_stripes: Vec<u16>,
     /// Device nodes: the device number (`st_rdev`, the kernel's encoding); 0 otherwise.
     pub rdev: u32,
+    /// Part of a sealed tree: every change is refused (EROFS) until it is unsealed, and
+    /// clients may cache everything about it while their session lasts.
+    pub sealed: bool,
 }
 
 /// The shard holding entry `name` of a directory striped over `stripes`; None for a directory
@@ -438,6 +441,17 @@ pub struct ReleaseReply {
     pub removed: Vec<Attr>,
 }
 
+/// Seals one inode (`sealed`) or unseals it: its owner or root only. A sealed inode refuses
+/// every change with `ReadOnly` (EROFS): of its attributes, extended attributes, data and
+/// layout, and for a directory of its names. Sealing a tree is done inode by inode from the top
+/// (a sealed directory takes no new name, so its listing is final when it is walked); a striped
+/// directory is sealed on each of its shards.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetSealed {
+    pub ino: InodeId,
+    pub sealed: bool,
+}
+
 /// Keeps this client's session with the shard alive and carries its acknowledgements of
 /// recalls: answered after at most `wait_ms`, or at once when recalls are queued for it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -683,4 +697,5 @@ crate::rpc! {
     ParentOf = 134 => InodeId,
     RenameLock = 135 => (),
     OpCounts = 136 => Vec<(String, u64)>,
+    SetSealed = 137 => Attr,
 }

@@ -90,6 +90,8 @@ pub struct StageReport {
     pub refused: BTreeMap<String, String>,
     pub manifest: String,
     pub elapsed: Duration,
+    /// Stage-in with `--seal`: the inodes of the destination tree sealed after verification.
+    pub sealed: Option<u64>,
 }
 
 impl StageReport {
@@ -117,6 +119,9 @@ impl StageReport {
                 c.errors,
                 c.retries
             );
+        }
+        if let Some(n) = self.sealed {
+            s += &format!("\n  sealed read-only: {n} files and directories (odfs unseal makes them writable)");
         }
         for (k, why) in &self.refused {
             s += &format!("\n  refused {k:?}: {why}");

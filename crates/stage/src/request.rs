@@ -56,6 +56,11 @@ pub struct StageRequest {
     /// least 5M for S3 [default 16M].
     #[arg(long, value_parser = parse_size)]
     pub part_size: Option<u64>,
+    /// Stage-in: once every file is copied and verified, seal the destination tree read-only
+    /// (`odfs seal`): every node then caches it for good, and changes get EROFS until
+    /// `odfs unseal`. Not the default: a job writing next to its dataset would be refused.
+    #[arg(long)]
+    pub seal: bool,
     /// Site config whose `[stage]` table gives defaults for the settings above (and an AWS
     /// profile) [default /etc/odfs/site.toml if present].
     #[arg(long, env = "ODFS_SITE_CONFIG")]
@@ -109,8 +114,13 @@ pub async fn run(client: &Client, ctx: &Ctx, r: &StageRequest, way: Direction) -
     let dst = location::parse(&r.dst, &mounts)?;
     Ok(match (way, &src, &dst) {
         (Direction::In, Location::S3 { .. } | Location::Posix(_), Location::Odfs(d)) => {
-            stage_in(client, ctx, &src, d, &opts).await?
+            let mut report = stage_in(client, ctx, &src, d, &opts).await?;
+            if r.seal && check(&report).is_ok() {
+                report.sealed = Some(seal(client, ctx, d).await?);
+            }
+            report
         }
+        (Direction::Out, _, _) if r.seal => return invalid!("--seal seals a stage-in's destination"),
         (Direction::In, _, _) => {
             return invalid!(
                 "stage-in copies from s3://... or a POSIX directory into odfs:/PATH (or a path in the mount)"
@@ -125,6 +135,13 @@ pub async fn run(client: &Client, ctx: &Ctx, r: &StageRequest, way: Direction) -
             )
         }
     })
+}
+
+/// Seals a stage-in's destination tree; the inodes sealed.
+async fn seal(client: &Client, ctx: &Ctx, dst: &str) -> Result<u64> {
+    let fail = |e: odfs_client::ClientError| StageError::Invalid(format!("cannot seal odfs:{dst}: {e}"));
+    let top = client.resolve(ctx, dst, false).await.map_err(fail)?;
+    client.seal_tree(ctx, top.ino, true).await.map_err(fail)
 }
 
 /// An error unless every file was copied and verified and no source name was refused.

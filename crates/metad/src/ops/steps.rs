@@ -52,7 +52,7 @@ impl Namespace {
             (StepPhase::Abort, Some(i)) if i == s.intent => {
                 if let StepChange::DropDir { ino } = &s.change {
                     if let Some(d) = self.inodes.get_mut(ino).and_then(|n| n.dir_mut().ok()) {
-                        d.sealed = false;
+                        d.closing = false;
                     }
                 }
                 self.pins.remove(&pin);
@@ -119,7 +119,7 @@ impl Namespace {
                         format!("directory {ino} has {} entries", d.len()),
                     ));
                 }
-                d.sealed = true;
+                d.closing = true;
             }
             StepChange::Reparent { ino, .. } => {
                 // Its ".." is rewritten: Linux asks for write permission on the directory.

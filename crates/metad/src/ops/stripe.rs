@@ -29,7 +29,7 @@ impl Namespace {
             let d = node.dir_mut()?;
             d.layout = r.layout.clone();
             d.stripes = r.stripes.clone();
-            d.sealed = false;
+            d.closing = false;
             return Applied::changed(MetaReply::Unit);
         }
         let mut dir = Dir::new(r.parent, r.layout.clone());
@@ -53,7 +53,7 @@ impl Namespace {
         if r.seal && !d.is_empty() {
             return Err(RemoteError::new(ErrorCode::NotEmpty, "the directory is not empty"));
         }
-        d.sealed = r.seal;
+        d.closing = r.seal;
         Applied::changed(MetaReply::Unit)
     }
 
