@@ -179,6 +179,14 @@ fn ctx_of(req: &Request) -> Ctx {
     caller(req.uid(), req.gid(), req.pid())
 }
 
+/// The caller without its supplementary groups, for what is answered from the cache on the
+/// reader thread: reading them (/proc/PID/status) would cost more than the answer. Enough
+/// where the kernel has checked permissions already (`default_permissions`) or only uid and
+/// gid matter; a check that would need the groups falls through to the full path.
+fn quick_ctx(req: &Request) -> Ctx {
+    Ctx { uid: req.uid(), gid: req.gid(), groups: Vec::new() }
+}
+
 /// For requests that name an inode the kernel got from a cached name: if metad no longer knows
 /// it (removed, or replaced by a rename on another node), the client library's cached
 /// attributes of it are dropped (its cached names then miss too) and the kernel gets ESTALE,
@@ -381,16 +389,17 @@ impl Filesystem for OdfsFuse {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let (s, ctx, name) = (self.shared.clone(), ctx_of(req), name_bytes(name));
+        let (s, name) = (self.shared.clone(), name_bytes(name));
         // What a lease covers is answered on this thread: no task, no network.
         let ticket = s.client.ticket();
-        if let Some(r) = s.client.lookup_cached(&ctx, ino(parent), &name) {
+        if let Some(r) = s.client.lookup_cached(&quick_ctx(req), ino(parent), &name) {
             match looked_up(&s, parent, &name, r, ticket) {
                 Ok(t) => lookup_reply(reply, t),
                 Err(e) => reply.fail(Errno::from_i32(e.errno())),
             }
             return;
         }
+        let ctx = ctx_of(req);
         self.spawn(
             "lookup",
             reply,
@@ -409,12 +418,13 @@ impl Filesystem for OdfsFuse {
     }
 
     fn getattr(&self, req: &Request, i: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
-        let (s, ctx) = (self.shared.clone(), ctx_of(req));
+        let s = self.shared.clone();
         let ticket = s.client.ticket();
         if let Some(a) = s.client.getattr_cached(ino(i)) {
             reply.attr(&s.client.kernel_ttl(a.ino, ticket), &file_attr(&a));
             return;
         }
+        let ctx = ctx_of(req);
         self.spawn(
             "getattr",
             reply,
@@ -612,17 +622,18 @@ impl Filesystem for OdfsFuse {
         let write = acc != OpenAccMode::O_RDONLY;
         let truncate = flags.0 & libc::O_TRUNC != 0;
         let append = flags.0 & libc::O_APPEND != 0;
-        let (s, ctx) = (self.shared.clone(), ctx_of(req));
+        let s = self.shared.clone();
         if !write && !truncate {
             // A lease on the file: answered here, and the kernel keeps the file's pages (a
             // change to the file would have recalled the lease and dropped them). No FLUSH:
             // a reader has nothing to publish.
-            if let Some(Ok((handle, attr))) = s.client.open_cached(&ctx, ino(i)) {
+            if let Some(Ok((handle, attr))) = s.client.open_cached(&quick_ctx(req), ino(i)) {
                 let fh = s.handles.insert(OpenFile { handle, writable: false, append, attr });
                 reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH);
                 return;
             }
         }
+        let ctx = ctx_of(req);
         self.spawn(
             "open",
             reply,
