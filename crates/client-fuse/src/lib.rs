@@ -14,11 +14,15 @@
 //! fuser reader thread (lookup, getattr, read-only open) without a task. There is no writeback
 //! cache: every write(2) reaches the client library before it returns, so the library's
 //! write-behind and error reporting stay the only buffering.
+//!
+//! Also here, for benchmarks only: `minimum`, a synthetic FUSE filesystem that measures what
+//! FUSE itself costs.
 
 pub mod attr;
 pub mod error;
 pub mod fs;
 pub mod handles;
+pub mod minimum;
 pub mod mount;
 
 pub use error::FuseError;

@@ -30,7 +30,7 @@ use tracing::{info, warn};
 pub const DEV_FUSE: &str = "/dev/fuse";
 /// Threads reading requests from /dev/fuse (each with its own cloned descriptor). They only
 /// parse and spawn, so two keep up with the runtime's two workers.
-const SESSION_THREADS: usize = 2;
+pub(crate) const SESSION_THREADS: usize = 2;
 /// Workers of the adapter's tokio runtime, where every request runs.
 const RUNTIME_WORKERS: usize = 2;
 

@@ -42,12 +42,15 @@ impl Cluster {
         self.view().state == FsState::Ready
     }
 
-    /// Address of the metad serving `shard`.
-    pub fn meta_addr(&self, shard: u16) -> Result<SocketAddr> {
+    /// Address (and transport: `want` if it serves it) of the metad serving `shard`.
+    pub fn meta_addr(&self, shard: u16, want: Transport) -> Result<(SocketAddr, Transport)> {
         let v = self.view();
-        v.meta_for_shard(shard)
-            .and_then(|s| s.addr)
-            .ok_or_else(|| ClientError::Unavailable(format!("no metadata service for shard {shard}")))
+        let s = v.meta_for_shard(shard);
+        match (want, s.and_then(|s| s.bulk_addr), s.and_then(|s| s.addr)) {
+            (Transport::Tcp, Some(a), _) => Ok((a, Transport::Tcp)),
+            (_, _, Some(a)) => Ok((a, Transport::Quic)),
+            _ => Err(ClientError::Unavailable(format!("no metadata service for shard {shard}"))),
+        }
     }
 
     /// Address (and transport) of the stored holding `target`.

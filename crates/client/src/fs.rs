@@ -342,7 +342,8 @@ impl Client {
 
     /// `meta` with a given header.
     async fn meta_as<R: Rpc>(&self, h: &RequestHeader, shard: u16, req: &R) -> Result<R::Reply> {
-        self.call_fresh(h, req, |c| Ok((c.meta_addr(shard)?, Transport::Quic))).await
+        let want = self.inner.cfg.meta_transport;
+        self.call_fresh(h, req, |c| c.meta_addr(shard, want)).await
     }
 
     /// Calls the stored holding `target`.

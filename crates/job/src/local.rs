@@ -27,6 +27,8 @@ pub struct UpOptions {
     pub chunk_size: u32,
     pub stripe_count: i32,
     pub bulk: Transport,
+    /// Transport of the clients' metadata requests.
+    pub meta_transport: Transport,
     pub job_id: Option<String>,
     pub site_key: Option<PathBuf>,
     pub timeout: Duration,
@@ -51,6 +53,7 @@ impl Default for UpOptions {
             chunk_size: odfs_proto::layout::DEFAULT_CHUNK_SIZE,
             stripe_count: odfs_proto::layout::DEFAULT_STRIPE_COUNT,
             bulk: Transport::Tcp,
+            meta_transport: ClientConfig::default().meta_transport,
             job_id: None,
             site_key: None,
             timeout: Duration::from_secs(30),
@@ -159,7 +162,13 @@ pub fn up(opts: &UpOptions) -> Result<LocalState> {
         .and_then(|nodes| start_nodes(&root, &nodes, &mut state))
         .and_then(|()| wait_ready(&job, mgmtd, &state, opts.timeout))
         .and_then(|()| {
-            let ccfg = ClientConfig { job, mgmtd, bulk_transport: opts.bulk, ..ClientConfig::default() };
+            let ccfg = ClientConfig {
+                job,
+                mgmtd,
+                bulk_transport: opts.bulk,
+                meta_transport: opts.meta_transport,
+                ..ClientConfig::default()
+            };
             write_toml(&client_config_path(&root), &ccfg)?;
             match &opts.mount {
                 Some(mp) => start_mount(&root, mp, &mut state, opts.timeout),

@@ -11,6 +11,9 @@ pub struct MetadConfig {
     pub job: JobSection,
     /// QUIC address to serve on.
     pub listen: SocketAddr,
+    /// Also serve over authenticated TCP (the chunk path's transport, see `odfs_rpc::tcp`) on
+    /// `listen`'s address and port; clients choose with their `meta_transport`.
+    pub tcp: bool,
     /// Where to write the bound address once serving.
     pub addr_file: Option<PathBuf>,
     /// mgmtd's address.
@@ -57,6 +60,7 @@ impl Default for MetadConfig {
         MetadConfig {
             job: JobSection::default(),
             listen: "0.0.0.0:7701".parse().expect("valid address"),
+            tcp: true,
             addr_file: None,
             mgmtd: "127.0.0.1:7700".parse().expect("valid address"),
             node: 0,

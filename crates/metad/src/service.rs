@@ -341,8 +341,11 @@ fn add_reads(r: &mut Routes, coord: &Coordinator) {
             if reply.new_session || !reply.recalls.is_empty() {
                 return Ok(reply);
             }
-            // Parked until recalls come, at most a third of the lease (room for two misses).
-            let wait = Duration::from_millis(q.wait_ms.min(reply.lease_ms / 3) as u64);
+            // Parked until recalls come, at most a tenth of the lease. The client trusts its
+            // leases from the send time of its last answered poll, so what it hands the kernel
+            // just before an answer is good for 0.9 - 2 x 0.1 = 0.7 of the lease (with a third,
+            // a quarter: a metadata phase's first entries lapsed before it ended).
+            let wait = Duration::from_millis(q.wait_ms.min(reply.lease_ms / 10) as u64);
             let _ = tokio::time::timeout(wait, wake.notified()).await;
             let acked = SessionPoll { open: Vec::new(), ..q };
             Ok(s.store.lock().expect("store lock").session_poll(&h, &acked).0)
@@ -412,19 +415,33 @@ pub async fn run(cfg: MetadConfig, shutdown: Shutdown) -> Result<(), MetaError> 
     let store: Shared = Arc::new(Mutex::new(open_store(&cfg, view.default_layout.clone())?));
     let coord = Coordinator::new(daemon.pool.clone(), cfg.mgmtd, store.clone());
     coord.refresh().await?;
+    let tcp = if cfg.tcp { Some(bind_tcp(addr, cfg.listen.port() == 0).await?) } else { None };
+    let tcp_addr = tcp.as_ref().map(|l| l.local_addr()).transpose().map_err(odfs_rpc::RpcError::Io)?;
     if let Some(p) = &cfg.addr_file {
-        odfs_service::write_addr_file(p, &[("metad", addr)]).map_err(|e| MetaError::io("write", p, e))?;
+        let mut v = vec![("metad", addr)];
+        v.extend(tcp_addr.map(|a| ("tcp", a)));
+        odfs_service::write_addr_file(p, &v).map_err(|e| MetaError::io("write", p, e))?;
     }
-    let servers = daemon.serve(&endpoint, None, Arc::new(router(store.clone(), coord.clone())));
+    let servers = daemon.serve(&endpoint, tcp, Arc::new(router(store.clone(), coord.clone())));
     keep_targets_fresh(coord.clone(), daemon.shutdown.clone());
     collect_orphans(coord.clone(), Duration::from_millis(cfg.lease_ms), daemon.shutdown.clone());
     redrive_intents(coord, daemon.shutdown.clone());
-    let register = Register { shard: Some(cfg.shard), ..announce(ServiceKind::Meta, cfg.node, addr) };
+    let register =
+        Register { shard: Some(cfg.shard), bulk_addr: tcp_addr, ..announce(ServiceKind::Meta, cfg.node, addr) };
     daemon.run(servers, register, odfs_service::lifecycle::no_targets()).await?;
     if let Err(e) = store.lock().expect("store lock").snapshot() {
         warn!(error = %e, "snapshot at shutdown failed; the log will be replayed at next start");
     }
     Ok(())
+}
+
+/// The TCP listener beside QUIC's `quic` address: the same port, or any when the port was
+/// chosen by the system (it may be taken over TCP).
+async fn bind_tcp(quic: std::net::SocketAddr, any_port: bool) -> Result<tokio::net::TcpListener, MetaError> {
+    match odfs_rpc::tcp::bind(quic).await {
+        Err(_) if any_port => Ok(odfs_rpc::tcp::bind(std::net::SocketAddr::new(quic.ip(), 0)).await?),
+        r => Ok(r?),
+    }
 }
 
 /// Opens (or creates) the shard's store under its data directory; a new root gets the owner

@@ -290,8 +290,11 @@ fn run_bench(o: &DemoOptions, root: &Path) -> Result<()> {
     println!("6/6 short benchmark through the mount (odfs vs a plain directory on the same disk)");
     let bo = MountBenchOptions { root: root.join("bench"), nodes: o.nodes, ..MountBenchOptions::small() };
     print!("{}", bo.describe());
-    let (phases, dropped) = mount_bench::run(&bo)?;
+    let (phases, dropped, notes) = mount_bench::run(&bo)?;
     print!("{}", mount_bench::render(&phases));
+    for n in notes {
+        println!("{n}");
+    }
     if !dropped {
         println!("    (page cache could not be dropped: reads may be served from memory)");
     }

@@ -489,6 +489,9 @@ struct BenchArgs {
     /// Transport for chunk data: tcp or quic.
     #[arg(long, default_value = "tcp")]
     transport: Transport,
+    /// Transport for metadata requests (with --mount): tcp or quic [default: the client's].
+    #[arg(long, requires = "mount")]
+    meta_transport: Option<Transport>,
     #[arg(long)]
     skip_plain: bool,
     #[arg(long)]
@@ -552,6 +555,7 @@ impl BenchArgs {
             root: self.root,
             nodes: self.nodes,
             transport: self.transport,
+            meta_transport: self.meta_transport.unwrap_or(d.meta_transport),
             jobs: self.clients.unwrap_or(d.jobs),
             job_size: self.file_mib.map_or(d.job_size, |m| m << 20),
             randread_secs: self.randread_secs.unwrap_or(d.randread_secs),
@@ -566,8 +570,11 @@ impl BenchArgs {
             ..d
         };
         print!("{}", o.describe());
-        let (phases, dropped) = bench::mount::run(&o)?;
+        let (phases, dropped, notes) = bench::mount::run(&o)?;
         print_table(&bench::mount::render(&phases), dropped);
+        for n in notes {
+            println!("{n}");
+        }
         Ok(())
     }
 
@@ -647,6 +654,9 @@ struct LocalUpArgs {
     /// Transport for chunk data: tcp or quic.
     #[arg(long, default_value = "tcp")]
     bulk: Transport,
+    /// Transport for metadata requests: tcp or quic [default: the client's].
+    #[arg(long)]
+    meta_transport: Option<Transport>,
     #[arg(long)]
     job_id: Option<String>,
     /// Site key file (default: ROOT/site.key, created if missing).
@@ -696,6 +706,7 @@ impl LocalUpArgs {
             chunk_size: self.chunk_size,
             stripe_count: self.stripe_count,
             bulk: self.bulk,
+            meta_transport: self.meta_transport.unwrap_or(local::UpOptions::default().meta_transport),
             job_id: self.job_id,
             site_key: self.site_key,
             timeout: Duration::from_secs(self.timeout),

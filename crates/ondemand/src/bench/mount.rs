@@ -13,6 +13,7 @@
 
 use super::{close, drop_caches, fill_pattern, parallel, CpuMeter, Phase};
 use anyhow::{bail, Context, Result};
+use odfs_client_fuse::minimum::MinimumFs;
 use odfs_job::launch::mount;
 use odfs_job::local::{self, UpOptions};
 use odfs_rpc::Transport;
@@ -61,6 +62,8 @@ pub struct MountBenchOptions {
     pub root: PathBuf,
     pub nodes: u32,
     pub transport: Transport,
+    /// Transport of metadata requests.
+    pub meta_transport: Transport,
     /// fio jobs, one file each, for the sequential and random-read phases.
     pub jobs: usize,
     /// Bytes of each fio job's file.
@@ -91,6 +94,7 @@ impl Default for MountBenchOptions {
             root: PathBuf::from("odfs-bench"),
             nodes: 4,
             transport: Transport::Tcp,
+            meta_transport: odfs_client::ClientConfig::default().meta_transport,
             jobs: 4,
             job_size: 1 << 30,
             randread_secs: 15,
@@ -133,7 +137,8 @@ impl MountBenchOptions {
              shared: {} workers x {} files of {} bytes in one directory\n\
              small: {} files of {} KiB in {} directories, {} workers; read cold in random order, then\n\
              twice more in other random orders with caches kept (epochs 2 and 3)\n\
-             FUSE floor: the same phases on bindfs (libfuse passthrough, default caching) of the same disk\n",
+             FUSE floor: the same phases on bindfs (libfuse passthrough, default caching) of the same disk\n\
+             odfs: chunk data over {:?}, metadata over {:?}\n",
             self.jobs,
             self.job_size >> 20,
             self.iodepth,
@@ -147,7 +152,9 @@ impl MountBenchOptions {
             self.small_files,
             self.small_file_size >> 10,
             self.small_dirs,
-            self.small_threads
+            self.small_threads,
+            self.transport,
+            self.meta_transport
         )
     }
 }
@@ -181,6 +188,8 @@ struct Sides {
     pids: Vec<u32>,
     phases: Vec<Phase>,
     dropped: bool,
+    /// Lines printed under the table.
+    notes: Vec<String>,
 }
 
 impl Sides {
@@ -258,7 +267,7 @@ impl Sides {
 
 /// Runs every phase, printing progress to stderr; the local filesystem is stopped at the end
 /// and the data removed unless `keep`. Returns the rows and whether the page cache was dropped.
-pub fn run(o: &MountBenchOptions) -> Result<(Vec<Phase>, bool)> {
+pub fn run(o: &MountBenchOptions) -> Result<(Vec<Phase>, bool, Vec<String>)> {
     anyhow::ensure!(o.jobs >= 1 && o.threads >= 1 && o.small_threads >= 1 && o.small_dirs >= 1, "counts must be >= 1");
     let fio = fio()?;
     std::fs::create_dir_all(&o.root).with_context(|| format!("cannot create {}", o.root.display()))?;
@@ -268,8 +277,10 @@ pub fn run(o: &MountBenchOptions) -> Result<(Vec<Phase>, bool)> {
     let plain = root.join("plain");
     let reports = root.join("reports");
     let (floor, floor_src) = (root.join("floor"), root.join("floor-src"));
+    let minimum = root.join("minimum");
     mount::unmount(&floor)?;
-    clean(&fsroot, &mnt, &[&plain, &reports, &floor, &floor_src])?;
+    mount::unmount(&minimum)?;
+    clean(&fsroot, &mnt, &[&plain, &reports, &floor, &floor_src, &minimum])?;
     std::fs::create_dir_all(&reports)?;
     if !o.skip_plain {
         std::fs::create_dir_all(&plain)?;
@@ -280,6 +291,7 @@ pub fn run(o: &MountBenchOptions) -> Result<(Vec<Phase>, bool)> {
         root: fsroot.clone(),
         nodes: o.nodes,
         bulk: o.transport,
+        meta_transport: o.meta_transport,
         mount: Some(mnt.clone()),
         ..UpOptions::default()
     };
@@ -294,14 +306,15 @@ pub fn run(o: &MountBenchOptions) -> Result<(Vec<Phase>, bool)> {
             pids: state.procs.iter().map(|p| p.pid).collect(),
             phases: Vec::new(),
             dropped: true,
+            notes: Vec::new(),
         };
         run_phases(o, &fio, &reports, &mut sides)?;
-        Ok((sides.phases, sides.dropped))
+        Ok((sides.phases, sides.dropped, sides.notes))
     })();
     let _ = mount::unmount(&floor);
     let down = local::down(&fsroot);
     if !o.keep {
-        let _ = clean(&fsroot, &mnt, &[&plain, &reports, &floor, &floor_src]);
+        let _ = clean(&fsroot, &mnt, &[&plain, &reports, &floor, &floor_src, &minimum]);
     }
     let out = result?;
     down.context("stopping the local filesystem")?;
@@ -479,7 +492,51 @@ fn small_phases(o: &MountBenchOptions, sides: &mut Sides) -> Result<()> {
     sides.push("small read cold", "MiB/s", mib, &s[0]);
     sides.push("small read epoch 2", "files/s", n, &s[1]);
     sides.push("small read epoch 3", "files/s", n, &s[2]);
+    let at = sides.mnt.parent().and_then(Path::parent).unwrap_or(Path::new("/tmp")).join("minimum");
+    sides.notes.extend(fuse_minimum(o, &at)?);
     Ok(())
+}
+
+/// The same three reads on the FUSE minimum (`odfs_client_fuse::minimum`): a synthetic
+/// filesystem answering every request on its reader thread, with no I/O and the longest
+/// caching FUSE allows — what FUSE alone costs here — once as any FUSE filesystem with opens
+/// must run, once in FUSE's no-open mode. One line each, or why it was skipped.
+fn fuse_minimum(o: &MountBenchOptions, at: &Path) -> Result<Vec<String>> {
+    let mut template = vec![0u8; o.small_file_size];
+    fill_pattern(&mut template, 5);
+    let mut notes = Vec::new();
+    for (no_open, what) in [(false, "with opens"), (true, "no-open mode (no OPEN or RELEASE)")] {
+        std::fs::create_dir_all(at)?;
+        let fs =
+            MinimumFs { files: o.small_files as u64, dirs: o.small_dirs as u64, template: template.clone(), no_open };
+        let session = match fs.mount(at) {
+            Ok(s) => s,
+            Err(e) => {
+                notes.push(format!("FUSE minimum not measured: cannot mount at {}: {e}", at.display()));
+                break;
+            }
+        };
+        eprintln!("bench: FUSE minimum, {what}: small read cold, then epochs 2 and 3");
+        let mut rates = Vec::new();
+        for epoch in 0..3u64 {
+            if epoch == 0 {
+                drop_caches();
+            }
+            let t = Instant::now();
+            let r = small_read(at, o, epoch);
+            if let Err(e) = r {
+                drop(session);
+                return Err(e.context("reading the FUSE minimum"));
+            }
+            rates.push(o.small_files as f64 / t.elapsed().as_secs_f64());
+        }
+        session.umount_and_join().context("unmounting the FUSE minimum")?;
+        notes.push(format!(
+            "FUSE minimum, {what}: small read cold {:.0} files/s, epoch 2 {:.0}, epoch 3 {:.0}",
+            rates[0], rates[1], rates[2]
+        ));
+    }
+    Ok(notes)
 }
 
 /// fio's JSON report of one run (`--group_reporting`: one entry for all jobs).
