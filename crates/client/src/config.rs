@@ -15,7 +15,8 @@ pub struct ClientConfig {
     pub mgmtd: SocketAddr,
     /// Transport for chunk data: "tcp" (authenticated, unencrypted, fastest) or "quic" (TLS).
     pub bulk_transport: Transport,
-    /// Transport for metadata requests: "tcp" or "quic" (QUIC when metad serves no TCP).
+    /// Transport for metadata requests: "tcp" (authenticated, unencrypted; measured cheaper
+    /// per request than QUIC, see BENCHMARKS.md) or "quic" (TLS; also where metad serves no TCP).
     pub meta_transport: Transport,
     /// Bytes of written data that may be in flight to stored per client before writers wait.
     pub write_behind_bytes: u64,
@@ -41,7 +42,7 @@ impl Default for ClientConfig {
             job: JobSection::default(),
             mgmtd: "127.0.0.1:7700".parse().expect("valid address"),
             bulk_transport: Transport::Tcp,
-            meta_transport: Transport::Quic,
+            meta_transport: Transport::Tcp,
             write_behind_bytes: 64 << 20,
             attr_cache_ms: 1000,
             readahead_chunks: 4,
