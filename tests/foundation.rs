@@ -255,11 +255,17 @@ async fn other_job_credential_is_refused_and_changes_nothing() {
     other.job.site_key = key;
     other.retry_secs = 1;
     assert!(Client::connect(other).await.is_err());
-    // A raw bulk connection with the wrong credential cannot write a chunk.
+    // A raw TCP connection with the wrong credential is refused by every TCP server: stored's
+    // (chunks) and metad's (metadata).
     let view = c.cluster().refresh().await.unwrap();
-    let bulk = view.services.iter().find_map(|s| s.bulk_addr).unwrap();
     let wrong = odfs_rpc::JobCredential::derive(&odfs_rpc::SiteKey::from_bytes([9; 32]), &good.job.id).unwrap();
-    assert!(odfs_rpc::tcp::connect(&wrong, bulk).await.is_err());
+    let tcp: Vec<_> = view.services.iter().filter_map(|s| Some((s.kind, s.bulk_addr?))).collect();
+    for kind in [odfs_proto::mgmt::ServiceKind::Storage, odfs_proto::mgmt::ServiceKind::Meta] {
+        assert!(tcp.iter().any(|(k, _)| *k == kind), "no {kind:?} service serves TCP: {tcp:?}");
+    }
+    for (kind, addr) in tcp {
+        assert!(odfs_rpc::tcp::connect(&wrong, addr).await.is_err(), "{kind:?} at {addr} took a wrong credential");
+    }
     assert_eq!(c.readdir_all(&ctx, InodeId::ROOT, false).await.unwrap().len(), before);
 }
 

@@ -722,13 +722,14 @@ impl Filesystem for OdfsFuse {
         reply: ReplyEmpty,
     ) {
         let file = self.shared.handles.remove(fh.0);
-        // A reader's handle opened from the cache closes here, without a task.
+        // A handle with nothing to publish and no registration to release (a reader's opened
+        // from the cache; a new file of a caching client, flushed or never written) closes
+        // here, without a task.
         let file = match file.map(Arc::try_unwrap) {
-            Some(Ok(f)) if !f.writable => match f.handle.close_if_clean() {
+            Some(Ok(f)) => match f.handle.close_if_clean() {
                 Ok(()) => return reply.ok(),
                 Err(handle) => Some(Arc::new(OpenFile { handle, ..f })),
             },
-            Some(Ok(f)) => Some(Arc::new(f)),
             Some(Err(shared)) => Some(shared),
             None => None,
         };

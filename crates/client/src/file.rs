@@ -471,11 +471,12 @@ impl FileHandle {
         self.client.getattr(&self.ctx, self.data.ino).await
     }
 
-    /// Closes a read-only handle that needs no request to close (its open was answered from
-    /// the cache and never registered): done at once. Otherwise the handle comes back, for
-    /// `close`.
+    /// Closes a handle that needs no request to close — never registered with metad (opened
+    /// from the cache, or created by a caching client) and with nothing to publish (read-only,
+    /// or its writes published by a flush already): done at once. Otherwise the handle comes
+    /// back, for `close`.
     pub fn close_if_clean(mut self) -> std::result::Result<(), FileHandle> {
-        if self.writable || !self.client.release_without_request(&self.data) {
+        if (self.writable && self.has_unpublished_writes()) || !self.client.release_without_request(&self.data) {
             return Err(self);
         }
         self.closed = true;
