@@ -440,3 +440,22 @@ fn odfs_cp_copies_trees_in_and_out_keeping_bytes_modes_times_and_links() {
     }
     assert!(!std::path::Path::new("/tmp/x").exists());
 }
+
+#[test]
+fn daemon_configs_print_their_defaults_and_refuse_bad_values_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    for daemon in ["odfs-mgmtd", "odfs-metad", "odfs-stored", "odfs-agent"] {
+        let bin = bin_dir().join(daemon);
+        let out = std::process::Command::new(&bin).arg("--print-default-config").output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success() && text.contains("worker_threads = 2"), "{daemon}: {text}");
+        for (bad, why) in [("worker_threads = 0\n", "worker_threads = 0"), ("frobnicate = 1\n", "frobnicate")] {
+            let cfg = dir.path().join(format!("{daemon}.toml"));
+            std::fs::write(&cfg, bad).unwrap();
+            let out = std::process::Command::new(&bin).arg("--config").arg(&cfg).output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert!(!out.status.success(), "{daemon} started with {bad:?}");
+            assert!(err.contains(why) && err.trim().lines().count() == 1, "{daemon} with {bad:?}: {err}");
+        }
+    }
+}

@@ -283,6 +283,7 @@ fn node_launch(
         ),
         io_backend: o.io_backend.clone(),
         register_timeout_secs: Some(o.ready_timeout_secs),
+        worker_threads: None,
     }
 }
 

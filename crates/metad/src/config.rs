@@ -32,6 +32,8 @@ pub struct MetadConfig {
     pub dedup_capacity: usize,
     /// Seconds to keep trying to reach mgmtd at start.
     pub register_timeout_secs: u64,
+    /// Async runtime worker threads (default 2; see docs/architecture.md for what was measured).
+    pub worker_threads: usize,
     /// Only root may set layouts (`setstripe`); by default a directory's or file's owner may.
     pub root_only_layouts: bool,
     /// Owner, group and mode given to the root directory when the filesystem is new (the
@@ -55,6 +57,12 @@ pub struct RootOwner {
     pub mode: u32,
 }
 
+impl odfs_service::DaemonConfig for MetadConfig {
+    fn worker_threads(&self) -> usize {
+        self.worker_threads
+    }
+}
+
 impl Default for MetadConfig {
     fn default() -> Self {
         MetadConfig {
@@ -70,6 +78,7 @@ impl Default for MetadConfig {
             snapshot_every_bytes: 64 << 20,
             dedup_capacity: 262_144,
             register_timeout_secs: 30,
+            worker_threads: odfs_service::DEFAULT_WORKER_THREADS,
             root_only_layouts: false,
             root_owner: None,
             lease_ms: 30_000,

@@ -24,6 +24,8 @@ pub struct MgmtdConfig {
     pub offline_after_missed: u32,
     /// Layout of the root directory, inherited by everything below unless changed.
     pub default_layout: DirLayout,
+    /// Async runtime worker threads (default 2; see docs/architecture.md for what was measured).
+    pub worker_threads: usize,
 }
 
 impl Default for MgmtdConfig {
@@ -37,7 +39,14 @@ impl Default for MgmtdConfig {
             heartbeat_ms: 1000,
             offline_after_missed: 3,
             default_layout: DirLayout::default(),
+            worker_threads: odfs_service::DEFAULT_WORKER_THREADS,
         }
+    }
+}
+
+impl odfs_service::DaemonConfig for MgmtdConfig {
+    fn worker_threads(&self) -> usize {
+        self.worker_threads
     }
 }
 

@@ -1,10 +1,19 @@
 //! The body every daemon binary shares: `--config FILE` / `--print-default-config`, logging, a
-//! two-worker runtime, and a run function that ends on SIGTERM or SIGINT.
+//! runtime of the config's `worker_threads`, and a run function that ends on SIGTERM or SIGINT.
 
 use clap::Parser;
 use serde::{de::DeserializeOwned, Serialize};
 use std::future::Future;
 use std::path::PathBuf;
+
+/// Runtime worker threads of a daemon unless its config says otherwise.
+pub const DEFAULT_WORKER_THREADS: usize = 2;
+
+/// What the shared daemon body needs of a daemon's config.
+pub trait DaemonConfig: Default + Serialize + DeserializeOwned {
+    /// Async runtime worker threads.
+    fn worker_threads(&self) -> usize;
+}
 
 #[derive(Parser)]
 struct DaemonArgs {
@@ -20,7 +29,7 @@ struct DaemonArgs {
 /// until shutdown. Any error is printed as one line (with its causes) and exits with status 1.
 pub fn daemon_main<C, F, Fut, E>(name: &'static str, about: &'static str, run: F)
 where
-    C: Default + Serialize + DeserializeOwned,
+    C: DaemonConfig,
     F: FnOnce(C, odfs_rpc::Shutdown) -> Fut,
     Fut: Future<Output = Result<(), E>>,
     E: std::fmt::Display,
@@ -44,8 +53,11 @@ where
     }
     let cfg: C = crate::load_config(args.config.as_deref()).unwrap_or_else(|e| fail(e.to_string()));
     crate::init_logging("info");
+    if cfg.worker_threads() == 0 {
+        fail("worker_threads = 0 in the config: a daemon needs at least one runtime thread".into());
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(cfg.worker_threads())
         .enable_all()
         .build()
         .unwrap_or_else(|e| fail(format!("cannot start the async runtime: {e}")));

@@ -13,7 +13,7 @@ pub mod mgmt_link;
 pub mod runtime;
 
 pub use config::{load_config, JobSection};
-pub use daemon::daemon_main;
+pub use daemon::{daemon_main, DaemonConfig, DEFAULT_WORKER_THREADS};
 pub use lifecycle::{announce, Daemon};
 pub use mgmt_link::MgmtLink;
 pub use odfs_rpc::Shutdown;

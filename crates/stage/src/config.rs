@@ -18,8 +18,16 @@ pub struct AgentConfig {
     pub concurrency: u32,
     /// Seconds to keep trying to reach mgmtd at start.
     pub register_timeout_secs: u64,
+    /// Async runtime worker threads (default 2; see docs/architecture.md for what was measured).
+    pub worker_threads: usize,
     /// Finished runs kept for polling.
     pub keep_runs: usize,
+}
+
+impl odfs_service::DaemonConfig for AgentConfig {
+    fn worker_threads(&self) -> usize {
+        self.worker_threads
+    }
 }
 
 impl Default for AgentConfig {
@@ -31,6 +39,7 @@ impl Default for AgentConfig {
             node: 0,
             concurrency: 16,
             register_timeout_secs: 30,
+            worker_threads: odfs_service::DEFAULT_WORKER_THREADS,
             keep_runs: 16,
         }
     }

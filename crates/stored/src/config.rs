@@ -42,6 +42,14 @@ pub struct StoredConfig {
     pub io_backend: String,
     /// Seconds to keep trying to reach mgmtd at start.
     pub register_timeout_secs: u64,
+    /// Async runtime worker threads (default 2; see docs/architecture.md for what was measured).
+    pub worker_threads: usize,
+}
+
+impl odfs_service::DaemonConfig for StoredConfig {
+    fn worker_threads(&self) -> usize {
+        self.worker_threads
+    }
 }
 
 impl Default for StoredConfig {
@@ -56,6 +64,7 @@ impl Default for StoredConfig {
             targets: vec![TargetSection { id: 1, path: PathBuf::from("/var/lib/odfs/target1"), pool: default_pool() }],
             io_backend: "auto".into(),
             register_timeout_secs: 30,
+            worker_threads: odfs_service::DEFAULT_WORKER_THREADS,
         }
     }
 }
