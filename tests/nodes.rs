@@ -275,12 +275,11 @@ fn a_change_on_one_node_is_seen_by_the_very_next_call_on_the_other() {
     let mnt = a.mnt.display().to_string();
     a.ok(&format!("mkdir {mnt}/d && printf v1 > {mnt}/d/f && printf keep > {mnt}/d/other"));
 
-    // A caches names, missing names, attributes, data and extended attributes (a missing one
-    // too): repeated stats, lookups, reads and getxattrs reach no metad. (Listings of a
-    // directory that is not sealed are asked of metad every time.)
+    // A caches names, missing names, attributes, data, extended attributes (a missing one
+    // too) and listings: repeated stats, lookups, reads, getxattrs and listings reach no metad.
     let warm = format!(
         "stat {mnt}/d/f {mnt}/d/other >/dev/null && cat {mnt}/d/f {mnt}/d/other >/dev/null && \
-         ! test -e {mnt}/d/new && ! getfattr -n user.k {mnt}/d/f 2>/dev/null"
+         ! test -e {mnt}/d/new && ! getfattr -n user.k {mnt}/d/f 2>/dev/null && ls {mnt}/d >/dev/null"
     );
     a.ok(&format!("ls -l {mnt}/d >/dev/null"));
     a.ok(&warm);
@@ -310,12 +309,14 @@ fn a_change_on_one_node_is_seen_by_the_very_next_call_on_the_other() {
     b.ok(&format!("setfattr -n user.k -v val {f}"));
     assert!(a.ok(&format!("getfattr -n user.k {f}")).contains("user.k=\"val\""), "setxattr");
     b.ok(&format!("mv {f} {mnt}/d/g"));
+    assert_eq!(a.ok(&format!("ls {mnt}/d | tr '\\n' ' '")), "g other ", "rename: A's cached listing");
     a.ok(&format!("test -e {mnt}/d/g && ! test -e {f}"));
     assert_eq!(a.ok(&format!("cat {mnt}/d/g")), "v2,", "rename");
     b.ok(&format!("rm {mnt}/d/g"));
     a.ok(&format!("! test -e {mnt}/d/g && ! cat {mnt}/d/g 2>/dev/null"));
     // A looked `new` up and cached its absence; B creates it.
     b.ok(&format!("printf fresh > {mnt}/d/new"));
+    assert_eq!(a.ok(&format!("ls {mnt}/d | tr '\\n' ' '")), "new other ", "create: A's cached listing");
     assert_eq!(a.ok(&format!("cat {mnt}/d/new")), "fresh", "create of a name A knew to be missing");
     b.ok(&format!("mkdir {mnt}/d/sub && chmod 700 {mnt}/d"));
     assert_eq!(a.ok(&format!("stat -c %a {mnt}/d")).trim(), "700", "chmod of the directory");

@@ -640,8 +640,12 @@ impl Filesystem for OdfsFuse {
             async move {
                 let handle =
                     s.client.open(&ctx, ino(i), read, write, truncate).await.map_err(|e| gone(&s, ino(i), e))?;
-                // Served from the client's cache filled by the open (one round trip after O_TRUNC).
-                let attr = handle.getattr().await?;
+                // Served from the client's cache filled by the open (one round trip after O_TRUNC);
+                // a file this client removed a moment ago is known by its last attributes.
+                let attr = match handle.getattr().await {
+                    Err(e) if e.code() == ErrorCode::NotFound => s.client.removed_attr(ino(i)).ok_or(e)?,
+                    r => r?,
+                };
                 let fh = s.handles.insert(OpenFile { handle, writable: write, append, attr });
                 s.invalidate_kernel_attrs(ino(i));
                 Ok(fh)
@@ -755,11 +759,13 @@ impl Filesystem for OdfsFuse {
 
     fn opendir(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         // Listings are stateless (offsets map to metad's stable cookies), so no handle is kept.
-        // A sealed directory's listing cannot change until an unseal, whose recall drops the
-        // kernel's copy (inval_inode): the kernel keeps it across opens.
-        let sealed = self.shared.client.getattr_cached(ino(i)).is_some_and(|a| a.sealed);
-        let flags =
-            if sealed { FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
+        // The kernel keeps a listing across opens while this client holds the directory's
+        // attributes under a lease: every name change in it touches the directory, whose
+        // recall is an inval_inode that drops the kernel's copy (this node's own changes it
+        // drops itself). A striped directory's names change on its other shards' parts, which
+        // recall names only: only a sealed one's listing is kept.
+        let keep = self.shared.client.getattr_cached(ino(i)).is_some_and(|a| a.sealed || a.dir_stripes.len() < 2);
+        let flags = if keep { FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
         reply.opened(FileHandle(0), flags);
     }
 

@@ -71,7 +71,16 @@ pub(crate) struct Inner {
     stripes: Mutex<HashMap<InodeId, Vec<u16>>>,
     /// odfs-fuse's part of every recall.
     recall_hook: std::sync::OnceLock<RecallHook>,
+    /// Files this client's own unlink or rename just removed, whose chunks are kept a moment
+    /// (see `reclaim`).
+    removed: Mutex<HashMap<InodeId, Attr>>,
 }
+
+/// How long a caching client keeps the chunks of a file its own unlink or rename removed, and
+/// answers opens of it: its kernel may have resolved the old name just before the change (a
+/// path walk runs ahead of an open), and such an open gets the old file, as on a local
+/// filesystem, instead of ESTALE. Kept longer while this client still holds the file open.
+const REMOVED_GRACE: Duration = Duration::from_secs(2);
 
 /// A connection to one odfs filesystem. Cheap to clone.
 #[derive(Clone)]
@@ -187,6 +196,7 @@ impl Client {
             stop,
             runtime: tokio::runtime::Handle::current(),
             stripes: Mutex::new(HashMap::new()),
+            removed: Mutex::new(HashMap::new()),
         });
         let client = Client { inner };
         client.keep_sessions(&stop_rx);
@@ -673,11 +683,34 @@ impl Client {
     /// client holds it open; one held open stays an orphan until its last release.
     async fn reclaim(&self, removed: Option<Attr>) {
         let Some(attr) = removed else { return };
-        let Some(layout) = attr.layout else { return };
+        if attr.layout.is_none() {
+            return;
+        }
+        if self.inner.cfg.attr_cache_ms == 0 {
+            // A one-shot client has no kernel racing its changes: at once.
+            return self.remove_data(&attr).await;
+        }
+        self.inner.removed.lock().expect("removed lock").insert(attr.ino, attr.clone());
+        let client = self.clone();
+        self.inner.runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(REMOVED_GRACE).await;
+                if !client.inner.inodes.lock().expect("inodes lock").contains_key(&attr.ino) {
+                    break;
+                }
+            }
+            client.inner.removed.lock().expect("removed lock").remove(&attr.ino);
+            client.remove_data(&attr).await;
+        });
+    }
+
+    /// Removes the chunks of a file that is gone.
+    async fn remove_data(&self, attr: &Attr) {
+        let Some(layout) = &attr.layout else { return };
         // A file whose published size is 0 has no data worth a round trip to every target
         // (bytes of a writer that died before publishing its size stay until the wipe).
         if attr.size > 0 {
-            self.remove_chunks(&layout, attr.ino, Some(attr.size)).await;
+            self.remove_chunks(layout, attr.ino, Some(attr.size)).await;
         }
     }
 
@@ -1006,13 +1039,26 @@ impl Client {
         // so the file outlives its last name while open.
         let h = self.header(ctx);
         let registered = h.request_id;
-        let attr = self.meta_as(&h, Self::shard_of(ino), &Open { ino, read, write, register: true }).await?;
+        let attr = match self.meta_as(&h, Self::shard_of(ino), &Open { ino, read, write, register: true }).await {
+            // Removed by this client a moment ago (see `REMOVED_GRACE`): the old file, for reading.
+            Err(e) if e.code() == ErrorCode::NotFound && !write && !truncate => match self.removed_attr(ino) {
+                Some(a) => return self.handle_for(ctx, a, read, false, 0),
+                None => return Err(e),
+            },
+            r => r?,
+        };
         self.cache_attr(&attr, t);
         let handle = self.handle_for(ctx, attr, read, write, registered)?;
         if truncate && write {
             self.truncate(ctx, ino, 0, Truncate::Checked).await?;
         }
         Ok(handle)
+    }
+
+    /// The attributes of a file this client's own change removed a moment ago (see
+    /// `REMOVED_GRACE`), while its chunks are kept.
+    pub fn removed_attr(&self, ino: InodeId) -> Option<Attr> {
+        self.inner.removed.lock().expect("removed lock").get(&ino).map(|a| Attr { nlink: 0, ..a.clone() })
     }
 
     /// Opens a file for reading from the cache alone, when a lease covers its attributes and
