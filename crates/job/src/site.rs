@@ -245,7 +245,8 @@ mod tests {
         std::fs::write(&p, include_str!("../../../slurm/site.toml")).unwrap();
         let (cfg, _) = SiteConfig::load(Some(&p)).unwrap();
         assert_eq!(cfg.ondemand.data_paths.len(), 2);
-        assert_eq!(cfg.stage.credentials_file.as_deref(), Some(Path::new("/etc/odfs/s3.credentials")));
+        // Users' own credentials: the example turns on no shared staging account.
+        assert_eq!((cfg.stage.credentials_file.as_deref(), cfg.stage.profile.as_deref()), (None, None));
     }
 
     #[test]
