@@ -285,7 +285,11 @@ fn a_failed_stage_out_keeps_the_data_until_odfs_recover_finishes_it() {
             let s = c.node_state(n);
             (s.0.contains("DRAIN") && !s.0.contains("COMPLETING"), s)
         });
-        assert!(reason.contains("not verified"), "{n}: {state} {reason}");
+        // The action first, whole, however long the cause and the paths.
+        assert!(
+            reason.contains("not verified") && reason.contains(&format!("odfs recover --job {job}")),
+            "{n}: {state} {reason}"
+        );
         // Kept: the data and the record; gone: processes and mounts.
         assert!(!c.data_entries(k).is_empty(), "{n}: data must be kept\n{}", c.logs());
         assert_eq!(c.state_entries(k), std::slice::from_ref(&job), "{n}: its record says the data is kept");

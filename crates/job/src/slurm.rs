@@ -84,12 +84,33 @@ const DRAIN_PREFIX: &str = "odfs: ";
 /// Start of a drain reason set on the batch host only to keep the batch script from running.
 pub const BATCH_HOST_MARK: &str = "batch host:";
 
+/// Longest drain reason odfs sets: what `sinfo -R` shows whole. Callers put the action first;
+/// the whole message is in the node's event log.
+const DRAIN_REASON_MAX: usize = 200;
+
+/// The drain reason for `reason`: odfs's prefix, one line, cut to `DRAIN_REASON_MAX`
+/// characters with an ellipsis where it was cut.
+fn drain_reason(reason: &str) -> String {
+    let line: String = format!("{DRAIN_PREFIX}{reason}").chars().map(|c| if c == '\n' { ' ' } else { c }).collect();
+    if line.chars().count() <= DRAIN_REASON_MAX {
+        return line;
+    }
+    line.chars().take(DRAIN_REASON_MAX - 1).chain(std::iter::once('…')).collect()
+}
+
+/// The drain reason of a node whose job's outputs were not verified (its data kept): what to
+/// do first, then as much of the cause as fits.
+pub fn kept_data_reason(job: &str, cause: &str) -> String {
+    format!(
+        "job {job}: outputs not verified, data kept; once fixed run `odfs recover --job {job}` on every node \
+         (details in odfs.log): {cause}"
+    )
+}
+
 /// Drains `node` with `reason` (Slurm drains a node whose prolog or epilog fails; this makes
 /// its reason odfs's one line instead of "Prolog error"). Best effort.
 pub fn drain(node: &str, reason: &str) {
-    // Slurm keeps reasons short; one line is enough to act on.
-    let reason: String = format!("{DRAIN_PREFIX}{reason}").chars().filter(|c| *c != '\n').take(200).collect();
-    let r = format!("reason={reason}");
+    let r = format!("reason={}", drain_reason(reason));
     if let Err(e) =
         run("scontrol", &["update", &format!("nodename={node}"), "state=drain", &r], Duration::from_secs(10))
     {
@@ -130,5 +151,23 @@ pub fn tell_user(spec: &JobSpec, line: &str) {
             "odfs: cannot write to the job's output file {}: {e}",
             spec.stdout.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drain_reasons_put_the_action_first_and_fit_in_one_line() {
+        let cause = format!("stage-out odfs:/results -> s3://b/{}: connection refused\nretried", "x".repeat(300));
+        let r = drain_reason(&kept_data_reason("42", &cause));
+        assert!(
+            r.starts_with("odfs: job 42: outputs kept; fix the cause, then run `odfs recover --job 42` on every node"),
+            "{r}"
+        );
+        assert_eq!(r.chars().count(), DRAIN_REASON_MAX);
+        assert!(r.ends_with('…') && !r.contains('\n'), "{r}");
+        assert_eq!(drain_reason("short"), "odfs: short");
     }
 }

@@ -238,7 +238,7 @@ fn apply_verdict(
                     slurm::tell_user(&spec, &msg);
                 }
                 if o.slurm_drain_reason {
-                    slurm::drain(spec.node_name(), &msg);
+                    slurm::drain(spec.node_name(), &slurm::kept_data_reason(&spec.job_id, &reason));
                 }
             }
             bail!(msg)
