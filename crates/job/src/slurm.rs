@@ -160,12 +160,12 @@ mod tests {
 
     #[test]
     fn drain_reasons_put_the_action_first_and_fit_in_one_line() {
-        let cause = format!("stage-out odfs:/results -> s3://b/{}: connection refused\nretried", "x".repeat(300));
+        let cause = format!("connection refused\nretried: stage-out odfs:/results -> s3://b/{}", "x".repeat(300));
         let r = drain_reason(&kept_data_reason("42", &cause));
-        assert!(
-            r.starts_with("odfs: job 42: outputs kept; fix the cause, then run `odfs recover --job 42` on every node"),
-            "{r}"
-        );
+        let action =
+            "odfs: job 42: outputs not verified, data kept; once fixed run `odfs recover --job 42` on every node";
+        assert!(r.starts_with(action), "{r}");
+        assert!(r.contains("connection refused retried"), "newlines become spaces: {r}");
         assert_eq!(r.chars().count(), DRAIN_REASON_MAX);
         assert!(r.ends_with('…') && !r.contains('\n'), "{r}");
         assert_eq!(drain_reason("short"), "odfs: short");
