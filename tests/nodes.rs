@@ -189,12 +189,20 @@ fn up_in_server(net: &Net, nodes: u32) -> LocalFs {
     fs
 }
 
-#[test]
-fn nodes_in_their_own_namespaces_share_one_filesystem_close_to_open() {
+/// A 4-node filesystem served from the server namespace, mounted on two nodes, A and B, each in
+/// its own network and mount namespaces. Bound in this order, they drop in reverse: the mounts
+/// go before the filesystem, the filesystem before the namespaces.
+fn two_nodes() -> (Net, LocalFs, Node, Node) {
     let net = Net::new(2);
     let fs = up_in_server(&net, 4);
     let a = Node::mount(&net.nodes[0], "A", &fs);
     let b = Node::mount(&net.nodes[1], "B", &fs);
+    (net, fs, a, b)
+}
+
+#[test]
+fn nodes_in_their_own_namespaces_share_one_filesystem_close_to_open() {
+    let (_net, fs, a, b) = two_nodes();
     let mnt = a.mnt.display().to_string();
     assert!(mount_line(&a.mnt).is_none(), "the nodes' mounts must not show in the test's own mount namespace");
     // The nodes reach only the server's address: loopback in a node is its own.
@@ -268,10 +276,7 @@ fn signal(node: &Node, sig: i32) {
 
 #[test]
 fn a_change_on_one_node_is_seen_by_the_very_next_call_on_the_other() {
-    let net = Net::new(2);
-    let fs = up_in_server(&net, 4);
-    let a = Node::mount(&net.nodes[0], "A", &fs);
-    let b = Node::mount(&net.nodes[1], "B", &fs);
+    let (net, fs, a, b) = two_nodes();
     let mnt = a.mnt.display().to_string();
     a.ok(&format!("mkdir {mnt}/d && printf v1 > {mnt}/d/f && printf keep > {mnt}/d/other"));
 
@@ -340,10 +345,7 @@ fn a_change_on_one_node_is_seen_by_the_very_next_call_on_the_other() {
 
 #[test]
 fn a_sealed_tree_refuses_every_change_is_served_from_caches_and_unseals_everywhere() {
-    let net = Net::new(2);
-    let fs = up_in_server(&net, 4);
-    let a = Node::mount(&net.nodes[0], "A", &fs);
-    let b = Node::mount(&net.nodes[1], "B", &fs);
+    let (net, fs, a, b) = two_nodes();
     let mnt = a.mnt.display().to_string();
     let odfs = bin_dir().join("odfs").display().to_string();
     b.ok(&format!(

@@ -640,11 +640,12 @@ impl Filesystem for OdfsFuse {
             async move {
                 let handle =
                     s.client.open(&ctx, ino(i), read, write, truncate).await.map_err(|e| gone(&s, ino(i), e))?;
-                // Served from the client's cache filled by the open (one round trip after O_TRUNC);
-                // a file this client removed a moment ago is known by its last attributes.
-                let attr = match handle.getattr().await {
-                    Err(e) if e.code() == ErrorCode::NotFound => s.client.removed_attr(ino(i)).ok_or(e)?,
-                    r => r?,
+                // A file this client removed a moment ago is known by its last attributes (metad
+                // has forgotten it); any other from the client's cache filled by the open (one
+                // round trip after O_TRUNC).
+                let attr = match s.client.removed_attr(ino(i)) {
+                    Some(a) => a,
+                    None => handle.getattr().await?,
                 };
                 let fh = s.handles.insert(OpenFile { handle, writable: write, append, attr });
                 s.invalidate_kernel_attrs(ino(i));

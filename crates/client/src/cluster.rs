@@ -2,7 +2,7 @@
 //! Refreshed from mgmtd in the background and on demand.
 
 use crate::{ClientError, Result};
-use odfs_proto::mgmt::{ClusterView, FsState, GetCluster, ServiceKind};
+use odfs_proto::mgmt::{ClusterView, FsState, GetCluster, ServiceInfo, ServiceKind};
 use odfs_proto::{RequestHeader, TargetId};
 use odfs_rpc::{Pool, Transport};
 use std::net::SocketAddr;
@@ -45,12 +45,9 @@ impl Cluster {
     /// Address (and transport: `want` if it serves it) of the metad serving `shard`.
     pub fn meta_addr(&self, shard: u16, want: Transport) -> Result<(SocketAddr, Transport)> {
         let v = self.view();
-        let s = v.meta_for_shard(shard);
-        match (want, s.and_then(|s| s.bulk_addr), s.and_then(|s| s.addr)) {
-            (Transport::Tcp, Some(a), _) => Ok((a, Transport::Tcp)),
-            (_, _, Some(a)) => Ok((a, Transport::Quic)),
-            _ => Err(ClientError::Unavailable(format!("no metadata service for shard {shard}"))),
-        }
+        v.meta_for_shard(shard)
+            .and_then(|s| route(s, want))
+            .ok_or_else(|| ClientError::Unavailable(format!("no metadata service for shard {shard}")))
     }
 
     /// Address (and transport) of the stored holding `target`.
@@ -62,10 +59,16 @@ impl Cluster {
             .service(t.service_id)
             .filter(|s| s.kind == ServiceKind::Storage)
             .ok_or_else(|| ClientError::Unavailable(format!("storage service of target {target} is gone")))?;
-        match (bulk, s.bulk_addr, s.addr) {
-            (Transport::Tcp, Some(a), _) => Ok((a, Transport::Tcp)),
-            (_, _, Some(a)) => Ok((a, Transport::Quic)),
-            _ => Err(ClientError::Unavailable(format!("target {target} has no address"))),
-        }
+        route(s, bulk).ok_or_else(|| ClientError::Unavailable(format!("target {target} has no address")))
+    }
+}
+
+/// Where to reach service `s` over `want`: its TCP address when TCP is wanted and it serves
+/// TCP, else its QUIC address.
+fn route(s: &ServiceInfo, want: Transport) -> Option<(SocketAddr, Transport)> {
+    match (want, s.bulk_addr, s.addr) {
+        (Transport::Tcp, Some(a), _) => Some((a, Transport::Tcp)),
+        (_, _, Some(a)) => Some((a, Transport::Quic)),
+        _ => None,
     }
 }

@@ -120,8 +120,7 @@ async fn keep_session(weak: std::sync::Weak<Inner>, shard: u16, mut stop: watch:
         let sent = std::time::Instant::now();
         // Opens to register: answered at once, so that their releases wait no longer.
         let wait_ms = if open.files.is_empty() { 60_000 } else { 0 };
-        let caching = client.inner.cfg.attr_cache_ms > 0;
-        let poll = SessionPoll { wait_ms, acked, open: open.files.clone(), caching };
+        let poll = SessionPoll { wait_ms, acked, open: open.files.clone(), caching: client.caching() };
         let root = Ctx::root();
         let r = tokio::select! {
             r = client.meta(&root, shard, &poll) => r,
@@ -388,6 +387,12 @@ impl Client {
         self.inner.pool.call(addr, Transport::Quic, &self.header(ctx), req).await.map_err(Into::into)
     }
 
+    /// Whether this client caches what metad tells it (and so takes leases); a one-shot
+    /// client (`attr_cache_ms = 0`) does not.
+    fn caching(&self) -> bool {
+        self.inner.cfg.attr_cache_ms > 0
+    }
+
     fn shard_of(ino: InodeId) -> u16 {
         ino.shard()
     }
@@ -503,6 +508,23 @@ impl Client {
         if let Some(p) = parent {
             self.inner.cache.put_newer(p, self.ticket_after(t));
         }
+    }
+
+    /// Sends `req`, a change of inode `ino`'s attributes, to shard `shard`: whatever comes of
+    /// it, what this client cached of the inode is dropped; the new attributes are cached.
+    pub(crate) async fn change_attr<R: Rpc<Reply = Attr>>(
+        &self,
+        ctx: &Ctx,
+        shard: u16,
+        ino: InodeId,
+        req: &R,
+    ) -> Result<Attr> {
+        let t = self.ticket();
+        let r = self.meta(ctx, shard, req).await;
+        self.invalidate(ino);
+        let a = r?;
+        self.changed_attr(&a, t);
+        Ok(a)
     }
 
     /// This client changed `a.ino` (sent with ticket `t`): marked done, then cached.
@@ -686,7 +708,7 @@ impl Client {
         if attr.layout.is_none() {
             return;
         }
-        if self.inner.cfg.attr_cache_ms == 0 {
+        if !self.caching() {
             // A one-shot client has no kernel racing its changes: at once.
             return self.remove_data(&attr).await;
         }
@@ -1086,7 +1108,7 @@ impl Client {
         let h = self.header(ctx);
         // A caching client does not register: the new file is leased to it, and it registers
         // its opens before it removes a name (see `open_cached`). Others hold no lease.
-        let register = self.inner.cfg.attr_cache_ms == 0;
+        let register = !self.caching();
         let registered = if register { h.request_id } else { 0 };
         let req = Create { parent, name: name.to_vec(), mode, exclusive, layout, register };
         self.inner.cache.forget_entry(parent, name);

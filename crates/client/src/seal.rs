@@ -17,14 +17,10 @@ const SEAL_CONCURRENCY: usize = 64;
 impl Client {
     /// Seals (or unseals) one inode, and every part of a striped directory.
     pub async fn set_sealed(&self, ctx: &Ctx, ino: InodeId, sealed: bool) -> Result<Attr> {
-        let t = self.ticket();
-        let r = self.meta(ctx, ino.shard(), &SetSealed { ino, sealed }).await;
-        self.invalidate(ino);
-        let a = r?;
+        let a = self.change_attr(ctx, ino.shard(), ino, &SetSealed { ino, sealed }).await?;
         for &s in a.dir_stripes.iter().filter(|&&s| s != ino.shard()) {
             self.meta(ctx, s, &SetSealed { ino, sealed }).await?;
         }
-        self.changed_attr(&a, t);
         Ok(a)
     }
 

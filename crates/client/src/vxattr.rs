@@ -129,12 +129,7 @@ fn as_dir_layout(a: &Attr) -> DirLayout {
 impl Client {
     /// Gives an empty regular file a new layout.
     pub async fn set_file_layout(&self, ctx: &Ctx, ino: InodeId, layout: DirLayout) -> Result<Attr> {
-        let t = self.ticket();
-        let a = self.meta(ctx, ino.shard(), &SetFileLayout { ino, layout }).await;
-        self.invalidate(ino);
-        let a = a?;
-        self.changed_attr(&a, t);
-        Ok(a)
+        self.change_attr(ctx, ino.shard(), ino, &SetFileLayout { ino, layout }).await
     }
 
     /// The value of a virtual attribute (`name` starts with `odfs.`).

@@ -71,8 +71,6 @@ pub struct NodeLaunch {
     pub io_backend: String,
     /// How long each daemon waits for mgmtd (None: the daemons' default).
     pub register_timeout_secs: Option<u64>,
-    /// Runtime worker threads of each daemon (None: the daemons' default).
-    pub worker_threads: Option<usize>,
 }
 
 /// Storage targets of node `node`: one per data directory (`DIR/target<ID>`) in `pool`, then
@@ -108,7 +106,6 @@ impl NodeLaunch {
             expect_storage_nodes: r.storage_nodes,
             expect_meta: r.metas,
             default_layout: r.layout.clone(),
-            worker_threads: self.worker_threads.unwrap_or(odfs_service::DEFAULT_WORKER_THREADS),
             ..MgmtdConfig::default()
         }
     }
@@ -125,7 +122,6 @@ impl NodeLaunch {
             register_timeout_secs: self.register_timeout_secs.unwrap_or(d.register_timeout_secs),
             root_owner: m.root_owner,
             root_only_layouts: m.root_only_layouts,
-            worker_threads: self.worker_threads.unwrap_or(d.worker_threads),
             ..d
         }
     }
@@ -142,7 +138,7 @@ impl NodeLaunch {
             targets: self.targets.clone(),
             io_backend: self.io_backend.clone(),
             register_timeout_secs: self.register_timeout_secs.unwrap_or(d.register_timeout_secs),
-            worker_threads: self.worker_threads.unwrap_or(d.worker_threads),
+            ..d
         }
     }
 
@@ -154,7 +150,6 @@ impl NodeLaunch {
             mgmtd: self.mgmtd,
             node: self.node,
             register_timeout_secs: self.register_timeout_secs.unwrap_or(d.register_timeout_secs),
-            worker_threads: self.worker_threads.unwrap_or(d.worker_threads),
             ..d
         }
     }

@@ -311,7 +311,6 @@ fn plan_nodes(
             targets: launch::node_targets(k, &data_dirs, &opts.pool, ram),
             io_backend: opts.io_backend.clone(),
             register_timeout_secs: None,
-            worker_threads: None,
         });
     }
     Ok(nodes)

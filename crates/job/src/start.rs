@@ -283,7 +283,6 @@ fn node_launch(
         ),
         io_backend: o.io_backend.clone(),
         register_timeout_secs: Some(o.ready_timeout_secs),
-        worker_threads: None,
     }
 }
 

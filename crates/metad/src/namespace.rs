@@ -465,7 +465,7 @@ impl Namespace {
         let mask = if req.read { MAY_READ } else { 0 } | if req.write { MAY_WRITE } else { 0 };
         permission::require(h, node, req.ino, mask)?;
         if req.write {
-            self.refuse_sealed_write(req.ino)?;
+            self.refuse_if_sealed([req.ino])?;
         }
         Ok(node.attr(req.ino))
     }

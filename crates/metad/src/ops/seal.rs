@@ -68,17 +68,15 @@ impl Namespace {
             },
             _ => {}
         }
-        match inos.into_iter().flatten().find(|i| self.inodes.get(i).is_some_and(|n| n.sealed)) {
-            Some(ino) => Err(read_only(ino)),
-            None => Ok(()),
-        }
+        self.refuse_if_sealed(inos.into_iter().flatten())
     }
 
-    /// A sealed file opens for reading only.
-    pub(crate) fn refuse_sealed_write(&self, ino: InodeId) -> RpcResult<()> {
-        match self.inodes.get(&ino) {
-            Some(n) if n.sealed => Err(read_only(ino)),
-            _ => Ok(()),
+    /// EROFS naming the first of `inos` that is a sealed inode of this shard (a sealed file,
+    /// for one, opens for reading only).
+    pub(crate) fn refuse_if_sealed(&self, inos: impl IntoIterator<Item = InodeId>) -> RpcResult<()> {
+        match inos.into_iter().find(|i| self.inodes.get(i).is_some_and(|n| n.sealed)) {
+            Some(ino) => Err(read_only(ino)),
+            None => Ok(()),
         }
     }
 }

@@ -493,15 +493,17 @@ fn small_phases(o: &MountBenchOptions, sides: &mut Sides) -> Result<()> {
     sides.push("small read epoch 2", "files/s", n, &s[1]);
     sides.push("small read epoch 3", "files/s", n, &s[2]);
     let at = sides.mnt.parent().and_then(Path::parent).unwrap_or(Path::new("/tmp")).join("minimum");
-    sides.notes.extend(fuse_minimum(o, &at)?);
+    let notes = fuse_minimum(o, &at, &mut sides.dropped)?;
+    sides.notes.extend(notes);
     Ok(())
 }
 
 /// The same three reads on the FUSE minimum (`odfs_client_fuse::minimum`): a synthetic
 /// filesystem answering every request on its reader thread, with no I/O and the longest
 /// caching FUSE allows — what FUSE alone costs here — once as any FUSE filesystem with opens
-/// must run, once in FUSE's no-open mode. One line each, or why it was skipped.
-fn fuse_minimum(o: &MountBenchOptions, at: &Path) -> Result<Vec<String>> {
+/// must run, once in FUSE's no-open mode. One line each, or why it was skipped; `dropped`
+/// is cleared when the page cache could not be dropped before a cold read.
+fn fuse_minimum(o: &MountBenchOptions, at: &Path, dropped: &mut bool) -> Result<Vec<String>> {
     let mut template = vec![0u8; o.small_file_size];
     fill_pattern(&mut template, 5);
     let mut notes = Vec::new();
@@ -520,7 +522,7 @@ fn fuse_minimum(o: &MountBenchOptions, at: &Path) -> Result<Vec<String>> {
         let mut rates = Vec::new();
         for epoch in 0..3u64 {
             if epoch == 0 {
-                drop_caches();
+                *dropped &= drop_caches();
             }
             let t = Instant::now();
             let r = small_read(at, o, epoch);
