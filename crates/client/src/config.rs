@@ -58,6 +58,13 @@ impl ClientConfig {
     pub fn load(path: &Path) -> Result<ClientConfig, crate::ClientError> {
         odfs_service::load_config(Some(path)).map_err(|e| crate::ClientError::Config(e.to_string()))
     }
+
+    /// The same for a one-shot client (a command, a job's stage): it caches nothing and so
+    /// takes no leases — a lease outlives its holder by up to the lease time, and no change
+    /// should wait for a client that has exited.
+    pub fn one_shot(self) -> ClientConfig {
+        ClientConfig { attr_cache_ms: 0, ..self }
+    }
 }
 
 #[cfg(test)]

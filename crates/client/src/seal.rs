@@ -24,6 +24,12 @@ impl Client {
         Ok(a)
     }
 
+    /// Seals (or unseals) the tree at `path` (`odfs seal odfs:/PATH`, stage-in's `--seal`).
+    pub async fn seal_path(&self, ctx: &Ctx, path: &str, sealed: bool) -> Result<u64> {
+        let top = self.resolve(ctx, path, false).await?;
+        self.seal_tree(ctx, top.ino, sealed).await
+    }
+
     /// Seals (or unseals) `top` and everything below it; returns the inodes it set.
     pub async fn seal_tree(&self, ctx: &Ctx, top: InodeId, sealed: bool) -> Result<u64> {
         let a = self.set_sealed(ctx, top, sealed).await?;

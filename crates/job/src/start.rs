@@ -485,9 +485,7 @@ pub(crate) fn run_stages(
         .map_err(|e| format!("{kind}: {e:#}"))?;
     state.say(&job, &creds);
     link.block_on(async {
-        let mut cfg = odfs_client::ClientConfig::load(&rec.client_config).map_err(|e| e.to_string())?;
-        // One-shot: no leases left behind for changes to wait on.
-        cfg.attr_cache_ms = 0;
+        let cfg = odfs_client::ClientConfig::load(&rec.client_config).map_err(|e| e.to_string())?.one_shot();
         let client =
             odfs_client::Client::connect(cfg).await.map_err(|e| format!("{kind}: cannot reach the filesystem: {e}"))?;
         let work = async {

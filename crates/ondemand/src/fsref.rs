@@ -23,10 +23,7 @@ pub fn config_path(fs: Option<&Path>) -> Result<PathBuf> {
 
 pub async fn connect(fs: Option<&Path>) -> Result<Client> {
     let p = config_path(fs)?;
-    let mut cfg = ClientConfig::load(&p).with_context(|| format!("cannot load {}", p.display()))?;
-    // A command is a one-shot client: it takes no leases, so that no change waits for it
-    // after it exits (a lease outlives its holder by up to the lease time).
-    cfg.attr_cache_ms = 0;
+    let cfg = ClientConfig::load(&p).with_context(|| format!("cannot load {}", p.display()))?.one_shot();
     Client::connect(cfg).await.with_context(|| format!("cannot reach the filesystem of {}", p.display()))
 }
 

@@ -358,11 +358,7 @@ pub async fn setstripe(place: &Place, a: &StripeArgs) -> Result<()> {
 pub async fn seal(place: &Place, sealed: bool) -> Result<()> {
     let value: &[u8] = if sealed { b"1" } else { b"0" };
     match place {
-        Place::Lib { client, path } => {
-            let ctx = Ctx::current();
-            let a = client.resolve(&ctx, path, false).await.map_err(why)?;
-            client.seal_tree(&ctx, a.ino, sealed).await.map(drop).map_err(why)
-        }
+        Place::Lib { client, path } => client.seal_path(&Ctx::current(), path, sealed).await.map(drop).map_err(why),
         Place::Mount(p) => set_xattr(p, vxattr::SEALED, value).map_err(|e| match e.raw_os_error() {
             Some(libc::EPERM) => anyhow::anyhow!(
                 "{}: {e}: only root or the owner of every file and directory below it may seal or unseal a tree",

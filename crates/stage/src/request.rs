@@ -139,9 +139,7 @@ pub async fn run(client: &Client, ctx: &Ctx, r: &StageRequest, way: Direction) -
 
 /// Seals a stage-in's destination tree; the inodes sealed.
 async fn seal(client: &Client, ctx: &Ctx, dst: &str) -> Result<u64> {
-    let fail = |e: odfs_client::ClientError| StageError::Invalid(format!("cannot seal odfs:{dst}: {e}"));
-    let top = client.resolve(ctx, dst, false).await.map_err(fail)?;
-    client.seal_tree(ctx, top.ino, true).await.map_err(fail)
+    client.seal_path(ctx, dst, true).await.map_err(|e| StageError::Invalid(format!("cannot seal odfs:{dst}: {e}")))
 }
 
 /// An error unless every file was copied and verified and no source name was refused.
