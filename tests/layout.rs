@@ -388,3 +388,83 @@ fn find_tests_agree_with_gnu_find_and_with_the_files_layouts() {
     let e = fs.cli_err(&["find", "odfs:/missing"]);
     assert!(e.contains("odfs:/missing"), "{e}");
 }
+
+/// Node of every target, from `odfs.targets`.
+fn target_nodes(m: &FuseMount) -> Vec<(u32, u32)> {
+    getfattr(&m.path, "odfs.targets")
+        .lines()
+        .filter(|l| l.starts_with("target="))
+        .map(|l| (key(l, "target").parse().unwrap(), key(l, "node").parse().unwrap()))
+        .collect()
+}
+
+#[test]
+fn local_placement_puts_each_new_file_on_its_writers_node() {
+    let (fs, m) = up();
+    let dir = m.p("ckpt");
+    fs::create_dir(&dir).unwrap();
+    fs.cli_ok(&["setstripe", "--local", "-c", "1", "-p", "nvme", &s(&dir)]);
+    assert!(getfattr(&dir, "odfs.layout").ends_with("placement=local"), "{}", getfattr(&dir, "odfs.layout"));
+    assert!(fs.cli_ok(&["getstripe", "-d", &s(&dir)]).contains("placement:     local"));
+    let nodes = target_nodes(&m);
+    let dirs = target_dirs(&fs, &m);
+    let nvme_of = |node: u32| -> u32 {
+        let own: Vec<u32> = dirs
+            .iter()
+            .filter(|(id, _, pool)| pool == "nvme" && nodes.contains(&(*id, node)))
+            .map(|(id, _, _)| *id)
+            .collect();
+        assert_eq!(own.len(), 1, "node {node} has one nvme target: {dirs:?}");
+        own[0]
+    };
+    // Where a file's bytes are: its one target, and that target's chunk file holds them.
+    let placed = |name: &str, data: &[u8]| -> u32 {
+        let f = dir.join(name);
+        let targets: Vec<u32> =
+            key(&getfattr(&f, "odfs.layout"), "targets").split(',').map(|t| t.parse().unwrap()).collect();
+        assert_eq!(targets.len(), 1, "{name}: {targets:?}");
+        let (_, tdir, _) = dirs.iter().find(|(id, _, _)| *id == targets[0]).unwrap();
+        let ino = fs::metadata(&f).map(|md| std::os::unix::fs::MetadataExt::ino(&md)).unwrap();
+        let chunk = chunk_file(tdir, ino).unwrap_or_else(|| panic!("{name}: no chunk file on target {}", targets[0]));
+        assert_eq!(fs::read(chunk).unwrap(), data, "{name}: chunk file bytes");
+        assert_eq!(fs::read(&f).unwrap(), data, "{name}: read back");
+        targets[0]
+    };
+    // Through the mount (node 0): every file on node 0's disk, however many are made.
+    for i in 0..6 {
+        let data = pattern(300 * KIB as usize + i, i as u64);
+        fs::write(dir.join(format!("m{i}")), &data).unwrap();
+        assert_eq!(placed(&format!("m{i}"), &data), nvme_of(0), "m{i}");
+    }
+    // Clients of the other nodes: each file on its writer's node.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for node in 1..4u32 {
+        let data = pattern(200 * KIB as usize, 100 + node as u64);
+        rt.block_on(async {
+            // One-shot: a client that takes leases and goes away would hold the mount's next
+            // changes until its lease ran out.
+            let mut cfg = fs.config().one_shot();
+            cfg.node = node;
+            let c = odfs_client::Client::connect(cfg).await.unwrap();
+            let ctx = odfs_client::Ctx::current();
+            let parent = c.resolve(&ctx, "/ckpt", true).await.unwrap();
+            let name = format!("n{node}");
+            let (_, h) = c.create_open(&ctx, parent.ino, name.as_bytes(), 0o644, true, None).await.unwrap();
+            h.write(0, &data).await.unwrap();
+            h.close().await.unwrap();
+        });
+        assert_eq!(placed(&format!("n{node}"), &data), nvme_of(node), "n{node}");
+    }
+    // --rotate turns it off again: new files spread over the pool.
+    fs.cli_ok(&["setstripe", "--rotate", &s(&dir)]);
+    assert!(!getfattr(&dir, "odfs.layout").contains("placement"), "{}", getfattr(&dir, "odfs.layout"));
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..12 {
+        let data = pattern(70 * KIB as usize, 200 + i as u64);
+        fs::write(dir.join(format!("r{i}")), &data).unwrap();
+        seen.insert(placed(&format!("r{i}"), &data));
+    }
+    assert!(seen.len() > 1, "rotation placed every file on {seen:?}");
+    // Both flags at once are refused by the command line.
+    assert!(fs.cli_err(&["setstripe", "--local", "--rotate", &s(&dir)]).contains("cannot be used with"));
+}

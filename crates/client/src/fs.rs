@@ -326,6 +326,11 @@ impl Client {
         Ok(())
     }
 
+    /// The node this client runs on (its config's `node`).
+    pub fn node(&self) -> odfs_proto::NodeIndex {
+        self.config().node
+    }
+
     pub fn config(&self) -> &ClientConfig {
         &self.inner.cfg
     }
@@ -746,7 +751,8 @@ impl Client {
         layout: Option<DirLayout>,
     ) -> Result<CreateReply> {
         let t = self.inner.cache.ticket();
-        let req = Create { parent, name: name.to_vec(), mode, exclusive, layout, register: false };
+        let req =
+            Create { parent, name: name.to_vec(), mode, exclusive, layout, register: false, node: Some(self.node()) };
         self.inner.cache.forget_entry(parent, name);
         let r = self.entry_call(ctx, parent, name, &req).await?;
         self.made_entry(ctx, parent, name, &r.attr, t);
@@ -1110,7 +1116,7 @@ impl Client {
         // its opens before it removes a name (see `open_cached`). Others hold no lease.
         let register = !self.caching();
         let registered = if register { h.request_id } else { 0 };
-        let req = Create { parent, name: name.to_vec(), mode, exclusive, layout, register };
+        let req = Create { parent, name: name.to_vec(), mode, exclusive, layout, register, node: Some(self.node()) };
         self.inner.cache.forget_entry(parent, name);
         let r = self.entry_call_as(ctx, &h, parent, name, &req).await?;
         self.made_entry(ctx, parent, name, &r.attr, t);

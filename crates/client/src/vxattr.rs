@@ -121,6 +121,7 @@ fn as_dir_layout(a: &Attr) -> DirLayout {
             stripe_count: l.targets.len().max(1) as i32,
             pool: l.pool.clone(),
             start_target: None,
+            local: false,
         },
         None => DirLayout::default(),
     }
@@ -129,7 +130,7 @@ fn as_dir_layout(a: &Attr) -> DirLayout {
 impl Client {
     /// Gives an empty regular file a new layout.
     pub async fn set_file_layout(&self, ctx: &Ctx, ino: InodeId, layout: DirLayout) -> Result<Attr> {
-        self.change_attr(ctx, ino.shard(), ino, &SetFileLayout { ino, layout }).await
+        self.change_attr(ctx, ino.shard(), ino, &SetFileLayout { ino, layout, node: Some(self.node()) }).await
     }
 
     /// The value of a virtual attribute (`name` starts with `odfs.`).

@@ -7,6 +7,7 @@
 //! #ODFS stage-out /out s3://runs/%u/%j
 //! #ODFS stripe-count 4
 //! #ODFS chunk-size 4M
+//! #ODFS placement local
 //! ```
 //!
 //! Like `#SBATCH`, directives are read from the script's first block of comments: an `#ODFS`
@@ -36,6 +37,8 @@ pub struct Directives {
     pub stripe_count: Option<i32>,
     pub chunk_size: Option<u32>,
     pub pool: Option<String>,
+    /// Local placement for the filesystem's default layout (`placement local|rotate`).
+    pub local_placement: Option<bool>,
     /// S3 settings for this job's stages (the site's `[stage]` table otherwise).
     pub endpoint_url: Option<String>,
     pub region: Option<String>,
@@ -47,7 +50,7 @@ pub struct Directives {
 }
 
 /// The help text listing every directive (printed with errors).
-pub const HELP: &str = "stage-in SRC DST [--seal] | stage-out SRC DST | stripe-count N | chunk-size SIZE | pool NAME | \
+pub const HELP: &str = "stage-in SRC DST [--seal] | stage-out SRC DST | stripe-count N | chunk-size SIZE | pool NAME | placement local|rotate | \
                         endpoint-url URL | region NAME | path-style | profile NAME | concurrency N | max-bandwidth SIZE";
 
 /// Splits one directive's arguments (blanks; quotes group).
@@ -153,6 +156,14 @@ fn one_directive(d: &mut Directives, w: &[String]) -> Result<(), String> {
             want(1, "a pool name")?;
             d.pool = Some(args[0].clone());
         }
+        "placement" => {
+            want(1, "local (a new file's first stripe on its writer's node) or rotate")?;
+            d.local_placement = Some(match args[0].as_str() {
+                "local" => true,
+                "rotate" => false,
+                other => return Err(format!("placement {other:?}: use local or rotate")),
+            });
+        }
         "endpoint-url" => {
             want(1, "a URL")?;
             if !(args[0].starts_with("http://") || args[0].starts_with("https://")) {
@@ -226,7 +237,7 @@ mod tests {
     fn parses_every_directive() {
         let s = "#!/bin/bash\n#SBATCH -N 4\n#ODFS stage-in s3://ds/imagenet /data\n#ODFS stage-in /pfs/x odfs:/x\n\
                  #ODFS stage-out /out s3://runs/%u/run-%j\n#ODFS stripe-count -1\n#ODFS chunk-size 4M\n#ODFS pool ram\n\
-                 #ODFS endpoint-url http://s3:9000\n#ODFS region eu-1\n  #ODFS path-style\n#ODFS profile lab\n#ODFS concurrency 8\n\
+                 #ODFS placement local\n#ODFS endpoint-url http://s3:9000\n#ODFS region eu-1\n  #ODFS path-style\n#ODFS profile lab\n#ODFS concurrency 8\n\
                  #ODFS max-bandwidth 1G\n#ODFS stage-in 's3://b/with space' \"/my data\" --seal\nsrun train.py\n# #ODFS in a comment later is fine\n";
         let d = parse(s, "42", "ana").unwrap();
         assert_eq!(d.stage_in[0], Transfer { src: "s3://ds/imagenet".into(), dst: "odfs:/data".into(), seal: false });
@@ -240,6 +251,9 @@ mod tests {
             Transfer { src: "odfs:/out".into(), dst: "s3://runs/ana/run-42".into(), seal: false }
         );
         assert_eq!((d.stripe_count, d.chunk_size, d.pool.as_deref()), (Some(-1), Some(4 << 20), Some("ram")));
+        assert_eq!(d.local_placement, Some(true));
+        assert_eq!(parse("#ODFS placement rotate\n", "1", "u").unwrap().local_placement, Some(false));
+        assert!(parse("#ODFS placement near\n", "1", "u").unwrap_err().contains("use local or rotate"));
         assert_eq!(
             (d.endpoint_url.as_deref(), d.region.as_deref(), d.path_style),
             (Some("http://s3:9000"), Some("eu-1"), true)

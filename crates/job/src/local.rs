@@ -198,6 +198,7 @@ fn check_options(opts: &UpOptions) -> Result<DirLayout> {
         stripe_count: opts.stripe_count,
         pool: opts.pool.clone(),
         start_target: None,
+        local: false,
     };
     layout.validate().map_err(|e| anyhow::anyhow!(e))?;
     Ok(layout)

@@ -208,6 +208,7 @@ impl SiteOndemand {
             stripe_count: self.stripe_count,
             pool: self.pool.clone(),
             start_target: None,
+            local: false,
         }
     }
 

@@ -208,6 +208,9 @@ fn job_layout(site: &SiteConfig, spec: &JobSpec, d: &Directives) -> Result<odfs_
     if let Some(c) = d.chunk_size {
         l.chunk_size = c;
     }
+    if let Some(local) = d.local_placement {
+        l.local = local;
+    }
     if let Some(p) = &d.pool {
         let ram = spec.has_feature(&o.ram_feature);
         if *p != o.pool && !(ram && *p == o.ram_pool) {
@@ -783,4 +786,32 @@ fn slurm_failure(spec: &JobSpec, site: &SiteConfig, msg: &str, own: bool) {
     }
     let reason = if own { msg.to_string() } else { format!("{} {msg}", slurm::BATCH_HOST_MARK) };
     slurm::drain(spec.node_name(), &reason);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::JobUser;
+
+    #[test]
+    fn directives_change_the_sites_default_layout() {
+        let site = SiteConfig::default();
+        let spec = JobSpec {
+            job_id: "7".into(),
+            nodes: vec!["n0".into()],
+            index: 0,
+            user: JobUser { name: "ana".into(), uid: 1000, gid: 1000, groups: vec![] },
+            features: vec!["odfs".into()],
+            stdout: None,
+            slurm: false,
+        };
+        let none = job_layout(&site, &spec, &Directives::default()).unwrap();
+        assert_eq!(none, site.ondemand.layout());
+        assert!(!none.local);
+        let d = Directives { stripe_count: Some(1), local_placement: Some(true), ..Directives::default() };
+        let l = job_layout(&site, &spec, &d).unwrap();
+        assert_eq!((l.stripe_count, l.local), (1, true));
+        let bad = Directives { pool: Some("tape".into()), ..Directives::default() };
+        assert!(job_layout(&site, &spec, &bad).unwrap_err().contains("no such pool"), "pool is checked");
+    }
 }

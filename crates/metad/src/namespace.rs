@@ -160,7 +160,8 @@ pub(crate) struct Choice {
 }
 
 /// Picks the targets of a new file from a directory layout.
-pub(crate) type Chooser<'a> = &'a mut dyn FnMut(&DirLayout) -> RpcResult<Layout>;
+/// Picks a new file's targets for a layout; the node is the creating client's (local placement).
+pub(crate) type Chooser<'a> = &'a mut dyn FnMut(&DirLayout, Option<odfs_proto::NodeIndex>) -> RpcResult<Layout>;
 
 /// Whether a client holds an inode open (its last link going then makes it an orphan). Live it
 /// asks the sessions; at replay it answers from the log record's list of kept orphans.

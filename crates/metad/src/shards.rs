@@ -91,6 +91,7 @@ impl Coordinator {
                 free: t.space.free,
                 capacity: t.space.capacity,
                 online: t.online,
+                node: t.node,
             })
             .collect();
         let shards = v.expected_meta.max(v.meta_shards() as u32).max(1) as u16;

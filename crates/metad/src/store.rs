@@ -14,7 +14,7 @@ use crate::wal::{self, Wal, LOG_FILE};
 use crate::{snapshot, MetaError};
 use odfs_proto::error::{ErrorCode, RemoteError, RpcResult};
 use odfs_proto::meta::*;
-use odfs_proto::{DirLayout, InodeId, Layout, RequestHeader, TargetId, Timespec};
+use odfs_proto::{DirLayout, InodeId, Layout, NodeIndex, RequestHeader, TargetId, Timespec};
 use serde::ser::SerializeSeq;
 use serde::{Deserialize, Serialize, Serializer};
 use std::collections::{HashMap, VecDeque};
@@ -75,6 +75,8 @@ pub struct TargetChoice {
     pub capacity: u64,
     /// Offline targets get no new files and do not count in statfs.
     pub online: bool,
+    /// The node whose stored serves it (local placement).
+    pub node: NodeIndex,
 }
 
 /// Chooses the targets of new files: round-robin over a pool's online targets from a rotating
@@ -83,18 +85,26 @@ struct Placement {
     targets: Vec<TargetChoice>,
     /// Online targets of each pool in id order, with whether they have free space.
     pools: HashMap<String, Vec<(TargetId, bool)>>,
+    /// The node of every known target.
+    nodes: HashMap<TargetId, NodeIndex>,
     /// Rotating start; seeded randomly so restarts do not all begin at the first target.
     next: u64,
 }
 
 impl Placement {
     fn new() -> Placement {
-        Placement { targets: Vec::new(), pools: HashMap::new(), next: rand::random::<u32>() as u64 }
+        Placement {
+            targets: Vec::new(),
+            pools: HashMap::new(),
+            nodes: HashMap::new(),
+            next: rand::random::<u32>() as u64,
+        }
     }
 
     fn set(&mut self, mut targets: Vec<TargetChoice>) {
         targets.sort_by_key(|t| t.id);
         self.pools.clear();
+        self.nodes = targets.iter().map(|t| (t.id, t.node)).collect();
         for t in targets.iter().filter(|t| t.online) {
             self.pools.entry(t.pool.clone()).or_default().push((t.id, t.free > 0));
         }
@@ -134,7 +144,8 @@ impl Placement {
         Ok(())
     }
 
-    fn choose(&mut self, dl: &DirLayout) -> RpcResult<Layout> {
+    /// The targets of a new file with layout `dl`, created by a client on `node`.
+    fn choose(&mut self, dl: &DirLayout, node: Option<NodeIndex>) -> RpcResult<Layout> {
         let invalid = |m: String| RemoteError::new(ErrorCode::Invalid, m);
         dl.validate().map_err(invalid)?;
         let cands = match self.pools.get(&dl.pool) {
@@ -150,18 +161,27 @@ impl Placement {
             return Err(RemoteError::new(ErrorCode::NoSpace, format!("every target of pool \"{}\" is full", dl.pool)));
         }
         let start = match dl.start_target {
-            Some(t) => cands.iter().position(|&(id, _)| id >= t).unwrap_or(0),
-            None => {
+            Some(t) if !dl.local => cands.iter().position(|&(id, _)| id >= t).unwrap_or(0),
+            _ => {
                 self.next = self.next.wrapping_add(1);
                 (self.next % n as u64) as usize
             }
         };
         let mut targets = Vec::with_capacity(want);
+        // Local placement: the first stripe on one of the creating node's online targets with
+        // free space (rotating among them); without one, the usual rotation.
+        if let (true, Some(node)) = (dl.local, node) {
+            let own =
+                (0..n).map(|i| cands[(start + i) % n]).find(|&(id, free)| free && self.nodes.get(&id) == Some(&node));
+            if let Some((id, _)) = own {
+                targets.push(id);
+            }
+        }
         // Rotated order, targets with free space first, full ones only to make up the count.
         for pass in [true, false] {
             for i in 0..n {
                 let (id, free) = cands[(start + i) % n];
-                if free == pass && targets.len() < want {
+                if free == pass && targets.len() < want && !targets.contains(&id) {
                     targets.push(id);
                 }
             }
@@ -741,7 +761,8 @@ impl MetaStore {
             _ => h.client_id,
         };
         let held = |i| sessions.held(i) || sessions.leased_by_other(i, requester);
-        let applied = self.ns.apply(h, now, &op, &mut Choice::default(), &mut |dl| placement.choose(dl), &held)?;
+        let applied =
+            self.ns.apply(h, now, &op, &mut Choice::default(), &mut |dl, node| placement.choose(dl, node), &held)?;
         if !applied.changed {
             return Ok(applied.reply);
         }
@@ -867,7 +888,7 @@ fn replay(
         LoggedOp::Meta(op) => {
             let mut choice = Choice { ino: rec.ino, layout: rec.layout };
             let kept = rec.kept;
-            let mut no_layout = |_: &DirLayout| {
+            let mut no_layout = |_: &DirLayout, _| {
                 Err(RemoteError::new(ErrorCode::Internal, "the log record lacks the layout chosen for the new file"))
             };
             let applied = ns
@@ -890,7 +911,7 @@ mod tests {
     use super::*;
 
     fn target(id: TargetId, pool: &str, free: u64, online: bool) -> TargetChoice {
-        TargetChoice { id, pool: pool.into(), free, capacity: 100, online }
+        TargetChoice { id, pool: pool.into(), free, capacity: 100, online, node: id / 10 }
     }
 
     fn dl(stripes: i32, pool: &str) -> DirLayout {
@@ -921,6 +942,55 @@ mod tests {
         assert_eq!(rec.kept, vec![InodeId(5)]);
     }
 
+    impl Placement {
+        fn choose_for(&mut self, dl: &DirLayout) -> RpcResult<Layout> {
+            self.choose(dl, Some(0))
+        }
+    }
+
+    #[test]
+    fn local_placement_puts_the_first_stripe_on_the_creating_node() {
+        let mut p = Placement::new();
+        // Targets 10, 11 on node 1 (11 full), 20, 21 on node 2, 30 on node 3 (offline), 40 on
+        // node 4 in another pool.
+        p.set(vec![
+            target(10, "a", 10, true),
+            target(11, "a", 0, true),
+            target(20, "a", 10, true),
+            target(21, "a", 10, true),
+            target(30, "a", 10, false),
+            target(40, "b", 10, true),
+        ]);
+        let local = |stripes| DirLayout { local: true, ..dl(stripes, "a") };
+        for _ in 0..8 {
+            assert_eq!(p.choose(&local(1), Some(1)).unwrap().targets, vec![10], "node 1's target with space");
+        }
+        let mut node2 = std::collections::HashSet::new();
+        for _ in 0..8 {
+            let l = p.choose(&local(3), Some(2)).unwrap();
+            assert_eq!(l.targets.len(), 3);
+            assert!([20, 21].contains(&l.targets[0]), "{l:?}");
+            let mut uniq = l.targets.clone();
+            uniq.sort();
+            uniq.dedup();
+            assert_eq!(uniq.len(), 3, "a target used twice: {l:?}");
+            node2.insert(l.targets[0]);
+        }
+        assert_eq!(node2.len(), 2, "the node's own targets do not rotate");
+        // No usable target on the node (offline, other pool, unknown node, no node given):
+        // the usual rotation, never an error.
+        for node in [Some(3), Some(4), Some(9), None] {
+            let l = p.choose(&local(1), node).unwrap();
+            assert!([10, 20, 21].contains(&l.targets[0]), "{node:?}: {l:?}");
+        }
+        // Without `local` the node does not matter; a start target is ignored with it.
+        let firsts: std::collections::HashSet<_> =
+            (0..12).map(|_| p.choose(&dl(1, "a"), Some(1)).unwrap().targets[0]).collect();
+        assert!(firsts.len() > 1, "rotation stuck: {firsts:?}");
+        let pinned = DirLayout { start_target: Some(20), ..local(1) };
+        assert_eq!(p.choose(&pinned, Some(1)).unwrap().targets, vec![10]);
+    }
+
     #[test]
     fn placement_rotates_prefers_free_and_checks_the_pool() {
         let mut p = Placement::new();
@@ -934,21 +1004,21 @@ mod tests {
         // Online targets of "a": 1, 2 (full), 4.
         let mut firsts = std::collections::HashSet::new();
         for _ in 0..6 {
-            let l = p.choose(&dl(2, "a")).unwrap();
+            let l = p.choose_for(&dl(2, "a")).unwrap();
             assert_eq!(l.targets.len(), 2);
             assert!(!l.targets.contains(&2), "a full target was used: {l:?}");
             firsts.insert(l.targets[0]);
         }
         assert_eq!(firsts.len(), 2, "start does not rotate");
-        let all = p.choose(&dl(-1, "a")).unwrap();
+        let all = p.choose_for(&dl(-1, "a")).unwrap();
         assert_eq!(all.targets.len(), 3);
         assert_eq!(all.targets[2], 2, "the full target comes last");
         let start = DirLayout { start_target: Some(4), ..dl(2, "a") };
-        assert_eq!(p.choose(&start).unwrap().targets, vec![4, 1]);
+        assert_eq!(p.choose_for(&start).unwrap().targets, vec![4, 1]);
         // More stripes than targets online: capped, as Lustre does.
-        assert_eq!(p.choose(&dl(4, "a")).unwrap().targets.len(), 3);
-        assert_eq!(p.choose(&dl(1, "c")).unwrap_err().code, ErrorCode::Invalid);
-        assert_eq!(p.choose(&dl(1, "b")).unwrap_err().code, ErrorCode::NoSpace);
+        assert_eq!(p.choose_for(&dl(4, "a")).unwrap().targets.len(), 3);
+        assert_eq!(p.choose_for(&dl(1, "c")).unwrap_err().code, ErrorCode::Invalid);
+        assert_eq!(p.choose_for(&dl(1, "b")).unwrap_err().code, ErrorCode::NoSpace);
     }
 
     #[test]

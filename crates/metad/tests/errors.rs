@@ -488,7 +488,8 @@ fn layouts_of_new_files() {
     assert_eq!(firsts.len(), 4);
     // A directory default, inherited by subdirectories made later.
     let dir = s.mkdir(&h, ROOT, b"fast", 0o755).unwrap();
-    let fast = DirLayout { chunk_size: 1 << 16, stripe_count: -1, pool: "fast".into(), start_target: None };
+    let fast =
+        DirLayout { chunk_size: 1 << 16, stripe_count: -1, pool: "fast".into(), start_target: None, local: false };
     let sdl = |ino, layout| MetaOp::SetDirLayout(SetDirLayout { ino, layout });
     s.mutate(&h, sdl(dir.ino, fast.clone())).unwrap();
     assert_eq!(s.get_dir_layout(&h, &GetDirLayout { ino: dir.ino }).unwrap(), fast);
@@ -496,7 +497,8 @@ fn layouts_of_new_files() {
     let l = s.create(&h, sub.ino, b"x", 0o644).unwrap().layout.unwrap();
     assert_eq!((l.pool.as_str(), l.chunk_size, l.targets.clone()), ("fast", 1 << 16, vec![10]));
     // Per-file layout, with a start target.
-    let own = DirLayout { chunk_size: 1 << 20, stripe_count: 2, pool: "default".into(), start_target: Some(3) };
+    let own =
+        DirLayout { chunk_size: 1 << 20, stripe_count: 2, pool: "default".into(), start_target: Some(3), local: false };
     let c = s.create_full(&h, dir.ino, b"own", 0o644, true, Some(own)).unwrap();
     assert_eq!(c.attr.layout.unwrap().targets, vec![3, 4]);
     // More stripes than the pool has online: capped at the pool's size (as Lustre).
@@ -550,7 +552,7 @@ fn statfs_and_shard_ids() {
     let mut s =
         MetaStore::open(d.path(), StoreOptions { shard: 3, ..StoreOptions::default() }, DirLayout::default()).unwrap();
     let mut t = targets();
-    t.push(TargetChoice { id: 20, pool: "default".into(), free: 5, capacity: 5, online: false });
+    t.push(TargetChoice { id: 20, pool: "default".into(), free: 5, capacity: 5, online: false, node: 0 });
     s.set_targets(t);
     let f = s.create(&root(), ROOT, b"f", 0o644).unwrap();
     assert_eq!(f.ino.shard(), 3);
@@ -580,6 +582,7 @@ fn idempotent_retries_in_process() {
         exclusive: true,
         layout: None,
         register: false,
+        node: None,
     });
     let first = s.mutate(&h, op.clone()).unwrap();
     assert_eq!(s.mutate(&h, op.clone()).unwrap(), first);
@@ -604,6 +607,7 @@ fn layouts_are_judged_against_the_pools_and_survive_a_restart() {
         stripe_count: count,
         pool: pool.into(),
         start_target: start,
+        local: false,
     };
     // Refused, naming the problem: unknown pool, more stripes than the pool has, a start
     // target outside the pool, another user's directory.
@@ -622,7 +626,7 @@ fn layouts_are_judged_against_the_pools_and_survive_a_restart() {
     let f = s.create(&u, dir.ino, b"f", 0o644).unwrap();
     assert_eq!(f.layout.as_ref().unwrap().targets.len(), 4);
     let relayout = |s: &mut MetaStore, h: &RequestHeader, ino| {
-        s.mutate(h, MetaOp::SetFileLayout(SetFileLayout { ino, layout: dl(1, "fast", None) }))
+        s.mutate(h, MetaOp::SetFileLayout(SetFileLayout { ino, layout: dl(1, "fast", None), node: None }))
     };
     let a = relayout(&mut s, &u, f.ino).unwrap().into_attr().unwrap();
     assert_eq!(a.layout.as_ref().map(|l| (l.targets.clone(), l.pool.as_str())), Some((vec![10], "fast")));

@@ -211,6 +211,7 @@ fn retried_requests_after_reopen_are_not_applied_twice() {
         exclusive: true,
         layout: None,
         register: false,
+        node: None,
     });
     let unlink = MetaOp::Unlink(Unlink { parent: ROOT, name: b"g".to_vec() });
     let mkdir = MetaOp::Mkdir(Mkdir { parent: ROOT, name: b"d".to_vec(), mode: 0o755 });

@@ -237,6 +237,8 @@ pub struct StripeArgs {
     pub size: Option<u64>,
     pub pool: Option<String>,
     pub start: Option<i64>,
+    /// Local placement on (`--local`) or off (`--rotate`).
+    pub local: Option<bool>,
 }
 
 impl StripeArgs {
@@ -255,8 +257,11 @@ impl StripeArgs {
         if let Some(i) = self.start {
             v.push(format!("stripe_offset={i}"));
         }
+        if let Some(local) = self.local {
+            v.push(format!("placement={}", if local { "local" } else { "rotate" }));
+        }
         if v.is_empty() {
-            bail!("setstripe needs at least one of -c COUNT, -S SIZE, -p POOL, -i START_TARGET");
+            bail!("setstripe needs at least one of -c COUNT, -S SIZE, -p POOL, -i START_TARGET, --local, --rotate");
         }
         let text = v.join(" ");
         // The same rules metad applies, checked here first for a message without a round trip.
@@ -429,6 +434,14 @@ pub(crate) fn kv(text: &str) -> Vec<(String, String)> {
     text.split_whitespace().filter_map(|i| i.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect()
 }
 
+/// A directory layout's placement: "local", or "rotate" where the text names none.
+fn placement(f: &[(String, String)]) -> &str {
+    match field(f, "placement") {
+        "" => "rotate",
+        p => p,
+    }
+}
+
 pub(crate) fn field<'a>(f: &'a [(String, String)], k: &str) -> &'a str {
     f.iter().find(|(a, _)| a == k).map_or("", |(_, v)| v.as_str())
 }
@@ -452,6 +465,9 @@ fn render_one(out: &mut String, name: &str, kind: FileKind, text: &str, nodes: &
         for k in ["stripe_count", "stripe_size", "pool", "stripe_offset"] {
             let _ = writeln!(out, "  {k}: {}", field(&f, k));
         }
+        if kind == FileKind::Dir {
+            let _ = writeln!(out, "  placement: {}", placement(&f));
+        }
         if kind == FileKind::File {
             let _ = writeln!(out, "  targets:");
             for t in &targets {
@@ -464,11 +480,13 @@ fn render_one(out: &mut String, name: &str, kind: FileKind, text: &str, nodes: &
     if kind == FileKind::Dir {
         let _ = writeln!(
             out,
-            "stripe_count:  {} stripe_size:   {} pattern:       raid0 stripe_offset: {} pool:          {}",
+            "stripe_count:  {} stripe_size:   {} pattern:       raid0 stripe_offset: {} pool:          {} \
+             placement:     {}",
             field(&f, "stripe_count"),
             field(&f, "stripe_size"),
             field(&f, "stripe_offset"),
-            field(&f, "pool")
+            field(&f, "pool"),
+            placement(&f)
         );
         return;
     }

@@ -188,12 +188,24 @@ struct SetstripeArgs {
     /// First target (-1 = any).
     #[arg(short = 'i', long = "stripe-index", allow_hyphen_values = true)]
     index: Option<i64>,
+    /// Local placement: a new file's first stripe on a target of the node that creates it
+    /// (with -c 1, the whole file on the writer's own disk; for checkpoints).
+    #[arg(long, conflicts_with = "rotate")]
+    local: bool,
+    /// Usual placement: new files' stripes rotate over the pool's targets (turns --local off).
+    #[arg(long)]
+    rotate: bool,
     path: String,
 }
 
 impl SetstripeArgs {
     fn run(self, fs: Option<&Path>) -> Result<()> {
-        let a = lfs::StripeArgs { count: self.count, size: self.size, pool: self.pool, start: self.index };
+        let local = match (self.local, self.rotate) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        };
+        let a = lfs::StripeArgs { count: self.count, size: self.size, pool: self.pool, start: self.index, local };
         runtime()?.block_on(async { lfs::setstripe(&lfs::Place::open(&self.path, fs).await?, &a).await })
     }
 }

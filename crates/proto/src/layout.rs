@@ -37,6 +37,10 @@ pub struct DirLayout {
     pub pool: String,
     /// First target to use, or none for a rotating start.
     pub start_target: Option<TargetId>,
+    /// Local placement: a new file's first target is one of the creating node's own (see
+    /// docs/architecture.md, "Local placement"); `start_target` then does not apply.
+    #[serde(default)]
+    pub local: bool,
 }
 
 impl Default for DirLayout {
@@ -46,6 +50,7 @@ impl Default for DirLayout {
             stripe_count: DEFAULT_STRIPE_COUNT,
             pool: DEFAULT_POOL.to_string(),
             start_target: None,
+            local: false,
         }
     }
 }
@@ -75,16 +80,18 @@ pub fn validate_chunk_size(chunk_size: u32) -> Result<(), String> {
 }
 
 /// The text form of layouts, as the `odfs.layout` extended attribute and `odfs getstripe`
-/// show them: `stripe_count=2 stripe_size=262144 pool=nvme stripe_offset=-1`, and for a file
-/// also `targets=3,4` (its stripe count is the number of targets). A directory's layout is
-/// the default its new files and subdirectories get.
+/// show them: `stripe_count=2 stripe_size=262144 pool=nvme stripe_offset=-1`, followed by
+/// `placement=local` for local placement, and for a file also `targets=3,4` (its stripe count
+/// is the number of targets). A directory's layout is the default its new files and
+/// subdirectories get.
 pub fn dir_layout_text(dl: &DirLayout) -> String {
     format!(
-        "stripe_count={} stripe_size={} pool={} stripe_offset={}",
+        "stripe_count={} stripe_size={} pool={} stripe_offset={}{}",
         dl.stripe_count,
         dl.chunk_size,
         dl.pool,
-        dl.start_target.map_or(-1, |t| t as i64)
+        dl.start_target.map_or(-1, |t| t as i64),
+        if dl.local { " placement=local" } else { "" }
     )
 }
 
@@ -102,7 +109,8 @@ pub fn file_layout_text(l: &Layout) -> String {
 }
 
 /// Reads the text form, starting from `base` for the keys it leaves out (`stripe_count`,
-/// `stripe_size`, `pool`, `stripe_offset`; `targets` is ignored: it is chosen, not set).
+/// `stripe_size`, `pool`, `stripe_offset`, `placement` = `local` or `rotate`; `targets` is
+/// ignored: it is chosen, not set).
 /// Sizes take K/M/G suffixes. Errors name the key and the problem; the result is validated.
 pub fn parse_layout_text(text: &str, base: &DirLayout) -> Result<DirLayout, String> {
     let mut dl = base.clone();
@@ -126,9 +134,18 @@ pub fn parse_layout_text(text: &str, base: &DirLayout) -> Result<DirLayout, Stri
                     _ => return Err(format!("stripe_offset {v} is invalid: a target id, or -1 for any")),
                 };
             }
+            "placement" => {
+                dl.local = match v {
+                    "local" => true,
+                    "rotate" => false,
+                    _ => return Err(format!("placement {v:?} is invalid: use local or rotate")),
+                }
+            }
             "targets" => {}
             other => {
-                return Err(format!("unknown layout key {other:?} (stripe_count, stripe_size, pool, stripe_offset)"))
+                return Err(format!(
+                    "unknown layout key {other:?} (stripe_count, stripe_size, pool, stripe_offset, placement)"
+                ))
             }
         }
     }
@@ -208,7 +225,8 @@ mod tests {
 
     #[test]
     fn layout_text_round_trips_and_names_bad_keys() {
-        let dl = DirLayout { chunk_size: 262144, stripe_count: 2, pool: "nvme".into(), start_target: Some(3) };
+        let dl =
+            DirLayout { chunk_size: 262144, stripe_count: 2, pool: "nvme".into(), start_target: Some(3), local: false };
         let t = dir_layout_text(&dl);
         assert_eq!(t, "stripe_count=2 stripe_size=262144 pool=nvme stripe_offset=3");
         assert_eq!(parse_layout_text(&t, &DirLayout::default()).unwrap(), dl);
@@ -217,6 +235,12 @@ mod tests {
         let base = DirLayout::default();
         let d = parse_layout_text("stripe_size=4M stripe_count=-1", &base).unwrap();
         assert_eq!((d.chunk_size, d.stripe_count, d.pool.as_str()), (4 << 20, -1, DEFAULT_POOL));
+        let local = DirLayout { stripe_count: 1, local: true, ..DirLayout::default() };
+        let t = dir_layout_text(&local);
+        assert!(t.ends_with(" placement=local"), "{t}");
+        assert_eq!(parse_layout_text(&t, &base).unwrap(), local);
+        assert!(!parse_layout_text("placement=rotate", &local).unwrap().local);
+        assert!(parse_layout_text("placement=near", &base).unwrap_err().contains("use local or rotate"));
         for (bad, want) in [
             ("stripe_size=1000", "power of two"),
             ("stripe_count=0", "stripe count 0"),

@@ -3,7 +3,7 @@
 //! Names are raw bytes, as on Linux. Every mutating request is idempotent under retry: metad
 //! records its reply under the header's `(client_id, request_id)`.
 
-use crate::{DirLayout, InodeId, Layout, Timespec};
+use crate::{DirLayout, InodeId, Layout, NodeIndex, Timespec};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -244,6 +244,8 @@ pub struct Create {
     pub layout: Option<DirLayout>,
     /// The caller opens the file: register it as held open by this client (see `Open`).
     pub register: bool,
+    /// The creating client's node, for local placement.
+    pub node: Option<NodeIndex>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -575,6 +577,8 @@ pub struct CountEntries {
 pub struct SetFileLayout {
     pub ino: InodeId,
     pub layout: DirLayout,
+    /// The asking client's node, for local placement.
+    pub node: Option<NodeIndex>,
 }
 
 /// Between metadata services: one step of an operation that spans shards, for the shard that

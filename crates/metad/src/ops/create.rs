@@ -53,9 +53,9 @@ impl Namespace {
             None => match &req.layout {
                 Some(dl) => {
                     dl.validate().map_err(|m| RemoteError::new(ErrorCode::Invalid, m))?;
-                    choose(dl)?
+                    choose(dl, req.node)?
                 }
-                None => choose(&dir.layout)?,
+                None => choose(&dir.layout, req.node)?,
             },
         };
         let ino = self.alloc(choice.ino)?;

@@ -33,7 +33,7 @@ impl Namespace {
         req.layout.validate().map_err(|m| RemoteError::new(ErrorCode::Invalid, m))?;
         let layout = match choice.layout.take() {
             Some(l) => l,
-            None => choose(&req.layout)?,
+            None => choose(&req.layout, req.node)?,
         };
         let node = self.node_mut(req.ino)?;
         node.ctime = now;

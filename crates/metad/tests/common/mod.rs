@@ -14,9 +14,9 @@ pub const ROOT: InodeId = InodeId::ROOT;
 /// Four online targets with space in the default pool, one more in pool "fast".
 pub fn targets() -> Vec<TargetChoice> {
     let mut t: Vec<TargetChoice> = (1..=4)
-        .map(|id| TargetChoice { id, pool: "default".into(), free: 1 << 30, capacity: 1 << 31, online: true })
+        .map(|id| TargetChoice { id, pool: "default".into(), free: 1 << 30, capacity: 1 << 31, online: true, node: 0 })
         .collect();
-    t.push(TargetChoice { id: 10, pool: "fast".into(), free: 1 << 20, capacity: 1 << 21, online: true });
+    t.push(TargetChoice { id: 10, pool: "fast".into(), free: 1 << 20, capacity: 1 << 21, online: true, node: 0 });
     t
 }
 
@@ -62,7 +62,15 @@ pub trait Ops {
         exclusive: bool,
         layout: Option<DirLayout>,
     ) -> R<CreateReply> {
-        let op = MetaOp::Create(Create { parent, name: name.to_vec(), mode, exclusive, layout, register: false });
+        let op = MetaOp::Create(Create {
+            parent,
+            name: name.to_vec(),
+            mode,
+            exclusive,
+            layout,
+            register: false,
+            node: None,
+        });
         code(self.store().mutate(h, op).and_then(|r| r.into_create()))
     }
     fn mkdir(&mut self, h: &RequestHeader, parent: InodeId, name: &[u8], mode: u32) -> R<Attr> {
