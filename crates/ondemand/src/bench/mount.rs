@@ -2,7 +2,8 @@
 //! directory of the same disk, in one run, with ratios and CPU time.
 //!
 //! Owns the mount-mode phases: fio sequential write and read and 4 KiB random reads (fio's JSON
-//! report gives the rates), mdtest-easy style metadata (each worker its own directory), many
+//! report gives the rates), a checkpoint storm (every writer a large file at once, read back
+//! cold by the others; on odfs with local placement and with the default stripe), mdtest-easy style metadata (each worker its own directory), many
 //! workers in one shared directory, cold reads of many small files in random order, and two
 //! more epochs of those reads with the caches kept (a training job's dataset). The metadata and
 //! small-file phases are plain file-system calls from worker threads, so on odfs they go through
@@ -133,6 +134,8 @@ impl MountBenchOptions {
         format!(
             "seq: fio {} jobs x {} MiB, 1 MiB blocks, end_fsync, page cache dropped before reads\n\
              rand read: fio 4 KiB, O_DIRECT, libaio, iodepth {}, {} jobs, {} s over the seq files\n\
+             ckpt: {} writers x {} MiB at once (4 MiB writes, fsync, close), read back cold by {} readers, each\n\
+             another writer's file; on odfs once with local placement (stripe count 1), once with the default stripe\n\
              md: {} workers x {} empty files, each worker its own directory\n\
              shared: {} workers x {} files of {} bytes in one directory\n\
              small: {} files of {} KiB in {} directories, {} workers; read cold in random order, then\n\
@@ -144,6 +147,9 @@ impl MountBenchOptions {
             self.iodepth,
             self.jobs,
             self.randread_secs,
+            self.jobs,
+            self.job_size >> 20,
+            self.jobs,
             self.threads,
             self.files_per_thread,
             self.threads,
@@ -376,6 +382,7 @@ const MIB: f64 = (1 << 20) as f64;
 /// `reports`: where fio's JSON reports go, outside both measured directories.
 fn run_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sides) -> Result<()> {
     fio_phases(o, fio, reports, sides)?;
+    checkpoint_phases(o, sides)?;
     md_phases(o, sides)?;
     small_phases(o, sides)
 }
@@ -432,6 +439,125 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
         Ok(Some(r.field("read", "iops")?))
     })?;
     sides.push("rand read 4k", "IOPS", 0.0, &s);
+    Ok(())
+}
+
+/// Bytes of each checkpoint write and read, as `torch.save` and a loader issue them.
+const CKPT_IO: usize = 4 << 20;
+
+/// A checkpoint storm: `o.jobs` writers each write an `o.job_size` file at once (sequential 4 MiB
+/// writes, then fsync and close, as `torch.save` of a rank's shard), then as many readers read
+/// them back with the page cache dropped, reader k the file of writer k+1. On odfs once in a
+/// directory with local placement and stripe count 1 (each file on its writer's node) and once
+/// with the filesystem's default stripe; the plain directory and the FUSE floor run the same
+/// steps each time. The files are removed after each round to keep the disk's space.
+fn checkpoint_phases(o: &MountBenchOptions, sides: &mut Sides) -> Result<()> {
+    let mib = (o.jobs as u64 * o.job_size) as f64 / MIB;
+    for (sub, local, names) in [
+        ("ckpt-local", true, ["ckpt write, local", "ckpt read, local"]),
+        ("ckpt-stripe", false, ["ckpt write, striped", "ckpt read, striped"]),
+    ] {
+        eprintln!(
+            "bench: checkpoint, {} writers x {} MiB, {}",
+            o.jobs,
+            o.job_size >> 20,
+            if local { "local placement, stripe count 1" } else { "default stripe" }
+        );
+        let s = sides.run_series(&[false, true], |dir, side, step| {
+            let d = dir.join(sub);
+            if step == 0 {
+                std::fs::create_dir_all(&d)?;
+                if local && side == "odfs" {
+                    set_xattr(&d, "odfs.layout", "stripe_count=1 placement=local")?;
+                }
+                ckpt_write(&d, o)?;
+            } else {
+                ckpt_read(&d, o)?;
+                std::fs::remove_dir_all(&d)?;
+            }
+            Ok(None)
+        })?;
+        sides.push(names[0], "MiB/s", mib, &s[0]);
+        sides.push(names[1], "MiB/s", mib, &s[1]);
+    }
+    Ok(())
+}
+
+fn ckpt_path(dir: &Path, k: usize) -> PathBuf {
+    dir.join(format!("rank{k}.pt"))
+}
+
+/// Every writer its file at once: 4 MiB writes, fsync, close.
+fn ckpt_write(dir: &Path, o: &MountBenchOptions) -> Result<()> {
+    let ranks: Vec<usize> = (0..o.jobs).collect();
+    parallel(o.jobs, &ranks, |k| {
+        let p = ckpt_path(dir, k);
+        let mut buf = vec![0u8; CKPT_IO];
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&p)?;
+        let mut off = 0u64;
+        while off < o.job_size {
+            let n = (o.job_size - off).min(CKPT_IO as u64) as usize;
+            // Each piece names its file and offset, so a misplaced read is caught.
+            buf[..8].copy_from_slice(&(k as u64).to_le_bytes());
+            buf[8..16].copy_from_slice(&off.to_le_bytes());
+            f.write_all(&buf[..n]).with_context(|| format!("{}", p.display()))?;
+            off += n as u64;
+        }
+        f.sync_all().with_context(|| format!("fsync {}", p.display()))?;
+        close(f).with_context(|| format!("{}", p.display()))
+    })
+}
+
+/// Reader k reads writer k+1's file whole, in 4 MiB reads, checking each piece's label.
+fn ckpt_read(dir: &Path, o: &MountBenchOptions) -> Result<()> {
+    let ranks: Vec<usize> = (0..o.jobs).collect();
+    parallel(o.jobs, &ranks, |k| {
+        let w = (k + 1) % o.jobs;
+        let p = ckpt_path(dir, w);
+        let mut f = std::fs::File::open(&p).with_context(|| format!("{}", p.display()))?;
+        let mut buf = vec![0u8; CKPT_IO];
+        let mut off = 0u64;
+        loop {
+            let n = read_full(&mut f, &mut buf).with_context(|| format!("{}", p.display()))?;
+            if n == 0 {
+                break;
+            }
+            anyhow::ensure!(
+                n >= 16 && buf[..8] == (w as u64).to_le_bytes() && buf[8..16] == off.to_le_bytes(),
+                "{}: wrong bytes at offset {off}",
+                p.display()
+            );
+            off += n as u64;
+        }
+        anyhow::ensure!(off == o.job_size, "{}: read {off} bytes, expected {}", p.display(), o.job_size);
+        Ok(())
+    })
+}
+
+/// Reads until `buf` is full or the file ends.
+fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// Sets an extended attribute (odfs's layout on a directory of the mount).
+fn set_xattr(path: &Path, name: &str, value: &str) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let p = std::ffi::CString::new(path.as_os_str().as_bytes())?;
+    let n = std::ffi::CString::new(name)?;
+    // SAFETY: both strings are NUL-terminated and live across the call; value is a valid slice.
+    let r = unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error()).with_context(|| format!("setxattr {name} on {}", path.display()));
+    }
     Ok(())
 }
 
