@@ -45,6 +45,9 @@ pub enum FuseError {
     /// A request the adapter itself refuses, with the errno to return.
     #[error("{}", std::io::Error::from_raw_os_error(*.0))]
     Errno(i32),
+    /// A local file operation of the adapter's own (a passthrough chunk file) failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
 }
 
 impl FuseError {
@@ -53,6 +56,7 @@ impl FuseError {
         match self {
             FuseError::Client(e) => e.errno(),
             FuseError::Errno(n) => *n,
+            FuseError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
             _ => libc::EIO,
         }
     }

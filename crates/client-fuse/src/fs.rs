@@ -12,6 +12,7 @@ use crate::attr::{
     caller, file_attr, file_type, name_bytes, set_time, special_kind, statfs_blocks, xattr_list, NAMELEN, STATFS_BSIZE,
 };
 use crate::handles::{Handles, OpenFile, Parents};
+use crate::passthrough::{Backings, Candidate};
 use crate::FuseError;
 use fuser::{
     AccessFlags, BsdFileFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags,
@@ -59,6 +60,8 @@ pub struct Shared {
     pub handles: Handles,
     /// Parents of directories, for "..".
     pub parents: Parents,
+    /// Backing files of files passed through to the kernel.
+    pub backings: Backings,
     /// Set once the session exists (the notifier comes from it).
     notifier: OnceLock<Notifier>,
 }
@@ -88,7 +91,17 @@ impl Shared {
         // Read-only handles hold nothing to publish (and their owner may not write).
         let files: Vec<_> = self.handles.all().into_iter().filter(|f| f.writable).collect();
         let n = files.len();
-        let results = futures::future::join_all(files.iter().map(|f| f.handle.flush())).await;
+        let flush = |f: &Arc<OpenFile>| {
+            let f = f.clone();
+            async move {
+                // What the kernel wrote to a passthrough file is published as the library's own.
+                f.note_passthrough_writes()
+                    .await
+                    .map_err(|e| odfs_client::ClientError::new(ErrorCode::Io, e.to_string()))?;
+                f.handle.flush().await
+            }
+        };
+        let results = futures::future::join_all(files.iter().map(flush)).await;
         for (f, r) in files.iter().zip(results) {
             if let Err(e) = r {
                 warn!(ino = %f.handle.ino(), error = %e, "flushing an open file failed");
@@ -129,6 +142,10 @@ fn invalidate_kernel(n: &Notifier, r: &odfs_proto::meta::Recall) {
 async fn close_file(f: Arc<OpenFile>) {
     if let Ok(f) = Arc::try_unwrap(f) {
         let ino = f.handle.ino();
+        // A passthrough writer may have been written (through mmap too) after its last flush.
+        if let Err(e) = f.note_passthrough_writes().await {
+            warn!(%ino, error = %e, "cannot read the size of a passthrough file");
+        }
         if let Err(e) = f.handle.close().await {
             warn!(%ino, error = %e, "close failed");
         }
@@ -275,6 +292,25 @@ fn absent(reply: ReplyEntry, ttl: Duration) {
     reply.entry(&ttl, &none, Generation(0));
 }
 
+/// Answers an open with `file`: passed through to its chunk file when `candidate` says it can
+/// be (registered with this reply), else the normal way with `flags`.
+fn opened(s: &Shared, reply: ReplyOpen, mut file: OpenFile, candidate: Option<Candidate>, flags: FopenFlags) {
+    let ino = file.handle.ino().0;
+    match candidate.and_then(|c| s.backings.register(ino, c, |f| reply.open_backing(f))) {
+        Some(b) => {
+            file.backing = Some(b.for_handle());
+            // Readers still need no FLUSH; writers' FLUSH publishes what the kernel wrote.
+            let flags = flags & FopenFlags::FOPEN_NOFLUSH;
+            let fh = s.handles.insert(file);
+            reply.opened_passthrough(FileHandle(fh), flags, b.id());
+        }
+        None => {
+            let fh = s.handles.insert(file);
+            reply.opened(FileHandle(fh), flags);
+        }
+    }
+}
+
 impl OdfsFuse {
     /// A filesystem over `client`, running its requests on `rt`.
     pub fn new(client: Client, rt: tokio::runtime::Handle) -> OdfsFuse {
@@ -284,6 +320,7 @@ impl OdfsFuse {
                 rt,
                 handles: Handles::default(),
                 parents: Parents::default(),
+                backings: Backings::new(false),
                 notifier: OnceLock::new(),
             }),
         }
@@ -385,6 +422,13 @@ impl Filesystem for OdfsFuse {
                 info!(capability = ?missing, "kernel does not offer this FUSE capability");
             }
         }
+        // Passthrough: backing files on a plain local filesystem (stack depth 1).
+        let passthrough =
+            config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok() && config.set_max_stack_depth(1).is_ok();
+        if !passthrough {
+            info!("kernel does not offer FUSE passthrough: every file takes the normal path");
+        }
+        self.shared.backings.set_on(passthrough);
         Ok(())
     }
 
@@ -420,7 +464,8 @@ impl Filesystem for OdfsFuse {
     fn getattr(&self, req: &Request, i: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let s = self.shared.clone();
         let ticket = s.client.ticket();
-        if let Some(a) = s.client.getattr_cached(ino(i)) {
+        if let Some(mut a) = s.client.getattr_cached(ino(i)) {
+            s.backings.merge(&mut a);
             reply.attr(&s.client.kernel_ttl(a.ino, ticket), &file_attr(&a));
             return;
         }
@@ -430,7 +475,10 @@ impl Filesystem for OdfsFuse {
             reply,
             async move {
                 let s2 = s.clone();
-                timed(&s2, false, async move { getattr_any(&s, &ctx, ino(i), fh.map(|f| f.0)).await }).await
+                let mut t =
+                    timed(&s2, false, async move { getattr_any(&s, &ctx, ino(i), fh.map(|f| f.0)).await }).await?;
+                s2.backings.merge(&mut t.attr);
+                Ok(t)
             },
             |reply, t| reply.attr(&t.ttl, &file_attr(&t.attr)),
         );
@@ -477,8 +525,11 @@ impl Filesystem for OdfsFuse {
                     open_for_write: false,
                 };
                 let s2 = s.clone();
-                timed(&s2, true, async move { s.client.setattr(&ctx, req).await.map_err(|e| gone(&s, ino(i), e)) })
-                    .await
+                let mut t =
+                    timed(&s2, true, async move { s.client.setattr(&ctx, req).await.map_err(|e| gone(&s, ino(i), e)) })
+                        .await?;
+                s2.backings.merge(&mut t.attr);
+                Ok(t)
             },
             |reply, t| reply.attr(&t.ttl, &file_attr(&t.attr)),
         );
@@ -628,9 +679,9 @@ impl Filesystem for OdfsFuse {
             // change to the file would have recalled the lease and dropped them). No FLUSH:
             // a reader has nothing to publish.
             if let Some(Ok((handle, attr))) = s.client.open_cached(&quick_ctx(req), ino(i)) {
-                let fh = s.handles.insert(OpenFile { handle, writable: false, append, attr });
-                reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH);
-                return;
+                let candidate = s.backings.candidate(&s.client, &attr);
+                let file = OpenFile { handle, writable: false, append, attr, backing: None };
+                return opened(&s, reply, file, candidate, FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH);
             }
         }
         let ctx = ctx_of(req);
@@ -647,13 +698,13 @@ impl Filesystem for OdfsFuse {
                     Some(a) => a,
                     None => handle.getattr().await?,
                 };
-                let fh = s.handles.insert(OpenFile { handle, writable: write, append, attr });
+                let candidate = s.backings.candidate(&s.client, &attr);
                 s.invalidate_kernel_attrs(ino(i));
-                Ok(fh)
+                Ok((s, OpenFile { handle, writable: write, append, attr, backing: None }, candidate))
             },
             // No FOPEN_KEEP_CACHE: the kernel drops its cached pages at every open, which is
             // what makes close-to-open hold for data read through the page cache.
-            |reply, fh| reply.opened(FileHandle(fh), FopenFlags::empty()),
+            |reply, (s, file, candidate)| opened(&s, reply, file, candidate, FopenFlags::empty()),
         );
     }
 
@@ -702,6 +753,18 @@ impl Filesystem for OdfsFuse {
 
     fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
         let Some((f, reply)) = self.open_file(fh, reply) else { return };
+        if f.writable && f.backing.is_some() {
+            // What the kernel wrote to the chunk file is published as the library's own writes.
+            return self.spawn(
+                "flush",
+                reply,
+                async move {
+                    f.note_passthrough_writes().await?;
+                    Ok(f.handle.flush().await?)
+                },
+                |reply, ()| reply.ok(),
+            );
+        }
         if !f.writable || !f.handle.has_unpublished_writes() {
             // Nothing to publish: answered here, without a task and a thread hop (close(2) of
             // a file opened for writing but not written, as mdtest's creates are). A
@@ -731,6 +794,8 @@ impl Filesystem for OdfsFuse {
         // from the cache; a new file of a caching client, flushed or never written) closes
         // here, without a task.
         let file = match file.map(Arc::try_unwrap) {
+            // A passthrough writer may have been written through mmap after its last flush.
+            Some(Ok(f)) if f.writable && f.backing.is_some() => Some(Arc::new(f)),
             Some(Ok(f)) => match f.handle.close_if_clean() {
                 Ok(()) => return reply.ok(),
                 Err(handle) => Some(Arc::new(OpenFile { handle, ..f })),
@@ -755,7 +820,21 @@ impl Filesystem for OdfsFuse {
         // fdatasync does the same: odfs has no metadata to skip that fsync would write (the
         // size is part of what must be durable for the data to be readable).
         let Some((f, reply)) = self.open_file(fh, reply) else { return };
-        self.spawn("fsync", reply, async move { Ok(f.handle.fsync().await?) }, |reply, ()| reply.ok());
+        self.spawn(
+            "fsync",
+            reply,
+            async move {
+                if let Some(hb) = &f.backing {
+                    let b = hb.backing.clone();
+                    tokio::task::spawn_blocking(move || b.sync())
+                        .await
+                        .map_err(|e| std::io::Error::other(format!("fsync task: {e}")))??;
+                    f.note_passthrough_writes().await?;
+                }
+                Ok(f.handle.fsync().await?)
+            },
+            |reply, ()| reply.ok(),
+        );
     }
 
     fn opendir(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -980,12 +1059,32 @@ impl Filesystem for OdfsFuse {
                     handle.truncate(0).await?;
                     attr = handle.getattr().await?;
                 }
-                let fh = s.handles.insert(OpenFile { handle, writable: true, append, attr: attr.clone() });
+                let candidate = s.backings.candidate(&s.client, &attr);
+                let file = OpenFile { handle, writable: true, append, attr: attr.clone(), backing: None };
                 let ttl = s.client.kernel_ttl(attr.ino, s.client.ticket_after(ticket));
-                Ok((fh, Timed { attr, ttl }))
+                Ok((s, file, candidate, Timed { attr, ttl }))
             },
-            |reply, (fh, t)| {
-                reply.created(&t.ttl, &file_attr(&t.attr), Generation(0), FileHandle(fh), FopenFlags::empty())
+            |reply, (s, mut file, candidate, t)| {
+                let a = file_attr(&t.attr);
+                let backing = candidate.and_then(|c| s.backings.register(t.attr.ino.0, c, |f| reply.open_backing(f)));
+                match backing {
+                    Some(b) => {
+                        file.backing = Some(b.for_handle());
+                        let fh = s.handles.insert(file);
+                        reply.created_passthrough(
+                            &t.ttl,
+                            &a,
+                            Generation(0),
+                            FileHandle(fh),
+                            FopenFlags::empty(),
+                            b.id(),
+                        )
+                    }
+                    None => {
+                        let fh = s.handles.insert(file);
+                        reply.created(&t.ttl, &a, Generation(0), FileHandle(fh), FopenFlags::empty())
+                    }
+                }
             },
         );
     }

@@ -4,6 +4,7 @@
 //! Data, sizes and caching belong to the client library's `FileHandle`; this table only maps
 //! the kernel's numbers to those handles and remembers the open flags the adapter acts on.
 
+use crate::passthrough::HandleBacking;
 use odfs_client::FileHandle;
 use odfs_proto::meta::Attr;
 use std::collections::HashMap;
@@ -21,6 +22,19 @@ pub struct OpenFile {
     /// Attributes at open, to answer getattr while the file is open but no longer named
     /// (unlinked): metad has forgotten the inode, the kernel still asks.
     pub attr: Attr,
+    /// The chunk file the kernel reads and writes directly (FUSE passthrough).
+    pub backing: Option<HandleBacking>,
+}
+
+impl OpenFile {
+    /// Tells the library what the kernel wrote through passthrough since this handle last
+    /// looked, so its flush publishes it. True when there was something.
+    pub async fn note_passthrough_writes(&self) -> std::io::Result<bool> {
+        let Some(b) = self.backing.as_ref().filter(|_| self.writable) else { return Ok(false) };
+        let Some((size, mtime)) = b.changed()? else { return Ok(false) };
+        self.handle.note_external_write(size, mtime).await;
+        Ok(true)
+    }
 }
 
 /// Open files by FUSE file handle. Handle 0 is never given out (directories use it).

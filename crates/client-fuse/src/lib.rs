@@ -13,7 +13,9 @@
 //! kernel invalidation (`inval_inode`, `inval_entry`). What a lease covers is answered on the
 //! fuser reader thread (lookup, getattr, read-only open) without a task. There is no writeback
 //! cache: every write(2) reaches the client library before it returns, so the library's
-//! write-behind and error reporting stay the only buffering.
+//! write-behind and error reporting stay the only buffering — except for files passed through
+//! (`passthrough`): whole on this node's own target, the kernel reads and writes their chunk
+//! file itself, and the adapter publishes what it wrote at close and fsync.
 //!
 //! Also here, for benchmarks only: `minimum`, a synthetic FUSE filesystem that measures what
 //! FUSE itself costs.
@@ -24,6 +26,7 @@ pub mod fs;
 pub mod handles;
 pub mod minimum;
 pub mod mount;
+pub mod passthrough;
 
 pub use error::FuseError;
 pub use fs::OdfsFuse;

@@ -3,9 +3,10 @@
 
 use crate::{ClientError, Result};
 use odfs_proto::mgmt::{ClusterView, FsState, GetCluster, ServiceInfo, ServiceKind};
-use odfs_proto::{RequestHeader, TargetId};
+use odfs_proto::{InodeId, NodeIndex, RequestHeader, TargetId};
 use odfs_rpc::{Pool, Transport};
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 pub struct Cluster {
@@ -48,6 +49,14 @@ impl Cluster {
         v.meta_for_shard(shard)
             .and_then(|s| route(s, want))
             .ok_or_else(|| ClientError::Unavailable(format!("no metadata service for shard {shard}")))
+    }
+
+    /// The chunk file of `ino` on `target` when that target is on `node` and its stored told
+    /// where it keeps its files (for FUSE passthrough on that node).
+    pub fn local_chunk_path(&self, target: TargetId, node: NodeIndex, ino: InodeId) -> Option<PathBuf> {
+        let v = self.view();
+        let t = v.target(target).filter(|t| t.node == node && t.online)?;
+        Some(odfs_proto::layout::chunk_path(Path::new(t.path.as_deref()?), ino))
     }
 
     /// Address (and transport) of the stored holding `target`.

@@ -430,6 +430,17 @@ impl FileHandle {
         self.data.read(&self.client, offset, len).await
     }
 
+    /// Writes made to the file's chunk file without this library (FUSE passthrough: the kernel
+    /// writes it directly): the size and mtime the chunk file now has, published by the next
+    /// flush or fsync as this process's own writes would be.
+    pub async fn note_external_write(&self, size: u64, mtime: Timespec) {
+        let mut ws = self.data.ws.lock().await;
+        ws.size = size;
+        ws.size_dirty = true;
+        ws.mtime = mtime;
+        *self.data.size_hint.lock().expect("size lock") = (size, true);
+    }
+
     /// Makes written data durable on every target and publishes the size.
     pub async fn fsync(&self) -> Result<()> {
         self.data.flush(&self.client, &self.ctx, true).await

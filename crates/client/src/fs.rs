@@ -326,6 +326,15 @@ impl Client {
         Ok(())
     }
 
+    /// Where this node keeps all of a file's bytes, if it does: a layout of one target, on this
+    /// client's node (the chunk file's offsets are then the file's; FUSE passthrough).
+    pub fn local_chunk_path(&self, ino: InodeId, layout: &Layout) -> Option<std::path::PathBuf> {
+        match layout.targets[..] {
+            [t] => self.inner.cluster.local_chunk_path(t, self.node(), ino),
+            _ => None,
+        }
+    }
+
     /// The node this client runs on (its config's `node`).
     pub fn node(&self) -> odfs_proto::NodeIndex {
         self.config().node

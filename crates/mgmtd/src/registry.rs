@@ -101,7 +101,15 @@ impl Registry {
             st.targets.insert(
                 t.id,
                 Target {
-                    info: TargetInfo { id: t.id, node: r.node, service_id: id, pool, space: t.space, online: true },
+                    info: TargetInfo {
+                        id: t.id,
+                        node: r.node,
+                        service_id: id,
+                        pool,
+                        space: t.space,
+                        online: true,
+                        path: t.path.clone(),
+                    },
                 },
             );
         }

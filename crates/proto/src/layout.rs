@@ -79,6 +79,13 @@ pub fn validate_chunk_size(chunk_size: u32) -> Result<(), String> {
     Ok(())
 }
 
+/// Where a target keeps the chunk file of `ino`: `<target dir>/chunks/<low byte of ino, 2 hex
+/// digits>/<ino, 16 hex digits>`. stored owns these files; a client on the target's node opens
+/// them itself only for FUSE passthrough.
+pub fn chunk_path(target_dir: &std::path::Path, ino: crate::InodeId) -> std::path::PathBuf {
+    target_dir.join("chunks").join(format!("{:02x}", ino.0 & 0xff)).join(format!("{:016x}", ino.0))
+}
+
 /// The text form of layouts, as the `odfs.layout` extended attribute and `odfs getstripe`
 /// show them: `stripe_count=2 stripe_size=262144 pool=nvme stripe_offset=-1`, followed by
 /// `placement=local` for local placement, and for a file also `targets=3,4` (its stripe count

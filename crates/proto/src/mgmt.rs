@@ -39,6 +39,9 @@ pub struct TargetOffer {
     pub id: TargetId,
     pub pool: String,
     pub space: TargetSpace,
+    /// The target's directory on its node, for clients on that node that open chunk files
+    /// themselves (FUSE passthrough); `None` when the stored does not offer it.
+    pub path: Option<String>,
 }
 
 /// A service introduces itself. Re-registering with the same kind and node replaces the old
@@ -108,6 +111,8 @@ pub struct TargetInfo {
     pub pool: String,
     pub space: TargetSpace,
     pub online: bool,
+    /// See [`TargetOffer::path`].
+    pub path: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

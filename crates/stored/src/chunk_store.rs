@@ -91,7 +91,6 @@ struct Inner {
 struct Target {
     id: TargetId,
     root: PathBuf,
-    chunks: PathBuf,
     engine: Engine,
 }
 
@@ -112,7 +111,7 @@ enum Engine {
 
 impl Target {
     fn chunk_path(&self, ino: InodeId) -> PathBuf {
-        self.chunks.join(format!("{:02x}", ino.0 & 0xff)).join(format!("{:016x}", ino.0))
+        odfs_proto::layout::chunk_path(&self.root, ino)
     }
 
     fn err(&self, op: &'static str, ino: InodeId, e: io::Error) -> StoreError {
@@ -166,7 +165,6 @@ impl ChunkStore {
             .map(|t| Target {
                 id: t.id,
                 root: t.path.clone(),
-                chunks: t.path.join(CHUNKS_DIR),
                 engine: match rings.as_mut().and_then(Iterator::next) {
                     Some(r) => Engine::Uring(r),
                     None => Engine::Syscall,
@@ -601,7 +599,7 @@ mod tests {
 
     #[test]
     fn chunk_path_fans_out_by_low_byte() {
-        let t = Target { id: 1, root: "/t".into(), chunks: "/t/chunks".into(), engine: Engine::Syscall };
+        let t = Target { id: 1, root: "/t".into(), engine: Engine::Syscall };
         assert_eq!(t.chunk_path(InodeId(0x0001_0000_0000_12ab)), PathBuf::from("/t/chunks/ab/00010000000012ab"));
     }
 }

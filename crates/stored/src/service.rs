@@ -106,7 +106,8 @@ pub async fn run(cfg: StoredConfig, shutdown: Shutdown) -> Result<(), StoreError
     let servers = daemon.serve(&endpoint, bulk, Arc::new(router(store.clone())));
     let mut offers = Vec::new();
     for t in &cfg.targets {
-        offers.push(TargetOffer { id: t.id, pool: t.pool.clone(), space: store.space(t.id)? });
+        let path = Some(t.path.display().to_string());
+        offers.push(TargetOffer { id: t.id, pool: t.pool.clone(), space: store.space(t.id)?, path });
     }
     let register = Register { bulk_addr, targets: offers, ..announce(ServiceKind::Storage, cfg.node, addr) };
     let ids: Vec<u32> = cfg.targets.iter().map(|t| t.id).collect();

@@ -1,0 +1,210 @@
+//! FUSE passthrough on a real 4-node filesystem and its mount: a file whole on this node's own
+//! target (local placement, stripe count 1) is read and written by the kernel straight from its
+//! chunk file — shown by odfs-fuse's and stored's I/O counters (`/proc/PID/io`) staying flat
+//! while tens of MiB go through — and keeps every rule of the normal path: other nodes read the
+//! same bytes through stored, sizes are published at close, O_APPEND from two processes, mmap,
+//! unlink while open, a full target's ENOSPC with the earlier bytes intact, and the data after
+//! kill -9 of odfs-fuse.
+//!
+//! Needs root (FUSE passthrough registers backing files with CAP_SYS_ADMIN; tmpfs) and a
+//! kernel with FUSE passthrough (6.9 or later).
+
+use odfs_client::{Client, Ctx};
+use odfs_tests::*;
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const MIB: usize = 1 << 20;
+
+fn up() -> (LocalFs, FuseMount) {
+    let fs = LocalFs::up(4, &["--ram-pool", "48M"]);
+    let m = FuseMount::start(&fs);
+    (fs, m)
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// Bytes a process moved through read(2)/write(2)-like calls (`rchar + wchar`).
+fn io_bytes(pid: u32) -> u64 {
+    let text = fs::read_to_string(format!("/proc/{pid}/io")).expect("/proc/PID/io");
+    text.lines()
+        .filter(|l| l.starts_with("rchar:") || l.starts_with("wchar:"))
+        .map(|l| l.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
+/// odfs-fuse's and node 0's stored's bytes moved, together.
+fn daemon_io(fs: &LocalFs, m: &FuseMount) -> u64 {
+    io_bytes(m.child.id()) + fs.pids("stored", Some(0)).into_iter().map(io_bytes).sum::<u64>()
+}
+
+/// Reads `name` (a path in the filesystem) through a fresh one-shot client of `node`: through
+/// stored, never through this node's mount.
+fn read_remote(fs: &LocalFs, node: u32, name: &str) -> Vec<u8> {
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let mut cfg = fs.config().one_shot();
+        cfg.node = node;
+        let c = Client::connect(cfg).await.unwrap();
+        let ctx = Ctx::current();
+        let a = c.resolve(&ctx, name, true).await.unwrap();
+        let h = c.open(&ctx, a.ino, true, false, false).await.unwrap();
+        let mut out = Vec::new();
+        while (out.len() as u64) < a.size {
+            let d = h.read(out.len() as u64, MIB as u32).await.unwrap();
+            assert!(!d.is_empty(), "{name}: short read at {}", out.len());
+            out.extend_from_slice(&d);
+        }
+        h.close().await.unwrap();
+        out
+    })
+}
+
+/// Writes `data` in 1 MiB writes, then fsync and close.
+fn write_file(p: &Path, data: &[u8]) {
+    let mut f = fs::File::create(p).unwrap();
+    for piece in data.chunks(MIB) {
+        f.write_all(piece).unwrap();
+    }
+    f.sync_all().unwrap();
+}
+
+#[test]
+fn a_local_file_is_passed_through_and_keeps_the_rules() {
+    let (fs, m) = up();
+    let ck = m.p("ck");
+    fs::create_dir(&ck).unwrap();
+    fs.cli_ok(&["setstripe", "--local", "-c", "1", &s(&ck)]);
+    let striped = m.p("striped");
+    fs::create_dir(&striped).unwrap();
+
+    // 32 MiB written and read back: neither odfs-fuse nor stored moves the bytes.
+    let data = pattern(32 * MIB + 4321, 7);
+    let before = daemon_io(&fs, &m);
+    write_file(&ck.join("model.pt"), &data);
+    assert_eq!(fs::read(ck.join("model.pt")).unwrap(), data, "read back through the mount");
+    let moved = daemon_io(&fs, &m) - before;
+    assert!(moved < 2 * MIB as u64, "the daemons moved {moved} bytes for 64 MiB of I/O: not passed through");
+    // The same through a striped file does go through them (the measure can fail).
+    let before = daemon_io(&fs, &m);
+    write_file(&striped.join("model.pt"), &data[..8 * MIB]);
+    assert!(daemon_io(&fs, &m) - before > 8 * MIB as u64, "a striped file's bytes must go through odfs-fuse");
+
+    // Published at close: another node reads the same bytes through stored.
+    assert_eq!(fs::metadata(ck.join("model.pt")).unwrap().len(), data.len() as u64);
+    assert_eq!(sha256(&read_remote(&fs, 2, "/ck/model.pt")), sha256(&data), "node 2 reads other bytes");
+
+    // A stat while the file is open for writing sees the kernel's writes; close publishes them.
+    let grow = ck.join("grow");
+    let mut f = fs::File::create(&grow).unwrap();
+    f.write_all(&pattern(12_345, 1)).unwrap();
+    assert_eq!(fs::metadata(&grow).unwrap().len(), 12_345, "stat of a file being written");
+    drop(f);
+    assert_eq!(read_remote(&fs, 1, "/ck/grow"), pattern(12_345, 1));
+
+    // O_APPEND from two processes: every line whole, none lost.
+    let log = ck.join("log");
+    let writers: Vec<_> = (0..2)
+        .map(|k| {
+            Command::new("sh")
+                .arg("-c")
+                .arg(format!("for i in $(seq 1000 1299); do echo w{k}-$i >> '{}'; done", log.display()))
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut w in writers {
+        assert!(w.wait().unwrap().success());
+    }
+    let text = fs::read_to_string(&log).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 600, "appended lines");
+    let torn: Vec<&&str> = lines.iter().filter(|l| l.len() != 7 || !l.starts_with('w')).collect();
+    assert!(torn.is_empty(), "torn lines: {torn:?}");
+    lines.sort();
+    lines.dedup();
+    assert_eq!(lines.len(), 600, "a line was overwritten");
+    assert_eq!(String::from_utf8(read_remote(&fs, 3, "/ck/log")).unwrap(), text);
+
+    // mmap: a shared mapping's store reaches the file, and other nodes after msync and close.
+    let mm = ck.join("mm");
+    fs::write(&mm, vec![0u8; MIB]).unwrap();
+    {
+        let f = fs::OpenOptions::new().read(true).write(true).open(&mm).unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+        // SAFETY: a fresh shared mapping of MIB bytes of an open file, unmapped below.
+        unsafe {
+            let p = libc::mmap(std::ptr::null_mut(), MIB, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
+            assert_ne!(p, libc::MAP_FAILED, "mmap: {}", std::io::Error::last_os_error());
+            std::ptr::copy_nonoverlapping(b"mapped!".as_ptr(), (p as *mut u8).add(4096), 7);
+            assert_eq!(libc::msync(p, MIB, libc::MS_SYNC), 0);
+            assert_eq!(libc::munmap(p, MIB), 0);
+        }
+    }
+    assert_eq!(&fs::read(&mm).unwrap()[4096..4103], b"mapped!");
+    assert_eq!(&read_remote(&fs, 1, "/ck/mm")[4096..4103], b"mapped!");
+
+    // Unlinked while open: still read and written, gone at the last close.
+    let ul = ck.join("unlinked");
+    let mut f = fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&ul).unwrap();
+    f.write_all(&pattern(100_000, 3)).unwrap();
+    let ino = std::os::unix::fs::MetadataExt::ino(&f.metadata().unwrap());
+    let layout = getfattr(&ul, "odfs.layout");
+    let target = layout.split_whitespace().find_map(|kv| kv.strip_prefix("targets=")).unwrap().to_string();
+    let chunk =
+        odfs_proto::layout::chunk_path(&fs.node_dir(0).join(format!("target{target}")), odfs_proto::InodeId(ino));
+    assert!(chunk.exists(), "{} missing while the file is open", chunk.display());
+    fs::remove_file(&ul).unwrap();
+    f.write_all(b"tail").unwrap();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    let mut back = Vec::new();
+    f.read_to_end(&mut back).unwrap();
+    let mut want = pattern(100_000, 3);
+    want.extend_from_slice(b"tail");
+    assert_eq!(back, want, "an unlinked open file reads what was written");
+    drop(f);
+    let t = Instant::now();
+    while chunk.exists() {
+        assert!(t.elapsed() < Duration::from_secs(20), "{} left after the last close", chunk.display());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // kill -9 of odfs-fuse: what was written, synced and closed is all there.
+    let last = pattern(5 * MIB, 9);
+    write_file(&ck.join("last.pt"), &last);
+    let pid = m.child.id();
+    kill9_gone(pid);
+    assert_eq!(sha256(&read_remote(&fs, 1, "/ck/last.pt")), sha256(&last));
+    assert_eq!(sha256(&read_remote(&fs, 0, "/ck/model.pt")), sha256(&data));
+}
+
+#[test]
+fn a_full_local_target_gives_enospc_and_keeps_the_bytes_before() {
+    let (fs, m) = up();
+    let ck = m.p("ram");
+    fs::create_dir(&ck).unwrap();
+    fs.cli_ok(&["setstripe", "--local", "-c", "1", "-p", "ram", &s(&ck)]);
+    let p = ck.join("big");
+    let mut f = fs::File::create_new(&p).unwrap();
+    let mut want = Vec::new();
+    let err = loop {
+        let piece = pattern(MIB, want.len() as u64);
+        match f.write(&piece) {
+            Ok(n) => want.extend_from_slice(&piece[..n]),
+            Err(e) => break e,
+        }
+        assert!(want.len() < 200 * MIB, "a 48 MiB target took {} bytes", want.len());
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    drop(f);
+    // Every byte before the failure is there, through the mount and from another node.
+    let got = fs::read(&p).unwrap();
+    assert_eq!(got.len(), want.len(), "size after ENOSPC");
+    assert!(got == want, "bytes before ENOSPC changed");
+    assert_eq!(sha256(&read_remote(&fs, 2, "/ram/big")), sha256(&want));
+    fs::remove_file(&p).unwrap();
+}
