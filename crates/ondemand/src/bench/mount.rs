@@ -135,7 +135,8 @@ impl MountBenchOptions {
             "seq: fio {} jobs x {} MiB, 1 MiB blocks, end_fsync, page cache dropped before reads\n\
              rand read: fio 4 KiB, O_DIRECT, libaio, iodepth {}, {} jobs, {} s over the seq files\n\
              ckpt: {} writers x {} MiB at once (4 MiB writes, fsync, close), read back cold by {} readers, each\n\
-             another writer's file; on odfs once with local placement (stripe count 1), once with the default stripe\n\
+             another writer's file, then fio 4 KiB random reads over them as above; on odfs once with local\n\
+             placement (stripe count 1, FUSE passthrough where the kernel offers it), once with the default stripe\n\
              md: {} workers x {} empty files, each worker its own directory\n\
              shared: {} workers x {} files of {} bytes in one directory\n\
              small: {} files of {} KiB in {} directories, {} workers; read cold in random order, then\n\
@@ -219,6 +220,11 @@ impl Sides {
         let mut one = |dir: &Path, side: &str, pids: &[u32], i: usize| -> Result<Sample> {
             if cold[i] {
                 dropped &= drop_caches();
+            } else {
+                // Each step starts with no dirty data left by the one before (often another
+                // side's): writeback owed by a previous step would throttle this one's writes.
+                // SAFETY: sync has no preconditions.
+                unsafe { libc::sync() };
             }
             let cpu = CpuMeter::start(pids);
             let t = Instant::now();
@@ -382,7 +388,7 @@ const MIB: f64 = (1 << 20) as f64;
 /// `reports`: where fio's JSON reports go, outside both measured directories.
 fn run_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sides) -> Result<()> {
     fio_phases(o, fio, reports, sides)?;
-    checkpoint_phases(o, sides)?;
+    checkpoint_phases(o, fio, reports, sides)?;
     md_phases(o, sides)?;
     small_phases(o, sides)
 }
@@ -451,11 +457,11 @@ const CKPT_IO: usize = 4 << 20;
 /// directory with local placement and stripe count 1 (each file on its writer's node) and once
 /// with the filesystem's default stripe; the plain directory and the FUSE floor run the same
 /// steps each time. The files are removed after each round to keep the disk's space.
-fn checkpoint_phases(o: &MountBenchOptions, sides: &mut Sides) -> Result<()> {
+fn checkpoint_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sides) -> Result<()> {
     let mib = (o.jobs as u64 * o.job_size) as f64 / MIB;
     for (sub, local, names) in [
-        ("ckpt-local", true, ["ckpt write, local", "ckpt read, local"]),
-        ("ckpt-stripe", false, ["ckpt write, striped", "ckpt read, striped"]),
+        ("ckpt-local", true, ["ckpt write, local", "ckpt read, local", "ckpt rand read 4k, local"]),
+        ("ckpt-stripe", false, ["ckpt write, striped", "ckpt read, striped", "ckpt rand read 4k, striped"]),
     ] {
         eprintln!(
             "bench: checkpoint, {} writers x {} MiB, {}",
@@ -463,22 +469,28 @@ fn checkpoint_phases(o: &MountBenchOptions, sides: &mut Sides) -> Result<()> {
             o.job_size >> 20,
             if local { "local placement, stripe count 1" } else { "default stripe" }
         );
-        let s = sides.run_series(&[false, true], |dir, side, step| {
+        let s = sides.run_series(&[false, true, true], |dir, side, step| {
             let d = dir.join(sub);
-            if step == 0 {
-                std::fs::create_dir_all(&d)?;
-                if local && side == "odfs" {
-                    set_xattr(&d, "odfs.layout", "stripe_count=1 placement=local")?;
+            match step {
+                0 => {
+                    std::fs::create_dir_all(&d)?;
+                    if local && side == "odfs" {
+                        set_xattr(&d, "odfs.layout", "stripe_count=1 placement=local")?;
+                    }
+                    ckpt_write(&d, o)?;
+                    Ok(None)
                 }
-                ckpt_write(&d, o)?;
-            } else {
-                ckpt_read(&d, o)?;
-                std::fs::remove_dir_all(&d)?;
+                1 => ckpt_read(&d, o).map(|()| None),
+                _ => {
+                    let iops = ckpt_randread(fio, &reports.join(format!("{side}-{sub}-randread.json")), &d, o);
+                    std::fs::remove_dir_all(&d)?;
+                    iops.map(Some)
+                }
             }
-            Ok(None)
         })?;
         sides.push(names[0], "MiB/s", mib, &s[0]);
         sides.push(names[1], "MiB/s", mib, &s[1]);
+        sides.push(names[2], "IOPS", 0.0, &s[2]);
     }
     Ok(())
 }
@@ -532,6 +544,30 @@ fn ckpt_read(dir: &Path, o: &MountBenchOptions) -> Result<()> {
         anyhow::ensure!(off == o.job_size, "{}: read {off} bytes, expected {}", p.display(), o.job_size);
         Ok(())
     })
+}
+
+/// fio's 4 KiB random reads (O_DIRECT, libaio) over the checkpoint files, job k on rank k's
+/// file, for the random-read phase's time; returns IOPS.
+fn ckpt_randread(fio: &Path, report: &Path, dir: &Path, o: &MountBenchOptions) -> Result<f64> {
+    probe_direct(&ckpt_path(dir, 0))?;
+    let args = vec![
+        "--name=ckpt".to_string(),
+        format!("--directory={}", dir.display()),
+        "--filename_format=rank$jobnum.pt".into(),
+        format!("--size={}", o.job_size),
+        format!("--numjobs={}", o.jobs),
+        "--group_reporting".into(),
+        "--rw=randread".into(),
+        "--bs=4k".into(),
+        "--direct=1".into(),
+        "--ioengine=libaio".into(),
+        format!("--iodepth={}", o.iodepth),
+        "--time_based".into(),
+        format!("--runtime={}", o.randread_secs),
+    ];
+    let r = run_fio(fio, &args, report)?;
+    anyhow::ensure!(r.field("read", "io_bytes")? > 0.0, "fio read nothing");
+    r.field("read", "iops")
 }
 
 /// Reads until `buf` is full or the file ends.
