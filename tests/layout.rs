@@ -441,11 +441,7 @@ fn local_placement_puts_each_new_file_on_its_writers_node() {
     for node in 1..4u32 {
         let data = pattern(200 * KIB as usize, 100 + node as u64);
         rt.block_on(async {
-            // One-shot: a client that takes leases and goes away would hold the mount's next
-            // changes until its lease ran out.
-            let mut cfg = fs.config().one_shot();
-            cfg.node = node;
-            let c = odfs_client::Client::connect(cfg).await.unwrap();
+            let c = fs.node_client(node).await;
             let ctx = odfs_client::Ctx::current();
             let parent = c.resolve(&ctx, "/ckpt", true).await.unwrap();
             let name = format!("n{node}");

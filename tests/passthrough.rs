@@ -9,7 +9,7 @@
 //! Needs root (FUSE passthrough registers backing files with CAP_SYS_ADMIN; tmpfs) and a
 //! kernel with FUSE passthrough (6.9 or later).
 
-use odfs_client::{Client, Ctx};
+use odfs_client::Ctx;
 use odfs_tests::*;
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -47,9 +47,7 @@ fn daemon_io(fs: &LocalFs, m: &FuseMount) -> u64 {
 /// stored, never through this node's mount.
 fn read_remote(fs: &LocalFs, node: u32, name: &str) -> Vec<u8> {
     tokio::runtime::Runtime::new().unwrap().block_on(async {
-        let mut cfg = fs.config().one_shot();
-        cfg.node = node;
-        let c = Client::connect(cfg).await.unwrap();
+        let c = fs.node_client(node).await;
         let ctx = Ctx::current();
         let a = c.resolve(&ctx, name, true).await.unwrap();
         let h = c.open(&ctx, a.ino, true, false, false).await.unwrap();

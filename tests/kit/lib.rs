@@ -160,6 +160,14 @@ impl LocalFs {
         Client::connect(self.config()).await.expect("connect")
     }
 
+    /// A one-shot client (it caches nothing and takes no leases) as node `node`'s: a client that
+    /// took leases and went away would hold the mount's next changes until they ran out.
+    pub async fn node_client(&self, node: u32) -> Client {
+        let mut cfg = self.config().one_shot();
+        cfg.node = node;
+        Client::connect(cfg).await.expect("connect")
+    }
+
     pub fn node_dir(&self, k: u32) -> PathBuf {
         self.root().join(format!("node{k}"))
     }

@@ -430,19 +430,7 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
     eprintln!("bench: fio 4 KiB random read, O_DIRECT, {} s", o.randread_secs);
     let s = sides.run(true, |dir, side| {
         probe_direct(&dir.join("fio/seq.0.0"))?;
-        let mut args = fio_common(dir);
-        args.extend([
-            "--rw=randread".into(),
-            "--bs=4k".into(),
-            "--direct=1".into(),
-            "--ioengine=libaio".into(),
-            format!("--iodepth={}", o.iodepth),
-            "--time_based".into(),
-            format!("--runtime={}", o.randread_secs),
-        ]);
-        let r = run_fio(fio, &args, &reports.join(format!("{side}-randread.json")))?;
-        anyhow::ensure!(r.field("read", "io_bytes")? > 0.0, "fio read nothing");
-        Ok(Some(r.field("read", "iops")?))
+        randread_iops(fio, fio_common(dir), &reports.join(format!("{side}-randread.json")), o).map(Some)
     })?;
     sides.push("rand read 4k", "IOPS", 0.0, &s);
     Ok(())
@@ -550,13 +538,21 @@ fn ckpt_read(dir: &Path, o: &MountBenchOptions) -> Result<()> {
 /// file, for the random-read phase's time; returns IOPS.
 fn ckpt_randread(fio: &Path, report: &Path, dir: &Path, o: &MountBenchOptions) -> Result<f64> {
     probe_direct(&ckpt_path(dir, 0))?;
-    let args = vec![
+    let files = vec![
         "--name=ckpt".to_string(),
         format!("--directory={}", dir.display()),
         "--filename_format=rank$jobnum.pt".into(),
         format!("--size={}", o.job_size),
         format!("--numjobs={}", o.jobs),
         "--group_reporting".into(),
+    ];
+    randread_iops(fio, files, report, o)
+}
+
+/// fio's 4 KiB random reads (O_DIRECT, libaio, the options' depth and time) over the files
+/// `files` names; returns IOPS.
+fn randread_iops(fio: &Path, mut args: Vec<String>, report: &Path, o: &MountBenchOptions) -> Result<f64> {
+    args.extend([
         "--rw=randread".into(),
         "--bs=4k".into(),
         "--direct=1".into(),
@@ -564,7 +560,7 @@ fn ckpt_randread(fio: &Path, report: &Path, dir: &Path, o: &MountBenchOptions) -
         format!("--iodepth={}", o.iodepth),
         "--time_based".into(),
         format!("--runtime={}", o.randread_secs),
-    ];
+    ]);
     let r = run_fio(fio, &args, report)?;
     anyhow::ensure!(r.field("read", "io_bytes")? > 0.0, "fio read nothing");
     r.field("read", "iops")
