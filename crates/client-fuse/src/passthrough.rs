@@ -75,13 +75,16 @@ pub enum Candidate {
 /// The backing files of this mount.
 pub struct Backings {
     on: AtomicBool,
+    /// Set with the first backing file: until then no lookup takes the table's lock (every
+    /// cached open and getattr asks).
+    used: AtomicBool,
     live: Mutex<HashMap<u64, Weak<Backing>>>,
 }
 
 impl Backings {
     /// Passthrough on (the kernel offered it at init) or off.
     pub fn new(on: bool) -> Backings {
-        Backings { on: AtomicBool::new(on), live: Mutex::new(HashMap::new()) }
+        Backings { on: AtomicBool::new(on), used: AtomicBool::new(false), live: Mutex::new(HashMap::new()) }
     }
 
     pub fn set_on(&self, on: bool) {
@@ -90,6 +93,9 @@ impl Backings {
 
     /// The backing file inode `ino` has while it is open here, if any.
     pub fn live(&self, ino: u64) -> Option<Arc<Backing>> {
+        if !self.used.load(Ordering::Relaxed) {
+            return None;
+        }
         self.live.lock().expect("backings lock").get(&ino).and_then(Weak::upgrade)
     }
 
@@ -100,10 +106,12 @@ impl Backings {
         if !self.on.load(Ordering::Relaxed) || attr.kind != FileKind::File {
             return None;
         }
+        // Only a file of one stripe can qualify: the common striped file stops here.
+        let layout = attr.layout.as_ref().filter(|l| l.targets.len() == 1)?;
         if let Some(b) = self.live(attr.ino.0) {
             return Some(Candidate::Live(b));
         }
-        let path = client.local_chunk_path(attr.ino, attr.layout.as_ref()?)?;
+        let path = client.local_chunk_path(attr.ino, layout)?;
         // An empty file may have no chunk file yet: made here as stored would at its first write.
         let open = |create: bool| OpenOptions::new().read(true).write(true).create(create).mode(0o644).open(&path);
         let file = match open(false) {
@@ -147,6 +155,7 @@ impl Backings {
                 let b = Arc::new(Backing { file, id });
                 live.retain(|_, w| w.strong_count() > 0);
                 live.insert(ino, Arc::downgrade(&b));
+                self.used.store(true, Ordering::Relaxed);
                 Some(b)
             }
             Err(e) => {
