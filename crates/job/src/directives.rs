@@ -158,11 +158,7 @@ fn one_directive(d: &mut Directives, w: &[String]) -> Result<(), String> {
         }
         "placement" => {
             want(1, "local (a new file's first stripe on its writer's node) or rotate")?;
-            d.local_placement = Some(match args[0].as_str() {
-                "local" => true,
-                "rotate" => false,
-                other => return Err(format!("placement {other:?}: use local or rotate")),
-            });
+            d.local_placement = Some(odfs_proto::layout::parse_placement(&args[0])?);
         }
         "endpoint-url" => {
             want(1, "a URL")?;

@@ -79,11 +79,24 @@ pub fn validate_chunk_size(chunk_size: u32) -> Result<(), String> {
     Ok(())
 }
 
+/// Subdirectory of a target holding its chunk files.
+pub const CHUNKS_DIR: &str = "chunks";
+
 /// Where a target keeps the chunk file of `ino`: `<target dir>/chunks/<low byte of ino, 2 hex
 /// digits>/<ino, 16 hex digits>`. stored owns these files; a client on the target's node opens
 /// them itself only for FUSE passthrough.
 pub fn chunk_path(target_dir: &std::path::Path, ino: crate::InodeId) -> std::path::PathBuf {
-    target_dir.join("chunks").join(format!("{:02x}", ino.0 & 0xff)).join(format!("{:016x}", ino.0))
+    target_dir.join(CHUNKS_DIR).join(format!("{:02x}", ino.0 & 0xff)).join(format!("{:016x}", ino.0))
+}
+
+/// Local placement (`local`, true) or the usual rotation (`rotate`, false), as the layout text
+/// and the `#ODFS placement` directive name them.
+pub fn parse_placement(v: &str) -> Result<bool, String> {
+    match v {
+        "local" => Ok(true),
+        "rotate" => Ok(false),
+        _ => Err(format!("placement {v:?} is invalid: use local or rotate")),
+    }
 }
 
 /// The text form of layouts, as the `odfs.layout` extended attribute and `odfs getstripe`
@@ -141,13 +154,7 @@ pub fn parse_layout_text(text: &str, base: &DirLayout) -> Result<DirLayout, Stri
                     _ => return Err(format!("stripe_offset {v} is invalid: a target id, or -1 for any")),
                 };
             }
-            "placement" => {
-                dl.local = match v {
-                    "local" => true,
-                    "rotate" => false,
-                    _ => return Err(format!("placement {v:?} is invalid: use local or rotate")),
-                }
-            }
+            "placement" => dl.local = parse_placement(v)?,
             "targets" => {}
             other => {
                 return Err(format!(

@@ -33,8 +33,7 @@ pub const MAX_OP_BYTES: usize = 16 << 20;
 
 /// Name of the file recording which target a directory belongs to.
 pub const TARGET_ID_FILE: &str = "target.id";
-/// Subdirectory holding the chunk files.
-pub const CHUNKS_DIR: &str = "chunks";
+pub use odfs_proto::layout::CHUNKS_DIR;
 
 /// One target to serve: a directory on local disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
