@@ -83,30 +83,23 @@ pub struct TargetChoice {
 /// start, preferring targets with free space.
 struct Placement {
     targets: Vec<TargetChoice>,
-    /// Online targets of each pool in id order, with whether they have free space.
-    pools: HashMap<String, Vec<(TargetId, bool)>>,
-    /// The node of every known target.
-    nodes: HashMap<TargetId, NodeIndex>,
+    /// Online targets of each pool in id order, with whether they have free space and their
+    /// node.
+    pools: HashMap<String, Vec<(TargetId, bool, NodeIndex)>>,
     /// Rotating start; seeded randomly so restarts do not all begin at the first target.
     next: u64,
 }
 
 impl Placement {
     fn new() -> Placement {
-        Placement {
-            targets: Vec::new(),
-            pools: HashMap::new(),
-            nodes: HashMap::new(),
-            next: rand::random::<u32>() as u64,
-        }
+        Placement { targets: Vec::new(), pools: HashMap::new(), next: rand::random::<u32>() as u64 }
     }
 
     fn set(&mut self, mut targets: Vec<TargetChoice>) {
         targets.sort_by_key(|t| t.id);
         self.pools.clear();
-        self.nodes = targets.iter().map(|t| (t.id, t.node)).collect();
         for t in targets.iter().filter(|t| t.online) {
-            self.pools.entry(t.pool.clone()).or_default().push((t.id, t.free > 0));
+            self.pools.entry(t.pool.clone()).or_default().push((t.id, t.free > 0, t.node));
         }
         self.targets = targets;
     }
@@ -157,11 +150,11 @@ impl Placement {
         // As Lustre: a file gets at most as many stripes as its pool has targets online. An
         // explicit layout asking for more is refused where it is set (setstripe), not here.
         let want = want.min(n);
-        if !cands.iter().any(|&(_, free)| free) {
+        if !cands.iter().any(|&(_, free, _)| free) {
             return Err(RemoteError::new(ErrorCode::NoSpace, format!("every target of pool \"{}\" is full", dl.pool)));
         }
         let start = match dl.start_target {
-            Some(t) if !dl.local => cands.iter().position(|&(id, _)| id >= t).unwrap_or(0),
+            Some(t) if !dl.local => cands.iter().position(|&(id, _, _)| id >= t).unwrap_or(0),
             _ => {
                 self.next = self.next.wrapping_add(1);
                 (self.next % n as u64) as usize
@@ -171,16 +164,15 @@ impl Placement {
         // Local placement: the first stripe on one of the creating node's online targets with
         // free space (rotating among them); without one, the usual rotation.
         if let (true, Some(node)) = (dl.local, node) {
-            let own =
-                (0..n).map(|i| cands[(start + i) % n]).find(|&(id, free)| free && self.nodes.get(&id) == Some(&node));
-            if let Some((id, _)) = own {
+            let own = (0..n).map(|i| cands[(start + i) % n]).find(|&(_, free, at)| free && at == node);
+            if let Some((id, _, _)) = own {
                 targets.push(id);
             }
         }
         // Rotated order, targets with free space first, full ones only to make up the count.
         for pass in [true, false] {
             for i in 0..n {
-                let (id, free) = cands[(start + i) % n];
+                let (id, free, _) = cands[(start + i) % n];
                 if free == pass && targets.len() < want && !targets.contains(&id) {
                     targets.push(id);
                 }
