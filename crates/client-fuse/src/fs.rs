@@ -12,7 +12,7 @@ use crate::attr::{
     caller, file_attr, file_type, name_bytes, set_time, special_kind, statfs_blocks, xattr_list, NAMELEN, STATFS_BSIZE,
 };
 use crate::handles::{Handles, OpenFile, Parents};
-use crate::passthrough::{Backings, Candidate};
+use crate::passthrough::{Backing, Backings, Candidate};
 use crate::FuseError;
 use fuser::{
     AccessFlags, BsdFileFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags,
@@ -91,17 +91,7 @@ impl Shared {
         // Read-only handles hold nothing to publish (and their owner may not write).
         let files: Vec<_> = self.handles.all().into_iter().filter(|f| f.writable).collect();
         let n = files.len();
-        let flush = |f: &Arc<OpenFile>| {
-            let f = f.clone();
-            async move {
-                // What the kernel wrote to a passthrough file is published as the library's own.
-                f.note_passthrough_writes()
-                    .await
-                    .map_err(|e| odfs_client::ClientError::new(ErrorCode::Io, e.to_string()))?;
-                f.handle.flush().await
-            }
-        };
-        let results = futures::future::join_all(files.iter().map(flush)).await;
+        let results = futures::future::join_all(files.iter().map(|f| f.publish())).await;
         for (f, r) in files.iter().zip(results) {
             if let Err(e) = r {
                 warn!(ino = %f.handle.ino(), error = %e, "flushing an open file failed");
@@ -292,22 +282,27 @@ fn absent(reply: ReplyEntry, ttl: Duration) {
     reply.entry(&ttl, &none, Generation(0));
 }
 
+/// Registers `file` in the handle table, passed through to its chunk file when `candidate`
+/// says it can be (`register` is the open's or create's reply registering the backing file).
+/// Its FUSE file handle, and the backing file to name in the reply.
+fn insert_open(
+    s: &Shared,
+    mut file: OpenFile,
+    candidate: Option<Candidate>,
+    register: impl FnOnce(&std::fs::File) -> std::io::Result<fuser::BackingId>,
+) -> (FileHandle, Option<Arc<Backing>>) {
+    let backing = candidate.and_then(|c| s.backings.register(file.handle.ino().0, c, register));
+    file.backing = backing.as_ref().map(Backing::for_handle);
+    (FileHandle(s.handles.insert(file)), backing)
+}
+
 /// Answers an open with `file`: passed through to its chunk file when `candidate` says it can
-/// be (registered with this reply), else the normal way with `flags`.
-fn opened(s: &Shared, reply: ReplyOpen, mut file: OpenFile, candidate: Option<Candidate>, flags: FopenFlags) {
-    let ino = file.handle.ino().0;
-    match candidate.and_then(|c| s.backings.register(ino, c, |f| reply.open_backing(f))) {
-        Some(b) => {
-            file.backing = Some(b.for_handle());
-            // Readers still need no FLUSH; writers' FLUSH publishes what the kernel wrote.
-            let flags = flags & FopenFlags::FOPEN_NOFLUSH;
-            let fh = s.handles.insert(file);
-            reply.opened_passthrough(FileHandle(fh), flags, b.id());
-        }
-        None => {
-            let fh = s.handles.insert(file);
-            reply.opened(FileHandle(fh), flags);
-        }
+/// be, else the normal way with `flags`.
+fn opened(s: &Shared, reply: ReplyOpen, file: OpenFile, candidate: Option<Candidate>, flags: FopenFlags) {
+    match insert_open(s, file, candidate, |f| reply.open_backing(f)) {
+        // Readers still need no FLUSH; writers' FLUSH publishes what the kernel wrote.
+        (fh, Some(b)) => reply.opened_passthrough(fh, flags & FopenFlags::FOPEN_NOFLUSH, b.id()),
+        (fh, None) => reply.opened(fh, flags),
     }
 }
 
@@ -755,15 +750,7 @@ impl Filesystem for OdfsFuse {
         let Some((f, reply)) = self.open_file(fh, reply) else { return };
         if f.writable && f.backing.is_some() {
             // What the kernel wrote to the chunk file is published as the library's own writes.
-            return self.spawn(
-                "flush",
-                reply,
-                async move {
-                    f.note_passthrough_writes().await?;
-                    Ok(f.handle.flush().await?)
-                },
-                |reply, ()| reply.ok(),
-            );
+            return self.spawn("flush", reply, async move { f.publish().await }, |reply, ()| reply.ok());
         }
         if !f.writable || !f.handle.has_unpublished_writes() {
             // Nothing to publish: answered here, without a task and a thread hop (close(2) of
@@ -1064,26 +1051,13 @@ impl Filesystem for OdfsFuse {
                 let ttl = s.client.kernel_ttl(attr.ino, s.client.ticket_after(ticket));
                 Ok((s, file, candidate, Timed { attr, ttl }))
             },
-            |reply, (s, mut file, candidate, t)| {
+            |reply, (s, file, candidate, t)| {
                 let a = file_attr(&t.attr);
-                let backing = candidate.and_then(|c| s.backings.register(t.attr.ino.0, c, |f| reply.open_backing(f)));
-                match backing {
-                    Some(b) => {
-                        file.backing = Some(b.for_handle());
-                        let fh = s.handles.insert(file);
-                        reply.created_passthrough(
-                            &t.ttl,
-                            &a,
-                            Generation(0),
-                            FileHandle(fh),
-                            FopenFlags::empty(),
-                            b.id(),
-                        )
+                match insert_open(&s, file, candidate, |f| reply.open_backing(f)) {
+                    (fh, Some(b)) => {
+                        reply.created_passthrough(&t.ttl, &a, Generation(0), fh, FopenFlags::empty(), b.id())
                     }
-                    None => {
-                        let fh = s.handles.insert(file);
-                        reply.created(&t.ttl, &a, Generation(0), FileHandle(fh), FopenFlags::empty())
-                    }
+                    (fh, None) => reply.created(&t.ttl, &a, Generation(0), fh, FopenFlags::empty()),
                 }
             },
         );

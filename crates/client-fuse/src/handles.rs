@@ -5,6 +5,7 @@
 //! the kernel's numbers to those handles and remembers the open flags the adapter acts on.
 
 use crate::passthrough::HandleBacking;
+use crate::FuseError;
 use odfs_client::FileHandle;
 use odfs_proto::meta::Attr;
 use std::collections::HashMap;
@@ -34,6 +35,12 @@ impl OpenFile {
         let Some((size, mtime)) = b.changed()? else { return Ok(false) };
         self.handle.note_external_write(size, mtime).await;
         Ok(true)
+    }
+
+    /// Publishes this handle's writes (close-to-open), the kernel's through passthrough included.
+    pub async fn publish(&self) -> Result<(), FuseError> {
+        self.note_passthrough_writes().await?;
+        Ok(self.handle.flush().await?)
     }
 }
 

@@ -106,7 +106,9 @@ impl Backings {
         if !self.on.load(Ordering::Relaxed) || attr.kind != FileKind::File {
             return None;
         }
-        // Only a file of one stripe can qualify: the common striped file stops here.
+        // Only a file of one stripe can qualify: the common striped file stops here. A live
+        // backing file is taken before asking the cluster view: while one is open, every open
+        // of the inode must share it, whatever became of its target since.
         let layout = attr.layout.as_ref().filter(|l| l.targets.len() == 1)?;
         if let Some(b) = self.live(attr.ino.0) {
             return Some(Candidate::Live(b));
