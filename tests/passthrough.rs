@@ -11,7 +11,6 @@
 //! Needs root (FUSE passthrough registers backing files with CAP_SYS_ADMIN; tmpfs) and a
 //! kernel with FUSE passthrough (6.9 or later).
 
-use odfs_client::Ctx;
 use odfs_tests::*;
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -58,20 +57,7 @@ fn daemon_io(fs: &LocalFs, m: &FuseMount) -> u64 {
 /// Reads `name` (a path in the filesystem) through a fresh one-shot client of `node`: through
 /// stored, never through this node's mount.
 fn read_remote(fs: &LocalFs, node: u32, name: &str) -> Vec<u8> {
-    tokio::runtime::Runtime::new().unwrap().block_on(async {
-        let c = fs.node_client(node).await;
-        let ctx = Ctx::current();
-        let a = c.resolve(&ctx, name, true).await.unwrap();
-        let h = c.open(&ctx, a.ino, true, false, false).await.unwrap();
-        let mut out = Vec::new();
-        while (out.len() as u64) < a.size {
-            let d = h.read(out.len() as u64, MIB as u32).await.unwrap();
-            assert!(!d.is_empty(), "{name}: short read at {}", out.len());
-            out.extend_from_slice(&d);
-        }
-        h.close().await.unwrap();
-        out
-    })
+    tokio::runtime::Runtime::new().unwrap().block_on(async { lib_read(&fs.node_client(node).await, name).await })
 }
 
 /// Writes `data` in 1 MiB writes, then fsync and close.

@@ -53,7 +53,7 @@ pub(crate) fn get_xattr(p: &Path, name: &[u8]) -> std::io::Result<Vec<u8>> {
     }
 }
 
-fn set_xattr(p: &Path, name: &[u8], value: &[u8]) -> std::io::Result<()> {
+pub(crate) fn set_xattr(p: &Path, name: &[u8], value: &[u8]) -> std::io::Result<()> {
     let c = cpath(p).map_err(std::io::Error::other)?;
     let n = CString::new(name).map_err(std::io::Error::other)?;
     // SAFETY: valid NUL-terminated strings and a value of the given length.

@@ -3,9 +3,10 @@
 //!
 //! Owns the mount-mode phases: fio sequential write and read and 4 KiB random reads (fio's JSON
 //! report gives the rates), a checkpoint storm (every writer a large file at once, read back
-//! cold by the others; on odfs with local placement and with the default stripe), mdtest-easy style metadata (each worker its own directory), many
-//! workers in one shared directory, cold reads of many small files in random order, and two
-//! more epochs of those reads with the caches kept (a training job's dataset). The metadata and
+//! cold by the others; on odfs with local placement and with the default stripe), mdtest-easy
+//! style metadata (each worker its own directory), many workers in one shared directory, cold
+//! reads of many small files in random order, and two more epochs of those reads with the
+//! caches kept (a training job's dataset). The metadata and
 //! small-file phases are plain file-system calls from worker threads, so on odfs they go through
 //! the kernel and FUSE like any application's. Every phase also runs on a plain FUSE
 //! passthrough of the same disk (bindfs, when installed): the FUSE floor. The requests that
@@ -463,7 +464,9 @@ fn checkpoint_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &
                 0 => {
                     std::fs::create_dir_all(&d)?;
                     if local && side == "odfs" {
-                        set_xattr(&d, "odfs.layout", "stripe_count=1 placement=local")?;
+                        let layout = b"stripe_count=1 placement=local";
+                        crate::lfs::set_xattr(&d, odfs_client::vxattr::LAYOUT, layout)
+                            .with_context(|| format!("setting the layout of {}", d.display()))?;
                     }
                     ckpt_write(&d, o)?;
                     Ok(None)
@@ -515,10 +518,11 @@ fn ckpt_read(dir: &Path, o: &MountBenchOptions) -> Result<()> {
         let w = (k + 1) % o.jobs;
         let p = ckpt_path(dir, w);
         let mut f = std::fs::File::open(&p).with_context(|| format!("{}", p.display()))?;
-        let mut buf = vec![0u8; CKPT_IO];
+        let mut buf = Vec::with_capacity(CKPT_IO);
         let mut off = 0u64;
         loop {
-            let n = read_full(&mut f, &mut buf).with_context(|| format!("{}", p.display()))?;
+            buf.clear();
+            let n = (&mut f).take(CKPT_IO as u64).read_to_end(&mut buf).with_context(|| format!("{}", p.display()))?;
             if n == 0 {
                 break;
             }
@@ -564,33 +568,6 @@ fn randread_iops(fio: &Path, mut args: Vec<String>, report: &Path, o: &MountBenc
     let r = run_fio(fio, &args, report)?;
     anyhow::ensure!(r.field("read", "io_bytes")? > 0.0, "fio read nothing");
     r.field("read", "iops")
-}
-
-/// Reads until `buf` is full or the file ends.
-fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match f.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
-}
-
-/// Sets an extended attribute (odfs's layout on a directory of the mount).
-fn set_xattr(path: &Path, name: &str, value: &str) -> Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let p = std::ffi::CString::new(path.as_os_str().as_bytes())?;
-    let n = std::ffi::CString::new(name)?;
-    // SAFETY: both strings are NUL-terminated and live across the call; value is a valid slice.
-    let r = unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error()).with_context(|| format!("setxattr {name} on {}", path.display()));
-    }
-    Ok(())
 }
 
 /// mdtest-easy (own directories, empty files) and mdtest-hard style (one shared directory,
