@@ -404,6 +404,9 @@ impl Filesystem for OdfsFuse {
         // serialises what must be serialised).
         // Cached symlinks: a symlink's target never changes, so the kernel keeps it (a recall's
         // inval_inode drops it with the inode).
+        // Async direct I/O: an O_DIRECT or AIO reader's requests reach us all at once rather than
+        // one at a time per submitting thread (without it, fio at queue depth 16 has one read in
+        // flight: measured 13k 4 KiB IOPS over four files).
         // Not asked: writeback cache (the kernel would hold written data and sizes, outside the
         // client library's close-to-open accounting), POSIX locks (left to the kernel, node-local).
         for cap in [
@@ -412,6 +415,7 @@ impl Filesystem for OdfsFuse {
             InitFlags::FUSE_ATOMIC_O_TRUNC,
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_CACHE_SYMLINKS,
+            InitFlags::FUSE_ASYNC_DIO,
         ] {
             if let Err(missing) = config.add_capabilities(cap) {
                 info!(capability = ?missing, "kernel does not offer this FUSE capability");
