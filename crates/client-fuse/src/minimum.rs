@@ -6,7 +6,10 @@
 //! on it, mounted the way odfs-fuse mounts (same reader threads, cloned descriptors).
 //!
 //! Its tree is the small-file tree of the benchmark: `/d{k}/s{i}` for `i < files`,
-//! `k = i % dirs`, each file `template` with its first 8 bytes replaced by `i` (little-endian).
+//! `k = i % dirs`, each file `template` with its first 8 bytes replaced by `i` (little-endian);
+//! and, with [`MinimumFs::with_large`], fio's large files `/seq.{k}.0`, whose bytes are a fixed
+//! pattern replied straight from one buffer (no copy but the kernel's), so that sequential and
+//! 4 KiB random reads on it measure FUSE's own cost per byte and per request.
 //! With `no_open` every OPEN is answered ENOSYS: the kernel then sends no OPEN or RELEASE for
 //! any file again (FUSE's no-open mode, which has no per-open state), which shows what those
 //! two requests cost.
@@ -14,7 +17,7 @@
 use crate::mount::SESSION_THREADS;
 use fuser::{
     BackgroundSession, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
+    InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
     Request, Session,
 };
 use std::ffi::OsStr;
@@ -25,20 +28,43 @@ const TTL: Duration = Duration::from_secs(3600);
 
 /// The synthetic tree (see the module's documentation).
 pub struct MinimumFs {
-    pub files: u64,
-    pub dirs: u64,
-    pub template: Vec<u8>,
-    pub no_open: bool,
+    files: u64,
+    dirs: u64,
+    template: Vec<u8>,
+    no_open: bool,
+    large: u64,
+    large_size: u64,
+    /// The large files' bytes: `LARGE_PERIOD` bytes of pattern, then room for the longest read.
+    large_block: Vec<u8>,
 }
+
+/// The large files repeat a pattern this long (a multiple of every read's alignment).
+const LARGE_PERIOD: usize = 1 << 20;
+/// Longest READ a kernel sends (FUSE's largest `max_pages`, 256 pages, is 1 MiB; kept wide).
+const LARGE_MAX_READ: usize = 4 << 20;
 
 /// What an inode number is.
 enum Node {
     Root,
     Dir(u64),
     File(u64),
+    Large(u64),
 }
 
 impl MinimumFs {
+    /// The small-file tree only.
+    pub fn new(files: u64, dirs: u64, template: Vec<u8>, no_open: bool) -> Self {
+        MinimumFs { files, dirs, template, no_open, large: 0, large_size: 0, large_block: Vec::new() }
+    }
+
+    /// Adds `count` large files of `size` bytes each (`/seq.{k}.0`).
+    pub fn with_large(mut self, count: u64, size: u64) -> Self {
+        self.large = count;
+        self.large_size = size;
+        self.large_block = (0..LARGE_PERIOD + LARGE_MAX_READ).map(|i| (i % 251) as u8).collect();
+        self
+    }
+
     /// Mounts the tree at `at` (root only: `mount(2)`); unmounted when the session is dropped.
     pub fn mount(self, at: &Path) -> std::io::Result<BackgroundSession> {
         let mut cfg = Config::default();
@@ -54,8 +80,15 @@ impl MinimumFs {
             1 => Some(Node::Root),
             n if n >= 2 && n < 2 + self.dirs => Some(Node::Dir(n - 2)),
             n if n >= 2 + self.dirs && n < 2 + self.dirs + self.files => Some(Node::File(n - 2 - self.dirs)),
+            n if n >= self.first_large() && n < self.first_large() + self.large => {
+                Some(Node::Large(n - self.first_large()))
+            }
             _ => None,
         }
+    }
+
+    fn first_large(&self) -> u64 {
+        2 + self.dirs + self.files
     }
 
     fn attr(&self, node: &Node) -> FileAttr {
@@ -63,6 +96,7 @@ impl MinimumFs {
             Node::Root => (1, FileType::Directory, 4096, 0o755),
             Node::Dir(k) => (2 + k, FileType::Directory, 4096, 0o755),
             Node::File(i) => (2 + self.dirs + i, FileType::RegularFile, self.template.len() as u64, 0o644),
+            Node::Large(k) => (self.first_large() + k, FileType::RegularFile, self.large_size, 0o644),
         };
         FileAttr {
             ino: INodeNo(ino),
@@ -87,16 +121,36 @@ impl MinimumFs {
     fn child(&self, parent: &Node, name: &OsStr) -> Option<Node> {
         let name = name.to_str()?;
         match *parent {
+            Node::Root if name.starts_with("seq.") => {
+                let k = name.strip_prefix("seq.")?.strip_suffix(".0")?.parse().ok()?;
+                (k < self.large).then_some(Node::Large(k))
+            }
             Node::Root => name.strip_prefix('d')?.parse().ok().filter(|&k| k < self.dirs).map(Node::Dir),
             Node::Dir(k) => {
                 name.strip_prefix('s')?.parse().ok().filter(|&i| i < self.files && i % self.dirs == k).map(Node::File)
             }
-            Node::File(_) => None,
+            Node::File(_) | Node::Large(_) => None,
         }
     }
 }
 
+impl MinimumFs {
+    /// The bytes of a large file at `offset`, up to `size` and the file's end: a slice of the
+    /// pattern block, so the reply is written to the kernel with no copy of ours.
+    fn large_read(&self, offset: u64, size: u32) -> &[u8] {
+        let n = (size as usize).min(LARGE_MAX_READ).min(self.large_size.saturating_sub(offset) as usize);
+        let start = (offset % LARGE_PERIOD as u64) as usize;
+        &self.large_block[start..start + n]
+    }
+}
+
 impl Filesystem for MinimumFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // As odfs-fuse asks: an O_DIRECT or AIO reader's requests arrive together.
+        let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
+        Ok(())
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.node(parent).and_then(|p| self.child(&p, name)) {
             Some(n) => reply.entry(&TTL, &self.attr(&n), Generation(0)),
@@ -129,7 +183,11 @@ impl Filesystem for MinimumFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let Some(Node::File(i)) = self.node(ino) else { return reply.error(Errno::EISDIR) };
+        let i = match self.node(ino) {
+            Some(Node::File(i)) => i,
+            Some(Node::Large(_)) => return reply.data(self.large_read(offset, size)),
+            _ => return reply.error(Errno::EISDIR),
+        };
         let len = self.template.len() as u64;
         let (start, end) = (offset.min(len), (offset + size as u64).min(len));
         let mut data = self.template[start as usize..end as usize].to_vec();
@@ -164,7 +222,11 @@ impl Filesystem for MinimumFs {
 
     fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         let children: Box<dyn Iterator<Item = (Node, String)>> = match self.node(ino) {
-            Some(Node::Root) => Box::new((0..self.dirs).map(|k| (Node::Dir(k), format!("d{k}")))),
+            Some(Node::Root) => Box::new(
+                (0..self.dirs)
+                    .map(|k| (Node::Dir(k), format!("d{k}")))
+                    .chain((0..self.large).map(|k| (Node::Large(k), format!("seq.{k}.0")))),
+            ),
             Some(Node::Dir(k)) => {
                 Box::new((k..self.files).step_by(self.dirs as usize).map(|i| (Node::File(i), format!("s{i}"))))
             }

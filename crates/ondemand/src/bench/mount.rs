@@ -201,6 +201,11 @@ struct Sides {
 }
 
 impl Sides {
+    /// Where the FUSE minimum is mounted: beside the odfs filesystem's directory.
+    fn minimum_dir(&self) -> PathBuf {
+        self.mnt.parent().and_then(Path::parent).unwrap_or(Path::new("/tmp")).join("minimum")
+    }
+
     /// Runs `f(dir, side)` on the mount, then on the plain directory and the FUSE floor; `cold`
     /// drops the page cache before each.
     fn run(&mut self, cold: bool, f: impl Fn(&Path, &str) -> Result<Option<f64>>) -> Result<Sampled> {
@@ -434,7 +439,47 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
         randread_iops(fio, fio_common(dir), &reports.join(format!("{side}-randread.json")), o).map(Some)
     })?;
     sides.push("rand read 4k", "IOPS", 0.0, &s);
+    let note = fuse_minimum_large(o, fio, reports, &sides.minimum_dir())?;
+    sides.notes.push(note);
     Ok(())
+}
+
+/// The sequential and 4 KiB random reads above, on the FUSE minimum's large files (bytes
+/// replied from memory on the reader thread): what FUSE alone allows these reads on this
+/// machine, for any filesystem that serves them through its daemon. One line, or why it was
+/// skipped.
+fn fuse_minimum_large(o: &MountBenchOptions, fio: &Path, reports: &Path, at: &Path) -> Result<String> {
+    std::fs::create_dir_all(at)?;
+    let fs = MinimumFs::new(0, 0, Vec::new(), false).with_large(o.jobs as u64, o.job_size);
+    let session = match fs.mount(at) {
+        Ok(s) => s,
+        Err(e) => return Ok(format!("FUSE minimum not measured: cannot mount at {}: {e}", at.display())),
+    };
+    eprintln!("bench: FUSE minimum, large files: sequential read, then 4 KiB random read");
+    let files = vec![
+        "--name=seq".to_string(),
+        format!("--directory={}", at.display()),
+        "--filename_format=seq.$jobnum.0".into(),
+        format!("--size={}", o.job_size),
+        format!("--numjobs={}", o.jobs),
+        "--group_reporting".into(),
+        "--readonly".into(),
+    ];
+    let rates = (|| -> Result<(f64, f64)> {
+        drop_caches();
+        let mut args = files.clone();
+        args.extend(["--rw=read", "--bs=1M"].map(String::from));
+        let r = run_fio(fio, &args, &reports.join("minimum-seq-read.json"))?;
+        r.expect_bytes("read", o.jobs as u64 * o.job_size)?;
+        let seq = r.bw_bytes("read")? / MIB;
+        drop_caches();
+        let iops = randread_iops(fio, files.clone(), &reports.join("minimum-randread.json"), o)?;
+        Ok((seq, iops))
+    })();
+    let unmounted = session.umount_and_join().context("unmounting the FUSE minimum");
+    let (seq, iops) = rates.context("reading the FUSE minimum's large files")?;
+    unmounted?;
+    Ok(format!("FUSE minimum, large files (bytes from memory): seq read {seq:.0} MiB/s, rand read 4k {iops:.0} IOPS"))
 }
 
 /// Bytes of each checkpoint write and read, as `torch.save` and a loader issue them.
@@ -627,8 +672,7 @@ fn small_phases(o: &MountBenchOptions, sides: &mut Sides) -> Result<()> {
     sides.push("small read cold", "MiB/s", mib, &s[0]);
     sides.push("small read epoch 2", "files/s", n, &s[1]);
     sides.push("small read epoch 3", "files/s", n, &s[2]);
-    let at = sides.mnt.parent().and_then(Path::parent).unwrap_or(Path::new("/tmp")).join("minimum");
-    let notes = fuse_minimum(o, &at, &mut sides.dropped)?;
+    let notes = fuse_minimum(o, &sides.minimum_dir(), &mut sides.dropped)?;
     sides.notes.extend(notes);
     Ok(())
 }
@@ -644,8 +688,7 @@ fn fuse_minimum(o: &MountBenchOptions, at: &Path, dropped: &mut bool) -> Result<
     let mut notes = Vec::new();
     for (no_open, what) in [(false, "with opens"), (true, "no-open mode (no OPEN or RELEASE)")] {
         std::fs::create_dir_all(at)?;
-        let fs =
-            MinimumFs { files: o.small_files as u64, dirs: o.small_dirs as u64, template: template.clone(), no_open };
+        let fs = MinimumFs::new(o.small_files as u64, o.small_dirs as u64, template.clone(), no_open);
         let session = match fs.mount(at) {
             Ok(s) => s,
             Err(e) => {
