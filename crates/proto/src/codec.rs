@@ -2,12 +2,18 @@
 //! connection):
 //!
 //! ```text
-//! u32 length of the rest (little endian) | u8 kind | u64 call id | u16 method | body
+//! u32 length of the rest (little endian) | u8 kind | u64 call id | u16 method |
+//! u32 payload length | body | payload
 //! ```
 //!
 //! A request body is the postcard-encoded `RequestHeader` followed by the request; a reply body
 //! is the reply (kind `REPLY_OK`) or a `RemoteError` (kind `REPLY_ERR`). The call id only pairs a
 //! reply with its request on one connection; idempotency uses the header's request id.
+//!
+//! The payload is a reply's bulk bytes (a chunk read's data, see `Rpc::reply_payload`), moved
+//! out of the reply before encoding and written after the body as a buffer of its own; the
+//! receiver reads it into a buffer of its own that becomes the decoded reply's. A megabyte read
+//! is then copied from the socket once, not into a frame, out of it and out of postcard again.
 
 use crate::{ProtoError, RemoteError, RequestHeader, Rpc};
 use serde::{de::DeserializeOwned, Serialize};
@@ -17,7 +23,7 @@ pub const KIND_REPLY_OK: u8 = 1;
 pub const KIND_REPLY_ERR: u8 = 2;
 
 /// Bytes of the fixed part after the length prefix.
-pub const FRAME_FIXED: usize = 1 + 8 + 2;
+pub const FRAME_FIXED: usize = 1 + 8 + 2 + 4;
 /// Largest frame accepted; a larger length prefix closes the connection.
 pub const MAX_FRAME: usize = 20 << 20;
 /// Largest data payload of one chunk request; clients split larger I/O.
@@ -28,22 +34,42 @@ pub struct FrameHead {
     pub kind: u8,
     pub call_id: u64,
     pub method: u16,
+    /// Bytes of payload at the end of the frame.
+    pub payload: u32,
 }
 
 impl FrameHead {
-    /// Parses the fixed part of a frame (after the length prefix).
-    pub fn parse(frame: &[u8]) -> Result<(FrameHead, &[u8]), ProtoError> {
-        if frame.len() < FRAME_FIXED {
+    /// Parses the fixed part of a frame of `len` bytes (after the length prefix), checking
+    /// that the payload fits in it.
+    pub fn parse(fixed: &[u8], len: usize) -> Result<FrameHead, ProtoError> {
+        if fixed.len() < FRAME_FIXED || len < FRAME_FIXED {
             return Err(ProtoError::Truncated);
         }
-        let kind = frame[0];
+        let kind = fixed[0];
         if kind > KIND_REPLY_ERR {
             return Err(ProtoError::BadKind(kind));
         }
-        let call_id = u64::from_le_bytes(frame[1..9].try_into().unwrap());
-        let method = u16::from_le_bytes(frame[9..11].try_into().unwrap());
-        Ok((FrameHead { kind, call_id, method }, &frame[FRAME_FIXED..]))
+        let call_id = u64::from_le_bytes(fixed[1..9].try_into().unwrap());
+        let method = u16::from_le_bytes(fixed[9..11].try_into().unwrap());
+        let payload = u32::from_le_bytes(fixed[11..15].try_into().unwrap());
+        if payload as usize > len - FRAME_FIXED {
+            return Err(ProtoError::Truncated);
+        }
+        Ok(FrameHead { kind, call_id, method, payload })
     }
+
+    /// Bytes of body in a frame of `len` bytes.
+    pub fn body_len(&self, len: usize) -> usize {
+        len - FRAME_FIXED - self.payload as usize
+    }
+}
+
+/// An encoded frame: length prefix, fixed part and body in `head`, then `payload` (often
+/// empty), written after it as it is.
+#[derive(Debug)]
+pub struct Frame {
+    pub head: Vec<u8>,
+    pub payload: Vec<u8>,
 }
 
 fn start_frame(kind: u8, call_id: u64, method: u16, body_hint: usize) -> Vec<u8> {
@@ -52,45 +78,51 @@ fn start_frame(kind: u8, call_id: u64, method: u16, body_hint: usize) -> Vec<u8>
     buf.push(kind);
     buf.extend_from_slice(&call_id.to_le_bytes());
     buf.extend_from_slice(&method.to_le_bytes());
+    buf.extend_from_slice(&[0u8; 4]);
     buf
 }
 
-fn finish_frame(mut buf: Vec<u8>) -> Result<Vec<u8>, ProtoError> {
-    let len = buf.len() - 4;
+fn finish_frame(mut head: Vec<u8>, payload: Vec<u8>) -> Result<Frame, ProtoError> {
+    let len = head.len() - 4 + payload.len();
     if len > MAX_FRAME {
         return Err(ProtoError::FrameTooLarge(len, MAX_FRAME));
     }
-    buf[..4].copy_from_slice(&(len as u32).to_le_bytes());
-    Ok(buf)
+    head[..4].copy_from_slice(&(len as u32).to_le_bytes());
+    head[4 + 11..4 + FRAME_FIXED].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    Ok(Frame { head, payload })
 }
 
 fn append<T: Serialize>(buf: Vec<u8>, value: &T) -> Result<Vec<u8>, ProtoError> {
     Ok(postcard::to_extend(value, buf)?)
 }
 
-/// Encodes a whole request frame, length prefix included.
-pub fn encode_request<R: Rpc>(call_id: u64, header: &RequestHeader, req: &R) -> Result<Vec<u8>, ProtoError> {
+/// Encodes a whole request frame, length prefix included (requests carry no payload).
+pub fn encode_request<R: Rpc>(call_id: u64, header: &RequestHeader, req: &R) -> Result<Frame, ProtoError> {
     let buf = start_frame(KIND_REQUEST, call_id, R::METHOD, 64);
     let buf = append(buf, header)?;
-    finish_frame(append(buf, req)?)
+    finish_frame(append(buf, req)?, Vec::new())
 }
 
-/// Encodes a whole reply frame, serialising the reply straight into the frame buffer (chunk
-/// data is copied once, not twice).
-pub fn encode_reply<T: Serialize>(call_id: u64, method: u16, result: &Result<T, RemoteError>) -> Vec<u8> {
+/// Encodes the reply frame of request type `R`: the reply's payload moves into the frame's,
+/// the rest is serialised into the frame buffer.
+pub fn encode_reply<R: Rpc>(call_id: u64, result: Result<R::Reply, RemoteError>) -> Frame {
     match result {
-        Ok(v) => match postcard::to_extend(v, start_frame(KIND_REPLY_OK, call_id, method, 64))
-            .map_err(ProtoError::from)
-            .and_then(finish_frame)
-        {
-            Ok(f) => f,
-            Err(e) => encode_error(call_id, method, &e.into()),
-        },
-        Err(e) => encode_error(call_id, method, e),
+        Ok(mut v) => {
+            let payload = R::reply_payload(&mut v).map(std::mem::take).unwrap_or_default();
+            match postcard::to_extend(&v, start_frame(KIND_REPLY_OK, call_id, R::METHOD, 64))
+                .map_err(ProtoError::from)
+                .and_then(|head| finish_frame(head, payload))
+            {
+                Ok(f) => f,
+                Err(e) => encode_error(call_id, R::METHOD, &e.into()),
+            }
+        }
+        Err(e) => encode_error(call_id, R::METHOD, &e),
     }
 }
 
-fn encode_error(call_id: u64, method: u16, e: &RemoteError) -> Vec<u8> {
+/// Encodes an error reply frame.
+pub fn encode_error(call_id: u64, method: u16, e: &RemoteError) -> Frame {
     let mut e = e.clone();
     if e.message.len() > 4096 {
         let mut cut = 4096;
@@ -101,7 +133,7 @@ fn encode_error(call_id: u64, method: u16, e: &RemoteError) -> Vec<u8> {
     }
     let buf = postcard::to_extend(&e, start_frame(KIND_REPLY_ERR, call_id, method, 64))
         .expect("serialising into a Vec cannot fail");
-    finish_frame(buf).expect("an error frame is far below the frame limit")
+    finish_frame(buf, Vec::new()).expect("an error frame is far below the frame limit")
 }
 
 /// Decodes a request body into its header and request.
@@ -116,10 +148,19 @@ pub fn decode_header(body: &[u8]) -> Result<(RequestHeader, &[u8]), ProtoError> 
     Ok(postcard::take_from_bytes::<RequestHeader>(body)?)
 }
 
-/// Decodes a reply frame's body according to its kind.
-pub fn decode_reply<T: DeserializeOwned>(kind: u8, body: &[u8]) -> Result<T, RemoteError> {
+/// Decodes the reply to request type `R` from a frame's kind, body and payload.
+pub fn decode_reply<R: Rpc>(kind: u8, body: &[u8], payload: Vec<u8>) -> Result<R::Reply, RemoteError> {
     match kind {
-        KIND_REPLY_OK => postcard::from_bytes(body).map_err(|e| ProtoError::from(e).into()),
+        KIND_REPLY_OK => {
+            let mut v: R::Reply = postcard::from_bytes(body).map_err(ProtoError::from)?;
+            if !payload.is_empty() {
+                match R::reply_payload(&mut v) {
+                    Some(slot) => *slot = payload,
+                    None => return Err(ProtoError::UnexpectedPayload(R::NAME).into()),
+                }
+            }
+            Ok(v)
+        }
         KIND_REPLY_ERR => Err(postcard::from_bytes::<RemoteError>(body).unwrap_or_else(|e| ProtoError::from(e).into())),
         k => Err(ProtoError::BadKind(k).into()),
     }
@@ -128,45 +169,75 @@ pub fn decode_reply<T: DeserializeOwned>(kind: u8, body: &[u8]) -> Result<T, Rem
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::meta::{Attr, Lookup};
+    use crate::meta::Lookup;
+    use crate::storage::{ChunkData, ReadChunk, StatChunk};
     use crate::ErrorCode;
+
+    /// Splits an encoded frame as a receiver reads it: head, body, payload.
+    fn receive(f: &Frame) -> (FrameHead, Vec<u8>, Vec<u8>) {
+        let len = u32::from_le_bytes(f.head[..4].try_into().unwrap()) as usize;
+        assert_eq!(len, f.head.len() - 4 + f.payload.len());
+        let head = FrameHead::parse(&f.head[4..4 + FRAME_FIXED], len).unwrap();
+        let body = f.head[4 + FRAME_FIXED..].to_vec();
+        assert_eq!(body.len(), head.body_len(len));
+        assert_eq!(head.payload as usize, f.payload.len());
+        (head, body, f.payload.clone())
+    }
 
     #[test]
     fn request_round_trip() {
         let h = RequestHeader { request_id: 7, client_id: 9, uid: 1000, gid: 100, groups: vec![4, 5] };
         let req = Lookup { parent: crate::InodeId::ROOT, name: b"x".to_vec() };
         let frame = encode_request(42, &h, &req).unwrap();
-        let len = u32::from_le_bytes(frame[..4].try_into().unwrap()) as usize;
-        assert_eq!(len, frame.len() - 4);
-        let (head, body) = FrameHead::parse(&frame[4..]).unwrap();
-        assert_eq!(head, FrameHead { kind: KIND_REQUEST, call_id: 42, method: 100 });
-        let (h2, r2): (RequestHeader, Lookup) = decode_request(body).unwrap();
+        let (head, body, payload) = receive(&frame);
+        assert_eq!(head, FrameHead { kind: KIND_REQUEST, call_id: 42, method: 100, payload: 0 });
+        assert!(payload.is_empty());
+        let (h2, r2): (RequestHeader, Lookup) = decode_request(&body).unwrap();
         assert_eq!(h2, h);
         assert_eq!(r2, req);
     }
 
     #[test]
     fn error_reply_round_trip() {
-        let r: Result<Attr, RemoteError> = Err(RemoteError::new(ErrorCode::NotEmpty, "d"));
-        let frame = encode_reply(5, 100, &r);
-        let (head, body) = FrameHead::parse(&frame[4..]).unwrap();
-        assert_eq!(head, FrameHead { kind: KIND_REPLY_ERR, call_id: 5, method: 100 });
-        let got = decode_reply::<Attr>(head.kind, body).unwrap_err();
+        let frame = encode_reply::<Lookup>(5, Err(RemoteError::new(ErrorCode::NotEmpty, "d")));
+        let (head, body, payload) = receive(&frame);
+        assert_eq!(head, FrameHead { kind: KIND_REPLY_ERR, call_id: 5, method: 100, payload: 0 });
+        let got = decode_reply::<Lookup>(head.kind, &body, payload).unwrap_err();
         assert_eq!(got.code, ErrorCode::NotEmpty);
-        let ok: Result<Vec<u8>, RemoteError> = Ok(vec![7; 1000]);
-        let frame = encode_reply(6, 201, &ok);
-        let (head, body) = FrameHead::parse(&frame[4..]).unwrap();
-        assert_eq!(decode_reply::<Vec<u8>>(head.kind, body).unwrap(), vec![7; 1000]);
+    }
+
+    #[test]
+    fn chunk_data_travels_as_the_payload() {
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let frame = encode_reply::<ReadChunk>(6, Ok(ChunkData { data: data.clone() }));
+        assert_eq!(frame.payload, data, "the data is the frame's payload");
+        assert!(frame.head.len() < 64, "and not in its body ({} bytes)", frame.head.len());
+        let (head, body, payload) = receive(&frame);
+        assert_eq!(decode_reply::<ReadChunk>(head.kind, &body, payload).unwrap().data, data);
+        // An empty read has no payload and decodes to no data.
+        let (head, body, payload) = receive(&encode_reply::<ReadChunk>(7, Ok(ChunkData { data: Vec::new() })));
+        assert_eq!(decode_reply::<ReadChunk>(head.kind, &body, payload).unwrap().data, Vec::<u8>::new());
+        // A payload on a reply that has no place for one is refused, not dropped.
+        let (head, body, _) = receive(&encode_reply::<StatChunk>(8, Ok(Some(5))));
+        let e = decode_reply::<StatChunk>(head.kind, &body, vec![1, 2, 3]).unwrap_err();
+        assert_eq!(e.code, ErrorCode::BadMessage);
+        assert!(e.message.contains("payload"), "{}", e.message);
     }
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {
         for n in 0..64u8 {
             let junk: Vec<u8> = (0..n).map(|i| i.wrapping_mul(37).wrapping_add(n)).collect();
-            let _ = FrameHead::parse(&junk);
+            let _ = FrameHead::parse(&junk, junk.len());
+            let _ = FrameHead::parse(&junk, usize::from(n) * 1000);
             let _ = decode_request::<Lookup>(&junk);
-            let _ = decode_reply::<Attr>(KIND_REPLY_OK, &junk);
+            let _ = decode_reply::<Lookup>(KIND_REPLY_OK, &junk, junk.clone());
         }
+        // A payload longer than the frame is refused.
+        let mut fixed = [0u8; FRAME_FIXED];
+        fixed[11..15].copy_from_slice(&100u32.to_le_bytes());
+        assert!(FrameHead::parse(&fixed, FRAME_FIXED + 99).is_err());
+        assert!(FrameHead::parse(&fixed, FRAME_FIXED + 100).is_ok());
     }
 
     #[test]

@@ -127,6 +127,8 @@ pub enum ProtoError {
     Decode(#[from] postcard::Error),
     #[error("unknown frame kind {0}")]
     BadKind(u8),
+    #[error("a {0} frame carries a payload, which it has no place for")]
+    UnexpectedPayload(&'static str),
 }
 
 impl From<ProtoError> for RemoteError {

@@ -9,17 +9,26 @@ pub trait Rpc: Serialize + DeserializeOwned + Send + Sync + 'static {
     const METHOD: u16;
     const NAME: &'static str;
     type Reply: Serialize + DeserializeOwned + Send + Sync + 'static;
+
+    /// The reply's bulk bytes (chunk data), if it has any: sent after the encoded reply as a
+    /// buffer of their own and received into one that becomes the reply's, so they are never
+    /// copied into or out of a frame (see `codec`).
+    fn reply_payload(_reply: &mut Self::Reply) -> Option<&mut Vec<u8>> {
+        None
+    }
 }
 
-/// Declares the method id and reply type of request types.
+/// Declares the method id and reply type of request types; a `{ ... }` after the reply type
+/// adds items to the `Rpc` impl (e.g. `reply_payload`).
 #[macro_export]
 macro_rules! rpc {
-    ($( $req:ident = $id:expr => $reply:ty ),* $(,)?) => {
+    ($( $req:ident = $id:expr => $reply:ty $({ $($item:item)* })? ),* $(,)?) => {
         $(
             impl $crate::method::Rpc for $req {
                 const METHOD: u16 = $id;
                 const NAME: &'static str = stringify!($req);
                 type Reply = $reply;
+                $($($item)*)?
             }
         )*
         /// Every method id declared in this module, for the uniqueness test.

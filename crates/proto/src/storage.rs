@@ -27,6 +27,7 @@ pub struct ReadChunk {
 }
 
 /// Bytes read; shorter than asked where the chunk file ends (a hole or the end of the file).
+/// `data` travels as the frame's payload, not in its body.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChunkData {
     #[serde(with = "serde_bytes")]
@@ -76,7 +77,11 @@ pub struct StatChunk {
 
 crate::rpc! {
     WriteChunk = 200 => u32,
-    ReadChunk = 201 => ChunkData,
+    ReadChunk = 201 => ChunkData {
+        fn reply_payload(reply: &mut ChunkData) -> Option<&mut Vec<u8>> {
+            Some(&mut reply.data)
+        }
+    },
     TruncateChunk = 202 => (),
     SyncChunk = 203 => (),
     RemoveChunk = 204 => (),

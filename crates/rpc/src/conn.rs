@@ -2,20 +2,20 @@
 //! bidirectional stream or a TCP connection), replies paired to callers by call id.
 
 use crate::RpcError;
-use odfs_proto::codec::{self, FrameHead, KIND_REQUEST, MAX_FRAME};
+use odfs_proto::codec::{self, Frame, FrameHead, FRAME_FIXED, KIND_REQUEST, MAX_FRAME};
 use odfs_proto::{RequestHeader, Rpc};
 use std::any::Any;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{mpsc, oneshot};
 
-type Waiter = oneshot::Sender<Result<(u8, Vec<u8>), RpcError>>;
+type Waiter = oneshot::Sender<Result<Received, RpcError>>;
 
 struct Inner {
-    tx: mpsc::UnboundedSender<Vec<u8>>,
+    tx: mpsc::UnboundedSender<Frame>,
     pending: Mutex<HashMap<u64, Waiter>>,
     next_call: AtomicU64,
     closed: AtomicBool,
@@ -40,8 +40,21 @@ pub struct Conn {
     inner: Arc<Inner>,
 }
 
-/// Reads one frame (without its length prefix). `Ok(None)` at a clean end of stream.
-pub(crate) async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Vec<u8>>, RpcError> {
+/// One frame as read: its fixed part, body and payload, each in a buffer of its own.
+pub(crate) struct Received {
+    pub head: FrameHead,
+    pub body: Vec<u8>,
+    pub payload: Vec<u8>,
+}
+
+/// Buffered reading of a stream: the length prefix, fixed part and body of small frames come
+/// in one read system call; a payload larger than the buffer is read straight into its own.
+pub(crate) fn buffered<R: AsyncRead>(r: R) -> BufReader<R> {
+    BufReader::with_capacity(64 << 10, r)
+}
+
+/// Reads one frame. `Ok(None)` at a clean end of stream.
+pub(crate) async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Received>, RpcError> {
     let mut len = [0u8; 4];
     match r.read_exact(&mut len).await {
         Ok(_) => {}
@@ -52,28 +65,44 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option
     if len > MAX_FRAME {
         return Err(odfs_proto::ProtoError::FrameTooLarge(len, MAX_FRAME).into());
     }
-    // Read into spare capacity: zero-filling megabytes of chunk data first costs a memset.
-    let mut buf = Vec::with_capacity(len);
-    let n = (&mut *r).take(len as u64).read_to_end(&mut buf).await?;
-    if n < len {
-        return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+    let mut fixed = [0u8; FRAME_FIXED];
+    if len < FRAME_FIXED {
+        return Err(odfs_proto::ProtoError::Truncated.into());
     }
-    Ok(Some(buf))
+    r.read_exact(&mut fixed).await?;
+    let head = FrameHead::parse(&fixed, len)?;
+    let body = read_vec(r, head.body_len(len)).await?;
+    let payload = read_vec(r, head.payload as usize).await?;
+    Ok(Some(Received { head, body, payload }))
 }
 
-/// Spawns the task that writes frames to `w`, coalescing small frames into one flush.
+/// Reads exactly `len` bytes into a new buffer, filling its spare capacity (zero-filling
+/// megabytes of chunk data first would cost a memset).
+async fn read_vec<R: AsyncRead + Unpin>(r: &mut R, len: usize) -> std::io::Result<Vec<u8>> {
+    let mut buf = Vec::with_capacity(len);
+    while buf.len() < len {
+        // The spare capacity is exactly what remains: the read never takes the next frame's bytes.
+        if r.read_buf(&mut buf).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    Ok(buf)
+}
+
+/// Spawns the task that writes frames to `w`, coalescing small frames into one flush; a large
+/// payload is written from its own buffer (the buffered writer passes it through).
 pub(crate) fn spawn_writer<W: AsyncWrite + Unpin + Send + 'static>(
     w: W,
     on_error: impl FnOnce(String) + Send + 'static,
-) -> mpsc::UnboundedSender<Vec<u8>> {
-    let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+) -> mpsc::UnboundedSender<Frame> {
+    let (tx, mut rx) = mpsc::unbounded_channel::<Frame>();
     tokio::spawn(async move {
         let mut w = BufWriter::with_capacity(256 * 1024, w);
         let result: std::io::Result<()> = async {
             while let Some(frame) = rx.recv().await {
-                w.write_all(&frame).await?;
+                write_frame(&mut w, &frame).await?;
                 while let Ok(more) = rx.try_recv() {
-                    w.write_all(&more).await?;
+                    write_frame(&mut w, &more).await?;
                 }
                 w.flush().await?;
             }
@@ -85,6 +114,14 @@ pub(crate) fn spawn_writer<W: AsyncWrite + Unpin + Send + 'static>(
         }
     });
     tx
+}
+
+async fn write_frame<W: AsyncWrite + Unpin>(w: &mut BufWriter<W>, frame: &Frame) -> std::io::Result<()> {
+    w.write_all(&frame.head).await?;
+    if !frame.payload.is_empty() {
+        w.write_all(&frame.payload).await?;
+    }
+    Ok(())
 }
 
 impl Conn {
@@ -112,7 +149,7 @@ impl Conn {
         });
         let weak = Arc::downgrade(&inner);
         tokio::spawn(async move {
-            let mut reader = reader;
+            let mut reader = buffered(reader);
             let why = loop {
                 let frame = match read_frame(&mut reader).await {
                     Ok(Some(f)) => f,
@@ -120,16 +157,12 @@ impl Conn {
                     Err(e) => break e.to_string(),
                 };
                 let Some(inner) = weak.upgrade() else { return };
-                let (head, body) = match FrameHead::parse(&frame) {
-                    Ok(x) => x,
-                    Err(e) => break e.to_string(),
-                };
-                if head.kind == KIND_REQUEST {
+                if frame.head.kind == KIND_REQUEST {
                     break "peer sent a request on a client stream".to_string();
                 }
-                let waiter = inner.pending.lock().expect("pending lock").remove(&head.call_id);
+                let waiter = inner.pending.lock().expect("pending lock").remove(&frame.head.call_id);
                 if let Some(w) = waiter {
-                    let _ = w.send(Ok((head.kind, body.to_vec())));
+                    let _ = w.send(Ok(frame));
                 }
             };
             if let Some(inner) = weak.upgrade() {
@@ -177,8 +210,7 @@ impl Conn {
                 });
             }
         };
-        let (kind, body) = reply;
-        Ok(codec::decode_reply::<R::Reply>(kind, &body)?)
+        Ok(codec::decode_reply::<R>(reply.head.kind, &reply.body, reply.payload)?)
     }
 
     /// Closes the connection; pending calls fail.

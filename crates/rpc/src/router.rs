@@ -1,8 +1,8 @@
 //! Server side: a table of typed handlers by method id, and the loop that serves one stream.
 
-use crate::conn::{read_frame, spawn_writer};
+use crate::conn::{buffered, read_frame, spawn_writer};
 use futures::future::BoxFuture;
-use odfs_proto::codec::{self, FrameHead, KIND_REQUEST};
+use odfs_proto::codec::{self, Frame, KIND_REQUEST};
 use odfs_proto::error::RpcResult;
 use odfs_proto::{ErrorCode, RemoteError, RequestHeader, Rpc};
 use std::collections::HashMap;
@@ -12,7 +12,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::{debug, warn, Instrument};
 
 /// Decodes a request body, runs the handler and returns the whole reply frame.
-type Handler = Arc<dyn Fn(u64, &[u8]) -> BoxFuture<'static, Vec<u8>> + Send + Sync>;
+type Handler = Arc<dyn Fn(u64, &[u8]) -> BoxFuture<'static, Frame> + Send + Sync>;
 
 /// Maps method ids to handlers.
 #[derive(Default)]
@@ -53,7 +53,7 @@ impl Router {
                         Err(RemoteError::from(e))
                     }
                 };
-                codec::encode_reply(call_id, R::METHOD, &result)
+                codec::encode_reply::<R>(call_id, result)
             })
         });
         let prev = self.handlers.insert(R::METHOD, (R::NAME, h));
@@ -61,12 +61,12 @@ impl Router {
         self
     }
 
-    fn dispatch(&self, call_id: u64, method: u16, body: &[u8]) -> BoxFuture<'static, Vec<u8>> {
+    fn dispatch(&self, call_id: u64, method: u16, body: &[u8]) -> BoxFuture<'static, Frame> {
         match self.handlers.get(&method) {
             Some((_, h)) => h(call_id, body),
             None => {
-                let e: RpcResult<()> = Err(RemoteError::new(ErrorCode::BadMethod, format!("unknown method {method}")));
-                Box::pin(async move { codec::encode_reply(call_id, method, &e) })
+                let e = RemoteError::new(ErrorCode::BadMethod, format!("unknown method {method}"));
+                Box::pin(async move { codec::encode_error(call_id, method, &e) })
             }
         }
     }
@@ -74,12 +74,13 @@ impl Router {
 
 /// Serves requests arriving on one stream until it ends. Malformed frames end the stream; a
 /// malformed request body gets an error reply.
-pub async fn serve_stream<R, W>(router: Arc<Router>, mut reader: R, writer: W)
+pub async fn serve_stream<R, W>(router: Arc<Router>, reader: R, writer: W)
 where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let tx = spawn_writer(writer, |why| debug!(error = %why, "reply stream failed"));
+    let mut reader = buffered(reader);
     loop {
         let frame = match read_frame(&mut reader).await {
             Ok(Some(f)) => f,
@@ -89,19 +90,15 @@ where
                 break;
             }
         };
-        let (head, body) = match FrameHead::parse(&frame) {
-            Ok(x) => x,
-            Err(e) => {
-                warn!(error = %e, "closing stream after a bad frame");
-                break;
-            }
-        };
-        if head.kind != KIND_REQUEST {
+        if frame.head.kind != KIND_REQUEST {
             warn!("closing stream: peer sent a reply frame");
             break;
         }
-        let FrameHead { call_id, method, .. } = head;
-        let fut = router.dispatch(call_id, method, body);
+        if frame.head.payload != 0 {
+            warn!("closing stream: peer sent a request with a payload");
+            break;
+        }
+        let fut = router.dispatch(frame.head.call_id, frame.head.method, &frame.body);
         let tx = tx.clone();
         tokio::spawn(async move {
             let _ = tx.send(fut.await);
