@@ -456,15 +456,8 @@ fn fuse_minimum_large(o: &MountBenchOptions, fio: &Path, reports: &Path, at: &Pa
         Err(e) => return Ok(format!("FUSE minimum not measured: cannot mount at {}: {e}", at.display())),
     };
     eprintln!("bench: FUSE minimum, large files: sequential read, then 4 KiB random read");
-    let files = vec![
-        "--name=seq".to_string(),
-        format!("--directory={}", at.display()),
-        "--filename_format=seq.$jobnum.0".into(),
-        format!("--size={}", o.job_size),
-        format!("--numjobs={}", o.jobs),
-        "--group_reporting".into(),
-        "--readonly".into(),
-    ];
+    let mut files = fio_files("seq", at, "seq.$jobnum.0", o);
+    files.push("--readonly".into());
     let rates = (|| -> Result<(f64, f64)> {
         drop_caches();
         let mut args = files.clone();
@@ -587,15 +580,20 @@ fn ckpt_read(dir: &Path, o: &MountBenchOptions) -> Result<()> {
 /// file, for the random-read phase's time; returns IOPS.
 fn ckpt_randread(fio: &Path, report: &Path, dir: &Path, o: &MountBenchOptions) -> Result<f64> {
     probe_direct(&ckpt_path(dir, 0))?;
-    let files = vec![
-        "--name=ckpt".to_string(),
+    randread_iops(fio, fio_files("ckpt", dir, "rank$jobnum.pt", o), report, o)
+}
+
+/// fio's arguments naming one file per job in `dir` (`format`, fio's `filename_format`), each
+/// of the options' job size, reported as one group.
+fn fio_files(name: &str, dir: &Path, format: &str, o: &MountBenchOptions) -> Vec<String> {
+    vec![
+        format!("--name={name}"),
         format!("--directory={}", dir.display()),
-        "--filename_format=rank$jobnum.pt".into(),
+        format!("--filename_format={format}"),
         format!("--size={}", o.job_size),
         format!("--numjobs={}", o.jobs),
         "--group_reporting".into(),
-    ];
-    randread_iops(fio, files, report, o)
+    ]
 }
 
 /// fio's 4 KiB random reads (O_DIRECT, libaio, the options' depth and time) over the files
