@@ -752,7 +752,7 @@ impl Filesystem for OdfsFuse {
 
     fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
         let Some((f, reply)) = self.open_file(fh, reply) else { return };
-        if f.writable && f.backing.is_some() {
+        if f.kernel_writes() {
             // What the kernel wrote to the chunk file is published as the library's own writes.
             return self.spawn("flush", reply, async move { f.publish().await }, |reply, ()| reply.ok());
         }
@@ -786,7 +786,7 @@ impl Filesystem for OdfsFuse {
         // here, without a task.
         let file = match file.map(Arc::try_unwrap) {
             // A passthrough writer may have been written through mmap after its last flush.
-            Some(Ok(f)) if f.writable && f.backing.is_some() => Some(Arc::new(f)),
+            Some(Ok(f)) if f.kernel_writes() => Some(Arc::new(f)),
             Some(Ok(f)) => match f.handle.close_if_clean() {
                 Ok(()) => return reply.ok(),
                 Err(handle) => Some(Arc::new(OpenFile { handle, ..f })),

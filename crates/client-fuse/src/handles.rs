@@ -28,10 +28,16 @@ pub struct OpenFile {
 }
 
 impl OpenFile {
+    /// A writer passed through to its chunk file: the kernel writes it (through mmap too)
+    /// without telling the library, so its flush, fsync and release must look at the file.
+    pub fn kernel_writes(&self) -> bool {
+        self.writable && self.backing.is_some()
+    }
+
     /// Tells the library what the kernel wrote through passthrough since this handle last
     /// looked, so its flush publishes it. True when there was something.
     pub async fn note_passthrough_writes(&self) -> std::io::Result<bool> {
-        let Some(b) = self.backing.as_ref().filter(|_| self.writable) else { return Ok(false) };
+        let Some(b) = self.backing.as_ref().filter(|_| self.kernel_writes()) else { return Ok(false) };
         let Some((size, mtime)) = b.changed()? else { return Ok(false) };
         self.handle.note_external_write(size, mtime).await;
         Ok(true)
