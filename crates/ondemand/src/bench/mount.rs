@@ -399,18 +399,13 @@ fn run_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
     small_phases(o, sides)
 }
 
+/// fio's `filename_format` of the sequential phases' files (fio's default for job "seq").
+const SEQ_FILES: &str = "seq.$jobnum.0";
+
 /// Sequential write and read, 4 KiB random reads.
 fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sides) -> Result<()> {
     let seq_bytes = o.jobs as u64 * o.job_size;
-    let fio_common = |dir: &Path| -> Vec<String> {
-        vec![
-            "--name=seq".into(),
-            format!("--directory={}", dir.join("fio").display()),
-            format!("--size={}", o.job_size),
-            format!("--numjobs={}", o.jobs),
-            "--group_reporting".into(),
-        ]
-    };
+    let fio_common = |dir: &Path| fio_files("seq", &dir.join("fio"), SEQ_FILES, o);
 
     eprintln!("bench: fio sequential write, {} jobs x {} MiB", o.jobs, o.job_size >> 20);
     let s = sides.run(false, |dir, side| {
@@ -456,7 +451,7 @@ fn fuse_minimum_large(o: &MountBenchOptions, fio: &Path, reports: &Path, at: &Pa
         Err(e) => return Ok(format!("FUSE minimum not measured: cannot mount at {}: {e}", at.display())),
     };
     eprintln!("bench: FUSE minimum, large files: sequential read, then 4 KiB random read");
-    let mut files = fio_files("seq", at, "seq.$jobnum.0", o);
+    let mut files = fio_files("seq", at, SEQ_FILES, o);
     files.push("--readonly".into());
     let rates = (|| -> Result<(f64, f64)> {
         drop_caches();
