@@ -158,7 +158,8 @@ impl InodeData {
         ws.touched.insert(seg.stripe_index);
         let units = data.len().div_ceil(4096).max(1) as u32;
         let permit = client.inner.write_budget.clone().acquire_many_owned(units).await.expect("budget never closes");
-        let req = WriteChunk { target: seg.target, ino: self.ino, offset: seg.local_offset, data, sync: false };
+        let req =
+            WriteChunk { target: seg.target, ino: self.ino, offset: seg.local_offset, data: data.into(), sync: false };
         let client = client.clone();
         let me = self.clone();
         ws.inflight.retain(|h| !h.is_finished());

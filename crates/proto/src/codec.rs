@@ -10,13 +10,15 @@
 //! is the reply (kind `REPLY_OK`) or a `RemoteError` (kind `REPLY_ERR`). The call id only pairs a
 //! reply with its request on one connection; idempotency uses the header's request id.
 //!
-//! The payload is a reply's bulk bytes (a chunk read's data, see `Rpc::reply_payload`), moved
-//! out of the reply before encoding and written after the body as a buffer of its own; the
-//! receiver reads it into a buffer of its own that becomes the decoded reply's. A megabyte read
-//! is then copied from the socket once, not into a frame, out of it and out of postcard again.
+//! The payload is a message's bulk bytes: a chunk write's data (`Rpc::payload`, shared with
+//! the request so a retry sends it again) or a chunk read's (`Rpc::reply_payload`, moved out of
+//! the reply). It is written after the body as a buffer of its own, and the receiver reads it
+//! into a buffer of its own that becomes the decoded message's. A megabyte is then copied from
+//! the socket once, not into a frame, out of it and out of postcard again.
 
 use crate::{ProtoError, RemoteError, RequestHeader, Rpc};
-use serde::{de::DeserializeOwned, Serialize};
+use bytes::Bytes;
+use serde::Serialize;
 
 pub const KIND_REQUEST: u8 = 0;
 pub const KIND_REPLY_OK: u8 = 1;
@@ -69,7 +71,7 @@ impl FrameHead {
 #[derive(Debug)]
 pub struct Frame {
     pub head: Vec<u8>,
-    pub payload: Vec<u8>,
+    pub payload: Bytes,
 }
 
 fn start_frame(kind: u8, call_id: u64, method: u16, body_hint: usize) -> Vec<u8> {
@@ -82,7 +84,7 @@ fn start_frame(kind: u8, call_id: u64, method: u16, body_hint: usize) -> Vec<u8>
     buf
 }
 
-fn finish_frame(mut head: Vec<u8>, payload: Vec<u8>) -> Result<Frame, ProtoError> {
+fn finish_frame(mut head: Vec<u8>, payload: Bytes) -> Result<Frame, ProtoError> {
     let len = head.len() - 4 + payload.len();
     if len > MAX_FRAME {
         return Err(ProtoError::FrameTooLarge(len, MAX_FRAME));
@@ -96,11 +98,12 @@ fn append<T: Serialize>(buf: Vec<u8>, value: &T) -> Result<Vec<u8>, ProtoError> 
     Ok(postcard::to_extend(value, buf)?)
 }
 
-/// Encodes a whole request frame, length prefix included (requests carry no payload).
+/// Encodes a whole request frame, length prefix included; the request's payload is shared,
+/// not copied.
 pub fn encode_request<R: Rpc>(call_id: u64, header: &RequestHeader, req: &R) -> Result<Frame, ProtoError> {
     let buf = start_frame(KIND_REQUEST, call_id, R::METHOD, 64);
     let buf = append(buf, header)?;
-    finish_frame(append(buf, req)?, Vec::new())
+    finish_frame(append(buf, req)?, req.payload().cloned().unwrap_or_default())
 }
 
 /// Encodes the reply frame of request type `R`: the reply's payload moves into the frame's,
@@ -108,7 +111,7 @@ pub fn encode_request<R: Rpc>(call_id: u64, header: &RequestHeader, req: &R) -> 
 pub fn encode_reply<R: Rpc>(call_id: u64, result: Result<R::Reply, RemoteError>) -> Frame {
     match result {
         Ok(mut v) => {
-            let payload = R::reply_payload(&mut v).map(std::mem::take).unwrap_or_default();
+            let payload = R::reply_payload(&mut v).map(std::mem::take).unwrap_or_default().into();
             match postcard::to_extend(&v, start_frame(KIND_REPLY_OK, call_id, R::METHOD, 64))
                 .map_err(ProtoError::from)
                 .and_then(|head| finish_frame(head, payload))
@@ -133,13 +136,16 @@ pub fn encode_error(call_id: u64, method: u16, e: &RemoteError) -> Frame {
     }
     let buf = postcard::to_extend(&e, start_frame(KIND_REPLY_ERR, call_id, method, 64))
         .expect("serialising into a Vec cannot fail");
-    finish_frame(buf, Vec::new()).expect("an error frame is far below the frame limit")
+    finish_frame(buf, Bytes::new()).expect("an error frame is far below the frame limit")
 }
 
-/// Decodes a request body into its header and request.
-pub fn decode_request<R: DeserializeOwned>(body: &[u8]) -> Result<(RequestHeader, R), ProtoError> {
+/// Decodes a request frame's body and payload into its header and request.
+pub fn decode_request<R: Rpc>(body: &[u8], payload: Vec<u8>) -> Result<(RequestHeader, R), ProtoError> {
     let (header, rest) = postcard::take_from_bytes::<RequestHeader>(body)?;
-    let req = postcard::from_bytes::<R>(rest)?;
+    let mut req = postcard::from_bytes::<R>(rest)?;
+    if !payload.is_empty() {
+        *req.payload_mut().ok_or(ProtoError::UnexpectedPayload(R::NAME))? = payload.into();
+    }
     Ok((header, req))
 }
 
@@ -170,7 +176,7 @@ pub fn decode_reply<R: Rpc>(kind: u8, body: &[u8], payload: Vec<u8>) -> Result<R
 mod tests {
     use super::*;
     use crate::meta::Lookup;
-    use crate::storage::{ChunkData, ReadChunk, StatChunk};
+    use crate::storage::{ChunkData, ReadChunk, StatChunk, WriteChunk};
     use crate::ErrorCode;
 
     /// Splits an encoded frame as a receiver reads it: head, body, payload.
@@ -181,7 +187,7 @@ mod tests {
         let body = f.head[4 + FRAME_FIXED..].to_vec();
         assert_eq!(body.len(), head.body_len(len));
         assert_eq!(head.payload as usize, f.payload.len());
-        (head, body, f.payload.clone())
+        (head, body, f.payload.to_vec())
     }
 
     #[test]
@@ -191,8 +197,7 @@ mod tests {
         let frame = encode_request(42, &h, &req).unwrap();
         let (head, body, payload) = receive(&frame);
         assert_eq!(head, FrameHead { kind: KIND_REQUEST, call_id: 42, method: 100, payload: 0 });
-        assert!(payload.is_empty());
-        let (h2, r2): (RequestHeader, Lookup) = decode_request(&body).unwrap();
+        let (h2, r2): (RequestHeader, Lookup) = decode_request(&body, payload).unwrap();
         assert_eq!(h2, h);
         assert_eq!(r2, req);
     }
@@ -204,6 +209,25 @@ mod tests {
         assert_eq!(head, FrameHead { kind: KIND_REPLY_ERR, call_id: 5, method: 100, payload: 0 });
         let got = decode_reply::<Lookup>(head.kind, &body, payload).unwrap_err();
         assert_eq!(got.code, ErrorCode::NotEmpty);
+    }
+
+    #[test]
+    fn write_data_travels_as_the_payload() {
+        let h = RequestHeader { request_id: 1, ..Default::default() };
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 249) as u8).collect();
+        let req = WriteChunk { target: 3, ino: crate::InodeId(9), offset: 4096, data: data.clone().into(), sync: true };
+        let frame = encode_request(1, &h, &req).unwrap();
+        assert_eq!(frame.payload, data, "the data is the frame's payload");
+        assert!(frame.head.len() < 64, "and not in its body ({} bytes)", frame.head.len());
+        let (head, body, payload) = receive(&frame);
+        assert_eq!(head.payload as usize, data.len());
+        let (_, got): (RequestHeader, WriteChunk) = decode_request(&body, payload).unwrap();
+        assert_eq!(got, req);
+        // A payload on a request that has no place for one is refused, not dropped.
+        let lookup = encode_request(2, &h, &Lookup { parent: crate::InodeId::ROOT, name: b"x".to_vec() }).unwrap();
+        let (_, body, _) = receive(&lookup);
+        let e = decode_request::<Lookup>(&body, vec![1]).unwrap_err();
+        assert!(e.to_string().contains("payload"), "{e}");
     }
 
     #[test]
@@ -230,7 +254,8 @@ mod tests {
             let junk: Vec<u8> = (0..n).map(|i| i.wrapping_mul(37).wrapping_add(n)).collect();
             let _ = FrameHead::parse(&junk, junk.len());
             let _ = FrameHead::parse(&junk, usize::from(n) * 1000);
-            let _ = decode_request::<Lookup>(&junk);
+            let _ = decode_request::<Lookup>(&junk, Vec::new());
+            let _ = decode_request::<WriteChunk>(&junk, junk.clone());
             let _ = decode_reply::<Lookup>(KIND_REPLY_OK, &junk, junk.clone());
         }
         // A payload longer than the frame is refused.

@@ -2,6 +2,7 @@
 //!
 //! Ranges: 1–99 mgmtd, 100–199 metad, 200–299 stored, 300–399 stage agents. A retired id is never reused.
 
+use bytes::Bytes;
 use serde::{de::DeserializeOwned, Serialize};
 
 /// A request type: its frozen method id and the type of its successful reply.
@@ -9,6 +10,18 @@ pub trait Rpc: Serialize + DeserializeOwned + Send + Sync + 'static {
     const METHOD: u16;
     const NAME: &'static str;
     type Reply: Serialize + DeserializeOwned + Send + Sync + 'static;
+
+    /// The request's bulk bytes (a chunk write's data), if it has any: sent after the encoded
+    /// request as a buffer of their own, shared rather than copied (a retry sends them again),
+    /// and received into one that becomes the request's (see `codec`).
+    fn payload(&self) -> Option<&Bytes> {
+        None
+    }
+
+    /// Where a received request's payload goes; `None` for requests that carry none.
+    fn payload_mut(&mut self) -> Option<&mut Bytes> {
+        None
+    }
 
     /// The reply's bulk bytes (chunk data), if it has any: sent after the encoded reply as a
     /// buffer of their own and received into one that becomes the reply's, so they are never
@@ -19,7 +32,7 @@ pub trait Rpc: Serialize + DeserializeOwned + Send + Sync + 'static {
 }
 
 /// Declares the method id and reply type of request types; a `{ ... }` after the reply type
-/// adds items to the `Rpc` impl (e.g. `reply_payload`).
+/// adds items to the `Rpc` impl (e.g. `payload` and `reply_payload`).
 #[macro_export]
 macro_rules! rpc {
     ($( $req:ident = $id:expr => $reply:ty $({ $($item:item)* })? ),* $(,)?) => {

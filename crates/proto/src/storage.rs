@@ -5,6 +5,7 @@
 
 use crate::mgmt::TargetSpace;
 use crate::{InodeId, TargetId};
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -12,8 +13,9 @@ pub struct WriteChunk {
     pub target: TargetId,
     pub ino: InodeId,
     pub offset: u64,
-    #[serde(with = "serde_bytes")]
-    pub data: Vec<u8>,
+    /// Travels as the frame's payload, not in its body.
+    #[serde(skip)]
+    pub data: Bytes,
     /// Make the write durable (fdatasync) before replying.
     pub sync: bool,
 }
@@ -76,7 +78,14 @@ pub struct StatChunk {
 }
 
 crate::rpc! {
-    WriteChunk = 200 => u32,
+    WriteChunk = 200 => u32 {
+        fn payload(&self) -> Option<&Bytes> {
+            Some(&self.data)
+        }
+        fn payload_mut(&mut self) -> Option<&mut Bytes> {
+            Some(&mut self.data)
+        }
+    },
     ReadChunk = 201 => ChunkData {
         fn reply_payload(reply: &mut ChunkData) -> Option<&mut Vec<u8>> {
             Some(&mut reply.data)

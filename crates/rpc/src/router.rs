@@ -12,7 +12,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::{debug, warn, Instrument};
 
 /// Decodes a request body, runs the handler and returns the whole reply frame.
-type Handler = Arc<dyn Fn(u64, &[u8]) -> BoxFuture<'static, Frame> + Send + Sync>;
+type Handler = Arc<dyn Fn(u64, &[u8], Vec<u8>) -> BoxFuture<'static, Frame> + Send + Sync>;
 
 /// Maps method ids to handlers.
 #[derive(Default)]
@@ -33,8 +33,8 @@ impl Router {
         Fut: Future<Output = RpcResult<R::Reply>> + Send + 'static,
     {
         let f = Arc::new(f);
-        let h: Handler = Arc::new(move |call_id: u64, body: &[u8]| {
-            let decoded = codec::decode_request::<R>(body);
+        let h: Handler = Arc::new(move |call_id: u64, body: &[u8], payload: Vec<u8>| {
+            let decoded = codec::decode_request::<R>(body, payload);
             let f = f.clone();
             Box::pin(async move {
                 let result = match decoded {
@@ -61,9 +61,9 @@ impl Router {
         self
     }
 
-    fn dispatch(&self, call_id: u64, method: u16, body: &[u8]) -> BoxFuture<'static, Frame> {
+    fn dispatch(&self, call_id: u64, method: u16, body: &[u8], payload: Vec<u8>) -> BoxFuture<'static, Frame> {
         match self.handlers.get(&method) {
-            Some((_, h)) => h(call_id, body),
+            Some((_, h)) => h(call_id, body, payload),
             None => {
                 let e = RemoteError::new(ErrorCode::BadMethod, format!("unknown method {method}"));
                 Box::pin(async move { codec::encode_error(call_id, method, &e) })
@@ -94,11 +94,7 @@ where
             warn!("closing stream: peer sent a reply frame");
             break;
         }
-        if frame.head.payload != 0 {
-            warn!("closing stream: peer sent a request with a payload");
-            break;
-        }
-        let fut = router.dispatch(frame.head.call_id, frame.head.method, &frame.body);
+        let fut = router.dispatch(frame.head.call_id, frame.head.method, &frame.body, frame.payload);
         let tx = tx.clone();
         tokio::spawn(async move {
             let _ = tx.send(fut.await);

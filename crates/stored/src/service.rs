@@ -20,7 +20,8 @@ pub fn router(store: ChunkStore) -> Router {
     let s = store.clone();
     r.add::<WriteChunk, _, _>(move |_h, q: WriteChunk| {
         let s = s.clone();
-        async move { s.write(q.target, q.ino, q.offset, q.data, q.sync).await.map_err(RemoteError::from) }
+        // The payload's own buffer, unshared: taken back as a Vec without a copy.
+        async move { s.write(q.target, q.ino, q.offset, q.data.into(), q.sync).await.map_err(RemoteError::from) }
     });
     let s = store.clone();
     r.add::<ReadChunk, _, _>(move |_h, q: ReadChunk| {
