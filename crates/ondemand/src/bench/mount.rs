@@ -9,7 +9,8 @@
 //! caches kept (a training job's dataset). The metadata and
 //! small-file phases are plain file-system calls from worker threads, so on odfs they go through
 //! the kernel and FUSE like any application's. Every phase also runs on a plain FUSE
-//! passthrough of the same disk (bindfs, when installed): the FUSE floor. The requests that
+//! passthrough of the same disk (bindfs, when installed): the FUSE floor; the sequential read
+//! also runs with only loopback TCP between the disk and the reader (the network minimum). The requests that
 //! reach metad during each odfs phase are counted (metad's `OpCounts`), so what the caches
 //! answer shows. The filesystem is started and stopped through [`odfs_job::local`].
 
@@ -436,7 +437,73 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
     sides.push("rand read 4k", "IOPS", 0.0, &s);
     let note = fuse_minimum_large(o, fio, reports, &sides.minimum_dir())?;
     sides.notes.push(note);
+    let note = match &sides.plain {
+        Some(plain) => network_minimum(o, &plain.join("fio"))?,
+        None => "network minimum not measured: it reads the plain directory's files".into(),
+    };
+    sides.notes.push(note);
     Ok(())
+}
+
+/// Runs of the network minimum: it is short and its spread wide, so every run is printed.
+const NETWORK_MINIMUM_RUNS: usize = 3;
+
+/// The sequential read above with nothing between the disk and the reader but one loopback TCP
+/// connection per file: a sender thread reads its file cold in 1 MiB blocks and writes them to
+/// the connection, a receiver thread reads them into a buffer. No FUSE, no protocol, no
+/// daemon: what any filesystem that moves file data between processes over TCP can read at on
+/// this machine, and the CPU that moving costs. One line with every run, or why it was skipped.
+fn network_minimum(o: &MountBenchOptions, dir: &Path) -> Result<String> {
+    let files: Vec<PathBuf> = (0..o.jobs).map(|k| dir.join(SEQ_FILES.replace("$jobnum", &k.to_string()))).collect();
+    eprintln!("bench: network minimum: {} files read cold through loopback TCP", files.len());
+    let mut runs = Vec::new();
+    for _ in 0..NETWORK_MINIMUM_RUNS {
+        drop_caches();
+        let cpu = CpuMeter::start(&[]);
+        let t = Instant::now();
+        let bytes = send_through_tcp(&files)?;
+        let (secs, cpu) = (t.elapsed().as_secs_f64(), cpu.stop());
+        anyhow::ensure!(bytes == o.jobs as u64 * o.job_size, "network minimum moved {bytes} bytes");
+        runs.push(format!("{:.0} MiB/s ({cpu:.1} CPU-s)", bytes as f64 / MIB / secs));
+    }
+    Ok(format!("network minimum (seq files read cold and sent through loopback TCP, no FUSE): {}", runs.join(", ")))
+}
+
+/// Sends every file through a loopback TCP connection of its own at once; bytes received.
+fn send_through_tcp(files: &[PathBuf]) -> Result<u64> {
+    const BLOCK: usize = 1 << 20;
+    std::thread::scope(|s| {
+        let (mut senders, mut receivers) = (Vec::new(), Vec::new());
+        for f in files {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+            let addr = listener.local_addr()?;
+            senders.push(s.spawn(move || -> Result<()> {
+                let (mut conn, _) = listener.accept()?;
+                let mut file = std::fs::File::open(f).with_context(|| format!("cannot open {}", f.display()))?;
+                let mut buf = vec![0u8; BLOCK];
+                loop {
+                    match file.read(&mut buf)? {
+                        0 => return Ok(()),
+                        n => conn.write_all(&buf[..n])?,
+                    }
+                }
+            }));
+            receivers.push(s.spawn(move || -> Result<u64> {
+                let mut conn = std::net::TcpStream::connect(addr)?;
+                let (mut buf, mut total) = (vec![0u8; BLOCK], 0u64);
+                loop {
+                    match conn.read(&mut buf)? {
+                        0 => return Ok(total),
+                        n => total += n as u64,
+                    }
+                }
+            }));
+        }
+        for t in senders {
+            t.join().map_err(|_| anyhow::anyhow!("a sender panicked"))??;
+        }
+        receivers.into_iter().map(|r| r.join().map_err(|_| anyhow::anyhow!("a receiver panicked"))?).sum()
+    })
 }
 
 /// The sequential and 4 KiB random reads above, on the FUSE minimum's large files (bytes
