@@ -10,9 +10,9 @@
 //! small-file phases are plain file-system calls from worker threads, so on odfs they go through
 //! the kernel and FUSE like any application's. Every phase also runs on a plain FUSE
 //! passthrough of the same disk (bindfs, when installed): the FUSE floor; the sequential read
-//! also runs with only loopback TCP between the disk and the reader (the network minimum). The requests that
-//! reach metad during each odfs phase are counted (metad's `OpCounts`), so what the caches
-//! answer shows. The filesystem is started and stopped through [`odfs_job::local`].
+//! also runs with only loopback TCP between the disk and the reader (the network minimum). The
+//! requests that reach metad during each odfs phase are counted (metad's `OpCounts`), so what
+//! the caches answer shows. The filesystem is started and stopped through [`odfs_job::local`].
 
 use super::{close, drop_caches, fill_pattern, parallel, CpuMeter, Phase};
 use anyhow::{bail, Context, Result};
