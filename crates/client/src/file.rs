@@ -10,7 +10,7 @@ use crate::{Client, ClientError, Ctx, Result};
 use futures::future::{BoxFuture, FutureExt, Shared};
 use odfs_proto::codec::MAX_IO;
 use odfs_proto::meta::{Attr, ExtendSize};
-use odfs_proto::storage::{PunchChunk, ReadChunk, SyncChunk, WriteChunk};
+use odfs_proto::storage::{PunchChunk, ReadChunk, SyncChunk, WriteChunk, Written};
 use odfs_proto::{InodeId, Layout, Timespec};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -65,6 +65,9 @@ pub struct InodeData {
     /// Held while an open answered from the cache is being registered with metad: the
     /// release waits for it, or it would overtake the registration and leave it behind.
     pub(crate) registering: Arc<tokio::sync::Mutex<()>>,
+    /// Once a handle asked (`FileHandle::check_writes`): the CRC32C stored returned for each
+    /// chunk write since, by file offset, with the write's length.
+    written: Mutex<Option<BTreeMap<u64, (u32, u32)>>>,
 }
 
 impl InodeData {
@@ -80,6 +83,7 @@ impl InodeData {
             registered: std::sync::atomic::AtomicU64::new(0),
             size_hint: Mutex::new((0, false)),
             registering: Arc::new(tokio::sync::Mutex::new(())),
+            written: Mutex::new(None),
         }
     }
 
@@ -158,19 +162,57 @@ impl InodeData {
         ws.touched.insert(seg.stripe_index);
         let units = data.len().div_ceil(4096).max(1) as u32;
         let permit = client.inner.write_budget.clone().acquire_many_owned(units).await.expect("budget never closes");
-        let req =
-            WriteChunk { target: seg.target, ino: self.ino, offset: seg.local_offset, data: data.into(), sync: false };
+        let crc = self.written.lock().expect("written lock").is_some();
+        let req = WriteChunk {
+            target: seg.target,
+            ino: self.ino,
+            offset: seg.local_offset,
+            data: data.into(),
+            sync: false,
+            crc,
+        };
         let client = client.clone();
         let me = self.clone();
         ws.inflight.retain(|h| !h.is_finished());
         ws.inflight.push(tokio::spawn(async move {
-            let r = client.store(req.target, &req).await.map(|_| ());
+            let r = client.store(req.target, &req).await.map(|w| me.record_written(off, &w));
             drop(permit);
             if let Err(e) = &r {
                 me.record_error(e.clone());
             }
             r
         }));
+    }
+
+    /// Notes the CRC32C stored returned for a write at file offset `off`.
+    fn record_written(&self, off: u64, w: &Written) {
+        if let (Some(crc), Some(map)) = (w.crc32c, self.written.lock().expect("written lock").as_mut()) {
+            map.insert(off, (w.len, crc));
+        }
+    }
+
+    /// The CRC32C of bytes `offset..offset + len` as stored acknowledged them: the CRCs of the
+    /// writes that cover the range combined, or None unless they cover it exactly, end to end
+    /// (a gap, an overlap, a write sent before the CRCs were asked for). Forgets those writes.
+    fn written_crc(&self, offset: u64, len: u64) -> Option<u32> {
+        let end = offset.checked_add(len)?;
+        let mut guard = self.written.lock().expect("written lock");
+        let map = guard.as_mut()?;
+        let mut at = offset;
+        let mut crc = Some(0u32);
+        for (&o, &(l, c)) in map.range(offset..end) {
+            if o != at || o + l as u64 > end {
+                crc = None;
+                break;
+            }
+            crc = crc.map(|acc| crc32c::crc32c_combine(acc, c, l as usize));
+            at += l as u64;
+        }
+        let keys: Vec<u64> = map.range(offset..end).map(|(&o, _)| o).collect();
+        for k in keys {
+            map.remove(&k);
+        }
+        crc.filter(|_| at == end)
     }
 
     /// Writes `data` at `offset` (coalesced, sent in the background).
@@ -442,6 +484,27 @@ impl FileHandle {
         *self.data.size_hint.lock().expect("size lock") = (size, true);
     }
 
+    /// From now on, every chunk write of this file asks stored for the CRC32C of the bytes it
+    /// wrote (see [`Self::written_crc`]).
+    pub fn check_writes(&self) {
+        self.data.written.lock().expect("written lock").get_or_insert_with(BTreeMap::new);
+    }
+
+    /// Waits until every write this process made to the file has reached stored (or failed:
+    /// the first error is returned).
+    pub async fn wait_written(&self) -> Result<()> {
+        self.data.drain(&self.client).await
+    }
+
+    /// After [`Self::wait_written`]: the CRC32C of bytes `offset..offset + len` as stored
+    /// acknowledged writing them, combined from the CRCs its chunk writes returned since
+    /// [`Self::check_writes`]; None when those writes do not cover exactly that range (a gap,
+    /// an overlap). A writer compares it with the CRC32C of what it sent: the bytes odfs holds
+    /// are then known without reading them back. The writes used are forgotten.
+    pub fn written_crc(&self, offset: u64, len: u64) -> Option<u32> {
+        self.data.written_crc(offset, len)
+    }
+
     /// Makes written data durable on every target and publishes the size.
     pub async fn fsync(&self) -> Result<()> {
         self.data.flush(&self.client, &self.ctx, true).await
@@ -522,5 +585,51 @@ impl Drop for FileHandle {
                 client.release(&data).await;
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file() -> InodeData {
+        let layout = Layout { chunk_size: 1 << 20, targets: vec![1], pool: String::new() };
+        let d = InodeData::new(InodeId(7), layout);
+        *d.written.lock().unwrap() = Some(BTreeMap::new());
+        d
+    }
+
+    fn wrote(d: &InodeData, off: u64, bytes: &[u8]) {
+        d.record_written(off, &Written { len: bytes.len() as u32, crc32c: Some(crc32c::crc32c(bytes)) });
+    }
+
+    #[test]
+    fn written_crc_combines_writes_that_cover_the_range_exactly() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let d = file();
+        // Out of order, as background writes complete.
+        wrote(&d, 4096, &data[4096..9000]);
+        wrote(&d, 0, &data[..4096]);
+        wrote(&d, 9000, &data[9000..]);
+        assert_eq!(d.written_crc(0, 10_000), Some(crc32c::crc32c(&data)));
+        assert_eq!(d.written_crc(0, 10_000), None, "the writes used are forgotten");
+        assert_eq!(d.written_crc(5, 0), Some(0), "nothing written, nothing to cover");
+    }
+
+    #[test]
+    fn written_crc_tells_nothing_about_gaps_overlaps_and_unasked_writes() {
+        let data = vec![3u8; 8192];
+        let d = file();
+        wrote(&d, 0, &data[..4096]);
+        wrote(&d, 5000, &data[5000..]);
+        assert_eq!(d.written_crc(0, 8192), None, "a gap");
+        wrote(&d, 0, &data[..4096]);
+        wrote(&d, 2048, &data[2048..8192]);
+        assert_eq!(d.written_crc(0, 8192), None, "an overlap");
+        wrote(&d, 0, &data);
+        assert_eq!(d.written_crc(0, 4096), None, "a write reaching past the range");
+        let unasked = InodeData::new(InodeId(8), d.layout.clone());
+        wrote(&unasked, 0, &data);
+        assert_eq!(unasked.written_crc(0, 8192), None, "no CRCs were asked for");
     }
 }

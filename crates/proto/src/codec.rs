@@ -215,7 +215,14 @@ mod tests {
     fn write_data_travels_as_the_payload() {
         let h = RequestHeader { request_id: 1, ..Default::default() };
         let data: Vec<u8> = (0..100_000u32).map(|i| (i % 249) as u8).collect();
-        let req = WriteChunk { target: 3, ino: crate::InodeId(9), offset: 4096, data: data.clone().into(), sync: true };
+        let req = WriteChunk {
+            target: 3,
+            ino: crate::InodeId(9),
+            offset: 4096,
+            data: data.clone().into(),
+            sync: true,
+            crc: false,
+        };
         let frame = encode_request(1, &h, &req).unwrap();
         assert_eq!(frame.payload, data, "the data is the frame's payload");
         assert!(frame.head.len() < 64, "and not in its body ({} bytes)", frame.head.len());

@@ -116,6 +116,9 @@ pub struct ItemResult {
     pub verified: Option<String>,
     /// Multipart ETag ("md5-of-part-md5s-N") of a `SourceDigest` item.
     pub multipart_etag: Option<String>,
+    /// Stage-in: stored acknowledged writing bytes with exactly `crc32c` (the CRC32C each chunk
+    /// write returned, combined), so what odfs holds is what was received.
+    pub written_checked: bool,
 }
 
 /// Starts a share of a stage on an agent. Replies at once; progress through `StagePoll`.

@@ -18,6 +18,17 @@ pub struct WriteChunk {
     pub data: Bytes,
     /// Make the write durable (fdatasync) before replying.
     pub sync: bool,
+    /// Reply with the CRC32C of the bytes written, so the writer can check that what stored
+    /// holds is what it sent without reading it back (stage-in's verification).
+    pub crc: bool,
+}
+
+/// What a chunk write stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Written {
+    pub len: u32,
+    /// CRC32C of the bytes written, when the request asked for it.
+    pub crc32c: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,7 +89,7 @@ pub struct StatChunk {
 }
 
 crate::rpc! {
-    WriteChunk = 200 => u32 {
+    WriteChunk = 200 => Written {
         fn payload(&self) -> Option<&Bytes> {
             Some(&self.data)
         }

@@ -375,10 +375,12 @@ async fn whole_in(
 ) -> Result<ItemResult, Failure> {
     env.limits.request().await;
     let h = open_for_write(env, path, mode.unwrap_or(0o644) & 0o7777, true).await?;
+    h.check_writes();
     let (d, source) = copy_in(env, &h, rel, path, 0, size, true).await?;
     let mut res = ItemResult { bytes: size, ..ItemResult::default() };
     let (md5, crc32c) = finish_check(d, size, rel)?;
     (res.md5, res.crc32c) = (Some(md5), Some(crc32c));
+    res.written_checked = check_written(&h, 0, size, crc32c, path).await?;
     match source {
         // Checked against the server's own digests of the object.
         Some((key, etag, crc)) => {
@@ -434,10 +436,27 @@ async fn range_in(env: &Env, rel: &str, offset: u64, len: u64, path: &str) -> Re
     env.limits.request().await;
     let a = env.client.resolve(&env.ctx, path, true).await.map_err(odfs_err(path))?;
     let h = env.client.open(&env.ctx, a.ino, false, true, false).await.map_err(odfs_err(path))?;
+    h.check_writes();
     let (d, _) = copy_in(env, &h, rel, path, offset, len, false).await?;
     let (md5, crc) = finish_check(d, len, &format!("{rel} bytes {offset}..{}", offset + len))?;
+    let written_checked = check_written(&h, offset, len, crc, path).await?;
     h.close().await.map_err(|e| transient(format!("odfs:{path}: {e}")))?;
-    Ok(ItemResult { bytes: len, md5: Some(md5), crc32c: Some(crc), ..ItemResult::default() })
+    Ok(ItemResult { bytes: len, md5: Some(md5), crc32c: Some(crc), written_checked, ..ItemResult::default() })
+}
+
+/// Compares the CRC32C stored acknowledged for bytes `offset..offset + len` of `h` with `crc`,
+/// that of the bytes sent: true when they match, false when the writes do not tell (the range
+/// is then checked by reading it back), a failure worth another attempt when they differ.
+async fn check_written(h: &FileHandle, offset: u64, len: u64, crc: u32, path: &str) -> Result<bool, Failure> {
+    h.wait_written().await.map_err(|e| transient(format!("odfs:{path}: {e}")))?;
+    match h.written_crc(offset, len) {
+        Some(got) if got != crc => Err(transient(format!(
+            "odfs:{path}: stored wrote bytes {offset}..{} with CRC32C {got:08x}, but {crc:08x} was sent",
+            offset + len
+        ))),
+        Some(_) => Ok(true),
+        None => Ok(false),
+    }
 }
 
 /// Reads `len` bytes at `offset` of an odfs file.

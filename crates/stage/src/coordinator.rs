@@ -92,6 +92,10 @@ pub struct StageReport {
     pub elapsed: Duration,
     /// Stage-in with `--seal`: the inodes of the destination tree sealed after verification.
     pub sealed: Option<u64>,
+    /// Stage-in: split files verified by the CRC32C stored returned for their writes, and split
+    /// files read back to be verified (to check an MD5 ETag, or where the writes did not tell).
+    pub split_verified_as_written: u64,
+    pub split_read_back: u64,
 }
 
 impl StageReport {
@@ -118,6 +122,12 @@ impl StageReport {
                 units::bytes(c.bytes),
                 c.errors,
                 c.retries
+            );
+        }
+        if self.split_verified_as_written + self.split_read_back > 0 {
+            s += &format!(
+                "\n  split files: {} verified as written (stored's CRC32C), {} read back",
+                self.split_verified_as_written, self.split_read_back
             );
         }
         if let Some(n) = self.sealed {

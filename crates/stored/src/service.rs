@@ -20,8 +20,13 @@ pub fn router(store: ChunkStore) -> Router {
     let s = store.clone();
     r.add::<WriteChunk, _, _>(move |_h, q: WriteChunk| {
         let s = s.clone();
+        // The CRC of the bytes as they arrived, before they are handed to the disk.
+        let crc32c = q.crc.then(|| crc32c::crc32c(&q.data));
         // The payload's own buffer, unshared: taken back as a Vec without a copy.
-        async move { s.write(q.target, q.ino, q.offset, q.data.into(), q.sync).await.map_err(RemoteError::from) }
+        async move {
+            let len = s.write(q.target, q.ino, q.offset, q.data.into(), q.sync).await.map_err(RemoteError::from)?;
+            Ok(Written { len, crc32c })
+        }
     });
     let s = store.clone();
     r.add::<ReadChunk, _, _>(move |_h, q: ReadChunk| {
