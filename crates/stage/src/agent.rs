@@ -321,27 +321,22 @@ async fn copy_in(
     len: u64,
     whole: bool,
 ) -> Result<(Digests, Option<(String, String, Option<String>)>), Failure> {
-    let mut d = Digests::default();
+    // A range's MD5 would check nothing: a split file's MD5 is the whole file's.
+    let mut d = if whole { Digests::default() } else { Digests::crc_only() };
     let mut off = offset;
     match (&env.src_s3, &env.src) {
         (Some(s3), _) => {
             let key = s3.key(rel);
             let range = (!whole).then_some((offset, len));
             let (mut body, etag, crc) = s3.get(&key, range).await.map_err(s3_failure)?;
-            let mut buf = Vec::with_capacity(BLOCK.min(len as usize).max(1));
+            // Each piece of the body goes to the file as it comes: the client gathers writes
+            // into whole chunks itself, so a buffer here would only copy every byte once more.
             while let Some(chunk) = body.next().await {
                 let chunk = chunk.map_err(|e| transient(format!("s3://{}/{key}: {e}", s3.spec.bucket)))?;
                 env.limits.bytes(chunk.len() as u64).await;
                 d.update(&chunk);
-                buf.extend_from_slice(&chunk);
-                if buf.len() >= BLOCK {
-                    put_block(h, off, &buf, path).await?;
-                    off += buf.len() as u64;
-                    buf.clear();
-                }
-            }
-            if !buf.is_empty() {
-                put_block(h, off, &buf, path).await?;
+                put_block(h, off, &chunk, path).await?;
+                off += chunk.len() as u64;
             }
             Ok((d, whole.then_some((key, etag, crc))))
         }
@@ -396,12 +391,17 @@ async fn whole_in(
 }
 
 fn finish_check(d: Digests, size: u64, what: &str) -> Result<([u8; 16], u32), Failure> {
+    check_size(&d, size, what)?;
+    Ok(d.finish())
+}
+
+fn check_size(d: &Digests, size: u64, what: &str) -> Result<(), Failure> {
     let got = d.bytes;
     if got != size {
         // The source changed or the transfer was cut: another attempt reads it again.
         return Err(Failure::Transient(format!("{what}: read {got} bytes, expected {size}")));
     }
-    Ok(d.finish())
+    Ok(())
 }
 
 /// Checks what arrived against the server's own digests; names the check that was made.
@@ -438,10 +438,11 @@ async fn range_in(env: &Env, rel: &str, offset: u64, len: u64, path: &str) -> Re
     let h = env.client.open(&env.ctx, a.ino, false, true, false).await.map_err(odfs_err(path))?;
     h.check_writes();
     let (d, _) = copy_in(env, &h, rel, path, offset, len, false).await?;
-    let (md5, crc) = finish_check(d, len, &format!("{rel} bytes {offset}..{}", offset + len))?;
+    check_size(&d, len, &format!("{rel} bytes {offset}..{}", offset + len))?;
+    let crc = d.crc();
     let written_checked = check_written(&h, offset, len, crc, path).await?;
     h.close().await.map_err(|e| transient(format!("odfs:{path}: {e}")))?;
-    Ok(ItemResult { bytes: len, md5: Some(md5), crc32c: Some(crc), written_checked, ..ItemResult::default() })
+    Ok(ItemResult { bytes: len, crc32c: Some(crc), written_checked, ..ItemResult::default() })
 }
 
 /// Compares the CRC32C stored acknowledged for bytes `offset..offset + len` of `h` with `crc`,

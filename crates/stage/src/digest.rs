@@ -4,26 +4,39 @@
 use md5::{Digest, Md5};
 
 pub struct Digests {
-    md5: Md5,
+    /// None for a CRC-only digest (a range of a split file: an MD5 of a range checks nothing).
+    md5: Option<Md5>,
     crc: u32,
     pub bytes: u64,
 }
 
 impl Default for Digests {
     fn default() -> Self {
-        Digests { md5: Md5::new(), crc: 0, bytes: 0 }
+        Digests { md5: Some(Md5::new()), crc: 0, bytes: 0 }
     }
 }
 
 impl Digests {
+    /// CRC32C and byte count only: MD5 costs several times CRC32C's CPU per byte.
+    pub fn crc_only() -> Self {
+        Digests { md5: None, crc: 0, bytes: 0 }
+    }
+
     pub fn update(&mut self, data: &[u8]) {
-        self.md5.update(data);
+        if let Some(m) = &mut self.md5 {
+            m.update(data);
+        }
         self.crc = crc32c::crc32c_append(self.crc, data);
         self.bytes += data.len() as u64;
     }
 
+    pub fn crc(&self) -> u32 {
+        self.crc
+    }
+
+    /// MD5 and CRC32C; a CRC-only digest has no MD5 to give (zeros): use [`Self::crc`].
     pub fn finish(self) -> ([u8; 16], u32) {
-        (self.md5.finalize().into(), self.crc)
+        (self.md5.map(|m| m.finalize().into()).unwrap_or_default(), self.crc)
     }
 }
 
