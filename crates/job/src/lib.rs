@@ -24,6 +24,7 @@ pub mod launch;
 pub mod local;
 pub mod record;
 pub mod site;
+pub mod site_check;
 pub mod slurm;
 pub mod spec;
 pub mod start;

@@ -2,7 +2,7 @@
 //! work is in the libraries (`odfs_job` for the job life cycle and local filesystems,
 //! `odfs_stage` for staging, `odfs_ondemand` for everything else the CLI does).
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use odfs_job::local;
 use odfs_ondemand::{bench, copy, demo, find, fsref, lfs, stage, status};
@@ -907,21 +907,37 @@ impl CleanupArgs {
 
 #[derive(Args)]
 struct SiteConfigArgs {
+    /// Print every default instead of checking a file.
     #[arg(long)]
     defaults: bool,
+    /// The node to check for (`%n` in paths); default this node.
+    #[arg(long)]
+    node: Option<String>,
+    /// Do not connect to the S3 endpoint (it is still resolved).
+    #[arg(long)]
+    offline: bool,
     #[command(flatten)]
     site: SiteArg,
 }
 
 impl SiteConfigArgs {
+    /// Prints the config with every default filled in, after checking that it can work on this
+    /// node: a problem fails the command, listed one per line.
     fn run(self) -> Result<()> {
-        let cfg = if self.defaults {
-            odfs_job::SiteConfig::default()
-        } else {
-            let (cfg, path) = self.site.load()?;
-            println!("# {} (checked)", path.display());
-            cfg
-        };
+        if self.defaults {
+            print!("{}", toml::to_string_pretty(&odfs_job::SiteConfig::default())?);
+            return Ok(());
+        }
+        let (cfg, path) = self.site.load()?;
+        let node = node_name(self.node);
+        let problems = odfs_job::site_check::check_node(&cfg, &node, !self.offline);
+        if !problems.is_empty() {
+            bail!("{}: {} problem(s) on node {node}:\n  {}", path.display(), problems.len(), problems.join("\n  "));
+        }
+        println!(
+            "# {} (checked on node {node}: syntax, site key, directories, stage files and endpoint)",
+            path.display()
+        );
         print!("{}", toml::to_string_pretty(&cfg)?);
         Ok(())
     }
