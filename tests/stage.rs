@@ -354,6 +354,9 @@ fn bad_urls_credentials_buckets_and_endpoints_are_one_line_errors() {
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("no S3 credentials found"), "{err}");
+    // Where they were looked for, the missing file named; no debug dump of the provider chain.
+    assert!(err.contains("/nonexistent (which does not exist)"), "{err}");
+    assert!(!err.contains('{') && !err.contains("ProviderChainError") && err.trim().lines().count() == 1, "{err}");
     one_line(
         &s3.env(),
         &["stage-in", "s3://data/x", "odfs:/x", e, "http://127.0.0.1:1", "--path-style", "--max-attempts", "1"],

@@ -25,6 +25,7 @@ pub fn prepare(site: &SiteConfig, user: &JobUser, job_dir: &Path, profile: Optio
 fn choose(site: &SiteConfig, user: &JobUser, job_dir: &Path) -> Result<String> {
     let st = &site.stage;
     if st.credentials_file.is_some() || st.profile.is_some() {
+        check_site_files(site)?;
         return Ok("S3 credentials: the site's ([stage] in the site config)".into());
     }
     // SAFETY: geteuid has no preconditions.
@@ -68,4 +69,48 @@ fn choose(site: &SiteConfig, user: &JobUser, job_dir: &Path) -> Result<String> {
     } else {
         format!("S3 credentials: {}'s own ({})", user.name, found.join(", "))
     })
+}
+
+/// The site's own credentials and config files must be readable here: when they are not, the
+/// fault is the site's configuration, and the message says so rather than pointing the user at
+/// their own credentials.
+fn check_site_files(site: &SiteConfig) -> Result<()> {
+    let st = &site.stage;
+    for (key, file) in [("credentials_file", &st.credentials_file), ("config_file", &st.config_file)] {
+        if let Some(f) = file {
+            if let Err(e) = std::fs::File::open(f) {
+                anyhow::bail!(
+                    "the site's S3 {key} {} cannot be read ({e}): this is the site configuration's fault, not \
+                     the job's; an admin must install that file on every node, or remove [stage] {key} from \
+                     the site config so that jobs stage with their users' own credentials",
+                    f.display()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user() -> JobUser {
+        // SAFETY: getuid and getgid have no preconditions.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        JobUser { name: "someone".into(), uid, gid, groups: Vec::new() }
+    }
+
+    #[test]
+    fn a_missing_site_credentials_file_is_the_sites_fault() {
+        let d = tempfile::tempdir().unwrap();
+        let mut site = SiteConfig::default();
+        site.stage.credentials_file = Some(d.path().join("s3.credentials"));
+        let e = format!("{:#}", prepare(&site, &user(), d.path(), None).unwrap_err());
+        assert!(e.contains("the site's S3 credentials_file") && e.contains("s3.credentials"), "{e}");
+        assert!(e.contains("not the job's") && !e.contains("AWS_ACCESS_KEY_ID"), "{e}");
+        std::fs::write(d.path().join("s3.credentials"), "[default]\n").unwrap();
+        let said = prepare(&site, &user(), d.path(), None).unwrap();
+        assert!(said.contains("the site's"), "{said}");
+    }
 }

@@ -125,7 +125,9 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 
 fn main() {
     let cli = Cli::parse();
-    odfs_service::init_logging("warn");
+    // The S3 SDK warns about files it cannot find on its own; odfs's errors name them when
+    // they matter (no credentials found), so those warnings would only say it twice.
+    odfs_service::init_logging("warn,aws_runtime=error,aws_config=error");
     if let Err(e) = cli.cmd.run(cli.fs.as_deref()) {
         let e = format!("{e:#}");
         eprintln!("{}", if e.starts_with("odfs: ") { e } else { format!("odfs: {e}") });

@@ -108,18 +108,31 @@ pub async fn resolve_credentials(given: Option<S3Credentials>) -> Result<S3Crede
         aws_config::environment::EnvironmentVariableCredentialsProvider::new(),
     )
     .or_else("Profile", aws_config::profile::ProfileFileCredentialsProvider::builder().build());
-    let c = chain.provide_credentials().await.map_err(|e| {
-        S3Error::new(format!(
-            "no S3 credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE with \
-             ~/.aws/credentials): {}",
-            DisplayErrorContext(&e)
-        ))
-    })?;
+    let c = chain.provide_credentials().await.map_err(|_| S3Error::new(no_credentials()))?;
     Ok(S3Credentials {
         access_key_id: c.access_key_id().to_string(),
         secret_access_key: c.secret_access_key().to_string(),
         session_token: c.session_token().map(str::to_string),
     })
+}
+
+/// Why no credentials were found, naming where they were looked for. The provider chain's own
+/// error is left out: it is a debug dump of every attempt.
+fn no_credentials() -> String {
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let profile = var("AWS_PROFILE").unwrap_or_else(|| "default".into());
+    let (file, exists) = match var("AWS_SHARED_CREDENTIALS_FILE") {
+        Some(f) => {
+            let exists = std::path::Path::new(&f).exists();
+            (f, exists)
+        }
+        None => ("~/.aws/credentials".into(), true),
+    };
+    let missing = if exists { "" } else { " (which does not exist)" };
+    format!(
+        "no S3 credentials found: none in the environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), \
+         and no keys for profile {profile:?} in the credentials file {file}{missing} or the AWS config file"
+    )
 }
 
 /// The region: the one given, else AWS_REGION / AWS_DEFAULT_REGION, the profile's, else us-east-1.
