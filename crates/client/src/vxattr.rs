@@ -42,6 +42,8 @@ pub struct TargetRow {
     pub free: u64,
     pub inodes: u64,
     pub inodes_free: u64,
+    /// The filesystem it lives on (0: unknown); targets on one device share its space.
+    pub device: u64,
 }
 
 /// One line of `odfs.targets`.
@@ -60,7 +62,7 @@ pub fn targets_text(v: &ClusterView) -> String {
     targets.sort_by_key(|t| t.id);
     for t in targets {
         s += &format!(
-            "target={} node={} pool={} online={} capacity={} free={} inodes={} inodes_free={}\n",
+            "target={} node={} pool={} online={} capacity={} free={} inodes={} inodes_free={} device={:x}\n",
             t.id,
             t.node,
             t.pool,
@@ -68,7 +70,8 @@ pub fn targets_text(v: &ClusterView) -> String {
             t.space.capacity,
             t.space.free,
             t.space.inodes_total,
-            t.space.inodes_free
+            t.space.inodes_free,
+            t.space.device
         );
     }
     for p in &v.pools {
@@ -108,6 +111,7 @@ pub fn parse_targets(text: &str) -> std::result::Result<Vec<TargetsLine>, String
             free: num("free")?,
             inodes: num("inodes")?,
             inodes_free: num("inodes_free")?,
+            device: get("device").and_then(|d| u64::from_str_radix(d, 16).ok()).unwrap_or(0),
         }));
     }
     Ok(out)
@@ -246,7 +250,8 @@ mod tests {
                 capacity: 100,
                 free: 40,
                 inodes: 10,
-                inodes_free: 7
+                inodes_free: 7,
+                device: 0
             })
         );
         assert_eq!(v[2], TargetsLine::Pool("ram".into()));

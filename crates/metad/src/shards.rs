@@ -92,6 +92,7 @@ impl Coordinator {
                 capacity: t.space.capacity,
                 online: t.online,
                 node: t.node,
+                device: t.space.device,
             })
             .collect();
         let shards = v.expected_meta.max(v.meta_shards() as u32).max(1) as u16;

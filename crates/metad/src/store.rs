@@ -77,6 +77,8 @@ pub struct TargetChoice {
     pub online: bool,
     /// The node whose stored serves it (local placement).
     pub node: NodeIndex,
+    /// Its filesystem: targets on one device count once in statfs (`TargetSpace::device`).
+    pub device: u64,
 }
 
 /// Chooses the targets of new files: round-robin over a pool's online targets from a rotating
@@ -677,11 +679,12 @@ impl MetaStore {
 
     /// Space of the online targets and inode usage of this shard.
     pub fn statfs(&self, _h: &RequestHeader, _req: &StatFs) -> RpcResult<StatFsReply> {
+        let mut seen = std::collections::BTreeSet::new();
         let (total, free) = self
             .placement
             .targets
             .iter()
-            .filter(|t| t.online)
+            .filter(|t| t.online && odfs_proto::mgmt::first_on_device(&mut seen, t.device))
             .fold((0u64, 0u64), |(c, f), t| (c.saturating_add(t.capacity), f.saturating_add(t.free)));
         let used = self.ns.inode_count();
         let total_inodes = STATFS_INODES.max(used);
@@ -903,7 +906,7 @@ mod tests {
     use super::*;
 
     fn target(id: TargetId, pool: &str, free: u64, online: bool) -> TargetChoice {
-        TargetChoice { id, pool: pool.into(), free, capacity: 100, online, node: id / 10 }
+        TargetChoice { id, pool: pool.into(), free, capacity: 100, online, node: id / 10, device: 0 }
     }
 
     fn dl(stripes: i32, pool: &str) -> DirLayout {

@@ -552,13 +552,22 @@ fn statfs_and_shard_ids() {
     let mut s =
         MetaStore::open(d.path(), StoreOptions { shard: 3, ..StoreOptions::default() }, DirLayout::default()).unwrap();
     let mut t = targets();
-    t.push(TargetChoice { id: 20, pool: "default".into(), free: 5, capacity: 5, online: false, node: 0 });
+    t.push(TargetChoice { id: 20, pool: "default".into(), free: 5, capacity: 5, online: false, node: 0, device: 0 });
     s.set_targets(t);
     let f = s.create(&root(), ROOT, b"f", 0o644).unwrap();
     assert_eq!(f.ino.shard(), 3);
     let st = s.statfs(&root(), &StatFs {}).unwrap();
     assert_eq!(st.total_bytes, 4 * (1 << 31) + (1 << 21));
     assert_eq!(st.free_bytes, 4 * (1 << 30) + (1 << 20));
+    // Targets that share a device count its space once.
+    let mut shared = targets();
+    for (i, t) in shared.iter_mut().enumerate() {
+        t.device = if i < 2 { 7 } else { 100 + i as u64 };
+    }
+    s.set_targets(shared);
+    let st2 = s.statfs(&root(), &StatFs {}).unwrap();
+    assert_eq!(st2.total_bytes, st.total_bytes - (1 << 31));
+    assert_eq!(st2.free_bytes, st.free_bytes - (1 << 30));
     // A shard counts its own inodes: the root belongs to shard 0 (this shard's copy of it is
     // not counted, so the shards' counts add up to the filesystem's).
     assert_eq!(st.used_inodes, 1);

@@ -556,6 +556,7 @@ fn df_row(out: &mut String, label: &str, total: u64, used: u64, avail: u64, a: &
 /// `odfs df`: space (or, with -i, inodes) per target, per pool and in all; bytes in 1K
 /// blocks unless -h. The byte summary is the sum over the online targets, as `df` on the mount
 /// shows it; the inode summary is the filesystem's metadata inodes, as `df -i` shows them.
+/// Targets on one device (one disk holding several data paths) count its space once.
 pub async fn df(place: &Place, a: &DfArgs) -> Result<String> {
     let lines = place.targets().await?;
     let mut targets: Vec<TargetRow> = Vec::new();
@@ -572,6 +573,14 @@ pub async fn df(place: &Place, a: &DfArgs) -> Result<String> {
             bail!("no pool {p} (pools: {})", pools.join(", "));
         }
     }
+    // A filesystem's inodes are its metadata inodes (each file one, however many targets hold
+    // its chunks): the totals `df -i` shows on the mount.
+    let meta_inodes = if a.inodes && a.pool.is_none() { Some(place.statfs_inodes().await?) } else { None };
+    Ok(df_table(&targets, &pools, a, meta_inodes))
+}
+
+/// The `odfs df` table of `targets`; `meta_inodes` (total, free) is the -i summary.
+fn df_table(targets: &[TargetRow], pools: &[String], a: &DfArgs, meta_inodes: Option<(u64, u64)>) -> String {
     let scale = |b: u64| if a.human || a.inodes { b } else { b / 1024 };
     let (h1, h2, h3) = if a.inodes {
         ("Inodes", "IUsed", "IFree")
@@ -590,24 +599,32 @@ pub async fn df(place: &Place, a: &DfArgs) -> Result<String> {
     };
     let mut sums: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
     let mut all = (0u64, 0u64);
-    for t in &targets {
+    // The first online target seen on each device, which carries the device's space.
+    let mut first: std::collections::BTreeMap<u64, u32> = Default::default();
+    let mut shared = 0;
+    for t in targets {
         if a.pool.as_ref().is_some_and(|p| *p != t.pool) {
             continue;
         }
         let (total, free) = pick(t);
-        let state = if t.online { "" } else { " OFFLINE" };
-        let tail = format!("{:>4} {}{state}", t.node, t.pool);
-        df_row(&mut out, &format!("odfs-T{:04}", t.id), total, total.saturating_sub(free), free, a, &tail);
-        if t.online {
+        let mut tail = format!("{:>4} {}", t.node, t.pool);
+        if !t.online {
+            tail += " OFFLINE";
+        } else if let Some(f) = first.get(&t.device).filter(|_| t.device != 0) {
+            tail += &format!(" (same device as odfs-T{f:04}: counted once)");
+            shared += 1;
+        } else {
+            first.insert(t.device, t.id);
             let s = sums.entry(t.pool.clone()).or_default();
             s.0 += total;
             s.1 += free;
             all.0 += total;
             all.1 += free;
         }
+        df_row(&mut out, &format!("odfs-T{:04}", t.id), total, total.saturating_sub(free), free, a, &tail);
     }
     out.push('\n');
-    for p in &pools {
+    for p in pools {
         if a.pool.as_ref().is_some_and(|x| x != p) {
             continue;
         }
@@ -616,16 +633,20 @@ pub async fn df(place: &Place, a: &DfArgs) -> Result<String> {
     }
     if a.pool.is_none() {
         out.push('\n');
-        if a.inodes {
-            // A filesystem's inodes are its metadata inodes (each file one, however many
-            // targets hold its chunks): the totals `df -i` shows on the mount.
-            let (total, free) = place.statfs_inodes().await?;
-            df_row(&mut out, "filesystem_summary:", total, total.saturating_sub(free), free, a, "(metadata)");
-        } else {
-            df_row(&mut out, "filesystem_summary:", all.0, all.0.saturating_sub(all.1), all.1, a, "");
+        match meta_inodes {
+            Some((total, free)) => {
+                df_row(&mut out, "filesystem_summary:", total, total.saturating_sub(free), free, a, "(metadata)")
+            }
+            None => df_row(&mut out, "filesystem_summary:", all.0, all.0.saturating_sub(all.1), all.1, a, ""),
         }
     }
-    Ok(out)
+    if shared > 0 {
+        let _ = writeln!(
+            out,
+            "\n{shared} target(s) share a device with another target: its space is counted once in the totals"
+        );
+    }
+    out
 }
 
 /// `odfs pool list`: each pool and its targets.
@@ -650,4 +671,49 @@ pub async fn pool_list(place: &Place) -> Result<String> {
         let _ = writeln!(out, "{p}: {}", if ids.is_empty() { "(no targets)".into() } else { ids.join(" ") });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(id: u32, node: u32, device: u64) -> TargetRow {
+        TargetRow {
+            id,
+            node,
+            pool: "nvme".into(),
+            online: true,
+            capacity: 1000 << 30,
+            free: 400 << 30,
+            inodes: 100,
+            inodes_free: 40,
+            device,
+        }
+    }
+
+    /// The numbers of the row whose first word is `label`.
+    fn row(table: &str, label: &str) -> Vec<u64> {
+        let line = table.lines().find(|l| l.starts_with(label)).unwrap_or_else(|| panic!("no {label} in\n{table}"));
+        line.split_whitespace().filter_map(|w| w.parse().ok()).collect()
+    }
+
+    #[test]
+    fn df_counts_a_shared_device_once() {
+        let a = DfArgs { human: false, inodes: false, pool: None };
+        let pools = vec!["nvme".to_string()];
+        // Four targets on one disk (one machine's data paths), then each on its own.
+        let one_disk: Vec<TargetRow> = (1..=4).map(|i| target(i, i - 1, 0xabc)).collect();
+        let t = df_table(&one_disk, &pools, &a, None);
+        assert_eq!(row(&t, "pool nvme")[..3], [1000 << 20, 600 << 20, 400 << 20], "{t}");
+        assert_eq!(row(&t, "filesystem_summary:")[..3], [1000 << 20, 600 << 20, 400 << 20], "{t}");
+        assert!(t.contains("odfs-T0002") && t.contains("same device as odfs-T0001"), "{t}");
+        assert!(t.contains("3 target(s) share a device"), "{t}");
+        let own: Vec<TargetRow> = (1..=4).map(|i| target(i, i - 1, 0x100 + i as u64)).collect();
+        let t = df_table(&own, &pools, &a, None);
+        assert_eq!(row(&t, "filesystem_summary:")[0], 4000 << 20, "{t}");
+        assert!(!t.contains("share a device"), "{t}");
+        // Unknown devices (0) are never merged.
+        let unknown: Vec<TargetRow> = (1..=2).map(|i| target(i, 0, 0)).collect();
+        assert_eq!(row(&df_table(&unknown, &pools, &a, None), "filesystem_summary:")[0], 2000 << 20);
+    }
 }

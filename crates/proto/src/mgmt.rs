@@ -31,6 +31,15 @@ pub struct TargetSpace {
     pub free: u64,
     pub inodes_total: u64,
     pub inodes_free: u64,
+    /// The filesystem the target lives on (0: unknown). Targets with the same device share
+    /// their space: totals count it once (see [`first_on_device`]).
+    pub device: u64,
+}
+
+/// True the first time `device` is seen in `seen`: several targets on one disk count its space
+/// once in a total. An unknown device (0) always counts.
+pub fn first_on_device(seen: &mut std::collections::BTreeSet<u64>, device: u64) -> bool {
+    device == 0 || seen.insert(device)
 }
 
 /// A target offered by a storage service at registration.

@@ -15,7 +15,7 @@ fn router() -> Arc<Router> {
         if req.target == 0 {
             return Err(RemoteError::new(ErrorCode::NotFound, "no target 0"));
         }
-        Ok(TargetSpace { capacity: req.target as u64, free: h.uid as u64, inodes_total: 0, inodes_free: 0 })
+        Ok(TargetSpace { capacity: req.target as u64, free: h.uid as u64, inodes_total: 0, inodes_free: 0, device: 0 })
     });
     Arc::new(r)
 }

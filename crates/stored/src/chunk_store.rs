@@ -362,6 +362,7 @@ impl ChunkStore {
             free: (s.blocks_available() as u64).saturating_mul(frsize),
             inodes_total: s.files() as u64,
             inodes_free: s.files_available() as u64,
+            device: device_id(&t.root, s.filesystem_id() as u64),
         })
     }
 
@@ -418,6 +419,19 @@ impl ChunkStore {
 
 /// Rejects ranges that cannot be served: more than `MAX_OP_BYTES`, or ending past the largest
 /// file offset (an io_uring offset of -1 would even mean "the current position").
+/// Which filesystem `root` is on, the same on every node that sees it: the filesystem id
+/// (ext4 and XFS derive it from the filesystem's UUID), else this host and the device number.
+fn device_id(root: &Path, fsid: u64) -> u64 {
+    use std::hash::{Hash, Hasher};
+    if fsid != 0 {
+        return fsid;
+    }
+    let dev = std::fs::metadata(root).map(|m| std::os::unix::fs::MetadataExt::dev(&m)).unwrap_or(0);
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (odfs_service::hostname(), dev).hash(&mut h);
+    h.finish().max(1)
+}
+
 fn check_range(what: &'static str, offset: u64, len: usize) -> Result<(), StoreError> {
     if len > MAX_OP_BYTES {
         return Err(StoreError::TooLarge { what, len: len as u64, max: MAX_OP_BYTES as u64 });

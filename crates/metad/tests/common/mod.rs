@@ -14,9 +14,25 @@ pub const ROOT: InodeId = InodeId::ROOT;
 /// Four online targets with space in the default pool, one more in pool "fast".
 pub fn targets() -> Vec<TargetChoice> {
     let mut t: Vec<TargetChoice> = (1..=4)
-        .map(|id| TargetChoice { id, pool: "default".into(), free: 1 << 30, capacity: 1 << 31, online: true, node: 0 })
+        .map(|id| TargetChoice {
+            id,
+            pool: "default".into(),
+            free: 1 << 30,
+            capacity: 1 << 31,
+            online: true,
+            node: 0,
+            device: 0,
+        })
         .collect();
-    t.push(TargetChoice { id: 10, pool: "fast".into(), free: 1 << 20, capacity: 1 << 21, online: true, node: 0 });
+    t.push(TargetChoice {
+        id: 10,
+        pool: "fast".into(),
+        free: 1 << 20,
+        capacity: 1 << 21,
+        online: true,
+        node: 0,
+        device: 0,
+    });
     t
 }
 
