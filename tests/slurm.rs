@@ -88,6 +88,16 @@ fn a_four_node_job_gets_its_dataset_everywhere_and_its_outputs_back_in_s3() {
     }
     let marker = c.s3.object_path(BUCKET, &format!("run-{job}/.odfs-stage-out.complete"));
     assert!(marker.exists(), "no completion marker\n{}", c.logs());
+    // Every node's event log has its own start: node 0 waits for all, the others for node 0.
+    for k in 0..c.nodes.len() {
+        let events = c.event_log(k);
+        let started = if k == 0 {
+            format!("job {job}: filesystem ready on 4 nodes in ")
+        } else {
+            format!("job {job}: {} (node {k} of 4): filesystem ready in ", c.nodes[k])
+        };
+        assert!(events.contains(&started), "{}: no {started:?} in its odfs.log:\n{events}", c.nodes[k]);
+    }
     // Afterwards nothing is left on any node: no process, no mount, no data, no record.
     assert_all_clean(&c);
     for n in &c.nodes {

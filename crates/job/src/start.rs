@@ -721,6 +721,8 @@ impl<'a> Start<'a> {
                 self.rec.outputs = outputs;
                 self.state.enter(&mut self.rec, Phase::Running)?;
                 let secs = self.t0.elapsed().as_secs_f64();
+                let (at, mp) = (self.spec.where_(), self.plan.mount.display());
+                self.state.say(&self.spec.job_id, &format!("{at}: filesystem ready in {secs:.2} s, mounted at {mp}"));
                 Ok(StartOutcome::Ready { secs, stage_secs: 0.0, mount: self.plan.mount })
             }
             Ok(Err(reason)) => self.roll_back(reason),
