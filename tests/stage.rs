@@ -171,6 +171,9 @@ fn stage_out_to_s3_is_verified_with_a_manifest_and_the_marker_last() {
     let c = rt.block_on(fs.client());
     let m: serde_json::Value = serde_json::from_slice(&rt.block_on(lib_read(&c, "/back/.odfs-stage-in.json"))).unwrap();
     assert_eq!(m["files"]["large/big0.bin"]["verified"], "crc32c", "{}", m["files"]["large/big0.bin"]);
+    // Stage-out sent every object's CRC32C and the server keeps it: a whole object is checked
+    // against it (no MD5 computed), the ETag's MD5 then adds nothing.
+    assert_eq!(m["files"]["d3/f0003.bin"]["verified"], "crc32c", "{}", m["files"]["d3/f0003.bin"]);
 }
 
 #[test]

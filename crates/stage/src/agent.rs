@@ -321,14 +321,17 @@ async fn copy_in(
     len: u64,
     whole: bool,
 ) -> Result<(Digests, Option<(String, String, Option<String>)>), Failure> {
-    // A range's MD5 would check nothing: a split file's MD5 is the whole file's.
-    let mut d = if whole { Digests::default() } else { Digests::crc_only() };
     let mut off = offset;
     match (&env.src_s3, &env.src) {
         (Some(s3), _) => {
             let key = s3.key(rel);
             let range = (!whole).then_some((offset, len));
             let (mut body, etag, crc) = s3.get(&key, range).await.map_err(s3_failure)?;
+            // MD5 (several times CRC32C's CPU per byte) only where it is the check: a whole
+            // object whose server keeps no CRC32C of it. A range's MD5 would check nothing.
+            // (A composite CRC32C of a multipart upload, "…-N", is no checksum of the bytes.)
+            let full_crc = crc.as_deref().is_some_and(|c| !c.contains('-'));
+            let mut d = if whole && !full_crc { Digests::default() } else { Digests::crc_only() };
             // Each piece of the body goes to the file as it comes: the client gathers writes
             // into whole chunks itself, so a buffer here would only copy every byte once more.
             while let Some(chunk) = body.next().await {
@@ -341,6 +344,8 @@ async fn copy_in(
             Ok((d, whole.then_some((key, etag, crc))))
         }
         (None, StageEndpoint::Posix(root)) => {
+            // A POSIX source has no digest to compare an MD5 with.
+            let mut d = Digests::crc_only();
             let file = std::path::Path::new(root).join(rel);
             while off < offset + len {
                 let n = BLOCK.min((offset + len - off) as usize);
@@ -373,13 +378,14 @@ async fn whole_in(
     h.check_writes();
     let (d, source) = copy_in(env, &h, rel, path, 0, size, true).await?;
     let mut res = ItemResult { bytes: size, ..ItemResult::default() };
+    let has_md5 = d.has_md5();
     let (md5, crc32c) = finish_check(d, size, rel)?;
-    (res.md5, res.crc32c) = (Some(md5), Some(crc32c));
+    (res.md5, res.crc32c) = (has_md5.then_some(md5), Some(crc32c));
     res.written_checked = check_written(&h, 0, size, crc32c, path).await?;
     match source {
         // Checked against the server's own digests of the object.
         Some((key, etag, crc)) => {
-            res.verified = Some(verify_in(&etag, crc.as_deref(), &md5, crc32c, &key)?);
+            res.verified = Some(verify_in(&etag, crc.as_deref(), res.md5.as_ref(), crc32c, &key)?);
             res.etag = Some(etag);
         }
         None => res.verified = Some("size".into()),
@@ -405,7 +411,7 @@ fn check_size(d: &Digests, size: u64, what: &str) -> Result<(), Failure> {
 }
 
 /// Checks what arrived against the server's own digests; names the check that was made.
-fn verify_in(etag: &str, crc: Option<&str>, md5: &[u8; 16], crc32c: u32, key: &str) -> Result<String, Failure> {
+fn verify_in(etag: &str, crc: Option<&str>, md5: Option<&[u8; 16]>, crc32c: u32, key: &str) -> Result<String, Failure> {
     let mut checks = Vec::new();
     if let Some(c) = crc.filter(|c| !c.contains('-')) {
         if c != b64(&crc32c.to_be_bytes()) {
@@ -416,7 +422,7 @@ fn verify_in(etag: &str, crc: Option<&str>, md5: &[u8; 16], crc32c: u32, key: &s
         }
         checks.push("crc32c");
     }
-    if is_md5_etag(etag) {
+    if let Some(md5) = md5.filter(|_| is_md5_etag(etag)) {
         if !etag.eq_ignore_ascii_case(&hex::encode(md5)) {
             return Err(Failure::Transient(format!(
                 "{key}: MD5 mismatch (ETag {etag}, received {})",
@@ -604,13 +610,15 @@ mod tests {
         let (md5, crc) = d.finish();
         let etag = hex::encode(md5);
         let crc_b64 = b64(&crc.to_be_bytes());
-        assert_eq!(verify_in(&etag, Some(&crc_b64), &md5, crc, "k").ok(), Some("crc32c+md5".into()));
-        assert_eq!(verify_in("abc-2", None, &md5, crc, "k").ok(), Some("size".into()));
+        assert_eq!(verify_in(&etag, Some(&crc_b64), Some(&md5), crc, "k").ok(), Some("crc32c+md5".into()));
+        assert_eq!(verify_in("abc-2", None, Some(&md5), crc, "k").ok(), Some("size".into()));
         assert!(
-            matches!(verify_in(&"0".repeat(32), None, &md5, crc, "k"), Err(Failure::Transient(m)) if m.contains("MD5 mismatch"))
+            matches!(verify_in(&"0".repeat(32), None, Some(&md5), crc, "k"), Err(Failure::Transient(m)) if m.contains("MD5 mismatch"))
         );
         assert!(
-            matches!(verify_in(&etag, Some("AAAAAA=="), &md5, crc, "k"), Err(Failure::Transient(m)) if m.contains("CRC32C"))
+            matches!(verify_in(&etag, Some("AAAAAA=="), Some(&md5), crc, "k"), Err(Failure::Transient(m)) if m.contains("CRC32C"))
         );
+        // With the server's CRC32C no MD5 was computed: the CRC32C is the check.
+        assert_eq!(verify_in(&etag, Some(&crc_b64), None, crc, "k").ok(), Some("crc32c".into()));
     }
 }

@@ -30,6 +30,10 @@ impl Digests {
         self.bytes += data.len() as u64;
     }
 
+    pub fn has_md5(&self) -> bool {
+        self.md5.is_some()
+    }
+
     pub fn crc(&self) -> u32 {
         self.crc
     }
