@@ -333,6 +333,36 @@ fn a_failed_stage_out_keeps_the_data_until_odfs_recover_finishes_it() {
 }
 
 #[test]
+fn a_missing_stage_out_source_is_the_jobs_outcome_and_no_node_drains() {
+    let c = Cluster::new(ClusterOptions::default());
+    let user = TestUser::create("ms");
+    // The job writes its logs but exits before it makes /results.
+    let script = format!(
+        "#!/bin/sh\n#SBATCH -N 4\n#SBATCH -C odfs\n\
+         #ODFS stage-out /results s3://{BUCKET}/res-%j\n#ODFS stage-out /logs s3://{BUCKET}/logs-%j\n\
+         mkdir \"$ODFS_MOUNT/logs\" && echo trained > \"$ODFS_MOUNT/logs/train.log\"\n"
+    );
+    let job = c.sbatch(&user.name, "ms", &script, &[]);
+    let info = c.wait_ended(&job, LONG);
+    let log = c.output(&job);
+    assert_eq!((info.state.as_str(), info.exit_code.as_str()), ("COMPLETED", "0:0"), "{log}\n{}", c.logs());
+    // The epilog is done once every node is back: none drains, nothing is kept.
+    c.wait_nodes_idle(&c.nodes, LONG);
+    for n in &c.nodes {
+        let (state, reason) = c.node_state(n);
+        assert_eq!(state, "IDLE", "{n}: {reason}");
+    }
+    assert_all_clean(&c);
+    // The user is told, and what did exist was staged out, verified, with the marker.
+    let log = c.output(&job);
+    assert!(log.contains("stage-out odfs:/results") && log.contains("does not exist in the job's filesystem"), "{log}");
+    let got = fs::read(c.s3.object_path(BUCKET, &format!("logs-{job}/train.log"))).unwrap_or_default();
+    assert_eq!(got, b"trained\n", "{log}\n{}", c.logs());
+    assert!(c.s3.object_path(BUCKET, &format!("logs-{job}/.odfs-stage-out.complete")).exists());
+    assert!(!c.s3.object_path(BUCKET, &format!("res-{job}")).exists());
+}
+
+#[test]
 fn scancel_during_the_stage_in_tears_everything_down() {
     let c = Cluster::new(ClusterOptions::default());
     let user = TestUser::create("sc");

@@ -493,6 +493,10 @@ pub(crate) fn run_stages(
             odfs_client::Client::connect(cfg).await.map_err(|e| format!("{kind}: cannot reach the filesystem: {e}"))?;
         let work = async {
             for t in list {
+                if !inward && source_missing(&client, &rec.spec.user.ctx(), &t.src).await {
+                    missing_output(state, rec, t);
+                    continue;
+                }
                 let req = odfs_stage::StageRequest {
                     src: t.src.clone(),
                     dst: t.dst.clone(),
@@ -535,6 +539,29 @@ pub(crate) fn run_stages(
         client.shutdown();
         r
     })
+}
+
+/// True when a stage-out's source does not exist in the job's filesystem: the job never made
+/// it (exited early, wrote elsewhere). Any other answer goes on to the stage-out, which reports
+/// what it finds.
+async fn source_missing(client: &odfs_client::Client, ctx: &odfs_client::Ctx, src: &str) -> bool {
+    let Ok(odfs_stage::Location::Odfs(path)) = odfs_stage::location::parse(src, &[]) else { return false };
+    matches!(client.resolve(ctx, &path, false).await, Err(e) if e.code() == odfs_proto::ErrorCode::NotFound)
+}
+
+/// A stage-out whose source the job never made: the job's own outcome, not a failure to keep
+/// data for (there is none). The user is told in the job's output; nothing is retained, so the
+/// stop goes on to wipe and the nodes stay in service.
+fn missing_output(state: &StateDir, rec: &Record, t: &Transfer) {
+    let msg = format!(
+        "stage-out {} -> {}: {} does not exist in the job's filesystem (the job did not create it), \
+         so nothing was staged out from it",
+        t.src, t.dst, t.src
+    );
+    state.say(&rec.spec.job_id, &msg);
+    if rec.spec.slurm {
+        slurm::tell_user(&rec.spec, &crate::line(&rec.spec.job_id, &msg));
+    }
 }
 
 /// `odfs start` on this node: the checks, the sweep of stale jobs and the lock, then [`Start`].
