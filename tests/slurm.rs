@@ -285,7 +285,8 @@ fn a_failed_stage_out_keeps_the_data_until_odfs_recover_finishes_it() {
     let directives = format!("#SBATCH -N 4 -C odfs\n#ODFS stage-out /results s3://{BUCKET}/run-%j\n");
     let job = c.sbatch(&user.name, "so", &waiting_script(&c, &directives, &body), &[]);
     wait_ready(&c, &job);
-    // S3 goes away before the job ends.
+    // S3 goes away before the job ends, for longer than the epilog waits for it.
+    c.site_config_append("unreachable_secs = 2\n");
     c.s3.kill();
     go(&c, &job);
     let info = c.wait_ended(&job, LONG);
@@ -360,6 +361,38 @@ fn a_missing_stage_out_source_is_the_jobs_outcome_and_no_node_drains() {
     assert_eq!(got, b"trained\n", "{log}\n{}", c.logs());
     assert!(c.s3.object_path(BUCKET, &format!("logs-{job}/.odfs-stage-out.complete")).exists());
     assert!(!c.s3.object_path(BUCKET, &format!("res-{job}")).exists());
+}
+
+#[test]
+fn a_store_down_for_a_moment_during_the_epilog_is_waited_out() {
+    let mut c = Cluster::new(ClusterOptions::default());
+    let user = TestUser::create("sd");
+    let out = c.dir.path().join("out");
+    let body = format!(
+        "mkdir \"$ODFS_MOUNT/results\"\nhead -c 3000000 /dev/urandom | tee {o}/expected > \"$ODFS_MOUNT/results/r.bin\"",
+        o = out.display()
+    );
+    let directives = format!("#SBATCH -N 4 -C odfs\n#ODFS stage-out /results s3://{BUCKET}/run-%j\n");
+    let job = c.sbatch(&user.name, "sd", &waiting_script(&c, &directives, &body), &[]);
+    wait_ready(&c, &job);
+    // The store is down when the job ends (connection refused) and back 3 s later, well
+    // within unreachable_secs (default 60 s): the epilog waits for it.
+    c.s3.kill();
+    go(&c, &job);
+    std::thread::sleep(Duration::from_secs(3));
+    c.s3.start();
+    let info = c.wait_ended(&job, LONG);
+    assert_eq!(info.state, "COMPLETED", "{}", c.output(&job));
+    c.wait_nodes_idle(&c.nodes, LONG);
+    for n in &c.nodes {
+        let (state, reason) = c.node_state(n);
+        assert_eq!(state, "IDLE", "{n}: {reason}\n{}", c.logs());
+    }
+    let want = fs::read(out.join("expected")).unwrap();
+    let got = fs::read(c.s3.object_path(BUCKET, &format!("run-{job}/r.bin"))).unwrap_or_default();
+    assert_bytes(&got, &want, &format!("run-{job}/r.bin"));
+    assert!(c.s3.object_path(BUCKET, &format!("run-{job}/.odfs-stage-out.complete")).exists(), "{}", c.logs());
+    assert_all_clean(&c);
 }
 
 #[test]

@@ -199,6 +199,9 @@ fn s3_killed_during_stage_out_fails_clearly_and_a_rerun_uploads_only_the_rest() 
         "2",
         "--concurrency",
         "2",
+        // The server stays down: give up on it after a moment instead of the default minute.
+        "--unreachable-secs",
+        "1",
     ];
     let child = Command::new(bin_dir().join("odfs"))
         .args(args)
@@ -239,6 +242,48 @@ fn s3_killed_during_stage_out_fails_clearly_and_a_rerun_uploads_only_the_rest() 
 }
 
 /// Regular files below `dir` (0 when it does not exist yet).
+#[test]
+fn a_store_down_for_a_moment_is_waited_out() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let sums = make_tree(&src, 50, &[]);
+    let mut s3 = S3Server::s3s(&tmp.path().join("s3"), &["out"]);
+    let fs = LocalFs::up(4, &[]);
+    ok(odfs_stage(&fs, &[], &["stage-in", src.to_str().unwrap(), "odfs:/results"]));
+    let url = s3.url();
+    // The store is down when the stage-out starts (connection refused) and back a moment later.
+    s3.kill();
+    let child = Command::new(bin_dir().join("odfs"))
+        // One attempt per request: the SDK's own retries must not be what waits the outage out.
+        .args([
+            "stage-out",
+            "odfs:/results",
+            "s3://out/run",
+            "--endpoint-url",
+            &url,
+            "--path-style",
+            "--max-attempts",
+            "1",
+        ])
+        .env("ODFS_FS", fs.config_path())
+        .envs(s3.env())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    s3.start();
+    let out = child.wait_with_output().unwrap();
+    let all = text(&out);
+    assert!(out.status.success(), "the stage-out must wait for the store:\n{all}");
+    assert!(all.contains("unreachable"), "it says what it waits for:\n{all}");
+    for (rel, want) in &sums {
+        let got = std::fs::read(s3.object_path("out", &format!("run/{rel}"))).unwrap_or_default();
+        assert_eq!(&sha256(&got), want, "s3://out/run/{rel}");
+    }
+    assert!(s3.object_path("out", "run/.odfs-stage-out.complete").exists(), "{all}");
+}
+
 fn walk_count(dir: &Path) -> usize {
     if dir.exists() {
         walk_files(dir).len()
@@ -362,7 +407,18 @@ fn bad_urls_credentials_buckets_and_endpoints_are_one_line_errors() {
     assert!(!err.contains('{') && !err.contains("ProviderChainError") && err.trim().lines().count() == 1, "{err}");
     one_line(
         &s3.env(),
-        &["stage-in", "s3://data/x", "odfs:/x", e, "http://127.0.0.1:1", "--path-style", "--max-attempts", "1"],
+        &[
+            "stage-in",
+            "s3://data/x",
+            "odfs:/x",
+            e,
+            "http://127.0.0.1:1",
+            "--path-style",
+            "--max-attempts",
+            "1",
+            "--unreachable-secs",
+            "0",
+        ],
         "cannot reach the S3 endpoint http://127.0.0.1:1",
     );
 }

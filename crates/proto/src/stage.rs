@@ -35,6 +35,10 @@ pub struct S3Spec {
     pub credentials: Option<S3Credentials>,
     /// Attempts per request (first try included), with exponential backoff and jitter.
     pub max_attempts: u32,
+    /// Seconds a request to an endpoint that cannot be reached at all (connection refused,
+    /// timed out) is tried again, with the same backoff, before it fails: a restart or a short
+    /// outage of the store is waited out instead of failing the stage.
+    pub unreachable_secs: u32,
 }
 
 /// One side of a stage.

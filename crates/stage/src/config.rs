@@ -70,6 +70,8 @@ pub struct SiteStage {
     /// Bytes per second, job-wide.
     pub max_bandwidth: Option<u64>,
     pub max_attempts: Option<u32>,
+    /// Seconds an unreachable S3 endpoint is tried again before a stage fails (default 60).
+    pub unreachable_secs: Option<u32>,
     pub split_threshold: Option<u64>,
     pub part_size: Option<u64>,
 }

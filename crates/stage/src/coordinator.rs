@@ -47,6 +47,8 @@ pub struct StageOptions {
     pub max_bandwidth: u64,
     /// Attempts per S3 request, first included.
     pub max_attempts: u32,
+    /// Seconds an unreachable S3 endpoint is tried again before a request fails.
+    pub unreachable_secs: u32,
     /// Files at least this large are split over agents (ranges in, multipart parts out).
     pub split_threshold: u64,
     /// Size of one range (stage-in) or multipart part (stage-out).
@@ -65,6 +67,7 @@ impl Default for StageOptions {
             max_requests_per_sec: 0.0,
             max_bandwidth: 0,
             max_attempts: 8,
+            unreachable_secs: 60,
             split_threshold: 64 << 20,
             part_size: 16 << 20,
             log_every: Duration::from_secs(5),
@@ -371,6 +374,7 @@ fn s3_spec(
         path_style: o.path_style,
         credentials: Some(creds),
         max_attempts: o.max_attempts,
+        unreachable_secs: o.unreachable_secs,
     }
 }
 

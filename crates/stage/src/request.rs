@@ -49,6 +49,11 @@ pub struct StageRequest {
     /// Attempts per S3 request, exponential backoff with jitter between them [default 8].
     #[arg(long)]
     pub max_attempts: Option<u32>,
+    /// Seconds an S3 endpoint that cannot be reached at all (connection refused, timed out)
+    /// is tried again, with the same backoff, before the stage fails: a restart or a short
+    /// outage of the store is waited out [default 60].
+    #[arg(long)]
+    pub unreachable_secs: Option<u32>,
     /// Files at least this large are split over every node, K/M/G suffix [default 64M].
     #[arg(long, value_parser = parse_size)]
     pub split_threshold: Option<u64>,
@@ -92,6 +97,7 @@ impl StageRequest {
             max_requests_per_sec: self.max_requests_per_sec.or(site.max_requests_per_sec).unwrap_or(0.0),
             max_bandwidth: self.max_bandwidth.or(site.max_bandwidth).unwrap_or(0),
             max_attempts: self.max_attempts.or(site.max_attempts).unwrap_or(d.max_attempts),
+            unreachable_secs: self.unreachable_secs.or(site.unreachable_secs).unwrap_or(d.unreachable_secs),
             split_threshold: self.split_threshold.or(site.split_threshold).unwrap_or(d.split_threshold).max(part_size),
             part_size,
             ..d

@@ -197,14 +197,51 @@ impl S3 {
         format!("{}{rel}", self.spec.prefix)
     }
 
+    /// Runs `op` again while the endpoint cannot be reached at all, with exponential backoff
+    /// and jitter, until `unreachable_secs` have passed since the first failure; any other
+    /// outcome is returned as it is. The SDK's own retries cover a failed request; this covers
+    /// a store that is down for a moment (restarted, failed over) during a stage.
+    async fn reachable<T, F, Fut>(&self, op: F) -> Result<T>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let limit = Duration::from_secs(self.spec.unreachable_secs as u64);
+        let t0 = std::time::Instant::now();
+        let mut backoff = Duration::from_millis(250);
+        loop {
+            match op().await {
+                Err(e) if e.unreachable && t0.elapsed() + backoff <= limit => {
+                    tracing::warn!(
+                        error = %e.msg,
+                        retry_in_ms = backoff.as_millis() as u64,
+                        for_secs = limit.as_secs(),
+                        "S3 endpoint unreachable, trying again (unreachable_secs)"
+                    );
+                    let jitter = Duration::from_millis(rand::random::<u64>() % 100);
+                    tokio::time::sleep(backoff + jitter).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// Fails with a clear line unless the bucket exists and the credentials are accepted.
     pub async fn check_bucket(&self) -> Result<()> {
-        self.client.head_bucket().bucket(&self.spec.bucket).send().await.map_err(|e| describe(e, &self.spec, ""))?;
+        self.reachable(|| async {
+            self.client.head_bucket().bucket(&self.spec.bucket).send().await.map_err(|e| describe(e, &self.spec, ""))
+        })
+        .await?;
         Ok(())
     }
 
     /// Every object under `prefix` (all pages).
     pub async fn list(&self, prefix: &str) -> Result<Vec<Object>> {
+        self.reachable(|| self.list_once(prefix)).await
+    }
+
+    async fn list_once(&self, prefix: &str) -> Result<Vec<Object>> {
         let mut out = Vec::new();
         let mut pages = self.client.list_objects_v2().bucket(&self.spec.bucket).prefix(prefix).into_paginator().send();
         while let Some(page) = pages.next().await {
@@ -228,14 +265,17 @@ impl S3 {
     /// Size, ETag and (if the server keeps one) CRC32C of one object.
     pub async fn head(&self, key: &str) -> Result<Head> {
         let r = self
-            .client
-            .head_object()
-            .bucket(&self.spec.bucket)
-            .key(key)
-            .checksum_mode(ChecksumMode::Enabled)
-            .send()
-            .await
-            .map_err(|e| describe(e, &self.spec, key))?;
+            .reachable(|| async {
+                self.client
+                    .head_object()
+                    .bucket(&self.spec.bucket)
+                    .key(key)
+                    .checksum_mode(ChecksumMode::Enabled)
+                    .send()
+                    .await
+                    .map_err(|e| describe(e, &self.spec, key))
+            })
+            .await?;
         let etag = r.e_tag().unwrap_or_default().trim_matches('"').to_string();
         Ok(Head {
             size: r.content_length().unwrap_or(0).max(0) as u64,
@@ -266,12 +306,16 @@ impl S3 {
     /// Starts a GET of `key` (bytes `range` if given). Returns the body, the ETag and the
     /// object's CRC32C if the server keeps one (whole-object GETs only).
     pub async fn get(&self, key: &str, range: Option<(u64, u64)>) -> Result<(ByteStream, String, Option<String>)> {
-        let mut req = self.client.get_object().bucket(&self.spec.bucket).key(key);
-        match range {
-            Some((off, len)) => req = req.range(format!("bytes={off}-{}", off + len - 1)),
-            None => req = req.checksum_mode(ChecksumMode::Enabled),
-        }
-        let r = req.send().await.map_err(|e| describe(e, &self.spec, key))?;
+        let r = self
+            .reachable(|| async {
+                let mut req = self.client.get_object().bucket(&self.spec.bucket).key(key);
+                match range {
+                    Some((off, len)) => req = req.range(format!("bytes={off}-{}", off + len - 1)),
+                    None => req = req.checksum_mode(ChecksumMode::Enabled),
+                }
+                req.send().await.map_err(|e| describe(e, &self.spec, key))
+            })
+            .await?;
         let etag = r.e_tag().unwrap_or_default().trim_matches('"').to_string();
         let crc = if range.is_none() { r.checksum_crc32_c().map(str::to_string) } else { None };
         Ok((r.body, etag, crc))
@@ -280,29 +324,37 @@ impl S3 {
     /// Uploads a whole object with Content-MD5 and CRC32C, which the server checks; returns
     /// the ETag.
     pub async fn put(&self, key: &str, data: Vec<u8>, md5: &[u8; 16], crc: u32) -> Result<String> {
+        // Shared, so that another attempt sends the same bytes without a copy.
+        let data = bytes::Bytes::from(data);
         let r = self
-            .client
-            .put_object()
-            .bucket(&self.spec.bucket)
-            .key(key)
-            .content_md5(b64(md5))
-            .checksum_crc32_c(b64(&crc.to_be_bytes()))
-            .body(ByteStream::from(data))
-            .send()
-            .await
-            .map_err(|e| describe(e, &self.spec, key))?;
+            .reachable(|| async {
+                self.client
+                    .put_object()
+                    .bucket(&self.spec.bucket)
+                    .key(key)
+                    .content_md5(b64(md5))
+                    .checksum_crc32_c(b64(&crc.to_be_bytes()))
+                    .body(ByteStream::from(data.clone()))
+                    .send()
+                    .await
+                    .map_err(|e| describe(e, &self.spec, key))
+            })
+            .await?;
         Ok(r.e_tag().unwrap_or_default().trim_matches('"').to_string())
     }
 
     pub async fn create_multipart(&self, key: &str) -> Result<String> {
         let r = self
-            .client
-            .create_multipart_upload()
-            .bucket(&self.spec.bucket)
-            .key(key)
-            .send()
-            .await
-            .map_err(|e| describe(e, &self.spec, key))?;
+            .reachable(|| async {
+                self.client
+                    .create_multipart_upload()
+                    .bucket(&self.spec.bucket)
+                    .key(key)
+                    .send()
+                    .await
+                    .map_err(|e| describe(e, &self.spec, key))
+            })
+            .await?;
         r.upload_id().map(str::to_string).ok_or_else(|| S3Error::new(format!("{key}: the server gave no upload id")))
     }
 
@@ -314,34 +366,43 @@ impl S3 {
         data: Vec<u8>,
         md5: &[u8; 16],
     ) -> Result<String> {
+        let data = bytes::Bytes::from(data);
         let r = self
-            .client
-            .upload_part()
-            .bucket(&self.spec.bucket)
-            .key(key)
-            .upload_id(upload_id)
-            .part_number(part)
-            .content_md5(b64(md5))
-            .body(ByteStream::from(data))
-            .send()
-            .await
-            .map_err(|e| describe(e, &self.spec, key))?;
+            .reachable(|| async {
+                self.client
+                    .upload_part()
+                    .bucket(&self.spec.bucket)
+                    .key(key)
+                    .upload_id(upload_id)
+                    .part_number(part)
+                    .content_md5(b64(md5))
+                    .body(ByteStream::from(data.clone()))
+                    .send()
+                    .await
+                    .map_err(|e| describe(e, &self.spec, key))
+            })
+            .await?;
         Ok(r.e_tag().unwrap_or_default().trim_matches('"').to_string())
     }
 
     pub async fn complete_multipart(&self, key: &str, upload_id: &str, parts: &[(i32, String)]) -> Result<String> {
-        let parts =
-            parts.iter().map(|(n, etag)| CompletedPart::builder().part_number(*n).e_tag(etag).build()).collect();
         let r = self
-            .client
-            .complete_multipart_upload()
-            .bucket(&self.spec.bucket)
-            .key(key)
-            .upload_id(upload_id)
-            .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(parts)).build())
-            .send()
-            .await
-            .map_err(|e| describe(e, &self.spec, key))?;
+            .reachable(|| async {
+                let parts = parts
+                    .iter()
+                    .map(|(n, etag)| CompletedPart::builder().part_number(*n).e_tag(etag).build())
+                    .collect();
+                self.client
+                    .complete_multipart_upload()
+                    .bucket(&self.spec.bucket)
+                    .key(key)
+                    .upload_id(upload_id)
+                    .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(parts)).build())
+                    .send()
+                    .await
+                    .map_err(|e| describe(e, &self.spec, key))
+            })
+            .await?;
         Ok(r.e_tag().unwrap_or_default().trim_matches('"').to_string())
     }
 

@@ -272,6 +272,7 @@ impl Bench {
             path_style: true,
             credentials: Some(creds),
             max_attempts: 8,
+            unreachable_secs: 0,
         };
         let stage = StageOptions {
             endpoint_url: Some(url.clone()),
