@@ -246,6 +246,45 @@ fn a_prolog_failure_on_one_node_rolls_every_node_back() {
 }
 
 #[test]
+fn node_names_that_do_not_resolve_are_reported_like_any_start_failure() {
+    // A site config whose resolve_suffix names hosts nobody knows.
+    let c = Cluster::new(ClusterOptions { nodes: 2, ondemand: "resolve_suffix = \"-nowhere\"\n".into() });
+    let user = TestUser::create("nr");
+    let job = c.sbatch(&user.name, "nr", "#!/bin/sh\n#SBATCH -N 2\n#SBATCH -C odfs\necho ran\n", &[]);
+    wait_for("the job requeued and held", LONG, || {
+        let j = c.job(&job);
+        (j.state == "PENDING" && j.reason.contains("held") && j.restarts >= 1, j)
+    });
+    // The drain reason is odfs's cause, not Slurm's generic "Prolog error".
+    for n in &c.nodes {
+        let (state, reason) = wait_for(&format!("{n} drained"), LONG, || {
+            let s = c.node_state(n);
+            (s.0.contains("DRAIN") && !s.0.contains("COMPLETING"), s)
+        });
+        assert!(reason.contains("cannot resolve node name"), "{n}: {state} {reason}");
+    }
+    // The user is told why, with what to fix.
+    let out = c.output(&job);
+    assert!(
+        out.contains("could not start") && out.contains("cannot resolve node name n1-nowhere") && !out.contains("ran"),
+        "{out}"
+    );
+    assert!(out.contains("resolve_suffix"), "{out}");
+    // Nothing is left behind: no record, no lock, no process, no mount.
+    for k in 0..c.nodes.len() {
+        let state = c.dir.path().join(&c.nodes[k]).join("state");
+        let locks: Vec<_> = fs::read_dir(&state)
+            .map(|rd| rd.flatten().map(|e| e.file_name()).filter(|n| n.to_string_lossy().ends_with(".lock")).collect())
+            .unwrap_or_default();
+        assert!(locks.is_empty(), "{}: {locks:?} left in {}", c.nodes[k], state.display());
+        assert!(c.state_entries(k).is_empty(), "{}: {:?}", c.nodes[k], c.state_entries(k));
+        assert!(c.odfs_processes(k).is_empty() && c.odfs_mounts(k).is_empty(), "{}", c.nodes[k]);
+        assert!(c.event_log(k).contains("cannot resolve node name"), "{}: {}", c.nodes[k], c.event_log(k));
+    }
+    c.slurm_ok("scancel", &[&job]);
+}
+
+#[test]
 fn an_invalid_directive_fails_the_start_naming_its_line() {
     let c = Cluster::new(ClusterOptions { nodes: 2, ..Default::default() });
     let user = TestUser::create("sd");

@@ -92,7 +92,12 @@ pub(crate) fn resolve(name: &str) -> Result<IpAddr> {
     }
     let addrs: Vec<IpAddr> = (name, 0)
         .to_socket_addrs()
-        .with_context(|| format!("cannot resolve node name {name}"))?
+        .with_context(|| {
+            format!(
+                "cannot resolve node name {name} (every node name, with [ondemand] resolve_suffix, must resolve \
+                 on every node to the address the job's filesystem uses)"
+            )
+        })?
         .map(|a| a.ip())
         .collect();
     addrs
@@ -583,7 +588,28 @@ pub(crate) fn start_node(spec: &JobSpec, ctx: &NodeContext) -> Result<StartOutco
     }
     let _lock = state.lock(&spec.job_id, Duration::from_secs(10))?;
     clear_earlier_start(&state, spec)?;
-    Start::new(spec, ctx, state, t0)?.run()
+    match Start::new(spec, ctx, state.clone(), t0) {
+        Ok(start) => start.run(),
+        Err(e) => Err(early_failure(spec, ctx, &state, e)),
+    }
+}
+
+/// A start that failed before this node joined the job (a node name that does not resolve, a
+/// site key that cannot be read): reported as every other start failure is — the event log,
+/// the user's output file (node 0), the drain reason — and nothing of the job left behind. The
+/// other nodes roll back when node 0 gives up waiting for this one.
+fn early_failure(spec: &JobSpec, ctx: &NodeContext, state: &StateDir, e: anyhow::Error) -> anyhow::Error {
+    let reason = format!("{}: {e:#}", spec.where_());
+    state.say(&spec.job_id, &format!("rolled back: {reason}"));
+    if let Err(e) = state.forget(&spec.job_id) {
+        state.say(&spec.job_id, &format!("rollback incomplete: {e:#}"));
+    }
+    let msg = crate::line(&spec.job_id, &format!("could not start: {reason}"));
+    if spec.is_node0() && spec.slurm {
+        slurm::tell_user(spec, &format!("{msg}. The job is requeued and held."));
+    }
+    slurm_failure(spec, &ctx.site, &msg, true);
+    anyhow!(msg)
 }
 
 /// Removes what an earlier start of the same job left here; refuses when it kept data.
@@ -621,14 +647,10 @@ impl<'a> Start<'a> {
     /// Plans the node, reaches for the board and writes the first record.
     fn new(spec: &'a JobSpec, ctx: &'a NodeContext, state: StateDir, t0: Instant) -> Result<Start<'a>> {
         let o = &ctx.site.ondemand;
-        let plan = Plan::new(spec, &ctx.site, &state)
-            .map_err(|e| anyhow!(crate::line(&spec.job_id, &format!("{}: {e:#}", spec.where_()))))?;
-        let cred = JobSection { id: spec.job_id.clone(), site_key: o.site_key.clone() }.credential().map_err(|e| {
-            anyhow!(crate::line(
-                &spec.job_id,
-                &format!("{}: {e} (odfs keygen makes one; every node needs the same file)", spec.where_())
-            ))
-        })?;
+        let plan = Plan::new(spec, &ctx.site, &state)?;
+        let cred = JobSection { id: spec.job_id.clone(), site_key: o.site_key.clone() }
+            .credential()
+            .map_err(|e| anyhow!("{e} (odfs keygen makes one; every node needs the same file)"))?;
         let link = BoardLink::new(cred, plan.mgmtd, spec.index, spec.node_name())?;
         let directives = if spec.is_node0() { read_directives(spec, ctx) } else { Ok(Directives::default()) };
         let rec = Record {
