@@ -9,6 +9,7 @@ use odfs_tests::slurm::{Cluster, ClusterOptions, BUCKET};
 use odfs_tests::*;
 use std::fs;
 use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 const LONG: Duration = Duration::from_secs(180);
@@ -248,7 +249,11 @@ fn a_prolog_failure_on_one_node_rolls_every_node_back() {
 #[test]
 fn node_names_that_do_not_resolve_are_reported_like_any_start_failure() {
     // A site config whose resolve_suffix names hosts nobody knows.
-    let c = Cluster::new(ClusterOptions { nodes: 2, ondemand: "resolve_suffix = \"-nowhere\"\n".into() });
+    let c = Cluster::new(ClusterOptions {
+        nodes: 2,
+        ondemand: "resolve_suffix = \"-nowhere\"\n".into(),
+        ..Default::default()
+    });
     let user = TestUser::create("nr");
     let job = c.sbatch(&user.name, "nr", "#!/bin/sh\n#SBATCH -N 2\n#SBATCH -C odfs\necho ran\n", &[]);
     wait_for("the job requeued and held", LONG, || {
@@ -291,21 +296,46 @@ fn an_invalid_directive_fails_the_start_naming_its_line() {
     let script =
         "#!/bin/sh\n#SBATCH -N 2 -C odfs\n#ODFS stage-in s3://odfs/ds /data\n#ODFS stripe-count four\necho ran\n";
     let job = c.sbatch(&user.name, "d", script, &[]);
-    wait_for("the job requeued and held", LONG, || {
-        let j = c.job(&job);
-        (j.state == "PENDING" && j.reason.contains("held"), j)
-    });
+    // Without job_submit.lua the script is checked when the job starts: the job then fails
+    // (cancelled), rather than wait, held, for a release that would fail the same way.
+    let info = c.wait_ended(&job, LONG);
+    assert_eq!(info.state, "CANCELLED", "{info:?}\n{}", c.logs());
     let out = wait_for("the message in the job's output", LONG, || {
         let o = c.output(&job);
         (o.contains("line 4"), o)
     });
     assert!(out.contains("`#ODFS stripe-count four`") && out.contains("is not a number"), "{out}");
+    assert!(out.contains("the job is cancelled") && out.contains("odfs check-script") && !out.contains("ran"), "{out}");
     // The job's mistake drains no node for long: both are back in service, nothing is left.
     c.wait_nodes_idle(&c.nodes.clone(), LONG);
     assert_all_clean(&c);
 }
 
 /// Runs `odfs recover --job JOB` on every node at once (as an admin would with pdsh).
+#[test]
+fn job_submit_lua_refuses_an_invalid_script_at_sbatch() {
+    let c = Cluster::new(ClusterOptions { nodes: 2, job_submit: true, ..Default::default() });
+    let user = TestUser::create("js");
+    let bad = "#!/bin/sh\n#SBATCH -N 2 -C odfs\n#ODFS stage-in s3://odfs/ds /data\n#ODFS stripe-count four\necho ran\n";
+    let o = c.sbatch_output(&user.name, "bad", bad, &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "sbatch must refuse it: {err}");
+    assert!(err.contains("batch script: line 4") && err.contains("is not a number"), "{err}");
+    assert!(c.slurm_ok("squeue", &["-h", "-u", &user.name]).trim().is_empty(), "no job was made");
+    // The same check by hand, before submitting.
+    let path = c.dir.path().join("jobs/bad.sh");
+    let o = Command::new(bin_dir().join("odfs")).arg("check-script").arg(&path).output().unwrap();
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("line 4"), "{o:?}");
+    // A valid script goes through and runs.
+    let good = "#!/bin/sh\n#SBATCH -N 2 -C odfs\n#ODFS stripe-count 2\necho ran\n";
+    let job = c.sbatch(&user.name, "good", good, &[]);
+    let info = c.wait_ended(&job, LONG);
+    assert_eq!(info.state, "COMPLETED", "{}\n{}", c.output(&job), c.logs());
+    assert!(c.output(&job).contains("ran"));
+    c.wait_nodes_idle(&c.nodes.clone(), LONG);
+    assert_all_clean(&c);
+}
+
 fn recover_everywhere(c: &Cluster, job: &str) -> Vec<std::process::Output> {
     let odfs = bin_dir().join("odfs");
     each(c.nodes.len(), |k| c.node_sh(k, &format!("{} recover --job {job} --node {}", odfs.display(), c.nodes[k])))

@@ -127,11 +127,13 @@ pub struct ClusterOptions {
     pub nodes: usize,
     /// Extra lines for the `[ondemand]` table of the site config.
     pub ondemand: String,
+    /// Install slurm/job_submit.lua (JobSubmitPlugins=lua): scripts are checked at sbatch.
+    pub job_submit: bool,
 }
 
 impl Default for ClusterOptions {
     fn default() -> Self {
-        ClusterOptions { nodes: 4, ondemand: String::new() }
+        ClusterOptions { nodes: 4, ondemand: String::new(), job_submit: false }
     }
 }
 
@@ -273,14 +275,24 @@ impl Cluster {
              AccountingStorageType=accounting_storage/none\nJobAcctGatherType=jobacct_gather/none\n\
              JobCompType=jobcomp/none\nMpiDefault=none\nMailProg=/bin/true\nReturnToService=2\n\
              SlurmdParameters=config_overrides\nSlurmdTimeout=5\nKillWait=5\nMinJobAge=600\n\
-             Include {d}/etc-odfs/slurm.conf.odfs\n{node_lines}\
+             {job_submit}Include {d}/etc-odfs/slurm.conf.odfs\n{node_lines}\
              PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n",
             slot = self.slot,
             subnet = self.net.subnet,
             port = 17100 + self.slot,
             d = d.display(),
+            job_submit = if o.job_submit { "JobSubmitPlugins=lua\n" } else { "" },
         );
         fs::write(&self.conf, conf).unwrap();
+        if o.job_submit {
+            // Next to slurm.conf, with this build's odfs.
+            let lua = include_str!("../../slurm/job_submit.lua").replace(
+                "local ODFS = \"/usr/local/bin/odfs\"",
+                &format!("local ODFS = \"{}\"", bin_dir().join("odfs").display()),
+            );
+            assert!(lua.contains(&bin_dir().display().to_string()), "job_submit.lua names odfs on one line");
+            fs::write(d.join("job_submit.lua"), lua).unwrap();
+        }
     }
 
     fn start_ctld(&mut self) {
@@ -329,10 +341,17 @@ impl Cluster {
 
     /// Writes `script` and submits it as `user` with `args`; returns the job id.
     pub fn sbatch(&self, user: &str, name: &str, script: &str, args: &[&str]) -> String {
+        let out = self.sbatch_output(user, name, script, args);
+        assert!(out.status.success(), "sbatch {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().split(';').next().unwrap().to_string()
+    }
+
+    /// Writes `script` and runs sbatch on it as `user` with `args`: what sbatch said.
+    pub fn sbatch_output(&self, user: &str, name: &str, script: &str, args: &[&str]) -> Output {
         let path = self.dir.path().join("jobs").join(format!("{name}.sh"));
         fs::write(&path, script).unwrap();
         fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
-        let out = Command::new("runuser")
+        Command::new("runuser")
             .args(["-u", user, "--", "sbatch", "--parsable"])
             .args(["-o", &format!("{}/out/%j.out", self.dir.path().display())])
             .args(args)
@@ -340,9 +359,7 @@ impl Cluster {
             .current_dir(self.dir.path().join("jobs"))
             .env("SLURM_CONF", &self.conf)
             .output()
-            .expect("run sbatch");
-        assert!(out.status.success(), "sbatch {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).trim().split(';').next().unwrap().to_string()
+            .expect("run sbatch")
     }
 
     /// The job's output file.

@@ -49,6 +49,36 @@ pub struct Directives {
     pub profile: Option<String>,
 }
 
+impl Directives {
+    /// What the directives ask for, in a few words ("2 stage-in, 1 stage-out, stripe-count 4").
+    pub fn summary(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.stage_in.is_empty() {
+            parts.push(format!("{} stage-in", self.stage_in.len()));
+        }
+        if !self.stage_out.is_empty() {
+            parts.push(format!("{} stage-out", self.stage_out.len()));
+        }
+        if let Some(n) = self.stripe_count {
+            parts.push(format!("stripe-count {n}"));
+        }
+        if let Some(c) = self.chunk_size {
+            parts.push(format!("chunk-size {c}"));
+        }
+        if let Some(p) = &self.pool {
+            parts.push(format!("pool {p}"));
+        }
+        if let Some(l) = self.local_placement {
+            parts.push(format!("placement {}", if l { "local" } else { "rotate" }));
+        }
+        if parts.is_empty() {
+            "no #ODFS directives that change the defaults".into()
+        } else {
+            parts.join(", ")
+        }
+    }
+}
+
 /// The help text listing every directive (printed with errors).
 pub const HELP: &str = "stage-in SRC DST [--seal] | stage-out SRC DST | stripe-count N | chunk-size SIZE | pool NAME | placement local|rotate | \
                         endpoint-url URL | region NAME | path-style | profile NAME | concurrency N | max-bandwidth SIZE";

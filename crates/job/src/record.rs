@@ -32,8 +32,15 @@ pub enum Phase {
     Running,
     /// Node 0: the start failed after its services were stopped, or the stage-in failed; the
     /// epilog has only this record to remove (and the batch host to return to service when
-    /// `own` is false: the failure was another node's or the job's).
-    StartFailed { reason: String, own: bool },
+    /// `own` is false: the failure was another node's or the job's). `script`: the job's batch
+    /// script is invalid, so the epilog cancels the job rather than leave it held (it would
+    /// fail the same way every time it starts).
+    StartFailed {
+        reason: String,
+        own: bool,
+        #[serde(default)]
+        script: bool,
+    },
     /// Node 0: the job was cancelled during its stage-in.
     Cancelled,
     /// Stage-out was not verified: services stopped, data kept for `odfs recover`.

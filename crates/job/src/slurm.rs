@@ -118,6 +118,13 @@ pub fn drain(node: &str, reason: &str) {
     }
 }
 
+/// Cancels `job` (requeued and held after a start that can never succeed).
+pub fn cancel(job: &str) -> Result<()> {
+    let (ok, _, err) = run("scancel", &[job], Duration::from_secs(10))?;
+    anyhow::ensure!(ok, "scancel {job}: {err}");
+    Ok(())
+}
+
 /// Returns `node` to service if it is drained with a reason carrying `BATCH_HOST_MARK`.
 pub fn resume_batch_host(node: &str) -> Result<bool> {
     let (ok, out, err) = run("scontrol", &["show", "node", node], Duration::from_secs(10))?;

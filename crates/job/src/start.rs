@@ -752,10 +752,17 @@ impl<'a> Start<'a> {
         }
         let msg = crate::line(&spec.job_id, &format!("could not start: {reason}"));
         if spec.is_node0() && spec.slurm {
-            // The epilog returns the batch host to service when the failure was not its own.
+            // The epilog returns the batch host to service when the failure was not its own,
+            // and cancels a job whose script is invalid.
+            let script = !own && self.directives.is_err();
             self.rec.procs.clear();
-            state.enter(&mut self.rec, Phase::StartFailed { reason: reason.clone(), own })?;
-            slurm::tell_user(spec, &format!("{msg}. Every node rolled back; the job is requeued and held."));
+            state.enter(&mut self.rec, Phase::StartFailed { reason: reason.clone(), own, script })?;
+            let next = if script {
+                "the job is cancelled: fix its #ODFS lines (`odfs check-script` checks them) and submit it again"
+            } else {
+                "the job is requeued and held"
+            };
+            slurm::tell_user(spec, &format!("{msg}. Every node rolled back; {next}."));
         } else if let Err(e) = state.forget(&spec.job_id) {
             state.say(&spec.job_id, &format!("rollback incomplete: {e:#}"));
         }
@@ -818,7 +825,7 @@ impl<'a> Start<'a> {
                 // Every node's services stay up until the epilog tears them down (Slurm runs it
                 // after requeueing the job).
                 let msg = crate::line(&spec.job_id, &format!("could not start: {reason}"));
-                state.enter(&mut self.rec, Phase::StartFailed { reason, own: false })?;
+                state.enter(&mut self.rec, Phase::StartFailed { reason, own: false, script: false })?;
                 slurm_failure(spec, &self.ctx.site, &msg, false);
                 if spec.slurm {
                     slurm::tell_user(spec, &format!("{msg}. The job is requeued and held."));

@@ -50,9 +50,15 @@ pub(crate) fn stop_node(spec: &JobSpec, ctx: &NodeContext) -> Result<StopOutcome
         return Ok(StopOutcome::Nothing);
     };
     match &rec.phase {
-        Phase::StartFailed { own, .. } => {
+        Phase::StartFailed { own, script, .. } => {
             // Node 0 of a start that was rolled back: nothing runs; return the batch host to
             // service if it was drained only to keep the batch script from running.
+            if *script && spec.slurm {
+                match slurm::cancel(&spec.job_id) {
+                    Ok(()) => state.say(&spec.job_id, "cancelled: its batch script is invalid"),
+                    Err(e) => state.say(&spec.job_id, &format!("cannot cancel the job: {e:#}")),
+                }
+            }
             if !own && spec.slurm && o.slurm_drain_reason {
                 match slurm::resume_batch_host(spec.node_name()) {
                     Ok(true) => state.say(&spec.job_id, &format!("{} returned to service", spec.node_name())),

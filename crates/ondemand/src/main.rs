@@ -82,6 +82,10 @@ enum Cmd {
     /// Check the site config and print it with every default filled in (`--defaults`: the
     /// defaults alone).
     SiteConfig(SiteConfigArgs),
+    /// Check the `#ODFS` lines of batch scripts before submitting them (`-` reads standard
+    /// input): every error is named with its line, and the command fails. slurm/job_submit.lua
+    /// runs it at sbatch time.
+    CheckScript(CheckScriptArgs),
     /// Print `export` lines for the job's tasks (Slurm TaskProlog): ODFS_MOUNT, ODFS_JOB.
     TaskEnv(SiteArg),
     /// Requests each metadata shard has served since it started, by kind (with --fs, or in the
@@ -113,6 +117,7 @@ impl Cmd {
             Cmd::Unseal(a) => a.seal(fs, false),
             Cmd::Pool(c) => c.run(fs),
             Cmd::SiteConfig(a) => a.run(),
+            Cmd::CheckScript(a) => a.run(),
             Cmd::TaskEnv(a) => a.task_env(),
             Cmd::Stats => run_stats(fs),
         }
@@ -941,6 +946,44 @@ impl SiteConfigArgs {
             path.display()
         );
         print!("{}", toml::to_string_pretty(&cfg)?);
+        Ok(())
+    }
+}
+
+#[derive(Args)]
+struct CheckScriptArgs {
+    /// Batch scripts to check; `-` is standard input.
+    #[arg(required = true)]
+    scripts: Vec<PathBuf>,
+    /// The name to report a script under instead of its path (e.g. "batch script").
+    #[arg(long)]
+    name: Option<String>,
+}
+
+impl CheckScriptArgs {
+    /// Parses each script's `#ODFS` lines as the prolog will; prints one line per script.
+    fn run(self) -> Result<()> {
+        let user = std::env::var("USER").unwrap_or_else(|_| "user".into());
+        let mut bad = 0;
+        for p in &self.scripts {
+            let name = self.name.clone().unwrap_or_else(|| p.display().to_string());
+            let text = if p.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin()).context("cannot read standard input")?
+            } else {
+                std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?
+            };
+            // A job id and the user stand in for %j and %u: only their syntax is checked here.
+            match odfs_job::directives::parse(&text, "0", &user) {
+                Ok(d) => println!("{name}: ok ({})", d.summary()),
+                Err(e) => {
+                    eprintln!("{name}: {e}");
+                    bad += 1;
+                }
+            }
+        }
+        if bad > 0 {
+            bail!("{bad} script(s) with invalid #ODFS lines: the job would be refused when it starts");
+        }
         Ok(())
     }
 }
