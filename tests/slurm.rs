@@ -60,12 +60,14 @@ fn a_four_node_job_gets_its_dataset_everywhere_and_its_outputs_back_in_s3() {
         "#!/bin/sh\n#SBATCH -N 4\n#SBATCH -C odfs\n\
          #ODFS stage-in s3://{BUCKET}/ds /data\n#ODFS stage-out /results s3://{BUCKET}/run-%j\n#ODFS stripe-count -1\n\
          set -e\necho \"mount=$ODFS_MOUNT job=$ODFS_JOB\"\nstat -c 'owner=%U mode=%a' \"$ODFS_MOUNT\"\n\
+         {odfs} status > {out}/status.txt\n{odfs} df > {out}/df.txt\n{odfs} stats > {out}/stats.txt\n\
          mkdir \"$ODFS_MOUNT/results\"\n\
          srun -N 4 --ntasks-per-node=1 sh -c 'set -e; cd \"$ODFS_MOUNT/data\"; \
            find . -type f | sort | xargs sha256sum > {out}/sums.$SLURMD_NODENAME; \
            head -c $((3*1048576+SLURM_NODEID)) /dev/urandom > {out}/expected.$SLURMD_NODENAME; \
            cp {out}/expected.$SLURMD_NODENAME \"$ODFS_MOUNT/results/$SLURMD_NODENAME.bin\"'\n",
-        out = out.display()
+        out = out.display(),
+        odfs = bin_dir().join("odfs").display()
     );
     let job = c.sbatch(&user.name, "train", &script, &[]);
     let info = c.wait_ended(&job, LONG);
@@ -76,6 +78,13 @@ fn a_four_node_job_gets_its_dataset_everywhere_and_its_outputs_back_in_s3() {
     let mnt = c.dir.path().join("n1/mnt").join(&job);
     assert!(log.contains(&format!("mount={} job={job}", mnt.display())), "{log}");
     assert!(log.contains(&format!("owner={} mode=700", user.name)), "{log}");
+    // The client commands work for the job's user, from the mount (no config, no credential).
+    let status = fs::read_to_string(out.join("status.txt")).unwrap_or_default();
+    assert!(status.contains(&format!("job {job}")) && status.contains("storage services 4/4"), "{status}\n{log}");
+    let df = fs::read_to_string(out.join("df.txt")).unwrap_or_default();
+    assert!(df.contains("filesystem_summary:") && df.matches("odfs-T").count() >= 4, "{df}");
+    let stats = fs::read_to_string(out.join("stats.txt")).unwrap_or_default();
+    assert!(stats.starts_with("shard\trequest\tcount") && stats.contains("Lookup"), "{stats}");
     // Every node saw the same, complete dataset.
     for n in &c.nodes {
         let got = fs::read_to_string(out.join(format!("sums.{n}"))).unwrap_or_else(|e| panic!("{n}: {e}\n{log}"));

@@ -30,6 +30,11 @@ pub const LAYOUT: &[u8] = b"odfs.layout";
 pub const DIR_LAYOUT: &[u8] = b"odfs.dir_layout";
 pub const TARGETS: &[u8] = b"odfs.targets";
 pub const SEALED: &[u8] = b"odfs.sealed";
+/// The cluster view (JSON: TOML has no integers above i64): what `odfs status` shows, readable by the job's user through the
+/// mount; it holds no secret (names, addresses, states, space).
+pub const CLUSTER: &[u8] = b"odfs.cluster";
+/// Requests each metadata shard has served, by kind: `SHARD KIND COUNT` lines (`odfs stats`).
+pub const STATS: &[u8] = b"odfs.stats";
 
 /// A target as `odfs.targets` describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,6 +173,17 @@ impl Client {
             }
             TARGETS => Ok(targets_text(&*self.cluster().refresh().await?).into_bytes()),
             SEALED => Ok(if self.getattr(ctx, ino).await?.sealed { b"1".to_vec() } else { b"0".to_vec() }),
+            CLUSTER => serde_json::to_string(&*self.cluster().refresh().await?)
+                .map(String::into_bytes)
+                .map_err(|e| ClientError::new(ErrorCode::Io, format!("cluster view: {e}"))),
+            STATS => {
+                let counts = self.meta_request_counts().await?;
+                Ok(counts
+                    .iter()
+                    .map(|(shard, kind, n)| format!("{shard} {kind} {n}\n"))
+                    .collect::<String>()
+                    .into_bytes())
+            }
             _ => Err(ClientError::new(ErrorCode::NoData, format!("no attribute {}", String::from_utf8_lossy(name)))),
         }
     }

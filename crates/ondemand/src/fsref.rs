@@ -16,9 +16,33 @@ pub fn config_path(fs: Option<&Path>) -> Result<PathBuf> {
     let p = PathBuf::from("odfs.toml");
     anyhow::ensure!(
         p.exists(),
-        "which filesystem? pass --fs FILE or set ODFS_FS (e.g. ROOT/odfs.toml written by `odfs local up`)"
+        "which filesystem? pass --fs FILE or set ODFS_FS (e.g. ROOT/odfs.toml written by `odfs local up`), \
+         or run it in a job (ODFS_MOUNT) or inside an odfs mount"
     );
     Ok(p)
+}
+
+/// Where a command that names no path finds its filesystem.
+pub enum Source {
+    /// A client config (`--fs`, `ODFS_FS`, `./odfs.toml`): the library, with the job's
+    /// credential (root).
+    Config(PathBuf),
+    /// A mount (the job's `$ODFS_MOUNT`, or the one holding the current directory): its
+    /// virtual attributes, readable by the job's user, hold what the command shows.
+    Mount(PathBuf),
+}
+
+/// The client config if one is named or present, else the job's mount.
+pub fn source(fs: Option<&Path>) -> Result<Source> {
+    let named = fs.is_some() || std::env::var_os("ODFS_FS").is_some() || Path::new("odfs.toml").exists();
+    if !named {
+        let job_mount = std::env::var_os("ODFS_MOUNT").filter(|v| !v.is_empty()).map(PathBuf::from);
+        let here = std::env::current_dir().ok().and_then(|d| crate::lfs::mount_of(&d));
+        if let Some(m) = job_mount.or(here) {
+            return Ok(Source::Mount(m));
+        }
+    }
+    config_path(fs).map(Source::Config)
 }
 
 pub async fn connect(fs: Option<&Path>) -> Result<Client> {

@@ -34,7 +34,7 @@ fn cpath(p: &Path) -> Result<CString> {
 }
 
 /// getxattr(2) on a mount path, growing the buffer as needed.
-pub(crate) fn get_xattr(p: &Path, name: &[u8]) -> std::io::Result<Vec<u8>> {
+pub fn get_xattr(p: &Path, name: &[u8]) -> std::io::Result<Vec<u8>> {
     let c = cpath(p).map_err(std::io::Error::other)?;
     let n = CString::new(name).map_err(std::io::Error::other)?;
     let mut buf = vec![0u8; 4096];

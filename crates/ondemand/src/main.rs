@@ -143,12 +143,25 @@ fn main() {
 // ---- a filesystem through the client library ----
 
 fn run_status(fs: Option<&Path>) -> Result<()> {
-    let view = runtime()?.block_on(async {
-        let client = fsref::connect(fs).await?;
-        anyhow::Ok(client.cluster().refresh().await?)
-    })?;
+    let view: odfs_proto::mgmt::ClusterView = match fsref::source(fs)? {
+        fsref::Source::Config(_) => runtime()?.block_on(async {
+            let client = fsref::connect(fs).await?;
+            anyhow::Ok((*client.cluster().refresh().await?).clone())
+        })?,
+        fsref::Source::Mount(m) => {
+            let text = mount_attr(&m, "odfs.cluster")?;
+            serde_json::from_str(&text).with_context(|| format!("the cluster view of {}", m.display()))?
+        }
+    };
     print!("{}", status::render(&view)?);
     Ok(())
+}
+
+/// A virtual attribute of the mount at `m`, as text.
+fn mount_attr(m: &Path, name: &str) -> Result<String> {
+    let v = lfs::get_xattr(m, name.as_bytes())
+        .with_context(|| format!("cannot read {name} of the odfs mount {}", m.display()))?;
+    Ok(String::from_utf8_lossy(&v).into_owned())
 }
 
 #[derive(Args)]
@@ -270,10 +283,19 @@ impl GetstripeArgs {
 }
 
 fn run_stats(fs: Option<&Path>) -> Result<()> {
-    let counts = runtime()?.block_on(async {
-        let client = fsref::connect(fs).await?;
-        anyhow::Ok(client.meta_request_counts().await?)
-    })?;
+    let counts = match fsref::source(fs)? {
+        fsref::Source::Config(_) => runtime()?.block_on(async {
+            let client = fsref::connect(fs).await?;
+            anyhow::Ok(client.meta_request_counts().await?)
+        })?,
+        fsref::Source::Mount(m) => mount_attr(&m, "odfs.stats")?
+            .lines()
+            .filter_map(|l| {
+                let mut w = l.split_whitespace();
+                Some((w.next()?.parse().ok()?, w.next()?.to_string(), w.next()?.parse().ok()?))
+            })
+            .collect::<Vec<(u16, String, u64)>>(),
+    };
     println!("shard\trequest\tcount");
     for (shard, kind, n) in counts {
         println!("{shard}\t{kind}\t{n}");
@@ -387,8 +409,15 @@ impl PoolCmd {
 }
 
 /// A command's place when it names none: the job's mount, else the library's root.
+/// A command's path: the one given, else the job's mount ($ODFS_MOUNT), else the mount holding
+/// the current directory, else odfs:/ (with --fs).
 fn default_place(path: Option<String>) -> String {
-    path.or_else(|| std::env::var("ODFS_MOUNT").ok().filter(|v| !v.is_empty())).unwrap_or_else(|| "odfs:/".into())
+    path.or_else(|| std::env::var("ODFS_MOUNT").ok().filter(|v| !v.is_empty()))
+        .or_else(|| {
+            let here = std::env::current_dir().ok()?;
+            lfs::mount_of(&here).map(|m| m.display().to_string())
+        })
+        .unwrap_or_else(|| "odfs:/".into())
 }
 
 // ---- keys, demo, benchmarks ----
