@@ -364,7 +364,7 @@ fn a_failed_stage_out_keeps_the_data_until_odfs_recover_finishes_it() {
     let job = c.sbatch(&user.name, "so", &waiting_script(&c, &directives, &body), &[]);
     wait_ready(&c, &job);
     // S3 goes away before the job ends, for longer than the epilog waits for it.
-    c.site_config_append("unreachable_secs = 2\n");
+    c.site_config_set_stage("unreachable_secs = 2\n");
     c.s3.kill();
     go(&c, &job);
     let info = c.wait_ended(&job, LONG);

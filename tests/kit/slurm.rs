@@ -11,7 +11,6 @@
 
 use crate::{bin_dir, stdout_ok, S3Server};
 use std::fs;
-use std::io::Write;
 use std::net::IpAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -230,20 +229,21 @@ impl Cluster {
         let creds = etc.join("s3.credentials");
         fs::write(&creds, crate::credentials_file_text()).unwrap();
         fs::set_permissions(&creds, fs::Permissions::from_mode(0o600)).unwrap();
-        fs::write(
-            etc.join("site.toml"),
-            format!(
-                "[ondemand]\nsite_key = \"/etc/odfs/site.key\"\ndata_paths = [\"{d}/%n/nvme\"]\n\
-                 state_dir = \"{d}/%n/state\"\nmount = \"{d}/%n/mnt/%j\"\nram_size = \"64M\"\n\
-                 ready_timeout_secs = 30\nstage_timeout_secs = 300\nstop_grace_secs = 20\n{}\n\
-                 [stage]\nendpoint_url = \"{}\"\npath_style = true\nregion = \"us-east-1\"\n\
-                 credentials_file = \"/etc/odfs/s3.credentials\"\nmax_attempts = 3\n",
-                o.ondemand,
-                self.s3.url(),
-                d = d.display()
-            ),
-        )
-        .unwrap();
+        // The shipped example, edited as docs/admin.md says an admin edits it: this cluster's
+        // paths, shorter timeouts for tests, its S3 server and the site's staging account.
+        let ondemand = format!(
+            "data_paths = [\"{d}/%n/nvme\"]\nstate_dir = \"{d}/%n/state\"\nmount = \"{d}/%n/mnt/%j\"\n\
+             ram_size = \"64M\"\nready_timeout_secs = 30\nstage_timeout_secs = 300\nstop_grace_secs = 20\n{}",
+            o.ondemand,
+            d = d.display()
+        );
+        let stage = format!(
+            "endpoint_url = \"{}\"\ncredentials_file = \"/etc/odfs/s3.credentials\"\nmax_attempts = 3\n",
+            self.s3.url()
+        );
+        let example = fs::read_to_string(repo.join("slurm/site.toml")).unwrap();
+        let site = set_keys(&set_keys(&example, "ondemand", &ondemand), "stage", &stage);
+        fs::write(etc.join("site.toml"), site).unwrap();
         for n in &self.nodes {
             fs::create_dir_all(d.join(n).join("nvme")).unwrap();
         }
@@ -530,10 +530,11 @@ impl Cluster {
         self.slurmd[k] = Some(c);
     }
 
-    /// Appends text to the site config every node reads.
-    pub fn site_config_append(&self, text: &str) {
-        let mut f = fs::OpenOptions::new().append(true).open(self.dir.path().join("etc-odfs/site.toml")).unwrap();
-        f.write_all(text.as_bytes()).unwrap();
+    /// Sets `key = value` lines in the `[stage]` table of the site config every node reads.
+    pub fn site_config_set_stage(&self, lines: &str) {
+        let p = self.dir.path().join("etc-odfs/site.toml");
+        let text = fs::read_to_string(&p).unwrap();
+        fs::write(&p, set_keys(&text, "stage", lines)).unwrap();
     }
 
     /// The tail of every log a failing test wants to see.
@@ -568,4 +569,27 @@ impl Drop for Cluster {
             eprintln!("ODFS_TEST_KEEP: the cluster's files stay in {}", d.keep().display());
         }
     }
+}
+
+/// `text` (TOML) with each `key = value` of `lines` set in `[table]`: a line of that key there,
+/// set or commented out (`# key = …`), is replaced; otherwise the line goes at the table's end.
+/// The result must parse.
+fn set_keys(text: &str, table: &str, lines: &str) -> String {
+    let mut out: Vec<String> = text.lines().map(str::to_string).collect();
+    for line in lines.lines().filter(|l| !l.trim().is_empty()) {
+        let key = line.split('=').next().unwrap().trim();
+        let start = out.iter().position(|l| l.trim() == format!("[{table}]")).unwrap_or_else(|| panic!("no [{table}]"));
+        let end = out.iter().skip(start + 1).position(|l| l.starts_with('[')).map_or(out.len(), |i| start + 1 + i);
+        let is_key = |l: &String| {
+            let l = l.trim_start_matches('#').trim_start();
+            l.split('=').next().is_some_and(|k| k.trim() == key) && l.contains('=')
+        };
+        match (start + 1..end).find(|&i| is_key(&out[i])) {
+            Some(i) => out[i] = line.to_string(),
+            None => out.insert(end, line.to_string()),
+        }
+    }
+    let text = out.join("\n") + "\n";
+    toml::from_str::<toml::Value>(&text).unwrap_or_else(|e| panic!("site config does not parse: {e}\n{text}"));
+    text
 }
