@@ -9,16 +9,29 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-/// Runs `odfs ARGS` against `fs` with the server's credentials in the environment.
-fn odfs_stage(fs: &LocalFs, env: &[(&'static str, String)], args: &[&str]) -> Output {
-    Command::new(bin_dir().join("odfs"))
-        .args(args)
+/// `odfs ARGS` against `fs` with the server's credentials in the environment.
+fn odfs_command(fs: &LocalFs, env: &[(&'static str, String)], args: &[&str]) -> Command {
+    let mut c = Command::new(bin_dir().join("odfs"));
+    c.args(args)
         .env("ODFS_FS", fs.config_path())
         .env("ODFS_BIN_DIR", bin_dir())
         .env_remove("AWS_PROFILE")
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .output()
-        .expect("run odfs")
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())));
+    c
+}
+
+/// Runs `odfs ARGS` against `fs` with the server's credentials in the environment.
+fn odfs_stage(fs: &LocalFs, env: &[(&'static str, String)], args: &[&str]) -> Output {
+    odfs_command(fs, env, args).output().expect("run odfs")
+}
+
+/// Starts `odfs ARGS` in the background, its output collected.
+fn odfs_spawn(fs: &LocalFs, env: &[(&'static str, String)], args: &[&str]) -> std::process::Child {
+    odfs_command(fs, env, args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start odfs")
 }
 
 fn text(o: &Output) -> String {
@@ -203,14 +216,7 @@ fn s3_killed_during_stage_out_fails_clearly_and_a_rerun_uploads_only_the_rest() 
         "--unreachable-secs",
         "1",
     ];
-    let child = Command::new(bin_dir().join("odfs"))
-        .args(args)
-        .env("ODFS_FS", fs.config_path())
-        .envs(s3.env())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = odfs_spawn(&fs, &s3.env(), &args);
     let bucket_dir = s3.object_path("out", "run");
     let t = Instant::now();
     while walk_count(&bucket_dir) < 40 {
@@ -253,24 +259,10 @@ fn a_store_down_for_a_moment_is_waited_out() {
     let url = s3.url();
     // The store is down when the stage-out starts (connection refused) and back a moment later.
     s3.kill();
-    let child = Command::new(bin_dir().join("odfs"))
-        // One attempt per request: the SDK's own retries must not be what waits the outage out.
-        .args([
-            "stage-out",
-            "odfs:/results",
-            "s3://out/run",
-            "--endpoint-url",
-            &url,
-            "--path-style",
-            "--max-attempts",
-            "1",
-        ])
-        .env("ODFS_FS", fs.config_path())
-        .envs(s3.env())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    // One attempt per request: the SDK's own retries must not be what waits the outage out.
+    let args =
+        ["stage-out", "odfs:/results", "s3://out/run", "--endpoint-url", &url, "--path-style", "--max-attempts", "1"];
+    let child = odfs_spawn(&fs, &s3.env(), &args);
     std::thread::sleep(Duration::from_secs(3));
     s3.start();
     let out = child.wait_with_output().unwrap();
