@@ -296,6 +296,19 @@ fn insert_open(
     (FileHandle(s.handles.insert(file)), backing)
 }
 
+/// Open flags of a handle that is not passed through: a write-only one goes around the page
+/// cache (`FOPEN_DIRECT_IO`). Without the writeback cache every write reaches odfs-fuse anyway,
+/// and kept in the mount's page cache too, a checkpoint's bytes would take the page cache twice
+/// (there and in the chunk files): reclaim that its writer pays for. Nothing can read or map
+/// through a write-only descriptor, so nothing loses a cache.
+fn write_only_flags(write_only: bool) -> FopenFlags {
+    if write_only {
+        FopenFlags::FOPEN_DIRECT_IO
+    } else {
+        FopenFlags::empty()
+    }
+}
+
 /// Answers an open with `file`: passed through to its chunk file when `candidate` says it can
 /// be, else the normal way with `flags`.
 fn opened(s: &Shared, reply: ReplyOpen, file: OpenFile, candidate: Option<Candidate>, flags: FopenFlags) {
@@ -703,7 +716,7 @@ impl Filesystem for OdfsFuse {
             },
             // No FOPEN_KEEP_CACHE: the kernel drops its cached pages at every open, which is
             // what makes close-to-open hold for data read through the page cache.
-            |reply, (s, file, candidate)| opened(&s, reply, file, candidate, FopenFlags::empty()),
+            move |reply, (s, file, candidate)| opened(&s, reply, file, candidate, write_only_flags(!read)),
         );
     }
 
@@ -1035,6 +1048,7 @@ impl Filesystem for OdfsFuse {
         let exclusive = flags & libc::O_EXCL != 0;
         let truncate = flags & libc::O_TRUNC != 0;
         let append = flags & libc::O_APPEND != 0;
+        let open_flags = write_only_flags(flags & libc::O_ACCMODE == libc::O_WRONLY);
         let (s, ctx, name) = (self.shared.clone(), ctx_of(req), name_bytes(name));
         self.spawn(
             "create",
@@ -1055,13 +1069,13 @@ impl Filesystem for OdfsFuse {
                 let ttl = s.client.kernel_ttl(attr.ino, s.client.ticket_after(ticket));
                 Ok((s, file, candidate, Timed { attr, ttl }))
             },
-            |reply, (s, file, candidate, t)| {
+            move |reply, (s, file, candidate, t)| {
                 let a = file_attr(&t.attr);
                 match insert_open(&s, file, candidate, |f| reply.open_backing(f)) {
                     (fh, Some(b)) => {
                         reply.created_passthrough(&t.ttl, &a, Generation(0), fh, FopenFlags::empty(), b.id())
                     }
-                    (fh, None) => reply.created(&t.ttl, &a, Generation(0), fh, FopenFlags::empty()),
+                    (fh, None) => reply.created(&t.ttl, &a, Generation(0), fh, open_flags),
                 }
             },
         );
