@@ -152,7 +152,26 @@ pub fn up(opts: &UpOptions) -> Result<LocalState> {
     std::fs::create_dir_all(&opts.root).with_context(|| format!("cannot create {}", opts.root.display()))?;
     let root = opts.root.canonicalize()?;
     let _lock = Lock::take(&root.join(".odfs.lock"), &root.display().to_string())?;
-    clear_leftovers(&root, opts)?;
+    let mut attempt = 1;
+    loop {
+        clear_leftovers(&root, opts)?;
+        match up_once(opts, &root, layout.clone()) {
+            // A port found free was taken before its daemon bound it (another process chose it
+            // at the same moment): the next attempt chooses new ports.
+            Err(e) if attempt < PORT_RACE_ATTEMPTS && format!("{e:#}").contains("is already in use") => {
+                attempt += 1;
+            }
+            r => return r,
+        }
+    }
+}
+
+/// Start-up attempts of `odfs local up` when a chosen port is taken under it.
+const PORT_RACE_ATTEMPTS: u32 = 3;
+
+/// One attempt of [`up`]: every daemon on new ports; on failure, everything it started is stopped.
+fn up_once(opts: &UpOptions, root: &Path, layout: DirLayout) -> Result<LocalState> {
+    let root = root.to_path_buf();
     let site_key = site_key(opts, &root)?;
     let job_id = opts.job_id.clone().unwrap_or_else(|| format!("local-{:08x}", rand::random::<u32>()));
     let job = JobSection { id: job_id.clone(), site_key };
