@@ -36,13 +36,20 @@ pub enum Source {
 pub fn source(fs: Option<&Path>) -> Result<Source> {
     let named = fs.is_some() || std::env::var_os("ODFS_FS").is_some() || Path::new("odfs.toml").exists();
     if !named {
-        let job_mount = std::env::var_os("ODFS_MOUNT").filter(|v| !v.is_empty()).map(PathBuf::from);
-        let here = std::env::current_dir().ok().and_then(|d| crate::lfs::mount_of(&d));
-        if let Some(m) = job_mount.or(here) {
+        if let Some(m) = job_mount() {
             return Ok(Source::Mount(m));
         }
     }
     config_path(fs).map(Source::Config)
+}
+
+/// The mount a command in a job works on: `$ODFS_MOUNT`, else the odfs mount holding the
+/// current directory.
+pub fn job_mount() -> Option<PathBuf> {
+    std::env::var_os("ODFS_MOUNT")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| crate::lfs::mount_of(&std::env::current_dir().ok()?))
 }
 
 pub async fn connect(fs: Option<&Path>) -> Result<Client> {

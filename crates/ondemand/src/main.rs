@@ -408,16 +408,10 @@ impl PoolCmd {
     }
 }
 
-/// A command's place when it names none: the job's mount, else the library's root.
-/// A command's path: the one given, else the job's mount ($ODFS_MOUNT), else the mount holding
-/// the current directory, else odfs:/ (with --fs).
+/// A command's path: the one given, else the job's mount (`fsref::job_mount`), else odfs:/
+/// (with --fs).
 fn default_place(path: Option<String>) -> String {
-    path.or_else(|| std::env::var("ODFS_MOUNT").ok().filter(|v| !v.is_empty()))
-        .or_else(|| {
-            let here = std::env::current_dir().ok()?;
-            lfs::mount_of(&here).map(|m| m.display().to_string())
-        })
-        .unwrap_or_else(|| "odfs:/".into())
+    path.or_else(|| fsref::job_mount().map(|m| m.display().to_string())).unwrap_or_else(|| "odfs:/".into())
 }
 
 // ---- keys, demo, benchmarks ----
