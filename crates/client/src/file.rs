@@ -196,23 +196,24 @@ impl InodeData {
     /// (a gap, an overlap, a write sent before the CRCs were asked for). Forgets those writes.
     fn written_crc(&self, offset: u64, len: u64) -> Option<u32> {
         let end = offset.checked_add(len)?;
-        let mut guard = self.written.lock().expect("written lock");
-        let map = guard.as_mut()?;
+        let inside = {
+            let mut guard = self.written.lock().expect("written lock");
+            let map = guard.as_mut()?;
+            // Take the writes starting in the range out of the map, keep the rest.
+            let mut inside = map.split_off(&offset);
+            map.append(&mut inside.split_off(&end));
+            inside
+        };
         let mut at = offset;
-        let mut crc = Some(0u32);
-        for (&o, &(l, c)) in map.range(offset..end) {
+        let mut crc = 0u32;
+        for (o, (l, c)) in inside {
             if o != at || o + l as u64 > end {
-                crc = None;
-                break;
+                return None;
             }
-            crc = crc.map(|acc| crc32c::crc32c_combine(acc, c, l as usize));
+            crc = crc32c::crc32c_combine(crc, c, l as usize);
             at += l as u64;
         }
-        let keys: Vec<u64> = map.range(offset..end).map(|(&o, _)| o).collect();
-        for k in keys {
-            map.remove(&k);
-        }
-        crc.filter(|_| at == end)
+        (at == end).then_some(crc)
     }
 
     /// Writes `data` at `offset` (coalesced, sent in the background).
