@@ -75,18 +75,13 @@ fn choose(site: &SiteConfig, user: &JobUser, job_dir: &Path) -> Result<String> {
 /// fault is the site's configuration, and the message says so rather than pointing the user at
 /// their own credentials.
 fn check_site_files(site: &SiteConfig) -> Result<()> {
-    let st = &site.stage;
-    for (key, file) in [("credentials_file", &st.credentials_file), ("config_file", &st.config_file)] {
-        if let Some(f) = file {
-            if let Err(e) = std::fs::File::open(f) {
-                anyhow::bail!(
-                    "the site's S3 {key} {} cannot be read ({e}): this is the site configuration's fault, not \
-                     the job's; an admin must install that file on every node, or remove [stage] {key} from \
-                     the site config so that jobs stage with their users' own credentials",
-                    f.display()
-                );
-            }
-        }
+    if let Some((key, f, e)) = site.stage.unreadable_files().into_iter().next() {
+        anyhow::bail!(
+            "the site's S3 {key} {} cannot be read ({e}): this is the site configuration's fault, not \
+             the job's; an admin must install that file on every node, or remove [stage] {key} from \
+             the site config so that jobs stage with their users' own credentials",
+            f.display()
+        );
     }
     Ok(())
 }

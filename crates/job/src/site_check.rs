@@ -30,12 +30,8 @@ pub fn check_node(cfg: &SiteConfig, node: &str, connect: bool) -> Vec<String> {
     problems.extend(creatable_dir("[ondemand] state_dir", &expand(&o.state_dir, "", "", node)));
     problems.extend(creatable_dir("[ondemand] mount", &fixed_prefix(&expand(&o.mount, "%j", "%u", node))));
     let s = &cfg.stage;
-    for (key, file) in [("credentials_file", &s.credentials_file), ("config_file", &s.config_file)] {
-        if let Some(f) = file {
-            if let Err(e) = std::fs::File::open(f) {
-                problems.push(format!("[stage] {key} {}: {e}", f.display()));
-            }
-        }
+    for (key, f, e) in s.unreadable_files() {
+        problems.push(format!("[stage] {key} {}: {e}", f.display()));
     }
     if let Some(url) = &s.endpoint_url {
         problems.extend(endpoint(url, connect).err().map(|e| format!("[stage] endpoint_url {url}: {e}")));

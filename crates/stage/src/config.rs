@@ -87,6 +87,18 @@ struct SiteFile {
 pub const SITE_CONFIG: &str = "/etc/odfs/site.toml";
 
 impl SiteStage {
+    /// The site's AWS files this node cannot open (`credentials_file`, `config_file`): each
+    /// with its key and why.
+    pub fn unreadable_files(&self) -> Vec<(&'static str, &std::path::Path, std::io::Error)> {
+        [("credentials_file", &self.credentials_file), ("config_file", &self.config_file)]
+            .into_iter()
+            .filter_map(|(key, f)| {
+                let f = f.as_deref()?;
+                std::fs::File::open(f).err().map(|e| (key, f, e))
+            })
+            .collect()
+    }
+
     /// Reads the `[stage]` table of `path`; a missing default file means no site settings, a
     /// missing named file or a bad one is an error naming the file and the problem.
     pub fn load(path: Option<&std::path::Path>) -> Result<SiteStage, String> {
