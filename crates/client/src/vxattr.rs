@@ -30,8 +30,9 @@ pub const LAYOUT: &[u8] = b"odfs.layout";
 pub const DIR_LAYOUT: &[u8] = b"odfs.dir_layout";
 pub const TARGETS: &[u8] = b"odfs.targets";
 pub const SEALED: &[u8] = b"odfs.sealed";
-/// The cluster view (JSON: TOML has no integers above i64): what `odfs status` shows, readable by the job's user through the
-/// mount; it holds no secret (names, addresses, states, space).
+/// The cluster view (JSON: TOML has no integers above i64): what `odfs status` shows,
+/// readable by the job's user through the mount; it holds no secret (names, addresses,
+/// states, space).
 pub const CLUSTER: &[u8] = b"odfs.cluster";
 /// Requests each metadata shard has served, by kind: `SHARD KIND COUNT` lines (`odfs stats`).
 pub const STATS: &[u8] = b"odfs.stats";

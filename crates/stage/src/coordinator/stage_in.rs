@@ -269,7 +269,7 @@ impl StageIn<'_> {
                 continue;
             }
             self.report.split_read_back += 1;
-            digest_items.push(WorkItem::Digest { rel: rel.clone(), size: by_rel[rel.as_str()].size });
+            digest_items.push(WorkItem::Digest { rel: rel.clone(), size: f.size });
             digest_want.push((rel.clone(), crc));
         }
         if digest_items.is_empty() {
