@@ -1,6 +1,7 @@
 //! The chunk store: one chunk file per (file inode, target), under each target's directory.
 //!
-//! Owns the on-disk layout of a target (`target.id`, `chunks/<low byte>/<inode>`), opening and
+//! Owns the on-disk layout of a target (`target.id`, `chunks/<low byte>/<inode>`, and `free/`
+//! through `recycle`, where removed chunk files wait to be reused), opening and
 //! caching chunk files, choosing the I/O backend, and wrapping OS errors with the path they concern.
 //! Data transfer itself is delegated to `uring` (one ring thread per target) or `syscall`; metadata
 //! calls (open, truncate, unlink, stat) run on tokio's blocking pool because they may wait for the
@@ -14,6 +15,7 @@
 
 use crate::error::StoreError;
 use crate::fd_cache::{ChunkKey, FdCache};
+use crate::recycle::Recycler;
 use crate::syscall::{self, blocking};
 use crate::uring::{self, Ring};
 use odfs_proto::mgmt::TargetSpace;
@@ -91,6 +93,8 @@ struct Target {
     id: TargetId,
     root: PathBuf,
     engine: Engine,
+    /// Removed chunk files, reused for new ones.
+    pool: Arc<Recycler>,
 }
 
 /// What [`ChunkStore::file_or`] found.
@@ -152,8 +156,11 @@ impl ChunkStore {
                 }
             }
         }
+        let mut pools = Vec::with_capacity(targets.len());
         for t in targets {
             prepare_dir(t)?;
+            let pool = Recycler::open(&t.path).map_err(|e| cfg_err(&t.path, "cannot prepare its free/ pool", e))?;
+            pools.push(Arc::new(pool));
         }
         let limits = uring::Limits { max_ops: opts.ring_max_ops, max_bytes: opts.ring_max_bytes };
         let rings = choose_rings(opts.backend, || start_rings(targets, limits))?;
@@ -161,13 +168,15 @@ impl ChunkStore {
         let mut rings = rings.map(Vec::into_iter);
         let targets = targets
             .iter()
-            .map(|t| Target {
+            .zip(pools)
+            .map(|(t, pool)| Target {
                 id: t.id,
                 root: t.path.clone(),
                 engine: match rings.as_mut().and_then(Iterator::next) {
                     Some(r) => Engine::Uring(r),
                     None => Engine::Syscall,
                 },
+                pool,
             })
             .collect();
         let fd_cap = opts.fd_cache.min(nofile_limit() / 2).max(1);
@@ -316,20 +325,17 @@ impl ChunkStore {
         r.map_err(|e| t.err("fdatasync", ino, e))
     }
 
-    /// Deletes the chunk file and closes its cached descriptor; a missing file is fine.
-    /// Operations racing with a remove of the same chunk may land before or after it.
+    /// Deletes the chunk file (into the target's pool of files to reuse) and closes its cached
+    /// descriptor; a missing file is fine. Operations racing with a remove of the same chunk may
+    /// land before or after it.
     pub async fn remove(&self, target: TargetId, ino: InodeId) -> Result<(), StoreError> {
         let t = self.target(target)?;
         let key: ChunkKey = (target, ino);
         // Invalidate before and after unlinking so a miss that opened the old file in between
         // cannot leave it cached (see `fd_cache`).
         self.inner.fds.invalidate(key);
-        let path = t.chunk_path(ino);
-        let r = blocking(move || match fs::remove_file(&path) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            r => r,
-        })
-        .await;
+        let (path, pool) = (t.chunk_path(ino), t.pool.clone());
+        let r = blocking(move || pool.put(&path)).await;
         self.inner.fds.invalidate(key);
         r.map_err(|e| t.err("unlink", ino, e))
     }
@@ -361,7 +367,8 @@ impl ChunkStore {
             capacity: (s.blocks() as u64).saturating_mul(frsize),
             free: (s.blocks_available() as u64).saturating_mul(frsize),
             inodes_total: s.files() as u64,
-            inodes_free: s.files_available() as u64,
+            // Pooled chunk files are inodes odfs takes before any new one.
+            inodes_free: (s.files_available() as u64).saturating_add(t.pool.len() as u64).min(s.files() as u64),
             device: device_id(&t.root, s.filesystem_id() as u64),
         })
     }
@@ -392,9 +399,9 @@ impl ChunkStore {
         let first = Arc::new(first);
         let mut shrunk = false;
         loop {
-            let (p, first) = (path.clone(), first.clone());
+            let (p, first, pool) = (path.clone(), first.clone(), t.pool.clone());
             let opened = blocking(move || {
-                Ok(match open_chunk(&p, create)? {
+                Ok(match open_chunk(&p, create.then_some(&*pool))? {
                     Some(f) => {
                         let r = first(&f);
                         Some((f, r))
@@ -444,8 +451,15 @@ fn check_range(what: &'static str, offset: u64, len: usize) -> Result<(), StoreE
     }
 }
 
-/// Opens a chunk file read-write; `None` when it is missing and `create` is false.
-fn open_chunk(path: &Path, create: bool) -> io::Result<Option<File>> {
+/// Opens a chunk file read-write; `None` when it is missing and there is no `create` pool. A
+/// missing file is made from the pool when it holds one, else created.
+fn open_chunk(path: &Path, create: Option<&Recycler>) -> io::Result<Option<File>> {
+    if let Some(pool) = create {
+        if pool.len() > 0 {
+            pool.take_into(path)?;
+        }
+    }
+    let create = create.is_some();
     let open = || OpenOptions::new().read(true).write(true).create(create).truncate(false).mode(0o644).open(path);
     match open() {
         Ok(f) => Ok(Some(f)),
@@ -612,7 +626,11 @@ mod tests {
 
     #[test]
     fn chunk_path_fans_out_by_low_byte() {
-        let t = Target { id: 1, root: "/t".into(), engine: Engine::Syscall };
+        let root = std::env::temp_dir().join(format!("odfs-chunk-path-{}", std::process::id()));
+        fs::create_dir_all(&root).unwrap();
+        let pool = Arc::new(Recycler::open(&root).unwrap());
+        let t = Target { id: 1, root: "/t".into(), engine: Engine::Syscall, pool };
+        fs::remove_dir_all(&root).unwrap();
         assert_eq!(t.chunk_path(InodeId(0x0001_0000_0000_12ab)), PathBuf::from("/t/chunks/ab/00010000000012ab"));
     }
 }
