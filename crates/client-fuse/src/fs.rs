@@ -1,9 +1,11 @@
 //! `OdfsFuse`: fuser's `Filesystem` over an odfs `Client`.
 //!
-//! Every callback translates its arguments and either answers at once from what the client
-//! library holds under its leases (lookup, getattr, read-only open), or spawns a task on the
-//! adapter's tokio runtime that owns the `Reply*` object, calls the client library and replies
-//! with the result or with `errno()` of the error. fuser's threads never wait for the network. All filesystem behaviour (permissions, caching, striping, write-behind,
+//! Every callback translates its arguments and either answers at once — from what the client
+//! library holds under its leases (lookup, getattr, read-only open), or where nothing needs
+//! waiting for (a write that only joins the write buffer, a flush with nothing to publish) — or
+//! spawns a task on the adapter's tokio runtime that owns the `Reply*` object, calls the client
+//! library and replies with the result or with `errno()` of the error. fuser's threads never
+//! wait for the network. All filesystem behaviour (permissions, caching, striping, write-behind,
 //! consistency) is the client library's and metad's; this module owns only what FUSE itself
 //! needs: the file-handle table, the ".." inode numbers, reply TTLs, and the kernel settings
 //! negotiated at init.
@@ -350,15 +352,7 @@ impl OdfsFuse {
         self.shared.rt.spawn(async move {
             match work.await {
                 Ok(v) => done(reply, v),
-                Err(e) => {
-                    let errno = e.errno();
-                    if errno == libc::EIO {
-                        warn!(op, error = %e, "request failed");
-                    } else {
-                        debug!(op, errno, error = %e, "request refused");
-                    }
-                    reply.fail(Errno::from_i32(errno));
-                }
+                Err(e) => fail(reply, op, e),
             }
         });
     }
@@ -373,6 +367,17 @@ impl OdfsFuse {
             }
         }
     }
+}
+
+/// Replies with the error's errno; an I/O error is logged as a warning, a refusal at debug.
+fn fail<R: ErrorReply>(reply: R, op: &'static str, e: FuseError) {
+    let errno = e.errno();
+    if errno == libc::EIO {
+        warn!(op, error = %e, "request failed");
+    } else {
+        debug!(op, errno, error = %e, "request refused");
+    }
+    reply.fail(Errno::from_i32(errno));
 }
 
 /// Attributes of `ino`, answered for open files even once metad has forgotten the inode (the
@@ -748,6 +753,14 @@ impl Filesystem for OdfsFuse {
         reply: ReplyWrite,
     ) {
         let Some((f, reply)) = self.open_file(fh, reply) else { return };
+        // A write that only joins the write buffer (a small file's one write) is answered here.
+        if !f.append {
+            match f.handle.try_write(offset, data) {
+                Some(Ok(n)) => return reply.written(n as u32),
+                Some(Err(e)) => return fail(reply, "write", FuseError::from(e)),
+                None => {}
+            }
+        }
         let data = data.to_vec();
         self.spawn(
             "write",

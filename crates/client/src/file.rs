@@ -220,15 +220,12 @@ impl InodeData {
     pub(crate) async fn write(self: &Arc<Self>, client: &Client, offset: u64, data: &[u8]) -> Result<()> {
         self.take_error()?;
         self.ra.lock().expect("ra lock").chunks.clear();
-        let cs = self.layout.chunk_size as u64;
-        let cap = (cs as usize).min(MAX_IO);
+        let cap = self.buffer_cap();
         let mut ws = self.ws.lock().await;
         for seg in self.layout.segments(offset, data.len() as u64) {
             let start = (seg.file_offset - offset) as usize;
             let bytes = &data[start..start + seg.len as usize];
-            let joinable = matches!(&ws.buf, Some((o, b))
-                if o + b.len() as u64 == seg.file_offset && o / cs == seg.file_offset / cs && b.len() + bytes.len() <= cap);
-            if joinable {
+            if joins(&ws.buf, seg.file_offset, bytes.len(), self.layout.chunk_size as u64, cap) {
                 ws.buf.as_mut().expect("checked").1.extend_from_slice(bytes);
             } else {
                 self.send_buf(client, &mut ws).await;
@@ -236,20 +233,70 @@ impl InodeData {
                 v.extend_from_slice(bytes);
                 ws.buf = Some((seg.file_offset, v));
             }
-            let (o, b) = ws.buf.as_ref().expect("just filled");
-            let end = o + b.len() as u64;
-            if end.is_multiple_of(cs) || b.len() >= cap {
+            if self.buffer_full(&ws) {
                 self.send_buf(client, &mut ws).await;
             }
         }
-        let end = offset + data.len() as u64;
+        self.note_write(&mut ws, offset + data.len() as u64);
+        Ok(())
+    }
+
+    /// [`Self::write`] when it needs no waiting: the bytes join the write buffer (or start it)
+    /// and leave it short of a chunk's end and of the request cap, as a small file's one write
+    /// does. `None`, with nothing done, when [`Self::write`] must run instead. Lets the FUSE
+    /// adapter answer such a write on its reader thread, without a task.
+    pub(crate) fn try_write(&self, offset: u64, data: &[u8]) -> Option<Result<()>> {
+        let (cs, cap) = (self.layout.chunk_size as u64, self.buffer_cap());
+        let mut segs = self.layout.segments(offset, data.len() as u64);
+        let seg = segs.next()?;
+        if segs.next().is_some() || seg.file_offset != offset {
+            return None;
+        }
+        let mut ws = self.ws.try_lock().ok()?;
+        let (start, held) = match &ws.buf {
+            Some((o, b)) if joins(&ws.buf, offset, data.len(), cs, cap) => (*o, b.len()),
+            Some(_) => return None,
+            None => (offset, 0),
+        };
+        let len = held + data.len();
+        if (start + len as u64).is_multiple_of(cs) || len >= cap {
+            return None;
+        }
+        if let Err(e) = self.take_error() {
+            return Some(Err(e));
+        }
+        self.ra.lock().expect("ra lock").chunks.clear();
+        match ws.buf.as_mut() {
+            Some((_, b)) => b.extend_from_slice(data),
+            None => {
+                let mut v = Vec::with_capacity(cap.min(1 << 20));
+                v.extend_from_slice(data);
+                ws.buf = Some((offset, v));
+            }
+        }
+        self.note_write(&mut ws, offset + data.len() as u64);
+        Some(Ok(()))
+    }
+
+    /// Most bytes one buffered chunk write carries.
+    fn buffer_cap(&self) -> usize {
+        (self.layout.chunk_size as usize).min(MAX_IO)
+    }
+
+    /// Whether the write buffer reached a chunk's end or the request cap: then it is sent.
+    fn buffer_full(&self, ws: &WriteState) -> bool {
+        let (o, b) = ws.buf.as_ref().expect("just filled");
+        (o + b.len() as u64).is_multiple_of(self.layout.chunk_size as u64) || b.len() >= self.buffer_cap()
+    }
+
+    /// Records a write ending at `end`: size, mtime, and that both await publishing.
+    fn note_write(&self, ws: &mut WriteState, end: u64) {
         if end > ws.size {
             ws.size = end;
         }
         ws.size_dirty = true;
         ws.mtime = Timespec::now();
         *self.size_hint.lock().expect("size lock") = (ws.size, true);
-        Ok(())
     }
 
     /// Waits for every write of this inode to reach stored.
@@ -467,6 +514,15 @@ impl FileHandle {
         Ok(data.len())
     }
 
+    /// [`Self::write`] when it can be done without waiting (see `InodeData::try_write`): `None`,
+    /// with nothing done, when `write` must run instead.
+    pub fn try_write(&self, offset: u64, data: &[u8]) -> Option<Result<usize>> {
+        if !self.writable {
+            return None;
+        }
+        Some(self.data.try_write(offset, data)?.map(|()| data.len()))
+    }
+
     pub async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>> {
         if !self.readable {
             return Err(ClientError::new(odfs_proto::ErrorCode::Access, "file is not open for reading"));
@@ -587,6 +643,12 @@ impl Drop for FileHandle {
             });
         }
     }
+}
+
+/// Whether `len` bytes at file offset `at` extend the write buffer `buf`: they follow it, in
+/// the same chunk, and the total stays within `cap`.
+fn joins(buf: &Option<(u64, Vec<u8>)>, at: u64, len: usize, chunk_size: u64, cap: usize) -> bool {
+    matches!(buf, Some((o, b)) if o + b.len() as u64 == at && o / chunk_size == at / chunk_size && b.len() + len <= cap)
 }
 
 #[cfg(test)]

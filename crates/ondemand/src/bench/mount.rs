@@ -27,7 +27,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Requests that keep a session alive or read the counters themselves: not the workload's.
 const UNCOUNTED: [&str; 2] = ["SessionPoll", "OpCounts"];
@@ -86,6 +86,8 @@ pub struct MountBenchOptions {
     /// Workers writing and then reading the small files.
     pub small_threads: usize,
     pub skip_plain: bool,
+    /// Pause after each unlink phase (see `settle_deletes`); none at the small scale.
+    pub settle: Duration,
     /// Skip the FUSE floor (bindfs) column.
     pub skip_floor: bool,
     pub keep: bool,
@@ -111,6 +113,7 @@ impl Default for MountBenchOptions {
             small_dirs: 100,
             small_threads: 8,
             skip_plain: false,
+            settle: SETTLE,
             skip_floor: false,
             keep: false,
         }
@@ -127,6 +130,7 @@ impl MountBenchOptions {
             // Creates and unlinks of files with data cost several round trips each on odfs.
             shared_files_per_thread: 1_000,
             small_files: 5_000,
+            settle: Duration::ZERO,
             ..MountBenchOptions::default()
         }
     }
@@ -139,7 +143,7 @@ impl MountBenchOptions {
              ckpt: {} writers x {} MiB at once (4 MiB writes, fsync, close), read back cold by {} readers, each\n\
              another writer's file, then fio 4 KiB random reads over them as above; on odfs once with local\n\
              placement (stripe count 1, FUSE passthrough where the kernel offers it), once with the default stripe\n\
-             md: {} workers x {} empty files, each worker its own directory\n\
+             md: {} workers x {} empty files, each worker its own directory; {} s pause after each unlink phase\n\
              shared: {} workers x {} files of {} bytes in one directory\n\
              small: {} files of {} KiB in {} directories, {} workers; read cold in random order, then\n\
              twice more in other random orders with caches kept (epochs 2 and 3)\n\
@@ -155,6 +159,7 @@ impl MountBenchOptions {
             self.jobs,
             self.threads,
             self.files_per_thread,
+            self.settle.as_secs(),
             self.threads,
             self.shared_files_per_thread,
             self.shared_file_size,
@@ -688,6 +693,9 @@ fn md_phases(o: &MountBenchOptions, sides: &mut Sides) -> Result<()> {
                 .map(|()| None)
         })?;
         sides.push(name, "ops/s", md_ops, &s);
+        if let Md::Unlink = op {
+            settle_deletes(o.settle);
+        }
     }
 
     let shared_ops = (o.threads * o.shared_files_per_thread) as f64;
@@ -705,9 +713,30 @@ fn md_phases(o: &MountBenchOptions, sides: &mut Sides) -> Result<()> {
         );
         let s = sides.run(false, |dir, _| md(&dir.join("shared"), shape, op).map(|()| None))?;
         sides.push(name, "ops/s", shared_ops, &s);
+        if let Md::Unlink = op {
+            settle_deletes(o.settle);
+        }
     }
     Ok(())
 }
+
+/// Waits, after an unlink phase, until the disk's file system has stopped avoiding the inodes it
+/// freed. ext4 without a journal skips, one buffer lookup each, every inode deleted in the last
+/// minute whose inode table block is still cached (six minutes while that block is dirty: hence
+/// the sync), so the creates that follow — of whichever side comes first — would pay for the
+/// deletes of every side measured before them.
+fn settle_deletes(pause: Duration) {
+    if pause.is_zero() {
+        return;
+    }
+    eprintln!("bench: pausing {} s so freed inodes are reusable again before the next creates", pause.as_secs());
+    // SAFETY: sync has no preconditions.
+    unsafe { libc::sync() };
+    std::thread::sleep(pause);
+}
+
+/// ext4's window for recently deleted inodes (`RECENTCY_MIN`, 60 s), and a second.
+const SETTLE: Duration = Duration::from_secs(61);
 
 /// Small files written, then read cold in random order.
 fn small_phases(o: &MountBenchOptions, sides: &mut Sides) -> Result<()> {
