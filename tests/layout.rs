@@ -469,3 +469,60 @@ fn local_placement_puts_each_new_file_on_its_writers_node() {
     // Both flags at once are refused by the command line.
     assert!(fs.cli_err(&["setstripe", "--local", "--rotate", &s(&dir)]).contains("cannot be used with"));
 }
+
+#[test]
+fn a_removed_files_chunk_files_are_emptied_and_become_the_next_files() {
+    use std::os::unix::fs::MetadataExt;
+    use std::time::Duration;
+    let (fs, m) = up();
+    let dir = m.p("scratch");
+    fs::create_dir(&dir).unwrap();
+    fs.cli_ok(&["setstripe", "-c", "-1", "-S", "64K", "-p", "nvme", &s(&dir)]);
+    let nvme: Vec<(u32, PathBuf)> =
+        target_dirs(&fs, &m).into_iter().filter(|(_, _, p)| p == "nvme").map(|(id, d, _)| (id, d)).collect();
+    let free_files = |d: &Path| -> Vec<(u64, u64)> {
+        fs::read_dir(d.join("free"))
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap())
+            .map(|m| (m.ino(), m.len()))
+            .collect()
+    };
+
+    // A file with a chunk file on every nvme target, removed.
+    let old = dir.join("old.bin");
+    fs::write(&old, pattern(64 * KIB as usize * nvme.len(), 3)).unwrap();
+    let ino = fs::metadata(&old).unwrap().ino();
+    let held: Vec<(u32, PathBuf, u64)> = nvme
+        .iter()
+        .map(|(id, d)| {
+            let p = chunk_file(d, ino).unwrap_or_else(|| panic!("target {id} holds no chunk file of old.bin"));
+            (*id, d.clone(), fs::metadata(&p).unwrap().ino())
+        })
+        .collect();
+    fs::remove_file(&old).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || held.iter().all(|(_, d, _)| chunk_file(d, ino).is_none())),
+        "the removed file's chunk files are still there"
+    );
+    // Each one now waits in its target's pool, emptied: its blocks are free again.
+    for (id, d, local) in &held {
+        assert_eq!(free_files(d), vec![(*local, 0)], "target {id}: the pool holds the emptied chunk file");
+    }
+
+    // A new, shorter file takes pooled files for its chunks and holds exactly its own bytes.
+    let new = dir.join("new.bin");
+    let data = pattern(100 * KIB as usize, 4);
+    fs::write(&new, &data).unwrap();
+    assert_bytes(&fs::read(&new).unwrap(), &data, "the new file through the mount");
+    let new_ino = fs::metadata(&new).unwrap().ino();
+    let mut reused = 0;
+    for (id, d, local) in &held {
+        if let Some(p) = chunk_file(d, new_ino) {
+            assert_eq!(fs::metadata(&p).unwrap().ino(), *local, "target {id}: the chunk file is the pooled one");
+            assert!(free_files(d).is_empty(), "target {id}: the pooled file left the pool");
+            assert!(fs::metadata(&p).unwrap().len() <= 64 * KIB, "target {id}: nothing of the old file is left");
+            reused += 1;
+        }
+    }
+    assert_eq!(reused, 2, "100 KiB in 64 KiB chunks takes two targets");
+}
