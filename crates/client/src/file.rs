@@ -220,20 +220,16 @@ impl InodeData {
     pub(crate) async fn write(self: &Arc<Self>, client: &Client, offset: u64, data: &[u8]) -> Result<()> {
         self.take_error()?;
         self.ra.lock().expect("ra lock").chunks.clear();
-        let cap = self.buffer_cap();
         let mut ws = self.ws.lock().await;
         for seg in self.layout.segments(offset, data.len() as u64) {
             let start = (seg.file_offset - offset) as usize;
             let bytes = &data[start..start + seg.len as usize];
-            if joins(&ws.buf, seg.file_offset, bytes.len(), self.layout.chunk_size as u64, cap) {
-                ws.buf.as_mut().expect("checked").1.extend_from_slice(bytes);
-            } else {
+            if !self.joins(&ws.buf, seg.file_offset, bytes.len()) {
                 self.send_buf(client, &mut ws).await;
-                let mut v = Vec::with_capacity(if bytes.len() < cap { cap.min(1 << 20) } else { bytes.len() });
-                v.extend_from_slice(bytes);
-                ws.buf = Some((seg.file_offset, v));
             }
-            if self.buffer_full(&ws) {
+            self.buffer(&mut ws, seg.file_offset, bytes);
+            let (o, b) = ws.buf.as_ref().expect("just filled");
+            if self.fills(*o, b.len()) {
                 self.send_buf(client, &mut ws).await;
             }
         }
@@ -246,35 +242,27 @@ impl InodeData {
     /// does. `None`, with nothing done, when [`Self::write`] must run instead. Lets the FUSE
     /// adapter answer such a write on its reader thread, without a task.
     pub(crate) fn try_write(&self, offset: u64, data: &[u8]) -> Option<Result<()>> {
-        let (cs, cap) = (self.layout.chunk_size as u64, self.buffer_cap());
-        let mut segs = self.layout.segments(offset, data.len() as u64);
-        let seg = segs.next()?;
-        if segs.next().is_some() || seg.file_offset != offset {
+        let end = offset + data.len() as u64;
+        let cs = self.layout.chunk_size as u64;
+        // Empty, or reaching into the next chunk: the general path.
+        if data.is_empty() || (end - 1) / cs != offset / cs {
             return None;
         }
         let mut ws = self.ws.try_lock().ok()?;
-        let (start, held) = match &ws.buf {
-            Some((o, b)) if joins(&ws.buf, offset, data.len(), cs, cap) => (*o, b.len()),
+        let start = match &ws.buf {
+            None => offset,
+            Some((o, _)) if self.joins(&ws.buf, offset, data.len()) => *o,
             Some(_) => return None,
-            None => (offset, 0),
         };
-        let len = held + data.len();
-        if (start + len as u64).is_multiple_of(cs) || len >= cap {
+        if self.fills(start, (end - start) as usize) {
             return None;
         }
         if let Err(e) = self.take_error() {
             return Some(Err(e));
         }
         self.ra.lock().expect("ra lock").chunks.clear();
-        match ws.buf.as_mut() {
-            Some((_, b)) => b.extend_from_slice(data),
-            None => {
-                let mut v = Vec::with_capacity(cap.min(1 << 20));
-                v.extend_from_slice(data);
-                ws.buf = Some((offset, v));
-            }
-        }
-        self.note_write(&mut ws, offset + data.len() as u64);
+        self.buffer(&mut ws, offset, data);
+        self.note_write(&mut ws, end);
         Some(Ok(()))
     }
 
@@ -283,10 +271,31 @@ impl InodeData {
         (self.layout.chunk_size as usize).min(MAX_IO)
     }
 
-    /// Whether the write buffer reached a chunk's end or the request cap: then it is sent.
-    fn buffer_full(&self, ws: &WriteState) -> bool {
-        let (o, b) = ws.buf.as_ref().expect("just filled");
-        (o + b.len() as u64).is_multiple_of(self.layout.chunk_size as u64) || b.len() >= self.buffer_cap()
+    /// Whether `len` bytes at file offset `at` extend the write buffer `buf`: they follow it, in
+    /// the same chunk, and the total stays within the request cap.
+    fn joins(&self, buf: &Option<(u64, Vec<u8>)>, at: u64, len: usize) -> bool {
+        let cs = self.layout.chunk_size as u64;
+        matches!(buf, Some((o, b)) if o + b.len() as u64 == at && o / cs == at / cs && b.len() + len <= self.buffer_cap())
+    }
+
+    /// Adds `bytes` at file offset `at` to the write buffer: to its end when there is one (they
+    /// join it, see [`Self::joins`]), else as a new one.
+    fn buffer(&self, ws: &mut WriteState, at: u64, bytes: &[u8]) {
+        match ws.buf.as_mut() {
+            Some((_, b)) => b.extend_from_slice(bytes),
+            None => {
+                let cap = self.buffer_cap();
+                let mut v = Vec::with_capacity(if bytes.len() < cap { cap.min(1 << 20) } else { bytes.len() });
+                v.extend_from_slice(bytes);
+                ws.buf = Some((at, v));
+            }
+        }
+    }
+
+    /// Whether a write buffer of `len` bytes from file offset `start` reaches a chunk's end or
+    /// the request cap: then it is sent.
+    fn fills(&self, start: u64, len: usize) -> bool {
+        (start + len as u64).is_multiple_of(self.layout.chunk_size as u64) || len >= self.buffer_cap()
     }
 
     /// Records a write ending at `end`: size, mtime, and that both await publishing.
@@ -643,12 +652,6 @@ impl Drop for FileHandle {
             });
         }
     }
-}
-
-/// Whether `len` bytes at file offset `at` extend the write buffer `buf`: they follow it, in
-/// the same chunk, and the total stays within `cap`.
-fn joins(buf: &Option<(u64, Vec<u8>)>, at: u64, len: usize, chunk_size: u64, cap: usize) -> bool {
-    matches!(buf, Some((o, b)) if o + b.len() as u64 == at && o / chunk_size == at / chunk_size && b.len() + len <= cap)
 }
 
 #[cfg(test)]
