@@ -424,8 +424,6 @@ impl ChunkStore {
     }
 }
 
-/// Rejects ranges that cannot be served: more than `MAX_OP_BYTES`, or ending past the largest
-/// file offset (an io_uring offset of -1 would even mean "the current position").
 /// Which filesystem `root` is on, the same on every node that sees it: the filesystem id
 /// (ext4 and XFS derive it from the filesystem's UUID), else this host and the device number.
 fn device_id(root: &Path, fsid: u64) -> u64 {
@@ -439,6 +437,8 @@ fn device_id(root: &Path, fsid: u64) -> u64 {
     h.finish().max(1)
 }
 
+/// Rejects ranges that cannot be served: more than `MAX_OP_BYTES`, or ending past the largest
+/// file offset (an io_uring offset of -1 would even mean "the current position").
 fn check_range(what: &'static str, offset: u64, len: usize) -> Result<(), StoreError> {
     if len > MAX_OP_BYTES {
         return Err(StoreError::TooLarge { what, len: len as u64, max: MAX_OP_BYTES as u64 });
@@ -455,9 +455,7 @@ fn check_range(what: &'static str, offset: u64, len: usize) -> Result<(), StoreE
 /// missing file is made from the pool when it holds one, else created.
 fn open_chunk(path: &Path, create: Option<&Recycler>) -> io::Result<Option<File>> {
     if let Some(pool) = create {
-        if pool.len() > 0 {
-            pool.take_into(path)?;
-        }
+        pool.take_into(path)?;
     }
     let create = create.is_some();
     let open = || OpenOptions::new().read(true).write(true).create(create).truncate(false).mode(0o644).open(path);
@@ -626,11 +624,8 @@ mod tests {
 
     #[test]
     fn chunk_path_fans_out_by_low_byte() {
-        let root = std::env::temp_dir().join(format!("odfs-chunk-path-{}", std::process::id()));
-        fs::create_dir_all(&root).unwrap();
-        let pool = Arc::new(Recycler::open(&root).unwrap());
-        let t = Target { id: 1, root: "/t".into(), engine: Engine::Syscall, pool };
-        fs::remove_dir_all(&root).unwrap();
-        assert_eq!(t.chunk_path(InodeId(0x0001_0000_0000_12ab)), PathBuf::from("/t/chunks/ab/00010000000012ab"));
+        // Target::chunk_path is the layout's.
+        let p = odfs_proto::layout::chunk_path(Path::new("/t"), InodeId(0x0001_0000_0000_12ab));
+        assert_eq!(p, PathBuf::from("/t/chunks/ab/00010000000012ab"));
     }
 }
