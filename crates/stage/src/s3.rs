@@ -227,12 +227,20 @@ impl S3 {
         }
     }
 
+    /// One SDK request about `what` (a key; "" for the bucket): `op` builds and sends it, again
+    /// while the endpoint is unreachable ([`Self::reachable`]); its error is described.
+    async fn send<T, E, F, Fut>(&self, what: &str, op: F) -> Result<T>
+    where
+        E: ProvideErrorMetadata + std::error::Error + 'static,
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, SdkError<E>>>,
+    {
+        self.reachable(|| async { op().await.map_err(|e| describe(e, &self.spec, what)) }).await
+    }
+
     /// Fails with a clear line unless the bucket exists and the credentials are accepted.
     pub async fn check_bucket(&self) -> Result<()> {
-        self.reachable(|| async {
-            self.client.head_bucket().bucket(&self.spec.bucket).send().await.map_err(|e| describe(e, &self.spec, ""))
-        })
-        .await?;
+        self.send("", || self.client.head_bucket().bucket(&self.spec.bucket).send()).await?;
         Ok(())
     }
 
@@ -265,15 +273,8 @@ impl S3 {
     /// Size, ETag and (if the server keeps one) CRC32C of one object.
     pub async fn head(&self, key: &str) -> Result<Head> {
         let r = self
-            .reachable(|| async {
-                self.client
-                    .head_object()
-                    .bucket(&self.spec.bucket)
-                    .key(key)
-                    .checksum_mode(ChecksumMode::Enabled)
-                    .send()
-                    .await
-                    .map_err(|e| describe(e, &self.spec, key))
+            .send(key, || {
+                self.client.head_object().bucket(&self.spec.bucket).key(key).checksum_mode(ChecksumMode::Enabled).send()
             })
             .await?;
         let etag = r.e_tag().unwrap_or_default().trim_matches('"').to_string();
@@ -307,13 +308,13 @@ impl S3 {
     /// object's CRC32C if the server keeps one (whole-object GETs only).
     pub async fn get(&self, key: &str, range: Option<(u64, u64)>) -> Result<(ByteStream, String, Option<String>)> {
         let r = self
-            .reachable(|| async {
-                let mut req = self.client.get_object().bucket(&self.spec.bucket).key(key);
+            .send(key, || {
+                let req = self.client.get_object().bucket(&self.spec.bucket).key(key);
                 match range {
-                    Some((off, len)) => req = req.range(format!("bytes={off}-{}", off + len - 1)),
-                    None => req = req.checksum_mode(ChecksumMode::Enabled),
+                    Some((off, len)) => req.range(format!("bytes={off}-{}", off + len - 1)),
+                    None => req.checksum_mode(ChecksumMode::Enabled),
                 }
-                req.send().await.map_err(|e| describe(e, &self.spec, key))
+                .send()
             })
             .await?;
         let etag = r.e_tag().unwrap_or_default().trim_matches('"').to_string();
@@ -327,7 +328,7 @@ impl S3 {
         // Shared, so that another attempt sends the same bytes without a copy.
         let data = bytes::Bytes::from(data);
         let r = self
-            .reachable(|| async {
+            .send(key, || {
                 self.client
                     .put_object()
                     .bucket(&self.spec.bucket)
@@ -336,25 +337,14 @@ impl S3 {
                     .checksum_crc32_c(b64(&crc.to_be_bytes()))
                     .body(ByteStream::from(data.clone()))
                     .send()
-                    .await
-                    .map_err(|e| describe(e, &self.spec, key))
             })
             .await?;
         Ok(r.e_tag().unwrap_or_default().trim_matches('"').to_string())
     }
 
     pub async fn create_multipart(&self, key: &str) -> Result<String> {
-        let r = self
-            .reachable(|| async {
-                self.client
-                    .create_multipart_upload()
-                    .bucket(&self.spec.bucket)
-                    .key(key)
-                    .send()
-                    .await
-                    .map_err(|e| describe(e, &self.spec, key))
-            })
-            .await?;
+        let r =
+            self.send(key, || self.client.create_multipart_upload().bucket(&self.spec.bucket).key(key).send()).await?;
         r.upload_id().map(str::to_string).ok_or_else(|| S3Error::new(format!("{key}: the server gave no upload id")))
     }
 
@@ -368,7 +358,7 @@ impl S3 {
     ) -> Result<String> {
         let data = bytes::Bytes::from(data);
         let r = self
-            .reachable(|| async {
+            .send(key, || {
                 self.client
                     .upload_part()
                     .bucket(&self.spec.bucket)
@@ -378,8 +368,6 @@ impl S3 {
                     .content_md5(b64(md5))
                     .body(ByteStream::from(data.clone()))
                     .send()
-                    .await
-                    .map_err(|e| describe(e, &self.spec, key))
             })
             .await?;
         Ok(r.e_tag().unwrap_or_default().trim_matches('"').to_string())
@@ -387,7 +375,7 @@ impl S3 {
 
     pub async fn complete_multipart(&self, key: &str, upload_id: &str, parts: &[(i32, String)]) -> Result<String> {
         let r = self
-            .reachable(|| async {
+            .send(key, || {
                 let parts = parts
                     .iter()
                     .map(|(n, etag)| CompletedPart::builder().part_number(*n).e_tag(etag).build())
@@ -399,8 +387,6 @@ impl S3 {
                     .upload_id(upload_id)
                     .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(parts)).build())
                     .send()
-                    .await
-                    .map_err(|e| describe(e, &self.spec, key))
             })
             .await?;
         Ok(r.e_tag().unwrap_or_default().trim_matches('"').to_string())
