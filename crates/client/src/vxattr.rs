@@ -37,6 +37,21 @@ pub const CLUSTER: &[u8] = b"odfs.cluster";
 /// Requests each metadata shard has served, by kind: `SHARD KIND COUNT` lines (`odfs stats`).
 pub const STATS: &[u8] = b"odfs.stats";
 
+/// `odfs.stats`: one `SHARD KIND COUNT` line per kind of request a metadata shard served.
+pub fn stats_text(counts: &[(u16, String, u64)]) -> String {
+    counts.iter().map(|(shard, kind, n)| format!("{shard} {kind} {n}\n")).collect()
+}
+
+/// The counts of an `odfs.stats` text; lines that do not parse are skipped.
+pub fn parse_stats(text: &str) -> Vec<(u16, String, u64)> {
+    text.lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            Some((w.next()?.parse().ok()?, w.next()?.to_string(), w.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
 /// A target as `odfs.targets` describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TargetRow {
@@ -177,14 +192,7 @@ impl Client {
             CLUSTER => serde_json::to_string(&*self.cluster().refresh().await?)
                 .map(String::into_bytes)
                 .map_err(|e| ClientError::new(ErrorCode::Io, format!("cluster view: {e}"))),
-            STATS => {
-                let counts = self.meta_request_counts().await?;
-                Ok(counts
-                    .iter()
-                    .map(|(shard, kind, n)| format!("{shard} {kind} {n}\n"))
-                    .collect::<String>()
-                    .into_bytes())
-            }
+            STATS => Ok(stats_text(&self.meta_request_counts().await?).into_bytes()),
             _ => Err(ClientError::new(ErrorCode::NoData, format!("no attribute {}", String::from_utf8_lossy(name)))),
         }
     }
@@ -250,6 +258,12 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stats_read_back_as_written() {
+        let counts = vec![(0u16, "Create".to_string(), 80_017u64), (3, "Lookup".into(), 2)];
+        assert_eq!(parse_stats(&stats_text(&counts)), counts);
+    }
 
     #[test]
     fn targets_text_round_trips() {

@@ -149,7 +149,7 @@ fn run_status(fs: Option<&Path>) -> Result<()> {
             anyhow::Ok((*client.cluster().refresh().await?).clone())
         })?,
         fsref::Source::Mount(m) => {
-            let text = mount_attr(&m, "odfs.cluster")?;
+            let text = mount_attr(&m, odfs_client::vxattr::CLUSTER)?;
             serde_json::from_str(&text).with_context(|| format!("the cluster view of {}", m.display()))?
         }
     };
@@ -157,10 +157,10 @@ fn run_status(fs: Option<&Path>) -> Result<()> {
     Ok(())
 }
 
-/// A virtual attribute of the mount at `m`, as text.
-fn mount_attr(m: &Path, name: &str) -> Result<String> {
-    let v = lfs::get_xattr(m, name.as_bytes())
-        .with_context(|| format!("cannot read {name} of the odfs mount {}", m.display()))?;
+/// A virtual attribute of the mount at `m` (`odfs_client::vxattr`), as text.
+fn mount_attr(m: &Path, name: &[u8]) -> Result<String> {
+    let v = lfs::get_xattr(m, name)
+        .with_context(|| format!("cannot read {} of the odfs mount {}", String::from_utf8_lossy(name), m.display()))?;
     Ok(String::from_utf8_lossy(&v).into_owned())
 }
 
@@ -288,13 +288,7 @@ fn run_stats(fs: Option<&Path>) -> Result<()> {
             let client = fsref::connect(fs).await?;
             anyhow::Ok(client.meta_request_counts().await?)
         })?,
-        fsref::Source::Mount(m) => mount_attr(&m, "odfs.stats")?
-            .lines()
-            .filter_map(|l| {
-                let mut w = l.split_whitespace();
-                Some((w.next()?.parse().ok()?, w.next()?.to_string(), w.next()?.parse().ok()?))
-            })
-            .collect::<Vec<(u16, String, u64)>>(),
+        fsref::Source::Mount(m) => odfs_client::vxattr::parse_stats(&mount_attr(&m, odfs_client::vxattr::STATS)?),
     };
     println!("shard\trequest\tcount");
     for (shard, kind, n) in counts {
