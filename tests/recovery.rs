@@ -107,3 +107,44 @@ async fn stored_kill9_loses_nothing_acknowledged() {
     let fs = LocalFs::up(2, &["--stripe-count", "2", "--chunk-size", "65536"]);
     kill9_during_storm(&fs, "stored", 1).await;
 }
+
+/// A file a caching client opened from its cache (unregistered at metad) is registered when
+/// the client's session starts anew (a client's first poll, or metad's restart); its close must
+/// then release it, or metad holds it for the client's whole session and an unlinked file's
+/// chunks are never freed. Liveness, not speed: the wait covers metad's restart grace (the
+/// lease, 30 s) and its orphan sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_open_across_a_metad_restart_is_released_at_close_and_freed_after_unlink() {
+    let fs = LocalFs::up(1, &[]);
+    let c = fs.client().await;
+    let ctx = Ctx::root();
+    let (r, h) = c.create_open(&ctx, InodeId::ROOT, b"held", 0o644, true, None).await.unwrap();
+    h.write(0, &pattern(10_000, 3)).await.unwrap();
+    h.flush().await.unwrap();
+    let ino = r.attr.ino;
+    fs.kill9("metad", 0);
+    fs.restart("metad", 0);
+    // The client's next poll finds a new session and registers what it holds open.
+    let reopened = || async {
+        let counts = c.meta_request_counts().await.unwrap_or_default();
+        counts.iter().any(|(_, kind, n)| kind == "Reopen" && *n > 0)
+    };
+    let t = std::time::Instant::now();
+    while !reopened().await {
+        assert!(t.elapsed() < Duration::from_secs(20), "the client never registered its open file again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    h.close().await.unwrap();
+    c.unlink(&ctx, InodeId::ROOT, b"held").await.unwrap();
+    let name = format!("{:016x}", ino.0);
+    let t = std::time::Instant::now();
+    while walk_files(&fs.node_dir(0)).iter().any(|p| p.ends_with(&name)) {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the unlinked file's chunk was never freed: metad still holds it"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let gone = c.lookup(&ctx, InodeId::ROOT, b"held").await.expect_err("the name is gone");
+    assert_eq!(gone.code(), odfs_proto::ErrorCode::NotFound);
+}

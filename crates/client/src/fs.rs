@@ -274,7 +274,12 @@ impl Client {
     }
 
     /// Registers again the files this client holds open on `shard` (after a new session).
+    /// Files opened from the cache get a request id of their own first: registered under none,
+    /// their last close would send no release and metad would hold them until the session
+    /// ends (an unlinked one's chunks with them). A client's first poll starts a new session,
+    /// so this happens to any file opened before that poll is answered.
     async fn reopen(&self, shard: u16) {
+        let _fresh = self.mark_registered(|d| d.ino.shard() == shard);
         let files: Vec<(InodeId, u64)> = {
             let map = self.inner.inodes.lock().expect("inodes lock");
             map.values().filter(|d| d.ino.shard() == shard).map(|d| (d.ino, d.registered())).collect()
