@@ -246,6 +246,37 @@ fn nodes_in_their_own_namespaces_share_one_filesystem_close_to_open() {
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("No such file"));
 }
 
+/// Bytes of `rel` in the node's page cache (`fincore`, which opens the file but reads nothing).
+fn resident(node: &Node, rel: &str) -> u64 {
+    let out = node.ok(&format!("fincore --bytes --noheadings --output RES {}/{rel}", node.mnt.display()));
+    out.trim().parse().unwrap_or_else(|_| panic!("fincore printed {out:?}"))
+}
+
+#[test]
+fn small_files_are_in_the_page_cache_from_their_open_and_filled_again_after_a_change() {
+    let (_net, _fs, a, b) = two_nodes();
+    let mnt = a.mnt.display().to_string();
+    let pages = |n: usize| n.div_ceil(4096) as u64 * 4096;
+    let scratch = tempfile::tempdir().unwrap();
+    let (small, changed, big) = (pattern(100_000, 11), pattern(60_001, 12), pattern((3 << 20) + 1, 13));
+    for (name, data) in [("small", &small), ("changed", &changed), ("big", &big)] {
+        fs::write(scratch.path().join(name), data).unwrap();
+    }
+    let src = scratch.path().display().to_string();
+    b.ok(&format!("cp {src}/small {mnt}/s && cp {src}/big {mnt}/big"));
+    // A small file's open hands its bytes to the kernel before any read; a file above
+    // fill_at_open_bytes (1 MiB) is read on demand.
+    assert_eq!(resident(&a, "s"), pages(small.len()), "the open of a small file fills the page cache");
+    assert_eq!(resident(&a, "big"), 0, "a large file is not fetched at open");
+    assert_eq!(a.sha256_of("s"), sha256(&small));
+    assert_eq!(a.sha256_of("big"), sha256(&big));
+    // Rewritten (shorter) on B: A's pages were recalled; its next open fills the new bytes.
+    b.ok(&format!("cp {src}/changed {mnt}/s"));
+    assert_eq!(resident(&a, "s"), pages(changed.len()), "the open after a change fills the new contents");
+    assert_eq!(a.sha256_of("s"), sha256(&changed), "A reads B's new bytes, not its old pages");
+    a.ok(&format!("cmp {src}/changed {mnt}/s"));
+}
+
 /// Requests the metadata services have served by kind (every shard), less session
 /// keep-alives and the counting itself, read from inside the server namespace.
 fn meta_requests(net: &Net, fs: &LocalFs) -> std::collections::BTreeMap<String, u64> {

@@ -13,6 +13,7 @@
 use crate::attr::{
     caller, file_attr, file_type, name_bytes, set_time, special_kind, statfs_blocks, xattr_list, NAMELEN, STATFS_BSIZE,
 };
+use crate::fill::Filled;
 use crate::handles::{Handles, OpenFile, Parents};
 use crate::passthrough::{Backing, Backings, Candidate};
 use crate::FuseError;
@@ -22,7 +23,7 @@ use fuser::{
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite,
     ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
-use odfs_client::{Client, Ctx};
+use odfs_client::{Client, Ctx, Ticket};
 use odfs_proto::meta::{Attr, SetAttr, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_CREATE, XATTR_REPLACE};
 use odfs_proto::{ErrorCode, InodeId};
 use std::ffi::OsStr;
@@ -66,13 +67,45 @@ pub struct Shared {
     pub backings: Backings,
     /// Set once the session exists (the notifier comes from it).
     notifier: OnceLock<Notifier>,
+    /// Which inodes' pages were handed to the kernel at open.
+    filled: Arc<Filled>,
 }
 
 impl Shared {
     /// Lets the kernel be told to drop what it caches, and has every recall tell it.
     pub fn set_notifier(&self, n: Notifier) {
         let _ = self.notifier.set(n.clone());
-        self.client.on_recall(Arc::new(move |r| invalidate_kernel(&n, r)));
+        let filled = self.filled.clone();
+        self.client.on_recall(Arc::new(move |r| {
+            for i in &r.inos {
+                filled.forget(i.0);
+            }
+            invalidate_kernel(&n, r)
+        }));
+    }
+
+    /// For a read-only open of `file`: fills the kernel's page cache with the whole file when
+    /// it is small and not filled already (see `fill`). True when the kernel may keep the pages.
+    /// `fresh`: the open asked metad (close-to-open), so whatever the kernel holds is dropped
+    /// first.
+    async fn fill(&self, file: &OpenFile, ticket: Ticket, fresh: bool) -> bool {
+        let Some(n) = self.notifier.get() else { return false };
+        let i = file.handle.ino();
+        if fresh {
+            self.filled.forget(i.0);
+            if let Err(e) = n.inval_inode(INodeNo(i.0), 0, 0) {
+                debug!(ino = %i, error = %e, "invalidation before a fill not delivered");
+            }
+        }
+        self.filled.fill(&self.client, n, &file.handle, ticket).await
+    }
+
+    /// Whether a read-only open of `file` should fill the kernel's page cache first.
+    fn fill_wanted(&self, file: &OpenFile, candidate: &Option<Candidate>) -> bool {
+        candidate.is_none()
+            && self.notifier.get().is_some()
+            && !file.handle.has_unpublished_writes()
+            && self.filled.wanted(&self.client, file.handle.ino().0, file.attr.size)
     }
 
     /// Makes the kernel ask for attributes again before it trusts a size. Called at open:
@@ -332,6 +365,7 @@ impl OdfsFuse {
                 parents: Parents::default(),
                 backings: Backings::new(false),
                 notifier: OnceLock::new(),
+                filled: Arc::new(Filled::default()),
             }),
         }
     }
@@ -474,8 +508,10 @@ impl Filesystem for OdfsFuse {
     }
 
     fn forget(&self, _req: &Request, i: INodeNo, _nlookup: u64) {
-        // The kernel dropped the inode; it looks it up again before any further use.
+        // The kernel dropped the inode (and its pages); it looks it up again before any
+        // further use.
         self.shared.parents.forget(i.0);
+        self.shared.filled.forget(i.0);
     }
 
     fn getattr(&self, req: &Request, i: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -691,6 +727,7 @@ impl Filesystem for OdfsFuse {
         let truncate = flags.0 & libc::O_TRUNC != 0;
         let append = flags.0 & libc::O_APPEND != 0;
         let s = self.shared.clone();
+        let ticket = s.client.ticket();
         if !write && !truncate {
             // A lease on the file: answered here, and the kernel keeps the file's pages (a
             // change to the file would have recalled the lease and dropped them). No FLUSH:
@@ -698,7 +735,24 @@ impl Filesystem for OdfsFuse {
             if let Some(Ok((handle, attr))) = s.client.open_cached(&quick_ctx(req), ino(i)) {
                 let candidate = s.backings.candidate(&s.client, &attr);
                 let file = OpenFile { handle, writable: false, append, attr, backing: None };
-                return opened(&s, reply, file, candidate, FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH);
+                let keep = FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH;
+                if !s.fill_wanted(&file, &candidate) {
+                    return opened(&s, reply, file, candidate, keep);
+                }
+                // A small file whose pages the kernel lacks: they are handed over first, so
+                // no READ follows.
+                return self.spawn(
+                    "open",
+                    reply,
+                    async move {
+                        let kept = s.fill(&file, ticket, false).await;
+                        Ok((s, file, candidate, kept))
+                    },
+                    move |reply, (s, file, candidate, kept)| {
+                        let flags = if kept { keep } else { FopenFlags::FOPEN_NOFLUSH };
+                        opened(&s, reply, file, candidate, flags)
+                    },
+                );
             }
         }
         let ctx = ctx_of(req);
@@ -717,11 +771,17 @@ impl Filesystem for OdfsFuse {
                 };
                 let candidate = s.backings.candidate(&s.client, &attr);
                 s.invalidate_kernel_attrs(ino(i));
-                Ok((s, OpenFile { handle, writable: write, append, attr, backing: None }, candidate))
+                let file = OpenFile { handle, writable: write, append, attr, backing: None };
+                let kept = !write && s.fill_wanted(&file, &candidate) && s.fill(&file, ticket, true).await;
+                Ok((s, file, candidate, kept))
             },
-            // No FOPEN_KEEP_CACHE: the kernel drops its cached pages at every open, which is
-            // what makes close-to-open hold for data read through the page cache.
-            move |reply, (s, file, candidate)| opened(&s, reply, file, candidate, write_only_flags(!read)),
+            // Without FOPEN_KEEP_CACHE the kernel drops its cached pages at the open, which is
+            // what makes close-to-open hold for data read through the page cache; a filled
+            // file's pages were dropped before the fill and are the file as it is now.
+            move |reply, (s, file, candidate, kept)| {
+                let flags = if kept { FopenFlags::FOPEN_KEEP_CACHE } else { write_only_flags(!read) };
+                opened(&s, reply, file, candidate, flags)
+            },
         );
     }
 

@@ -22,6 +22,7 @@
 
 pub mod attr;
 pub mod error;
+pub mod fill;
 pub mod fs;
 pub mod handles;
 pub mod minimum;

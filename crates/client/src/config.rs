@@ -26,6 +26,11 @@ pub struct ClientConfig {
     pub attr_cache_ms: u64,
     /// Chunks read ahead of a sequential reader.
     pub readahead_chunks: u32,
+    /// Through the mount, a read-only open of a file of at most this many bytes fetches the
+    /// whole file and hands it to the kernel's page cache before it is answered, so its reads
+    /// need no request (docs/architecture.md, "Small files filled at open"). 0: never.
+    /// Default 1 MiB.
+    pub fill_at_open_bytes: u64,
     /// Connections per stored for chunk data.
     pub bulk_connections: usize,
     /// Seconds to wait for one reply.
@@ -46,6 +51,7 @@ impl Default for ClientConfig {
             write_behind_bytes: 64 << 20,
             attr_cache_ms: 1000,
             readahead_chunks: 4,
+            fill_at_open_bytes: 1 << 20,
             bulk_connections: 2,
             call_timeout_secs: 60,
             retry_secs: 30,
