@@ -1,8 +1,7 @@
 //! Translation between odfs's types and FUSE's: attributes, file kinds, times, names, statfs,
-//! and the caller's identity. Pure functions; no state and no I/O beyond /proc for groups.
+//! Pure functions; no state and no I/O.
 
 use fuser::{FileAttr, FileType, INodeNo, TimeOrNow};
-use odfs_client::Ctx;
 use odfs_proto::meta::{Attr, FileKind, SetTime, StatFsReply};
 use odfs_proto::Timespec;
 use std::ffi::OsStr;
@@ -83,31 +82,6 @@ pub fn statfs_blocks(s: &StatFsReply) -> (u64, u64, u64, u64, u64) {
     (s.total_bytes / bs, free, free, s.total_inodes, s.free_inodes)
 }
 
-/// The caller of a request: uid and gid from the kernel, supplementary groups from
-/// /proc/<pid>/status (empty if the process is gone or the request has no pid).
-pub fn caller(uid: u32, gid: u32, pid: u32) -> Ctx {
-    Ctx { uid, gid, groups: groups_of(pid) }
-}
-
-fn groups_of(pid: u32) -> Vec<u32> {
-    if pid == 0 {
-        return Vec::new();
-    }
-    match std::fs::read_to_string(format!("/proc/{pid}/status")) {
-        Ok(text) => parse_groups(&text),
-        Err(_) => Vec::new(),
-    }
-}
-
-/// The supplementary groups of a /proc/<pid>/status text ("Groups:" line).
-pub fn parse_groups(status: &str) -> Vec<u32> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Groups:"))
-        .map(|g| g.split_whitespace().filter_map(|n| n.parse().ok()).collect())
-        .unwrap_or_default()
-}
-
 /// The NUL-terminated list `listxattr` returns.
 pub fn xattr_list(names: &[Vec<u8>]) -> Vec<u8> {
     let mut out = Vec::with_capacity(names.iter().map(|n| n.len() + 1).sum());
@@ -159,17 +133,6 @@ mod tests {
         let d = file_attr(&attr(FileKind::Dir, 4096, None));
         assert_eq!((d.kind, d.blocks, d.blksize), (FileType::Directory, 8, DEFAULT_BLKSIZE));
         assert_eq!(file_attr(&attr(FileKind::Symlink, 0, None)).blocks, 0);
-    }
-
-    #[test]
-    fn groups_come_from_the_status_line() {
-        let text = "Name:\tbash\nUid:\t1000\t1000\t1000\t1000\nGroups:\t4 24 27 1000 \nVmPeak:\t1 kB\n";
-        assert_eq!(parse_groups(text), vec![4, 24, 27, 1000]);
-        assert_eq!(parse_groups("Groups:\t\n"), Vec::<u32>::new());
-        assert_eq!(parse_groups("Name:\tx\n"), Vec::<u32>::new());
-        let me = caller(1, 2, std::process::id());
-        assert_eq!((me.uid, me.gid), (1, 2));
-        assert!(caller(1, 2, 0).groups.is_empty());
     }
 
     #[test]

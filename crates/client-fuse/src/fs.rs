@@ -11,8 +11,9 @@
 //! negotiated at init.
 
 use crate::attr::{
-    caller, file_attr, file_type, name_bytes, set_time, special_kind, statfs_blocks, xattr_list, NAMELEN, STATFS_BSIZE,
+    file_attr, file_type, name_bytes, set_time, special_kind, statfs_blocks, xattr_list, NAMELEN, STATFS_BSIZE,
 };
+use crate::callers::Callers;
 use crate::fill::Filled;
 use crate::handles::{Handles, OpenFile, Parents};
 use crate::passthrough::{Backing, Backings, Candidate};
@@ -69,6 +70,8 @@ pub struct Shared {
     notifier: OnceLock<Notifier>,
     /// Which inodes' pages were handed to the kernel at open.
     filled: Arc<Filled>,
+    /// Callers' supplementary groups, memoised.
+    callers: Callers,
 }
 
 impl Shared {
@@ -217,10 +220,6 @@ fn ino(i: INodeNo) -> InodeId {
     InodeId(i.0)
 }
 
-fn ctx_of(req: &Request) -> Ctx {
-    caller(req.uid(), req.gid(), req.pid())
-}
-
 /// The caller without its supplementary groups, for what is answered from the cache on the
 /// reader thread: reading them (/proc/PID/status) would cost more than the answer. Enough
 /// where the kernel has checked permissions already (`default_permissions`) or only uid and
@@ -366,6 +365,7 @@ impl OdfsFuse {
                 backings: Backings::new(false),
                 notifier: OnceLock::new(),
                 filled: Arc::new(Filled::default()),
+                callers: Callers::default(),
             }),
         }
     }
@@ -389,6 +389,11 @@ impl OdfsFuse {
                 Err(e) => fail(reply, op, e),
             }
         });
+    }
+
+    /// The caller of a request, with its supplementary groups (see `callers`).
+    fn ctx(&self, req: &Request) -> Ctx {
+        self.shared.callers.ctx(req.uid(), req.gid(), req.pid())
     }
 
     /// The open file behind a FUSE file handle; `None` after replying EBADF.
@@ -494,7 +499,7 @@ impl Filesystem for OdfsFuse {
             }
             return;
         }
-        let ctx = ctx_of(req);
+        let ctx = self.ctx(req);
         self.spawn(
             "lookup",
             reply,
@@ -522,7 +527,7 @@ impl Filesystem for OdfsFuse {
             reply.attr(&s.client.kernel_ttl(a.ino, ticket), &file_attr(&a));
             return;
         }
-        let ctx = ctx_of(req);
+        let ctx = self.ctx(req);
         self.spawn(
             "getattr",
             reply,
@@ -555,7 +560,7 @@ impl Filesystem for OdfsFuse {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let (s, ctx) = (self.shared.clone(), ctx_of(req));
+        let (s, ctx) = (self.shared.clone(), self.ctx(req));
         self.spawn(
             "setattr",
             reply,
@@ -589,7 +594,7 @@ impl Filesystem for OdfsFuse {
     }
 
     fn readlink(&self, req: &Request, i: INodeNo, reply: ReplyData) {
-        let (s, ctx) = (self.shared.clone(), ctx_of(req));
+        let (s, ctx) = (self.shared.clone(), self.ctx(req));
         self.spawn(
             "readlink",
             reply,
@@ -610,7 +615,7 @@ impl Filesystem for OdfsFuse {
     ) {
         // FIFOs, sockets and device nodes are inodes of their own (their I/O is the kernel's);
         // a regular file made by mknod(2) is an ordinary create.
-        let (s, ctx, name) = (self.shared.clone(), ctx_of(req), name_bytes(name));
+        let (s, ctx, name) = (self.shared.clone(), self.ctx(req), name_bytes(name));
         let special = special_kind(mode);
         let regular = matches!(mode & libc::S_IFMT, 0 | libc::S_IFREG);
         if special.is_none() && !regular {
@@ -635,7 +640,7 @@ impl Filesystem for OdfsFuse {
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
-        let (s, ctx, name) = (self.shared.clone(), ctx_of(req), name_bytes(name));
+        let (s, ctx, name) = (self.shared.clone(), self.ctx(req), name_bytes(name));
         self.spawn(
             "mkdir",
             reply,
@@ -650,7 +655,7 @@ impl Filesystem for OdfsFuse {
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let (s, ctx, name) = (self.shared.clone(), ctx_of(req), name_bytes(name));
+        let (s, ctx, name) = (self.shared.clone(), self.ctx(req), name_bytes(name));
         self.spawn(
             "unlink",
             reply,
@@ -660,14 +665,14 @@ impl Filesystem for OdfsFuse {
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let (s, ctx, name) = (self.shared.clone(), ctx_of(req), name_bytes(name));
+        let (s, ctx, name) = (self.shared.clone(), self.ctx(req), name_bytes(name));
         self.spawn("rmdir", reply, async move { Ok(s.client.rmdir(&ctx, ino(parent), &name).await?) }, |reply, ()| {
             reply.ok()
         });
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
-        let (s, ctx, name) = (self.shared.clone(), ctx_of(req), name_bytes(link_name));
+        let (s, ctx, name) = (self.shared.clone(), self.ctx(req), name_bytes(link_name));
         let target = target.as_os_str().as_bytes().to_vec();
         self.spawn(
             "symlink",
@@ -700,7 +705,7 @@ impl Filesystem for OdfsFuse {
         if flags.contains(RenameFlags::RENAME_EXCHANGE) {
             pflags |= RENAME_EXCHANGE;
         }
-        let (s, ctx) = (self.shared.clone(), ctx_of(req));
+        let (s, ctx) = (self.shared.clone(), self.ctx(req));
         let (name, newname) = (name_bytes(name), name_bytes(newname));
         self.spawn(
             "rename",
@@ -711,7 +716,7 @@ impl Filesystem for OdfsFuse {
     }
 
     fn link(&self, req: &Request, i: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
-        let (s, ctx, name) = (self.shared.clone(), ctx_of(req), name_bytes(newname));
+        let (s, ctx, name) = (self.shared.clone(), self.ctx(req), name_bytes(newname));
         self.spawn(
             "link",
             reply,
@@ -755,7 +760,7 @@ impl Filesystem for OdfsFuse {
                 );
             }
         }
-        let ctx = ctx_of(req);
+        let ctx = self.ctx(req);
         self.spawn(
             "open",
             reply,
@@ -927,7 +932,7 @@ impl Filesystem for OdfsFuse {
     }
 
     fn readdir(&self, req: &Request, i: INodeNo, _fh: FileHandle, offset: u64, reply: ReplyDirectory) {
-        let (s, ctx) = (self.shared.clone(), ctx_of(req));
+        let (s, ctx) = (self.shared.clone(), self.ctx(req));
         let parent = INodeNo(self.shared.parents.parent_of(i.0));
         self.spawn(
             "readdir",
@@ -957,7 +962,7 @@ impl Filesystem for OdfsFuse {
     }
 
     fn readdirplus(&self, req: &Request, i: INodeNo, _fh: FileHandle, offset: u64, reply: ReplyDirectoryPlus) {
-        let (s, ctx) = (self.shared.clone(), ctx_of(req));
+        let (s, ctx) = (self.shared.clone(), self.ctx(req));
         let parent = self.shared.parents.parent_of(i.0);
         let s2 = self.shared.clone();
         self.spawn(
@@ -1017,7 +1022,7 @@ impl Filesystem for OdfsFuse {
     }
 
     fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let (s, ctx) = (self.shared.clone(), ctx_of(req));
+        let (s, ctx) = (self.shared.clone(), self.ctx(req));
         self.spawn("statfs", reply, async move { Ok(s.client.statfs(&ctx).await?) }, |reply, st| {
             let (blocks, bfree, bavail, files, ffree) = statfs_blocks(&st);
             reply.statfs(blocks, bfree, bavail, files, ffree, STATFS_BSIZE, NAMELEN, STATFS_BSIZE)
@@ -1050,7 +1055,7 @@ impl Filesystem for OdfsFuse {
         if flags & libc::XATTR_REPLACE != 0 {
             pflags |= XATTR_REPLACE;
         }
-        let (s, ctx, name, value) = (self.shared.clone(), ctx_of(req), name_bytes(name), value.to_vec());
+        let (s, ctx, name, value) = (self.shared.clone(), self.ctx(req), name_bytes(name), value.to_vec());
         self.spawn(
             "setxattr",
             reply,
@@ -1067,7 +1072,7 @@ impl Filesystem for OdfsFuse {
             reply.error(Errno::from_i32(libc::ENODATA));
             return;
         }
-        let (s, ctx, name) = (self.shared.clone(), ctx_of(req), name_bytes(name));
+        let (s, ctx, name) = (self.shared.clone(), self.ctx(req), name_bytes(name));
         self.spawn(
             "getxattr",
             reply,
@@ -1077,7 +1082,7 @@ impl Filesystem for OdfsFuse {
     }
 
     fn listxattr(&self, req: &Request, i: INodeNo, size: u32, reply: ReplyXattr) {
-        let (s, ctx) = (self.shared.clone(), ctx_of(req));
+        let (s, ctx) = (self.shared.clone(), self.ctx(req));
         self.spawn(
             "listxattr",
             reply,
@@ -1087,7 +1092,7 @@ impl Filesystem for OdfsFuse {
     }
 
     fn removexattr(&self, req: &Request, i: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let (s, ctx, name) = (self.shared.clone(), ctx_of(req), name_bytes(name));
+        let (s, ctx, name) = (self.shared.clone(), self.ctx(req), name_bytes(name));
         self.spawn(
             "removexattr",
             reply,
@@ -1098,7 +1103,7 @@ impl Filesystem for OdfsFuse {
 
     fn access(&self, req: &Request, i: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
         // Only called without default_permissions; kept so such a mount still checks at metad.
-        let (s, ctx) = (self.shared.clone(), ctx_of(req));
+        let (s, ctx) = (self.shared.clone(), self.ctx(req));
         let mask = (mask.bits() & 7) as u32;
         self.spawn(
             "access",
@@ -1122,7 +1127,7 @@ impl Filesystem for OdfsFuse {
         let truncate = flags & libc::O_TRUNC != 0;
         let append = flags & libc::O_APPEND != 0;
         let open_flags = write_only_flags(flags & libc::O_ACCMODE == libc::O_WRONLY);
-        let (s, ctx, name) = (self.shared.clone(), ctx_of(req), name_bytes(name));
+        let (s, ctx, name) = (self.shared.clone(), self.ctx(req), name_bytes(name));
         self.spawn(
             "create",
             reply,

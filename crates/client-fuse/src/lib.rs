@@ -21,6 +21,7 @@
 //! FUSE itself costs.
 
 pub mod attr;
+pub mod callers;
 pub mod error;
 pub mod fill;
 pub mod fs;
