@@ -21,10 +21,13 @@ pub const GROUPS_TTL: Duration = Duration::from_secs(1);
 /// Entries kept before the expired ones are swept.
 const SWEEP_AT: usize = 4096;
 
+/// A thread's groups by (pid, uid, gid), with when they were read.
+type Memo = HashMap<(u32, u32, u32), (Instant, Vec<u32>)>;
+
 /// The memo of callers' groups.
 #[derive(Default)]
 pub struct Callers {
-    memo: Mutex<HashMap<(u32, u32, u32), (Instant, Vec<u32>)>>,
+    memo: Mutex<Memo>,
 }
 
 impl Callers {
@@ -50,7 +53,7 @@ impl Callers {
         Ctx { uid, gid, groups }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(u32, u32, u32), (Instant, Vec<u32>)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Memo> {
         self.memo.lock().expect("callers lock")
     }
 }
