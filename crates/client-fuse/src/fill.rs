@@ -12,6 +12,15 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 use tracing::debug;
 
+/// Largest file filled at open whatever `fill_at_open_bytes` says: a fill holds the whole file
+/// in memory until the kernel has it.
+pub const FILL_MAX: u64 = 16 << 20;
+
+/// The size limit of fills: the client config's, capped at `FILL_MAX`.
+fn limit(client: &Client) -> u64 {
+    client.config().fill_at_open_bytes.min(FILL_MAX)
+}
+
 /// Inodes whose whole content this mount stored in the kernel's page cache under a lease
 /// still held.
 #[derive(Default)]
@@ -27,7 +36,7 @@ impl Filled {
     /// Whether an open of a `size`-byte file should fill the kernel's cache first: small
     /// enough, not empty, and not filled already.
     pub fn wanted(&self, client: &Client, ino: u64, size: u64) -> bool {
-        size > 0 && size <= client.config().fill_at_open_bytes && !self.lock().contains(&ino)
+        size > 0 && size <= limit(client) && !self.lock().contains(&ino)
     }
 
     /// The kernel's pages of `ino` are gone or stale (recalled, forgotten, dropped).
@@ -42,7 +51,7 @@ impl Filled {
     pub async fn fill(&self, client: &Client, notifier: &Notifier, handle: &FileHandle, ticket: Ticket) -> bool {
         let ino = handle.ino();
         let size = handle.size().await;
-        if size == 0 || size > client.config().fill_at_open_bytes {
+        if size == 0 || size > limit(client) {
             return false;
         }
         let data = match handle.read(0, size as u32).await {

@@ -28,8 +28,9 @@ pub struct ClientConfig {
     pub readahead_chunks: u32,
     /// Through the mount, a read-only open of a file of at most this many bytes fetches the
     /// whole file and hands it to the kernel's page cache before it is answered, so its reads
-    /// need no request (docs/architecture.md, "Small files filled at open"). 0: never.
-    /// Default 1 MiB.
+    /// need no request (docs/architecture.md, "Small files filled at open"). 0: never;
+    /// values above 16 MiB count as 16 MiB (a fill holds the whole file in memory). Default
+    /// 1 MiB.
     pub fill_at_open_bytes: u64,
     /// Connections per stored for chunk data.
     pub bulk_connections: usize,
