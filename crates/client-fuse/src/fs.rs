@@ -782,9 +782,13 @@ impl Filesystem for OdfsFuse {
             },
             // Without FOPEN_KEEP_CACHE the kernel drops its cached pages at the open, which is
             // what makes close-to-open hold for data read through the page cache; a filled
-            // file's pages were dropped before the fill and are the file as it is now.
+            // file's pages were dropped before the fill and are the file as it is now. A
+            // reader has nothing to publish: no FLUSH at its close.
             move |reply, (s, file, candidate, kept)| {
-                let flags = if kept { FopenFlags::FOPEN_KEEP_CACHE } else { write_only_flags(!read) };
+                let mut flags = if kept { FopenFlags::FOPEN_KEEP_CACHE } else { write_only_flags(!read) };
+                if !write {
+                    flags |= FopenFlags::FOPEN_NOFLUSH;
+                }
                 opened(&s, reply, file, candidate, flags)
             },
         );
