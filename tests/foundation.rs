@@ -435,13 +435,16 @@ fn odfs_cp_copies_trees_in_and_out_keeping_bytes_modes_times_and_links() {
 
     // Refusals name the problem and copy nothing.
     for (args, msg) in [
-        (vec!["cp", "odfs:/ds", "/tmp"], "is a directory (use -r)"),
-        (vec!["cp", "odfs:/nothing", "/tmp/x"], "no such file or directory"),
+        (vec!["cp", "odfs:/ds", "/tmp"], "odfs:/ds is a directory (use -r)"),
+        (vec!["cp", "odfs:/nothing", "/tmp/x"], "odfs:/nothing: no such file or directory"),
         (vec!["cp", "/etc/hostname", "/tmp/x"], "one side of odfs cp must be inside odfs"),
     ] {
         let e = fs_.cli_err(&args);
         assert!(e.contains(msg), "odfs {args:?}: {e}");
+        assert!(!e.contains("Odfs(") && !e.contains("Local("), "odfs {args:?} shows a Debug dump: {e}");
     }
+    let e = fs_.cli_err(&["cp", &s(&ds), "odfs:/elsewhere"]);
+    assert!(e.contains(&format!("{} is a directory (use -r)", s(&ds))), "a local source is named as written: {e}");
     assert!(!std::path::Path::new("/tmp/x").exists());
 }
 

@@ -148,9 +148,9 @@ async fn resolve_pair(client: &Client, ctx: &Ctx, src: &str, dst: &str, opts: &C
     if matches!((&src, &dst), (Location::Local(_), Location::Local(_))) {
         bail!("one side of odfs cp must be inside odfs (odfs:/path)");
     }
-    let Some(top) = stat(client, ctx, &src).await? else { bail!("{src:?}: no such file or directory") };
+    let Some(top) = stat(client, ctx, &src).await? else { bail!("{src}: no such file or directory") };
     if top.kind == FileKind::Dir && !opts.recursive {
-        bail!("{src:?} is a directory (use -r)");
+        bail!("{src} is a directory (use -r)");
     }
     if let Some(d) = stat(client, ctx, &dst).await? {
         if d.kind == FileKind::Dir && !(contents_only && top.kind == FileKind::Dir) {
@@ -218,7 +218,7 @@ async fn copy_files(
         let permit = sem.clone().acquire_owned().await.expect("semaphore never closes");
         let (client, ctx) = (client.clone(), ctx.clone());
         tasks.spawn(async move {
-            let r = copy_item(&client, &ctx, &f).await.with_context(|| format!("{:?} -> {:?}", f.src, f.dst));
+            let r = copy_item(&client, &ctx, &f).await.with_context(|| format!("{} -> {}", f.src, f.dst));
             drop(permit);
             r.map(|n| (f.kind, n))
         });

@@ -96,6 +96,16 @@ impl Location {
     }
 }
 
+/// As the user wrote it: `odfs:/a/b`, or the local path.
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Location::Odfs(p) => write!(f, "odfs:{p}"),
+            Location::Local(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,5 +115,7 @@ mod tests {
         assert_eq!(Location::parse("odfs:/a/b"), Location::Odfs("/a/b".into()));
         assert_eq!(Location::parse("odfs:a"), Location::Odfs("/a".into()));
         assert_eq!(Location::parse("/tmp/x"), Location::Local("/tmp/x".into()));
+        assert_eq!(Location::parse("odfs:a").to_string(), "odfs:/a");
+        assert_eq!(Location::parse("/tmp/x").to_string(), "/tmp/x");
     }
 }
