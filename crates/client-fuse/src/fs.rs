@@ -89,8 +89,8 @@ impl Shared {
 
     /// For a read-only open of `file`: fills the kernel's page cache with the whole file when
     /// it is small and not filled already (see `fill`). True when the kernel may keep the pages.
-    /// `fresh`: the open asked metad (close-to-open), so whatever the kernel holds is dropped
-    /// first.
+    /// `fresh`: the open asked metad (close-to-open), so whatever the kernel holds of the
+    /// file, pages and attributes, is dropped first.
     async fn fill(&self, file: &OpenFile, ticket: Ticket, fresh: bool) -> bool {
         let Some(n) = self.notifier.get() else { return false };
         let i = file.handle.ino();
@@ -775,9 +775,15 @@ impl Filesystem for OdfsFuse {
                     None => handle.getattr().await?,
                 };
                 let candidate = s.backings.candidate(&s.client, &attr);
-                s.invalidate_kernel_attrs(ino(i));
                 let file = OpenFile { handle, writable: write, append, attr, backing: None };
-                let kept = !write && s.fill_wanted(&file, &candidate) && s.fill(&file, ticket, true).await;
+                // A fill drops the kernel's pages and attributes itself; otherwise its
+                // attributes only.
+                let kept = if !write && s.fill_wanted(&file, &candidate) {
+                    s.fill(&file, ticket, true).await
+                } else {
+                    s.invalidate_kernel_attrs(ino(i));
+                    false
+                };
                 Ok((s, file, candidate, kept))
             },
             // Without FOPEN_KEEP_CACHE the kernel drops its cached pages at the open, which is
