@@ -99,12 +99,18 @@ impl Recycler {
                 }
                 Ok(true)
             }
-            // `dest` exists (made meanwhile) or its directory is missing: the file stays pooled.
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST) | Some(libc::ENOENT)) && from.exists() => {
+            // `dest` exists (an existing chunk, or made meanwhile): the file stays pooled.
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
                 self.lock().names.push(name);
                 Ok(false)
             }
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+            // `dest`'s directory is missing (the file stays pooled), or the pooled file is gone.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                if from.exists() {
+                    self.lock().names.push(name);
+                }
+                Ok(false)
+            }
             Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS)) => {
                 let mut p = self.lock();
                 p.enabled = false;
