@@ -1,13 +1,19 @@
-//! The fallback data path: plain `pwrite`/`pread`/`fdatasync` on tokio's blocking pool.
+//! The fallback data path: plain `pwrite`/`pread`/`fdatasync` on tokio's blocking pool, and the
+//! calls that never wait for the disk (`openat2` with `RESOLVE_CACHED`, `preadv2` with
+//! `RWF_NOWAIT`), which the chunk store makes on its runtime worker before it hands a read over.
 //!
-//! Used where io_uring cannot be set up (or when asked for), and, on the calling thread, for the
-//! first operation on a chunk file the store opens in the same blocking call. Owns nothing but
-//! these three calls on an already open file: opening, caching and error wrapping stay in the
+//! The blocking calls are used where io_uring cannot be set up (or when asked for), and, on the
+//! calling thread, for the first operation on a chunk file the store opens in the same blocking
+//! call. Owns nothing but these calls: opening policy, caching and error wrapping stay in the
 //! chunk store.
 
+use std::ffi::CString;
 use std::fs::File;
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
+use std::path::Path;
 use std::sync::Arc;
 
 /// Runs `f` on the blocking pool: these calls may wait for the disk, which must not stall a
@@ -63,4 +69,72 @@ pub(crate) fn read_at(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8
 /// fdatasync.
 pub(crate) async fn fsync(file: Arc<File>) -> io::Result<()> {
     blocking(move || file.sync_data()).await
+}
+
+/// Opens `path` for reading and writing only if the kernel can resolve it from its dentry cache
+/// alone (`openat2` with `RESOLVE_CACHED`, Linux ≥ 5.12): `None` when it would have to read a
+/// directory from disk, and for every error (a missing file, an older kernel) — the caller then
+/// takes the blocking path, which reports real errors.
+pub(crate) fn open_cached(path: &Path) -> Option<File> {
+    let c = CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: open_how is plain data; all-zero is its valid "no options" value.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_RDWR | libc::O_CLOEXEC) as u64;
+    how.resolve = libc::RESOLVE_CACHED;
+    // SAFETY: `c` is a NUL-terminated path and `how` a valid open_how of the size passed; both
+    // outlive the call. A non-negative result is a new descriptor that nothing else owns.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            &how as *const libc::open_how,
+            size_of::<libc::open_how>(),
+        )
+    };
+    // SAFETY: see above: `fd` is ours alone.
+    (fd >= 0).then(|| unsafe { File::from_raw_fd(fd as i32) })
+}
+
+/// What [`read_nowait`] read.
+pub(crate) struct NoWait {
+    /// The bytes the page cache held, from `offset` on.
+    pub(crate) data: Vec<u8>,
+    /// All `len` bytes were read, or the file ended: nothing is left to read from the disk.
+    pub(crate) complete: bool,
+}
+
+/// Reads as much of `len` bytes at `offset` as the page cache holds, without waiting for the
+/// disk (`preadv2` with `RWF_NOWAIT`): it stops at the first page that is not cached. Errors
+/// other than "would block" are returned (`EOPNOTSUPP` where the filesystem cannot do it).
+pub(crate) fn read_nowait(file: &File, offset: u64, len: usize) -> io::Result<NoWait> {
+    let mut data: Vec<u8> = Vec::with_capacity(len);
+    loop {
+        let filled = data.len();
+        if filled == len {
+            return Ok(NoWait { data, complete: true });
+        }
+        let spare = data.spare_capacity_mut();
+        let iov = libc::iovec { iov_base: spare.as_mut_ptr().cast(), iov_len: len - filled };
+        // SAFETY: the iovec points into `data`'s spare capacity, `len - filled` bytes long, which
+        // nothing else references during the call; the descriptor is open (borrowed `file`).
+        let n = unsafe {
+            libc::preadv2(file.as_raw_fd(), &iov, 1, (offset + filled as u64) as libc::off_t, libc::RWF_NOWAIT)
+        };
+        match n {
+            0 => return Ok(NoWait { data, complete: true }),
+            n if n > 0 => {
+                // SAFETY: the kernel initialised exactly `n` more bytes (n ≤ len - filled).
+                unsafe { data.set_len(filled + n as usize) };
+            }
+            _ => {
+                let e = io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EINTR) => {}
+                    Some(libc::EAGAIN) => return Ok(NoWait { data, complete: false }),
+                    _ => return Err(e),
+                }
+            }
+        }
+    }
 }

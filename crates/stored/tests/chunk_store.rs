@@ -88,6 +88,7 @@ both_backends!(
     small_fd_cache_keeps_data_right,
     abandoned_requests_do_not_disturb,
     full_disk_keeps_acknowledged_data,
+    reads_partly_in_the_page_cache_are_whole,
 );
 
 async fn round_trip_odd_offsets(backend: IoBackend) {
@@ -333,6 +334,71 @@ async fn small_fd_cache_keeps_data_right(backend: IoBackend) {
             apply(&mut model, slot as usize * 1000, &pattern(c * 7919 + slot, 1000));
         }
         assert!(read_all(&store, InodeId(c)).await == model, "chunk {c}");
+    }
+}
+
+/// Pages of `[offset, offset + len)` of `path` in the page cache.
+fn resident(path: &Path, offset: usize, len: usize) -> usize {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    // SAFETY: the mapping is read only, `len` bytes of an open file, unmapped before return;
+    // `vec` has one byte per page of it.
+    unsafe {
+        let map =
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), offset as i64);
+        assert_ne!(map, libc::MAP_FAILED);
+        let mut vec = vec![0u8; len.div_ceil(4096)];
+        assert_eq!(libc::mincore(map, len, vec.as_mut_ptr()), 0);
+        libc::munmap(map, len);
+        vec.iter().filter(|&&b| b & 1 == 1).count()
+    }
+}
+
+/// Drops the whole (clean) file from the page cache, then reads `[offset, offset + len)` back
+/// into it without read-ahead, so exactly that range is cached.
+fn cache_only(path: &Path, offset: usize, len: usize) {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(path).unwrap();
+    // SAFETY: advice calls on an open descriptor.
+    unsafe {
+        assert_eq!(libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED), 0);
+        assert_eq!(libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM), 0);
+    }
+    let mut buf = vec![0u8; len];
+    f.read_exact_at(&mut buf, offset as u64).unwrap();
+}
+
+async fn reads_partly_in_the_page_cache_are_whole(backend: IoBackend) {
+    // A read is first served from what the page cache holds without waiting; the rest must
+    // follow from the disk, in order, whatever part of the range is cached.
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir, backend);
+    let ino = InodeId(77);
+    const MIB: usize = 1 << 20;
+    let data = pattern(77, 3 * MIB + 123);
+    store.write(T, ino, 0, data.clone(), true).await.unwrap();
+    let path = store.chunk_path(T, ino).unwrap();
+    // (cached range, read range), each as (offset, length)
+    type Range = (usize, usize);
+    let cases: &[(Range, Range)] = &[
+        ((0, MIB / 2), (0, MIB)),               // cached, then not
+        ((MIB, MIB), (MIB / 2, MIB)),           // not cached, then cached
+        ((0, 4096), (3 * MIB - 10, MIB)),       // not cached, past the end of the file
+        ((0, data.len()), (3 * MIB - 10, MIB)), // cached, past the end of the file
+        ((0, data.len()), (MIB - 5, MIB + 10)), // longer than a read tried at once
+        ((MIB, 4096), (MIB - 4096, 3 * 4096)),  // one cached page amid others
+    ];
+    for &((c_off, c_len), (off, len)) in cases {
+        cache_only(&path, c_off, c_len);
+        let end = (off + len).min(data.len());
+        // Exactly the pages asked for are cached: the case is what it says.
+        let first = off & !4095;
+        let (lo, hi) = (c_off.max(first), (c_off + c_len).min(end));
+        let want = if lo < hi { (hi.div_ceil(4096) * 4096 - (lo & !4095)) / 4096 } else { 0 };
+        assert_eq!(resident(&path, first, end - first), want, "pages of [{off}, {end}) cached");
+        let got = store.read(T, ino, off as u64, len as u32).await.unwrap();
+        assert!(got == data[off..end], "read of {len} bytes at {off}: {} bytes back", got.len());
     }
 }
 
