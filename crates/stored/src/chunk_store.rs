@@ -511,20 +511,28 @@ fn check_range(what: &'static str, offset: u64, len: usize) -> Result<(), StoreE
 /// Opens a chunk file read-write; `None` when it is missing and there is no `create` pool. A
 /// missing file is made from the pool when it holds one, else created.
 fn open_chunk(path: &Path, create: Option<&Recycler>) -> io::Result<Option<File>> {
-    if let Some(pool) = create {
-        pool.take_into(path)?;
+    let open =
+        |create: bool| OpenOptions::new().read(true).write(true).create(create).truncate(false).mode(0o644).open(path);
+    // An existing chunk (most opens for writing) is opened without touching the pool.
+    match open(false) {
+        Ok(f) => return Ok(Some(f)),
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        Err(_) => {}
     }
-    let create = create.is_some();
-    let open = || OpenOptions::new().read(true).write(true).create(create).truncate(false).mode(0o644).open(path);
-    match open() {
+    let Some(pool) = create else {
+        return Ok(None);
+    };
+    if let Some(f) = pool.take_into(path)? {
+        return Ok(Some(f));
+    }
+    match open(true) {
         Ok(f) => Ok(Some(f)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound && !create => Ok(None),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             // The fan-out directory is made at open; recreate it if someone removed it.
             if let Some(dir) = path.parent() {
                 fs::create_dir_all(dir)?;
             }
-            open().map(Some)
+            open(true).map(Some)
         }
         Err(e) => Err(e),
     }

@@ -75,41 +75,46 @@ impl Recycler {
         self.dir.join(name.to_string())
     }
 
-    /// Moves a pooled file to `dest` when `dest` does not exist. `Ok(true)`: `dest` is now an
-    /// empty file; `Ok(false)`: nothing was moved (the pool is empty, `dest` exists, or its
-    /// directory is missing) and the caller creates or opens `dest` itself.
-    pub(crate) fn take_into(&self, dest: &Path) -> io::Result<bool> {
+    /// Moves a pooled file to `dest` when `dest` does not exist, and returns it open for
+    /// reading and writing, empty. `None`: nothing was moved (the pool is empty, `dest` exists,
+    /// or its directory is missing) and the caller creates or opens `dest` itself.
+    ///
+    /// The pooled file is emptied (if a write from a client that died mid-request landed in it
+    /// since it moved in) before it takes the chunk's name, never after: once it has the name,
+    /// a concurrent request for the same new chunk may open it and write, and those bytes are
+    /// acknowledged.
+    pub(crate) fn take_into(&self, dest: &Path) -> io::Result<Option<fs::File>> {
         let name = {
             let mut p = self.lock();
             if !p.enabled {
-                return Ok(false);
+                return Ok(None);
             }
             match p.names.pop() {
                 Some(n) => n,
-                None => return Ok(false),
+                None => return Ok(None),
             }
         };
         let from = self.path(name);
-        match rename_noreplace(&from, dest) {
-            Ok(()) => {
-                // Emptied when it moved in; a write from a client that died mid-request could
-                // still have landed since.
-                if fs::metadata(dest)?.size() != 0 {
-                    truncate(dest)?;
-                }
-                Ok(true)
-            }
-            // `dest` exists (an existing chunk, or made meanwhile): the file stays pooled.
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+        let file = match fs::OpenOptions::new().read(true).write(true).open(&from) {
+            Ok(f) => f,
+            // Gone from under the pool (removed by hand): forget it.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => {
                 self.lock().names.push(name);
-                Ok(false)
+                return Err(e);
             }
-            // `dest`'s directory is missing (the file stays pooled), or the pooled file is gone.
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                if from.exists() {
-                    self.lock().names.push(name);
-                }
-                Ok(false)
+        };
+        if let Err(e) = empty(&file) {
+            self.lock().names.push(name);
+            return Err(e);
+        }
+        match rename_noreplace(&from, dest) {
+            Ok(()) => Ok(Some(file)),
+            // `dest` exists (made meanwhile by a concurrent request), or its directory is
+            // missing: the file stays pooled.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST) | Some(libc::ENOENT)) => {
+                self.lock().names.push(name);
+                Ok(None)
             }
             Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS)) => {
                 let mut p = self.lock();
@@ -119,7 +124,7 @@ impl Recycler {
                     dir = %self.dir.display(),
                     "the file system does not support RENAME_NOREPLACE; chunk files are not recycled"
                 );
-                Ok(false)
+                Ok(None)
             }
             Err(e) => {
                 self.lock().names.push(name);
@@ -175,6 +180,14 @@ fn remove_any(path: &Path) -> io::Result<()> {
     }
 }
 
+/// Truncates an open file to nothing unless it already is empty.
+fn empty(file: &fs::File) -> io::Result<()> {
+    if file.metadata()?.len() != 0 {
+        file.set_len(0)?;
+    }
+    Ok(())
+}
+
 fn truncate(path: &Path) -> io::Result<()> {
     nix::unistd::truncate(path, 0).map_err(io::Error::from)
 }
@@ -208,11 +221,11 @@ mod tests {
         assert_eq!(fs::metadata(&pooled).unwrap().len(), 0, "emptied in the pool");
 
         let b = root.join("chunks/b");
-        assert!(pool.take_into(&b).unwrap());
+        assert!(pool.take_into(&b).unwrap().is_some());
         assert_eq!(fs::metadata(&b).unwrap().ino(), ino, "the same inode, reused");
         assert_eq!(fs::read(&b).unwrap(), b"", "and empty");
         assert_eq!(pool.len(), 0);
-        assert!(!pool.take_into(&root.join("chunks/c")).unwrap(), "an empty pool moves nothing");
+        assert!(pool.take_into(&root.join("chunks/c")).unwrap().is_none(), "an empty pool moves nothing");
         fs::remove_dir_all(&root).unwrap();
     }
 
@@ -225,11 +238,11 @@ mod tests {
         pool.put(&a).unwrap();
         let b = root.join("chunks/b");
         fs::write(&b, b"live data").unwrap();
-        assert!(!pool.take_into(&b).unwrap());
+        assert!(pool.take_into(&b).unwrap().is_none());
         assert_eq!(fs::read(&b).unwrap(), b"live data");
         assert_eq!(pool.len(), 1, "the pooled file stays pooled");
         // A missing directory is not an error either: the caller creates it.
-        assert!(!pool.take_into(&root.join("gone/c")).unwrap());
+        assert!(pool.take_into(&root.join("gone/c")).unwrap().is_none());
         assert_eq!(pool.len(), 1);
         fs::remove_dir_all(&root).unwrap();
     }
@@ -244,7 +257,7 @@ mod tests {
         pool.put(&a).unwrap();
         std::os::unix::fs::FileExt::write_all_at(&stale, b"late write", 0).unwrap();
         let b = root.join("chunks/b");
-        assert!(pool.take_into(&b).unwrap());
+        assert!(pool.take_into(&b).unwrap().is_some());
         assert_eq!(fs::read(&b).unwrap(), b"");
         fs::remove_dir_all(&root).unwrap();
     }

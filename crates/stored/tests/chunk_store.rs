@@ -89,6 +89,7 @@ both_backends!(
     abandoned_requests_do_not_disturb,
     full_disk_keeps_acknowledged_data,
     reads_partly_in_the_page_cache_are_whole,
+    concurrent_first_writes_to_a_pooled_chunk_all_land,
 );
 
 async fn round_trip_odd_offsets(backend: IoBackend) {
@@ -399,6 +400,35 @@ async fn reads_partly_in_the_page_cache_are_whole(backend: IoBackend) {
         assert_eq!(resident(&path, first, end - first), want, "pages of [{off}, {end}) cached");
         let got = store.read(T, ino, off as u64, len as u32).await.unwrap();
         assert!(got == data[off..end], "read of {len} bytes at {off}: {} bytes back", got.len());
+    }
+}
+
+async fn concurrent_first_writes_to_a_pooled_chunk_all_land(backend: IoBackend) {
+    // A new chunk file is a pooled one moved into place. Requests for the same new chunk
+    // arriving together (a client's write-behind sends a chunk file's pieces at once) race to
+    // create it: each one's bytes must be there afterwards, none emptied by another's take.
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir, backend);
+    for round in 0..20u64 {
+        for c in 0..8u64 {
+            store.write(T, InodeId(c), 0, vec![9; 100], false).await.unwrap();
+        }
+        for c in 0..8u64 {
+            store.remove(T, InodeId(c)).await.unwrap();
+        }
+        let ino = InodeId(1000 + round);
+        let tasks: Vec<_> = (0..8u64)
+            .map(|k| {
+                let s = store.clone();
+                tokio::spawn(async move { s.write(T, ino, k * 4096, pattern(round * 8 + k, 4096), false).await })
+            })
+            .collect();
+        let mut model = Vec::new();
+        for (k, t) in tasks.into_iter().enumerate() {
+            t.await.unwrap().unwrap();
+            apply(&mut model, k * 4096, &pattern(round * 8 + k as u64, 4096));
+        }
+        assert!(read_all(&store, ino).await == model, "round {round}: an acknowledged write is missing");
     }
 }
 
