@@ -69,6 +69,8 @@ pub struct NodeLaunch {
     pub agent: SocketAddr,
     pub targets: Vec<TargetSection>,
     pub io_backend: String,
+    /// Empty chunk files each of stored's targets keeps ready.
+    pub precreate_chunk_files: usize,
     /// How long each daemon waits for mgmtd (None: the daemons' default).
     pub register_timeout_secs: Option<u64>,
 }
@@ -137,6 +139,7 @@ impl NodeLaunch {
             node: self.node,
             targets: self.targets.clone(),
             io_backend: self.io_backend.clone(),
+            precreate_chunk_files: self.precreate_chunk_files,
             register_timeout_secs: self.register_timeout_secs.unwrap_or(d.register_timeout_secs),
             ..d
         }

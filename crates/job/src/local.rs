@@ -33,6 +33,8 @@ pub struct UpOptions {
     pub site_key: Option<PathBuf>,
     pub timeout: Duration,
     pub io_backend: String,
+    /// Empty chunk files each target keeps ready for new files (0: off).
+    pub precreate_chunk_files: usize,
     /// Address the daemons listen on and advertise.
     pub bind: IpAddr,
     /// Where to mount the filesystem (None: no mount).
@@ -58,6 +60,7 @@ impl Default for UpOptions {
             site_key: None,
             timeout: Duration::from_secs(30),
             io_backend: "auto".into(),
+            precreate_chunk_files: odfs_stored::config::StoredConfig::default().precreate_chunk_files,
             bind: IpAddr::from([127, 0, 0, 1]),
             mount: None,
             ram_pool: None,
@@ -330,6 +333,7 @@ fn plan_nodes(
             agent: free_addr(opts.bind, true)?,
             targets: launch::node_targets(k, &data_dirs, &opts.pool, ram),
             io_backend: opts.io_backend.clone(),
+            precreate_chunk_files: opts.precreate_chunk_files,
             register_timeout_secs: None,
         });
     }

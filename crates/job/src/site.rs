@@ -63,6 +63,8 @@ pub struct SiteOndemand {
     pub bulk: Transport,
     /// Storage I/O engine: auto, uring or syscall.
     pub io_backend: String,
+    /// Empty chunk files each target keeps ready for new files, made on idle CPU (0: off).
+    pub precreate_chunk_files: usize,
     /// Seconds node 0 waits for every node's services and mount (and every node for node 0's
     /// word) before the start is rolled back.
     pub ready_timeout_secs: u64,
@@ -101,6 +103,7 @@ impl Default for SiteOndemand {
             user_layouts: true,
             bulk: Transport::Tcp,
             io_backend: "auto".into(),
+            precreate_chunk_files: odfs_stored::config::StoredConfig::default().precreate_chunk_files,
             ready_timeout_secs: 60,
             stage_timeout_secs: 3000,
             stop_grace_secs: 60,

@@ -290,6 +290,7 @@ fn node_launch(
             plan.ram_dir.clone().map(|r| (r, o.ram_pool.clone())),
         ),
         io_backend: o.io_backend.clone(),
+        precreate_chunk_files: o.precreate_chunk_files,
         register_timeout_secs: Some(o.ready_timeout_secs),
     }
 }

@@ -704,6 +704,9 @@ struct LocalUpArgs {
     /// Storage I/O engine: auto, uring or syscall.
     #[arg(long, default_value = "auto")]
     io_backend: String,
+    /// Empty chunk files each target keeps ready for new files, made on idle CPU (0: off).
+    #[arg(long, default_value_t = local::UpOptions::default().precreate_chunk_files)]
+    precreate_chunk_files: usize,
     /// Address every daemon listens on and advertises (another address of this machine
     /// makes the filesystem reachable from network namespaces or other hosts).
     #[arg(long, default_value = "127.0.0.1")]
@@ -747,6 +750,7 @@ impl LocalUpArgs {
             site_key: self.site_key,
             timeout: Duration::from_secs(self.timeout),
             io_backend: self.io_backend,
+            precreate_chunk_files: self.precreate_chunk_files,
             bind: self.bind,
             ram_pool: self.ram_pool,
             meta: self.meta,

@@ -21,6 +21,7 @@
 
 use crate::error::StoreError;
 use crate::fd_cache::{ChunkKey, FdCache};
+use crate::precreate;
 use crate::recycle::Recycler;
 use crate::syscall::{self, blocking};
 use crate::uring::{self, Ring};
@@ -78,11 +79,20 @@ pub struct StoreOptions {
     pub ring_max_ops: usize,
     /// Bytes in flight per ring.
     pub ring_max_bytes: usize,
+    /// Empty chunk files each target's pool is kept filled with, made in the background on idle
+    /// CPU (0: none; the daemon's `precreate_chunk_files` sets it).
+    pub precreate: usize,
 }
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        StoreOptions { backend: IoBackend::Auto, fd_cache: 4096, ring_max_ops: 32, ring_max_bytes: 8 << 20 }
+        StoreOptions {
+            backend: IoBackend::Auto,
+            fd_cache: 4096,
+            ring_max_ops: 32,
+            ring_max_bytes: 8 << 20,
+            precreate: 0,
+        }
     }
 }
 
@@ -193,7 +203,13 @@ impl ChunkStore {
                 pool,
                 read_now: AtomicBool::new(true),
             })
-            .collect();
+            .collect::<Vec<Target>>();
+        if opts.precreate > 0 {
+            precreate::start(
+                targets.iter().map(|t: &Target| (t.id, Arc::downgrade(&t.pool))).collect(),
+                opts.precreate,
+            );
+        }
         let fd_cap = opts.fd_cache.min(nofile_limit() / 2).max(1);
         info!(backend = backend_name, fd_cache = fd_cap, "chunk store opened");
         Ok(ChunkStore { inner: Arc::new(Inner { targets, fds: FdCache::new(fd_cap), backend_name }) })

@@ -44,6 +44,9 @@ pub struct StoredConfig {
     pub register_timeout_secs: u64,
     /// Async runtime worker threads (default 2; see docs/architecture.md for what was measured).
     pub worker_threads: usize,
+    /// Empty chunk files each target keeps ready for new files, made on idle CPU (default
+    /// 32768; 0 turns precreation off). See docs/architecture.md "Data path".
+    pub precreate_chunk_files: usize,
 }
 
 impl odfs_service::DaemonConfig for StoredConfig {
@@ -65,6 +68,7 @@ impl Default for StoredConfig {
             io_backend: "auto".into(),
             register_timeout_secs: 30,
             worker_threads: odfs_service::DEFAULT_WORKER_THREADS,
+            precreate_chunk_files: 32_768,
         }
     }
 }

@@ -10,6 +10,7 @@ pub mod chunk_store;
 pub mod config;
 pub mod error;
 mod fd_cache;
+mod precreate;
 mod recycle;
 pub mod service;
 mod syscall;

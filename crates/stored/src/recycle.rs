@@ -8,8 +8,9 @@
 
 use std::fs;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// Directory of a target holding its pooled chunk files.
@@ -23,6 +24,8 @@ pub const RECYCLE_MAX: usize = 262_144;
 pub(crate) struct Recycler {
     dir: PathBuf,
     state: Mutex<Pool>,
+    /// Files taken from the pool so far (lets precreation wait for a quiet moment).
+    taken: AtomicU64,
 }
 
 struct Pool {
@@ -59,7 +62,17 @@ impl Recycler {
             }
         }
         let next = names.iter().max().map_or(0, |m| m + 1);
-        Ok(Recycler { dir, state: Mutex::new(Pool { names, next, enabled: true }) })
+        Ok(Recycler { dir, state: Mutex::new(Pool { names, next, enabled: true }), taken: AtomicU64::new(0) })
+    }
+
+    /// The `free/` directory.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Files taken from the pool since it was opened.
+    pub(crate) fn taken(&self) -> u64 {
+        self.taken.load(Ordering::Relaxed)
     }
 
     /// Files in the pool.
@@ -109,7 +122,10 @@ impl Recycler {
             return Err(e);
         }
         match rename_noreplace(&from, dest) {
-            Ok(()) => Ok(Some(file)),
+            Ok(()) => {
+                self.taken.fetch_add(1, Ordering::Relaxed);
+                Ok(Some(file))
+            }
             // `dest` exists (made meanwhile by a concurrent request), or its directory is
             // missing: the file stays pooled.
             Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST) | Some(libc::ENOENT)) => {
@@ -131,6 +147,26 @@ impl Recycler {
                 Err(e)
             }
         }
+    }
+
+    /// Adds up to `n` new empty files to the pool (fewer when it would pass `RECYCLE_MAX`);
+    /// returns how many. Each allocates an inode now, so that a chunk file made later need not.
+    pub(crate) fn precreate(&self, n: usize) -> io::Result<usize> {
+        let mut made = 0;
+        while made < n {
+            let name = {
+                let mut p = self.lock();
+                if !p.enabled || p.names.len() >= RECYCLE_MAX {
+                    break;
+                }
+                p.next += 1;
+                p.next - 1
+            };
+            fs::OpenOptions::new().write(true).create_new(true).mode(0o644).open(self.path(name))?;
+            self.lock().names.push(name);
+            made += 1;
+        }
+        Ok(made)
     }
 
     /// Removes the chunk file at `path`: into the pool, emptied, or unlinked when the pool is
@@ -278,6 +314,30 @@ mod tests {
         fs::write(&a, b"x").unwrap();
         pool.put(&a).unwrap();
         assert!(free.join("8").exists());
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn precreated_files_are_taken_first_and_never_collide() {
+        let root = scratch("precreate");
+        let pool = Recycler::open(&root).unwrap();
+        let a = root.join("chunks/a");
+        fs::write(&a, b"x").unwrap();
+        pool.put(&a).unwrap();
+        assert_eq!(pool.precreate(3).unwrap(), 3);
+        assert_eq!(pool.len(), 4);
+        let names: Vec<_> = fs::read_dir(root.join(FREE_DIR)).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 4, "four distinct files: {names:?}");
+        for c in ["b", "c", "d", "e"] {
+            let dest = root.join("chunks").join(c);
+            assert!(pool.take_into(&dest).unwrap().is_some());
+            assert_eq!(fs::read(&dest).unwrap(), b"");
+        }
+        assert!(pool.take_into(&root.join("chunks/f")).unwrap().is_none(), "all four taken");
+        // A restart keeps precreated files like recycled ones.
+        pool.precreate(2).unwrap();
+        drop(pool);
+        assert_eq!(Recycler::open(&root).unwrap().len(), 2);
         fs::remove_dir_all(&root).unwrap();
     }
 

@@ -1,7 +1,7 @@
 //! stored's wire adapter and process life: serve chunk requests over QUIC and authenticated TCP,
 //! register the targets with mgmtd and report their space at every heartbeat.
 
-use crate::chunk_store::{ChunkStore, IoBackend, TargetConfig};
+use crate::chunk_store::{ChunkStore, IoBackend, StoreOptions, TargetConfig};
 use crate::config::StoredConfig;
 use crate::StoreError;
 use odfs_proto::mgmt::{Register, ServiceKind, TargetOffer};
@@ -91,7 +91,12 @@ pub async fn run(cfg: StoredConfig, shutdown: Shutdown) -> Result<(), StoreError
     let cred = cfg.job.credential()?;
     let targets: Vec<TargetConfig> =
         cfg.targets.iter().map(|t| TargetConfig { id: t.id, path: t.path.clone() }).collect();
-    let store = ChunkStore::open(&targets, backend(&cfg.io_backend)?)?;
+    let opts = StoreOptions {
+        backend: backend(&cfg.io_backend)?,
+        precreate: cfg.precreate_chunk_files,
+        ..StoreOptions::default()
+    };
+    let store = ChunkStore::open_with(&targets, opts)?;
     info!(backend = store.backend_name(), targets = targets.len(), "chunk store open");
     let endpoint = QuicEndpoint::server(&cred, cfg.listen)?;
     let addr = endpoint.local_addr()?;

@@ -89,6 +89,7 @@ both_backends!(
     abandoned_requests_do_not_disturb,
     full_disk_keeps_acknowledged_data,
     reads_partly_in_the_page_cache_are_whole,
+    new_chunks_take_precreated_files,
     concurrent_first_writes_to_a_pooled_chunk_all_land,
 );
 
@@ -309,7 +310,7 @@ async fn small_fd_cache_keeps_data_right(backend: IoBackend) {
     let dir = tempfile::tempdir().unwrap();
     let store = ChunkStore::open_with(
         &[TargetConfig { id: T, path: dir.path().join("t1") }],
-        StoreOptions { backend, fd_cache: 3, ring_max_ops: 4, ring_max_bytes: 256 << 10 },
+        StoreOptions { backend, fd_cache: 3, ring_max_ops: 4, ring_max_bytes: 256 << 10, ..StoreOptions::default() },
     )
     .unwrap();
     // Many more chunks than cached descriptors, touched in turn by concurrent tasks, so files
@@ -401,6 +402,37 @@ async fn reads_partly_in_the_page_cache_are_whole(backend: IoBackend) {
         let got = store.read(T, ino, off as u64, len as u32).await.unwrap();
         assert!(got == data[off..end], "read of {len} bytes at {off}: {} bytes back", got.len());
     }
+}
+
+/// Inode numbers of the files in the target's pool.
+fn pooled(target: &Path) -> std::collections::HashSet<u64> {
+    std::fs::read_dir(target.join("free")).unwrap().map(|e| e.unwrap().metadata().unwrap().ino()).collect()
+}
+
+async fn new_chunks_take_precreated_files(backend: IoBackend) {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("t1");
+    let opts = StoreOptions { backend, precreate: 40, ..StoreOptions::default() };
+    let store = ChunkStore::open_with(&[TargetConfig { id: T, path: target.clone() }], opts).unwrap();
+    // The pool fills in the background, on idle CPU; wait for it (no timing is asserted).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while pooled(&target).len() < 40 {
+        assert!(std::time::Instant::now() < deadline, "the pool holds {} of 40 files", pooled(&target).len());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let made = pooled(&target);
+    assert_eq!(made.len(), 40, "no more than asked for");
+    // New chunk files are those files, moved into place, and hold what was written.
+    for i in 0..10u64 {
+        let data = pattern(i, 3901);
+        store.write(T, InodeId(1000 + i), 0, data.clone(), false).await.unwrap();
+        let path = store.chunk_path(T, InodeId(1000 + i)).unwrap();
+        assert!(made.contains(&std::fs::metadata(&path).unwrap().ino()), "chunk {i} is a precreated file");
+        assert!(store.read(T, InodeId(1000 + i), 0, 4096).await.unwrap() == data);
+    }
+    // Refilled once creates pause, never past what was asked for.
+    let left = pooled(&target);
+    assert!(left.len() <= 40 && made.iter().filter(|i| left.contains(i)).count() == 30, "{} pooled", left.len());
 }
 
 async fn concurrent_first_writes_to_a_pooled_chunk_all_land(backend: IoBackend) {
