@@ -32,7 +32,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use tracing::{info, warn};
 
@@ -108,6 +108,9 @@ struct Inner {
     targets: Vec<Target>,
     fds: FdCache,
     backend_name: &'static str,
+    /// Chunk requests served (reads, writes, truncates, punches, syncs, removals): precreation
+    /// runs only while it stands still.
+    requests: Arc<AtomicU64>,
 }
 
 struct Target {
@@ -204,15 +207,14 @@ impl ChunkStore {
                 read_now: AtomicBool::new(true),
             })
             .collect::<Vec<Target>>();
+        let requests = Arc::new(AtomicU64::new(0));
         if opts.precreate > 0 {
-            precreate::start(
-                targets.iter().map(|t: &Target| (t.id, Arc::downgrade(&t.pool))).collect(),
-                opts.precreate,
-            );
+            let pools = targets.iter().map(|t: &Target| (t.id, Arc::downgrade(&t.pool))).collect();
+            precreate::start(pools, opts.precreate, requests.clone());
         }
         let fd_cap = opts.fd_cache.min(nofile_limit() / 2).max(1);
         info!(backend = backend_name, fd_cache = fd_cap, "chunk store opened");
-        Ok(ChunkStore { inner: Arc::new(Inner { targets, fds: FdCache::new(fd_cap), backend_name }) })
+        Ok(ChunkStore { inner: Arc::new(Inner { targets, fds: FdCache::new(fd_cap), backend_name, requests }) })
     }
 
     /// "io_uring" or "syscall".
@@ -231,6 +233,12 @@ impl ChunkStore {
         self.target(target).ok().map(|t| t.chunk_path(ino))
     }
 
+    /// The target of a chunk request, counting the request (see `Inner::requests`).
+    fn target_busy(&self, id: TargetId) -> Result<&Target, StoreError> {
+        self.inner.requests.fetch_add(1, Ordering::Relaxed);
+        self.target(id)
+    }
+
     fn target(&self, id: TargetId) -> Result<&Target, StoreError> {
         self.inner.targets.iter().find(|t| t.id == id).ok_or(StoreError::UnknownTarget(id))
     }
@@ -247,7 +255,7 @@ impl ChunkStore {
         data: Vec<u8>,
         sync: bool,
     ) -> Result<u32, StoreError> {
-        let t = self.target(target)?;
+        let t = self.target_busy(target)?;
         check_range("write", offset, data.len())?;
         let len = data.len();
         // A chunk file not open yet (every small file's first write) is opened and written in
@@ -282,7 +290,7 @@ impl ChunkStore {
     /// Reads up to `len` bytes at `offset`. Short where the chunk file ends; empty when the chunk
     /// file does not exist (a hole in the file, not an error). Holes inside the file read as zeros.
     pub async fn read(&self, target: TargetId, ino: InodeId, offset: u64, len: u32) -> Result<Vec<u8>, StoreError> {
-        let t = self.target(target)?;
+        let t = self.target_busy(target)?;
         let len = len as usize;
         check_range("read", offset, len)?;
         if len == 0 {
@@ -347,7 +355,7 @@ impl ChunkStore {
     /// Sets the chunk file's length: shrinking drops data, growing adds a hole. A missing file is
     /// left missing for `len == 0` and created sparse otherwise.
     pub async fn truncate(&self, target: TargetId, ino: InodeId, len: u64) -> Result<(), StoreError> {
-        let t = self.target(target)?;
+        let t = self.target_busy(target)?;
         check_range("truncate", len, 0)?;
         let Some(file) = self.file(t, ino, len > 0).await? else {
             return Ok(());
@@ -358,7 +366,7 @@ impl ChunkStore {
     /// Punches a hole into the chunk file (the range reads as zeros, the size stays); a missing
     /// file, or a range past its end, has nothing to punch.
     pub async fn punch(&self, target: TargetId, ino: InodeId, offset: u64, len: u64) -> Result<(), StoreError> {
-        let t = self.target(target)?;
+        let t = self.target_busy(target)?;
         if offset.checked_add(len).is_none_or(|end| end > i64::MAX as u64) {
             return Err(StoreError::Invalid(format!(
                 "punch of {len} bytes at offset {offset} ends past the largest file offset"
@@ -383,7 +391,7 @@ impl ChunkStore {
 
     /// fdatasyncs the chunk file; a missing file has nothing to sync.
     pub async fn sync(&self, target: TargetId, ino: InodeId) -> Result<(), StoreError> {
-        let t = self.target(target)?;
+        let t = self.target_busy(target)?;
         match self.file(t, ino, false).await? {
             Some(file) => self.fsync_file(t, ino, file).await,
             None => Ok(()),
@@ -402,7 +410,7 @@ impl ChunkStore {
     /// descriptor; a missing file is fine. Operations racing with a remove of the same chunk may
     /// land before or after it.
     pub async fn remove(&self, target: TargetId, ino: InodeId) -> Result<(), StoreError> {
-        let t = self.target(target)?;
+        let t = self.target_busy(target)?;
         let key: ChunkKey = (target, ino);
         // Invalidate before and after unlinking so a miss that opened the old file in between
         // cannot leave it cached (see `fd_cache`).

@@ -10,7 +10,6 @@ use std::fs;
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// Directory of a target holding its pooled chunk files.
@@ -24,8 +23,6 @@ pub const RECYCLE_MAX: usize = 262_144;
 pub(crate) struct Recycler {
     dir: PathBuf,
     state: Mutex<Pool>,
-    /// Files taken from the pool so far (lets precreation wait for a quiet moment).
-    taken: AtomicU64,
 }
 
 struct Pool {
@@ -62,17 +59,12 @@ impl Recycler {
             }
         }
         let next = names.iter().max().map_or(0, |m| m + 1);
-        Ok(Recycler { dir, state: Mutex::new(Pool { names, next, enabled: true }), taken: AtomicU64::new(0) })
+        Ok(Recycler { dir, state: Mutex::new(Pool { names, next, enabled: true }) })
     }
 
     /// The `free/` directory.
     pub(crate) fn dir(&self) -> &Path {
         &self.dir
-    }
-
-    /// Files taken from the pool since it was opened.
-    pub(crate) fn taken(&self) -> u64 {
-        self.taken.load(Ordering::Relaxed)
     }
 
     /// Files in the pool.
@@ -122,10 +114,7 @@ impl Recycler {
             return Err(e);
         }
         match rename_noreplace(&from, dest) {
-            Ok(()) => {
-                self.taken.fetch_add(1, Ordering::Relaxed);
-                Ok(Some(file))
-            }
+            Ok(()) => Ok(Some(file)),
             // `dest` exists (made meanwhile by a concurrent request), or its directory is
             // missing: the file stays pooled.
             Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST) | Some(libc::ENOENT)) => {
