@@ -70,7 +70,7 @@ pub enum IoBackend {
 }
 
 /// Tuning of a store; `Default` holds the defaults.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StoreOptions {
     pub backend: IoBackend,
     /// Open chunk files kept cached (capped at half the process's descriptor limit).
@@ -82,6 +82,9 @@ pub struct StoreOptions {
     /// Empty chunk files each target's pool is kept filled with, made in the background on idle
     /// CPU (0: none; the daemon's `precreate_chunk_files` sets it).
     pub precreate: usize,
+    /// Share of the node's CPU time that must have been idle over the last half second for
+    /// precreation to go on (0: whenever the store is quiet).
+    pub precreate_min_idle: f64,
 }
 
 impl Default for StoreOptions {
@@ -92,6 +95,7 @@ impl Default for StoreOptions {
             ring_max_ops: 32,
             ring_max_bytes: 8 << 20,
             precreate: 0,
+            precreate_min_idle: 0.5,
         }
     }
 }
@@ -210,7 +214,7 @@ impl ChunkStore {
         let requests = Arc::new(AtomicU64::new(0));
         if opts.precreate > 0 {
             let pools = targets.iter().map(|t: &Target| (t.id, Arc::downgrade(&t.pool))).collect();
-            precreate::start(pools, opts.precreate, requests.clone());
+            precreate::start(pools, opts.precreate, opts.precreate_min_idle, requests.clone());
         }
         let fd_cap = opts.fd_cache.min(nofile_limit() / 2).max(1);
         info!(backend = backend_name, fd_cache = fd_cap, "chunk store opened");

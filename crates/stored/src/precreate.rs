@@ -1,11 +1,13 @@
 //! Keeps every target's pool of empty chunk files filled, in the background and on idle CPU.
 //!
-//! Owns one thread per store, scheduled `SCHED_IDLE` (it runs only when nothing else wants the
-//! CPU), that refills the pools only while the store is quiet (no chunk request since its last
-//! look): a burst of small-file creates takes pooled files made while the node was quiet
-//! instead of allocating an inode each on the request path, and the refill never competes with
-//! the job's I/O, whose CPU and disk it would take (Lustre precreates its OST objects for the
-//! same reason). The pools themselves (`recycle`) do the file work; the thread only
+//! Owns one thread per store, scheduled `SCHED_IDLE`, that refills the pools only while the
+//! node is quiet: no chunk request reached the store since its last look, and the node's CPUs
+//! were mostly idle (`/proc/stat`, the thread's own time not counted). A burst of small-file
+//! creates then takes pooled files made while the node was quiet instead of allocating an
+//! inode each on the request path, and the refill never competes with the job, whose CPU and
+//! filesystem it would take (Lustre precreates its OST objects for the same reason). Both tests
+//! are needed: metadata-only work (empty files, mkdir) leaves stored quiet, and `SCHED_IDLE`
+//! alone is not enough — running beside 4 x 20,000 empty-file creates it halved them. The pools themselves (`recycle`) do the file work; the thread only
 //! decides when and how many. It stops once the store is gone.
 
 use crate::recycle::Recycler;
@@ -26,21 +28,33 @@ const RETRY: Duration = Duration::from_secs(60);
 const SPARE_INODES_PER_FILE: u64 = 4;
 
 /// Starts the thread that keeps each pool at `want` files while `requests` (the store's count
-/// of chunk requests) stands still.
-pub(crate) fn start(pools: Vec<(TargetId, Weak<Recycler>)>, want: usize, requests: Arc<AtomicU64>) {
+/// of chunk requests) stands still and at least `min_idle` of the node's CPU time is idle.
+pub(crate) fn start(pools: Vec<(TargetId, Weak<Recycler>)>, want: usize, min_idle: f64, requests: Arc<AtomicU64>) {
     let spawned = std::thread::Builder::new().name("precreate".into()).spawn(move || {
         idle_priority();
-        run(&pools, want, &requests)
+        run(&pools, want, min_idle, &requests)
     });
     if let Err(e) = spawned {
         warn!("chunk files are not precreated: cannot start the thread: {e}");
     }
 }
 
-fn run(pools: &[(TargetId, Weak<Recycler>)], want: usize, requests: &AtomicU64) {
+fn run(pools: &[(TargetId, Weak<Recycler>)], want: usize, min_idle: f64, requests: &AtomicU64) {
     let mut resting_until: Vec<Option<Instant>> = vec![None; pools.len()];
     let mut seen = requests.load(Ordering::Relaxed);
+    let (mut cpu, mut looked) = (CpuTimes::read(), Instant::now());
     loop {
+        // Every half second: were the CPUs busy since the last look? Then rest and look again.
+        if min_idle > 0.0 && looked.elapsed() >= REST {
+            let now = CpuTimes::read();
+            let was = std::mem::replace(&mut cpu, now);
+            looked = Instant::now();
+            if !was.zip(now).is_some_and(|(a, b)| b.idle_since(&a) >= min_idle) {
+                seen = requests.load(Ordering::Relaxed);
+                std::thread::sleep(REST);
+                continue;
+            }
+        }
         let mut made = 0;
         for ((id, pool), rest) in pools.iter().zip(&mut resting_until) {
             let Some(pool) = pool.upgrade() else {
@@ -83,11 +97,80 @@ fn inodes_to_spare(pool: &Recycler) -> usize {
     }
 }
 
+/// The node's CPU time so far (`/proc/stat`, all CPUs) and this thread's, in clock ticks.
+#[derive(Clone, Copy)]
+struct CpuTimes {
+    total: u64,
+    /// Idle, waiting for I/O included (a CPU with I/O outstanding is free to run work).
+    idle: u64,
+    own: u64,
+}
+
+impl CpuTimes {
+    fn read() -> Option<CpuTimes> {
+        let text = std::fs::read_to_string("/proc/stat").ok()?;
+        let (total, idle) = Self::parse(text.lines().next()?)?;
+        Some(CpuTimes { total, idle, own: own_ticks() })
+    }
+
+    /// The `cpu` line (user nice system idle iowait irq softirq steal ...): total and idle.
+    fn parse(line: &str) -> Option<(u64, u64)> {
+        let mut f = line.split_whitespace();
+        (f.next()? == "cpu").then_some(())?;
+        let v: Vec<u64> = f.take(8).map(|x| x.parse().ok()).collect::<Option<_>>()?;
+        (v.len() == 8).then(|| (v.iter().sum(), v[3] + v[4]))
+    }
+
+    /// The share of the node's CPU time since `before` that was idle or this thread's own.
+    fn idle_since(&self, before: &CpuTimes) -> f64 {
+        let total = self.total.saturating_sub(before.total);
+        if total == 0 {
+            return 0.0;
+        }
+        let free = self.idle.saturating_sub(before.idle) + self.own.saturating_sub(before.own);
+        (free as f64 / total as f64).min(1.0)
+    }
+}
+
+/// This thread's CPU time in clock ticks (the unit of `/proc/stat`).
+fn own_ticks() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid timespec for the call to fill; sysconf has no memory arguments.
+    let (ok, hz) =
+        unsafe { (libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) == 0, libc::sysconf(libc::_SC_CLK_TCK)) };
+    if !ok || hz <= 0 {
+        return 0;
+    }
+    let ns = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+    ns * hz as u64 / 1_000_000_000
+}
+
 /// Lowers this thread to `SCHED_IDLE`: it gets the CPU only when no other thread wants it.
 fn idle_priority() {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: `param` is a valid sched_param for the call's duration; pid 0 is this thread.
     if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
         debug!("precreate thread keeps normal priority: {}", std::io::Error::last_os_error());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_time_is_the_share_of_cpu_nobody_but_this_thread_used() {
+        let at = |busy: u64, idle: u64, iowait: u64, own: u64| {
+            let (total, idle) =
+                CpuTimes::parse(&format!("cpu  {busy} 0 0 {idle} {iowait} 0 0 0 0 0")).expect("a cpu line");
+            CpuTimes { total, idle, own }
+        };
+        let start = at(1000, 1000, 100, 5);
+        assert_eq!(at(1020, 1060, 120, 5).idle_since(&start), 0.8, "idle and iowait both free");
+        assert_eq!(at(1070, 1030, 100, 5).idle_since(&start), 0.3, "70% busy");
+        assert_eq!(at(1070, 1030, 100, 55).idle_since(&start), 0.8, "busy with this thread's own work");
+        assert_eq!(start.idle_since(&start), 0.0, "no time passed");
+        assert!(CpuTimes::parse("cpu0 1 2 3 4 5 6 7 8").is_none() && CpuTimes::parse("cpu 1 2").is_none());
+        assert!(CpuTimes::read().is_some(), "/proc/stat is readable");
     }
 }

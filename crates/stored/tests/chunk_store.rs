@@ -412,7 +412,8 @@ fn pooled(target: &Path) -> std::collections::HashSet<u64> {
 async fn new_chunks_take_precreated_files(backend: IoBackend) {
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("t1");
-    let opts = StoreOptions { backend, precreate: 40, ..StoreOptions::default() };
+    // Whatever else runs on this machine meanwhile (other tests): the node counts as idle.
+    let opts = StoreOptions { backend, precreate: 40, precreate_min_idle: 0.0, ..StoreOptions::default() };
     let store = ChunkStore::open_with(&[TargetConfig { id: T, path: target.clone() }], opts).unwrap();
     // The pool fills in the background, on idle CPU; wait for it (no timing is asserted).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
