@@ -131,7 +131,9 @@ async fn a_file_open_across_a_metad_restart_is_released_at_close_and_freed_after
     };
     let t = std::time::Instant::now();
     while !reopened().await {
-        assert!(t.elapsed() < Duration::from_secs(20), "the client never registered its open file again");
+        // Generous: the client reconnects with backoff, and a loaded test machine (the whole
+        // suite on two cores) once took longer than 20 s.
+        assert!(t.elapsed() < Duration::from_secs(60), "the client never registered its open file again");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     h.close().await.unwrap();
