@@ -44,6 +44,9 @@ fn run(pools: &[(TargetId, Weak<Recycler>)], want: usize, min_idle: f64, request
     let mut seen = requests.load(Ordering::Relaxed);
     let (mut cpu, mut looked) = (CpuTimes::read(), Instant::now());
     loop {
+        if pools.iter().all(|(_, pool)| pool.strong_count() == 0) {
+            return; // the store is gone
+        }
         // Every half second: were the CPUs busy since the last look? Then rest and look again.
         if min_idle > 0.0 && looked.elapsed() >= REST {
             let now = CpuTimes::read();

@@ -434,6 +434,19 @@ async fn new_chunks_take_precreated_files(backend: IoBackend) {
     // Refilled once creates pause, never past what was asked for.
     let left = pooled(&target);
     assert!(left.len() <= 40 && made.iter().filter(|i| left.contains(i)).count() == 30, "{} pooled", left.len());
+    // The precreating thread ends with the store (each test runs in a process of its own).
+    drop(store);
+    let threads = || {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter(|t| std::fs::read_to_string(t.as_ref().unwrap().path().join("comm")).unwrap().trim() == "precreate")
+            .count()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while threads() > 0 {
+        assert!(std::time::Instant::now() < deadline, "the precreate thread outlives its store");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 async fn concurrent_first_writes_to_a_pooled_chunk_all_land(backend: IoBackend) {
