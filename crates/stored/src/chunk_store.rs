@@ -144,6 +144,14 @@ enum Engine {
 }
 
 impl Target {
+    /// Up to `len` bytes at `offset` of an open chunk file, through the target's engine.
+    async fn read(&self, file: Arc<File>, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        match &self.engine {
+            Engine::Uring(ring) => ring.read(file, offset, len).await,
+            Engine::Syscall => syscall::read(file, offset, len).await,
+        }
+    }
+
     fn chunk_path(&self, ino: InodeId) -> PathBuf {
         odfs_proto::layout::chunk_path(&self.root, ino)
     }
@@ -305,11 +313,7 @@ impl ChunkStore {
                 return Ok(now.data);
             }
             let got = now.data.len();
-            let rest = match &t.engine {
-                Engine::Uring(ring) => ring.read(file, offset + got as u64, len - got).await,
-                Engine::Syscall => syscall::read(file, offset + got as u64, len - got).await,
-            };
-            let rest = rest.map_err(|e| t.err("read", ino, e))?;
+            let rest = t.read(file, offset + got as u64, len - got).await.map_err(|e| t.err("read", ino, e))?;
             if got == 0 {
                 return Ok(rest);
             }
@@ -324,11 +328,7 @@ impl ChunkStore {
             Found::Opened(_, r) => return r.map_err(|e| t.err("read", ino, e)),
             Found::Missing => return Ok(Vec::new()),
         };
-        let r = match &t.engine {
-            Engine::Uring(ring) => ring.read(file, offset, len).await,
-            Engine::Syscall => syscall::read(file, offset, len).await,
-        };
-        r.map_err(|e| t.err("read", ino, e))
+        t.read(file, offset, len).await.map_err(|e| t.err("read", ino, e))
     }
 
     /// The part of a read that needs no waiting, done on this worker: `None` when the chunk file
