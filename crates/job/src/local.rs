@@ -17,6 +17,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+/// Empty chunk files each target keeps ready unless `odfs local up` is told otherwise.
+pub use odfs_stored::config::DEFAULT_PRECREATE_CHUNK_FILES;
+
 /// Options of `odfs local up`.
 #[derive(Debug, Clone)]
 pub struct UpOptions {
@@ -60,7 +63,7 @@ impl Default for UpOptions {
             site_key: None,
             timeout: Duration::from_secs(30),
             io_backend: "auto".into(),
-            precreate_chunk_files: odfs_stored::config::StoredConfig::default().precreate_chunk_files,
+            precreate_chunk_files: DEFAULT_PRECREATE_CHUNK_FILES,
             bind: IpAddr::from([127, 0, 0, 1]),
             mount: None,
             ram_pool: None,

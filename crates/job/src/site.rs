@@ -103,7 +103,7 @@ impl Default for SiteOndemand {
             user_layouts: true,
             bulk: Transport::Tcp,
             io_backend: "auto".into(),
-            precreate_chunk_files: odfs_stored::config::StoredConfig::default().precreate_chunk_files,
+            precreate_chunk_files: odfs_stored::config::DEFAULT_PRECREATE_CHUNK_FILES,
             ready_timeout_secs: 60,
             stage_timeout_secs: 3000,
             stop_grace_secs: 60,

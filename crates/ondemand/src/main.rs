@@ -705,7 +705,7 @@ struct LocalUpArgs {
     #[arg(long, default_value = "auto")]
     io_backend: String,
     /// Empty chunk files each target keeps ready for new files, made on idle CPU (0: off).
-    #[arg(long, default_value_t = local::UpOptions::default().precreate_chunk_files)]
+    #[arg(long, default_value_t = local::DEFAULT_PRECREATE_CHUNK_FILES)]
     precreate_chunk_files: usize,
     /// Address every daemon listens on and advertises (another address of this machine
     /// makes the filesystem reachable from network namespaces or other hosts).

@@ -22,6 +22,9 @@ fn default_pool() -> String {
     odfs_proto::layout::DEFAULT_POOL.to_string()
 }
 
+/// Empty chunk files each target keeps ready by default (`precreate_chunk_files`).
+pub const DEFAULT_PRECREATE_CHUNK_FILES: usize = 32_768;
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoredConfig {
@@ -68,7 +71,7 @@ impl Default for StoredConfig {
             io_backend: "auto".into(),
             register_timeout_secs: 30,
             worker_threads: odfs_service::DEFAULT_WORKER_THREADS,
-            precreate_chunk_files: 32_768,
+            precreate_chunk_files: DEFAULT_PRECREATE_CHUNK_FILES,
         }
     }
 }
