@@ -7,8 +7,9 @@
 //! inode each on the request path, and the refill never competes with the job, whose CPU and
 //! filesystem it would take (Lustre precreates its OST objects for the same reason). Both tests
 //! are needed: metadata-only work (empty files, mkdir) leaves stored quiet, and `SCHED_IDLE`
-//! alone is not enough — running beside 4 x 20,000 empty-file creates it halved them. The pools themselves (`recycle`) do the file work; the thread only
-//! decides when and how many. It stops once the store is gone.
+//! alone is not enough — running beside 4 x 20,000 empty-file creates it halved them. The pools
+//! themselves (`recycle`) do the file work; the thread only decides when and how many. It stops
+//! once the store is gone.
 
 use crate::recycle::Recycler;
 use odfs_proto::TargetId;
@@ -41,51 +42,99 @@ pub(crate) fn start(pools: Vec<(TargetId, Weak<Recycler>)>, want: usize, min_idl
 
 fn run(pools: &[(TargetId, Weak<Recycler>)], want: usize, min_idle: f64, requests: &AtomicU64) {
     let mut resting_until: Vec<Option<Instant>> = vec![None; pools.len()];
-    let mut seen = requests.load(Ordering::Relaxed);
-    let (mut cpu, mut looked) = (CpuTimes::read(), Instant::now());
+    let mut quiet = Quiet::new(min_idle, requests);
     loop {
         if pools.iter().all(|(_, pool)| pool.strong_count() == 0) {
             return; // the store is gone
         }
-        // Every half second: were the CPUs busy since the last look? Then rest and look again.
-        if min_idle > 0.0 && looked.elapsed() >= REST {
-            let now = CpuTimes::read();
-            let was = std::mem::replace(&mut cpu, now);
-            looked = Instant::now();
-            if !was.zip(now).is_some_and(|(a, b)| b.idle_since(&a) >= min_idle) {
-                seen = requests.load(Ordering::Relaxed);
-                std::thread::sleep(REST);
-                continue;
-            }
-        }
-        let mut made = 0;
-        for ((id, pool), rest) in pools.iter().zip(&mut resting_until) {
-            let Some(pool) = pool.upgrade() else {
-                return; // the store is gone
-            };
-            // Requests since the last look: the store is busy; wait until it is quiet.
-            let now = requests.load(Ordering::Relaxed);
-            if std::mem::replace(&mut seen, now) != now {
-                break;
-            }
-            if rest.is_some_and(|t| Instant::now() < t) {
-                continue;
-            }
-            let short = want.saturating_sub(pool.len()).min(inodes_to_spare(&pool));
-            if short == 0 {
-                continue;
-            }
-            match pool.precreate(short.min(BATCH)) {
-                Ok(n) => made += n,
-                Err(e) => {
-                    warn!(target = id, "precreating chunk files paused for {} s: {e}", RETRY.as_secs());
-                    *rest = Some(Instant::now() + RETRY);
-                }
-            }
-        }
-        if made == 0 {
+        if !quiet.cpus_idle() {
             std::thread::sleep(REST);
+            continue;
         }
+        match fill_step(pools, &mut resting_until, want, &mut quiet) {
+            None => return, // the store is gone
+            Some(0) => std::thread::sleep(REST),
+            Some(_) => {}
+        }
+    }
+}
+
+/// Makes up to one batch of files for each pool short of `want`, stopping at the first chunk
+/// request the store gets meanwhile; how many were made, `None` once the store is gone.
+fn fill_step(
+    pools: &[(TargetId, Weak<Recycler>)],
+    resting_until: &mut [Option<Instant>],
+    want: usize,
+    quiet: &mut Quiet,
+) -> Option<usize> {
+    let mut made = 0;
+    for ((id, pool), rest) in pools.iter().zip(resting_until) {
+        let pool = pool.upgrade()?;
+        if !quiet.store_idle() {
+            break;
+        }
+        if rest.is_some_and(|t| Instant::now() < t) {
+            continue;
+        }
+        let short = want.saturating_sub(pool.len()).min(inodes_to_spare(&pool));
+        if short == 0 {
+            continue;
+        }
+        match pool.precreate(short.min(BATCH)) {
+            Ok(n) => made += n,
+            Err(e) => {
+                warn!(target = id, "precreating chunk files paused for {} s: {e}", RETRY.as_secs());
+                *rest = Some(Instant::now() + RETRY);
+            }
+        }
+    }
+    Some(made)
+}
+
+/// Whether the node is quiet enough to precreate: the store's request count and the node's
+/// CPU time, each compared with the last look.
+struct Quiet<'a> {
+    requests: &'a AtomicU64,
+    /// The request count at the last look.
+    seen: u64,
+    /// 0 skips the CPU test.
+    min_idle: f64,
+    cpu: Option<CpuTimes>,
+    looked: Instant,
+}
+
+impl<'a> Quiet<'a> {
+    fn new(min_idle: f64, requests: &'a AtomicU64) -> Quiet<'a> {
+        Quiet {
+            requests,
+            seen: requests.load(Ordering::Relaxed),
+            min_idle,
+            cpu: CpuTimes::read(),
+            looked: Instant::now(),
+        }
+    }
+
+    /// No chunk request since the last look.
+    fn store_idle(&mut self) -> bool {
+        let now = self.requests.load(Ordering::Relaxed);
+        std::mem::replace(&mut self.seen, now) == now
+    }
+
+    /// Whether at least `min_idle` of the node's CPU time was idle since the last look, asked
+    /// at most every half second (in between, the last answer, which was yes, stands). A no
+    /// also starts the store's count afresh: requests while resting are not the next look's.
+    fn cpus_idle(&mut self) -> bool {
+        if self.min_idle <= 0.0 || self.looked.elapsed() < REST {
+            return true;
+        }
+        let now = CpuTimes::read();
+        let was = std::mem::replace(&mut self.cpu, now);
+        self.looked = Instant::now();
+        let idle = was.zip(now).is_some_and(|(a, b)| b.idle_since(&a) >= self.min_idle);
+        if !idle {
+            self.seen = self.requests.load(Ordering::Relaxed);
+        }
+        idle
     }
 }
 
