@@ -2,10 +2,12 @@
 //!
 //! Every callback translates its arguments and either answers at once — from what the client
 //! library holds under its leases (lookup, getattr, read-only open), or where nothing needs
-//! waiting for (a write that only joins the write buffer, a flush with nothing to publish) — or
-//! spawns a task on the adapter's tokio runtime that owns the `Reply*` object, calls the client
-//! library and replies with the result or with `errno()` of the error. fuser's threads never
-//! wait for the network. All filesystem behaviour (permissions, caching, striping, write-behind,
+//! waiting for (a write that only joins the write buffer, a flush with nothing to publish) —
+//! or calls the client library and replies with the result or with `errno()` of the error:
+//! on the reader thread itself (`reader`) for metadata requests (all their work ends with the
+//! reply, and it is one short round trip to metad), as a task on the adapter's tokio runtime
+//! for opens and data (a disk read at stored would hold a reader thread, and reads and writes
+//! leave read-ahead and write-behind running after their reply). All filesystem behaviour (permissions, caching, striping, write-behind,
 //! consistency) is the client library's and metad's; this module owns only what FUSE itself
 //! needs: the file-handle table, the ".." inode numbers, reply TTLs, and the kernel settings
 //! negotiated at init.
@@ -391,6 +393,21 @@ impl OdfsFuse {
         });
     }
 
+    /// Runs `work` on this reader thread (see `reader`) and replies with `done` on success or
+    /// the error's errno. For requests whose work all ends with the reply.
+    fn here<R: ErrorReply, T>(
+        &self,
+        op: &'static str,
+        reply: R,
+        work: impl Future<Output = OpResult<T>>,
+        done: impl FnOnce(R, T),
+    ) {
+        match crate::reader::block_on(work) {
+            Ok(v) => done(reply, v),
+            Err(e) => fail(reply, op, e),
+        }
+    }
+
     /// The caller of a request, with its supplementary groups (see `callers`).
     fn ctx(&self, req: &Request) -> Ctx {
         self.shared.callers.ctx(req.uid(), req.gid(), req.pid())
@@ -500,7 +517,7 @@ impl Filesystem for OdfsFuse {
             return;
         }
         let ctx = self.ctx(req);
-        self.spawn(
+        self.here(
             "lookup",
             reply,
             async move {
@@ -528,7 +545,7 @@ impl Filesystem for OdfsFuse {
             return;
         }
         let ctx = self.ctx(req);
-        self.spawn(
+        self.here(
             "getattr",
             reply,
             async move {
@@ -561,7 +578,7 @@ impl Filesystem for OdfsFuse {
         reply: ReplyAttr,
     ) {
         let (s, ctx) = (self.shared.clone(), self.ctx(req));
-        self.spawn(
+        self.here(
             "setattr",
             reply,
             async move {
@@ -595,7 +612,7 @@ impl Filesystem for OdfsFuse {
 
     fn readlink(&self, req: &Request, i: INodeNo, reply: ReplyData) {
         let (s, ctx) = (self.shared.clone(), self.ctx(req));
-        self.spawn(
+        self.here(
             "readlink",
             reply,
             async move { s.client.readlink(&ctx, ino(i)).await.map_err(|e| gone(&s, ino(i), e)) },
@@ -622,7 +639,7 @@ impl Filesystem for OdfsFuse {
             reply.error(Errno::EINVAL);
             return;
         }
-        self.spawn(
+        self.here(
             "mknod",
             reply,
             async move {
@@ -641,7 +658,7 @@ impl Filesystem for OdfsFuse {
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
         let (s, ctx, name) = (self.shared.clone(), self.ctx(req), name_bytes(name));
-        self.spawn(
+        self.here(
             "mkdir",
             reply,
             async move {
@@ -656,17 +673,14 @@ impl Filesystem for OdfsFuse {
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let (s, ctx, name) = (self.shared.clone(), self.ctx(req), name_bytes(name));
-        self.spawn(
-            "unlink",
-            reply,
-            async move { Ok(s.client.unlink(&ctx, ino(parent), &name).await?) },
-            |reply, ()| reply.ok(),
-        );
+        self.here("unlink", reply, async move { Ok(s.client.unlink(&ctx, ino(parent), &name).await?) }, |reply, ()| {
+            reply.ok()
+        });
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let (s, ctx, name) = (self.shared.clone(), self.ctx(req), name_bytes(name));
-        self.spawn("rmdir", reply, async move { Ok(s.client.rmdir(&ctx, ino(parent), &name).await?) }, |reply, ()| {
+        self.here("rmdir", reply, async move { Ok(s.client.rmdir(&ctx, ino(parent), &name).await?) }, |reply, ()| {
             reply.ok()
         });
     }
@@ -674,7 +688,7 @@ impl Filesystem for OdfsFuse {
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
         let (s, ctx, name) = (self.shared.clone(), self.ctx(req), name_bytes(link_name));
         let target = target.as_os_str().as_bytes().to_vec();
-        self.spawn(
+        self.here(
             "symlink",
             reply,
             async move { timed(&s, true, async { Ok(s.client.symlink(&ctx, ino(parent), &name, &target).await?) }).await },
@@ -707,7 +721,7 @@ impl Filesystem for OdfsFuse {
         }
         let (s, ctx) = (self.shared.clone(), self.ctx(req));
         let (name, newname) = (name_bytes(name), name_bytes(newname));
-        self.spawn(
+        self.here(
             "rename",
             reply,
             async move { Ok(s.client.rename(&ctx, ino(parent), &name, ino(newparent), &newname, pflags).await?) },
@@ -717,7 +731,7 @@ impl Filesystem for OdfsFuse {
 
     fn link(&self, req: &Request, i: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         let (s, ctx, name) = (self.shared.clone(), self.ctx(req), name_bytes(newname));
-        self.spawn(
+        self.here(
             "link",
             reply,
             async move { timed(&s, true, async { Ok(s.client.link(&ctx, ino(i), ino(newparent), &name).await?) }).await },
@@ -944,7 +958,7 @@ impl Filesystem for OdfsFuse {
     fn readdir(&self, req: &Request, i: INodeNo, _fh: FileHandle, offset: u64, reply: ReplyDirectory) {
         let (s, ctx) = (self.shared.clone(), self.ctx(req));
         let parent = INodeNo(self.shared.parents.parent_of(i.0));
-        self.spawn(
+        self.here(
             "readdir",
             reply,
             async move {
@@ -975,7 +989,7 @@ impl Filesystem for OdfsFuse {
         let (s, ctx) = (self.shared.clone(), self.ctx(req));
         let parent = self.shared.parents.parent_of(i.0);
         let s2 = self.shared.clone();
-        self.spawn(
+        self.here(
             "readdirplus",
             reply,
             async move {
@@ -1033,7 +1047,7 @@ impl Filesystem for OdfsFuse {
 
     fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let (s, ctx) = (self.shared.clone(), self.ctx(req));
-        self.spawn("statfs", reply, async move { Ok(s.client.statfs(&ctx).await?) }, |reply, st| {
+        self.here("statfs", reply, async move { Ok(s.client.statfs(&ctx).await?) }, |reply, st| {
             let (blocks, bfree, bavail, files, ffree) = statfs_blocks(&st);
             reply.statfs(blocks, bfree, bavail, files, ffree, STATFS_BSIZE, NAMELEN, STATFS_BSIZE)
         });
@@ -1066,7 +1080,7 @@ impl Filesystem for OdfsFuse {
             pflags |= XATTR_REPLACE;
         }
         let (s, ctx, name, value) = (self.shared.clone(), self.ctx(req), name_bytes(name), value.to_vec());
-        self.spawn(
+        self.here(
             "setxattr",
             reply,
             async move { s.client.setxattr(&ctx, ino(i), &name, &value, pflags).await.map_err(|e| gone(&s, ino(i), e)) },
@@ -1083,7 +1097,7 @@ impl Filesystem for OdfsFuse {
             return;
         }
         let (s, ctx, name) = (self.shared.clone(), self.ctx(req), name_bytes(name));
-        self.spawn(
+        self.here(
             "getxattr",
             reply,
             async move { s.client.getxattr(&ctx, ino(i), &name).await.map_err(|e| gone(&s, ino(i), e)) },
@@ -1093,7 +1107,7 @@ impl Filesystem for OdfsFuse {
 
     fn listxattr(&self, req: &Request, i: INodeNo, size: u32, reply: ReplyXattr) {
         let (s, ctx) = (self.shared.clone(), self.ctx(req));
-        self.spawn(
+        self.here(
             "listxattr",
             reply,
             async move { s.client.listxattr(&ctx, ino(i)).await.map_err(|e| gone(&s, ino(i), e)) },
@@ -1103,7 +1117,7 @@ impl Filesystem for OdfsFuse {
 
     fn removexattr(&self, req: &Request, i: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let (s, ctx, name) = (self.shared.clone(), self.ctx(req), name_bytes(name));
-        self.spawn(
+        self.here(
             "removexattr",
             reply,
             async move { s.client.removexattr(&ctx, ino(i), &name).await.map_err(|e| gone(&s, ino(i), e)) },
@@ -1115,7 +1129,7 @@ impl Filesystem for OdfsFuse {
         // Only called without default_permissions; kept so such a mount still checks at metad.
         let (s, ctx) = (self.shared.clone(), self.ctx(req));
         let mask = (mask.bits() & 7) as u32;
-        self.spawn(
+        self.here(
             "access",
             reply,
             async move { s.client.access(&ctx, ino(i), mask).await.map_err(|e| gone(&s, ino(i), e)) },
@@ -1138,7 +1152,7 @@ impl Filesystem for OdfsFuse {
         let append = flags & libc::O_APPEND != 0;
         let open_flags = write_only_flags(flags & libc::O_ACCMODE == libc::O_WRONLY);
         let (s, ctx, name) = (self.shared.clone(), self.ctx(req), name_bytes(name));
-        self.spawn(
+        self.here(
             "create",
             reply,
             async move {

@@ -29,6 +29,7 @@ pub mod handles;
 pub mod minimum;
 pub mod mount;
 pub mod passthrough;
+mod reader;
 
 pub use error::FuseError;
 pub use fs::OdfsFuse;

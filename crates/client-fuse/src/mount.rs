@@ -28,9 +28,10 @@ use tracing::{info, warn};
 
 /// The kernel's FUSE device.
 pub const DEV_FUSE: &str = "/dev/fuse";
-/// Threads reading requests from /dev/fuse (each with its own cloned descriptor). They only
-/// parse and spawn, so two keep up with the runtime's two workers.
-pub(crate) const SESSION_THREADS: usize = 2;
+/// Threads reading requests from /dev/fuse (each with its own cloned descriptor). A thread
+/// waits out the round trip of a metadata request it runs itself (`reader`), so there are
+/// more of them than cores: four keep four callers' round trips in flight.
+pub(crate) const SESSION_THREADS: usize = 4;
 /// Workers of the adapter's tokio runtime, where every request runs.
 const RUNTIME_WORKERS: usize = 2;
 

@@ -174,7 +174,8 @@ impl InodeData {
         let client = client.clone();
         let me = self.clone();
         ws.inflight.retain(|h| !h.is_finished());
-        ws.inflight.push(tokio::spawn(async move {
+        let rt = client.inner.runtime.clone();
+        ws.inflight.push(rt.spawn(async move {
             let r = client.store(req.target, &req).await.map(|w| me.record_written(off, &w));
             drop(permit);
             if let Err(e) = &r {
@@ -426,7 +427,7 @@ impl InodeData {
             for k in (last_needed + 1)..=(last_needed + ra_chunks).min(max_chunk) {
                 if let std::collections::btree_map::Entry::Vacant(slot) = ra.chunks.entry(k) {
                     let f = self.fetch_chunk(client, k, size);
-                    tokio::spawn(f.clone());
+                    client.inner.runtime.spawn(f.clone());
                     slot.insert(f);
                 }
             }
@@ -641,9 +642,10 @@ impl Drop for FileHandle {
             let data = self.data.clone();
             let ctx = self.ctx.clone();
             let writable = self.writable;
-            // On the client's own runtime: a handle can be dropped on a thread that has none,
-            // and skipping the release would leave an unlinked file's chunks behind.
-            let rt = tokio::runtime::Handle::try_current().unwrap_or_else(|_| client.inner.runtime.clone());
+            // On the client's own runtime: a handle can be dropped on a thread that has none
+            // (or a reader thread's, which runs only while it serves a request), and skipping
+            // the release would leave an unlinked file's chunks behind.
+            let rt = client.inner.runtime.clone();
             rt.spawn(async move {
                 if writable {
                     let _ = data.flush(&client, &ctx, false).await;

@@ -22,5 +22,7 @@ pub use config::ClientConfig;
 pub use error::ClientError;
 pub use file::FileHandle;
 pub use fs::{Client, Ctx, RecallHook, Truncate};
+/// Lets a thread with a runtime of its own call over connections of its own (odfs-fuse's reader threads).
+pub use odfs_rpc::own_lane;
 
 pub type Result<T, E = ClientError> = std::result::Result<T, E>;

@@ -17,7 +17,7 @@ pub mod tcp;
 pub use conn::Conn;
 pub use credential::{JobCredential, SiteKey};
 pub use error::RpcError;
-pub use pool::{Pool, PoolConfig, Transport};
+pub use pool::{own_lane, Pool, PoolConfig, Transport};
 pub use router::Router;
 
 /// A process-wide shutdown signal: every accept loop and background task watches it.

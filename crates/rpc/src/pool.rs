@@ -1,6 +1,14 @@
 //! Client side: connections kept per peer and transport, and calls with retry.
 //!
 //! A retried call reuses its request header, so the server's idempotency table recognises it.
+//!
+//! **Lanes.** A thread that drives calls on a runtime of its own (odfs-fuse's reader threads,
+//! each with a current-thread runtime) takes a lane with [`own_lane`]: its calls then go over
+//! connections of that lane only, whose reading and writing run on that thread, so a reply
+//! wakes the thread that waits for it and nothing else. Connections of lane 0 (every other
+//! thread) are shared as before. A call started in a lane must be finished by that thread:
+//! its connection makes progress only while the thread drives its runtime (a QUIC lane
+//! connection also needs the endpoint's driver, on the runtime that made the pool).
 
 use crate::quic::QuicEndpoint;
 use crate::{Conn, JobCredential, RpcError};
@@ -53,11 +61,27 @@ impl Default for PoolConfig {
 
 type Slot = Arc<tokio::sync::Mutex<Option<Conn>>>;
 
+thread_local! {
+    /// This thread's lane; 0 = the shared connections.
+    static LANE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Gives this thread a lane of its own (see the module doc); returns its number.
+pub fn own_lane() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(1);
+    LANE.with(|l| {
+        if l.get() == 0 {
+            l.set(NEXT.fetch_add(1, Ordering::Relaxed));
+        }
+        l.get()
+    })
+}
+
 /// Connections to every peer of one job.
 pub struct Pool {
     cred: JobCredential,
     quic: QuicEndpoint,
-    slots: Mutex<HashMap<(SocketAddr, Transport, usize), Slot>>,
+    slots: Mutex<HashMap<(SocketAddr, Transport, usize, usize), Slot>>,
     next: AtomicUsize,
     cfg: PoolConfig,
 }
@@ -77,13 +101,16 @@ impl Pool {
         &self.cfg
     }
 
-    /// A live connection to `addr`, made if needed.
+    /// A live connection to `addr`, made if needed: one of the shared ones, or the calling
+    /// thread's own in a lane.
     pub async fn conn(&self, addr: SocketAddr, transport: Transport) -> Result<Conn, RpcError> {
-        let n = self.cfg.conns_per_peer.max(1);
+        let lane = LANE.with(|l| l.get());
+        // One stream per peer is enough for a lane: its thread waits for each call in turn.
+        let n = if lane > 0 { 1 } else { self.cfg.conns_per_peer.max(1) };
         let i = self.next.fetch_add(1, Ordering::Relaxed) % n;
         let slot = {
             let mut slots = self.slots.lock().expect("pool lock");
-            slots.entry((addr, transport, i)).or_default().clone()
+            slots.entry((addr, transport, lane, i)).or_default().clone()
         };
         let mut guard = slot.lock().await;
         if let Some(c) = guard.as_ref() {

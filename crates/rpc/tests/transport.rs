@@ -123,3 +123,46 @@ async fn malformed_frames_close_the_stream_but_not_the_server() {
         .unwrap_err();
     assert_eq!(got.to_remote().code, ErrorCode::BadMethod);
 }
+
+/// A thread with a lane of its own calls over a connection of its own, driven by its own
+/// runtime: its calls complete while the runtime holding the shared connections stands still.
+/// A thread without a lane reuses the shared connection and cannot complete there.
+#[test]
+fn a_lane_calls_over_its_own_connection() {
+    let site = SiteKey::from_bytes([1; 32]);
+    let cred = JobCredential::derive(&site, "job-1").unwrap();
+    let server_rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let srv = server_rt.block_on(start(&cred));
+    // The shared runtime: a current-thread one, driven only inside its block_on.
+    let shared = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let cfg = PoolConfig { call_timeout: Duration::from_secs(1), ..quick() };
+    let pool = Arc::new(shared.block_on(async { Pool::new(cred, cfg) }).unwrap());
+    let addr = srv.tcp;
+    let call = move |pool: Arc<Pool>, uid: u32| async move {
+        let h = RequestHeader { uid, ..Default::default() };
+        pool.call(addr, Transport::Tcp, &h, &StatTarget { target: 7 }).await
+    };
+    assert_eq!(shared.block_on(call(pool.clone(), 1)).unwrap().free, 1);
+
+    let on_thread = |lane: bool, calls: u32| {
+        let pool = pool.clone();
+        std::thread::spawn(move || {
+            if lane {
+                assert!(odfs_rpc::own_lane() > 0);
+            }
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            (0..calls).map(|i| rt.block_on(call(pool.clone(), 100 + i)).map(|r| r.free)).collect::<Vec<_>>()
+        })
+        .join()
+        .unwrap()
+    };
+    let got: Vec<u64> = on_thread(true, 50).into_iter().map(|r| r.unwrap()).collect();
+    assert_eq!(got, (100u64..150).collect::<Vec<_>>());
+    let stuck = on_thread(false, 1);
+    assert!(
+        matches!(stuck[0], Err(odfs_rpc::RpcError::Timeout { .. })),
+        "a call without a lane went over the shared connection and should have waited for its runtime: {:?}",
+        stuck[0]
+    );
+    drop(srv);
+}
