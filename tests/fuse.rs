@@ -891,3 +891,138 @@ fn posix_acls_are_refused_so_tools_fall_back_to_the_mode() {
     assert!(st.success());
     assert_eq!(fs::metadata(m.p("x")).unwrap().mode() & 0o7777, 0o751);
 }
+
+/// `odfs stats` counts every kind of request at every service, by client, with latencies: a
+/// metadata storm through the mount and an odfs command's own creates are told apart, and the
+/// job's user reads the same through the mount.
+#[test]
+fn stats_count_requests_by_kind_and_client() {
+    use odfs_proto::stats::FsStats;
+    const STORM: u64 = 400;
+    const COPIED: u64 = 25;
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port().to_string()
+    };
+    let fs = LocalFs::up(2, &["--metrics-port", &port]);
+    let m = FuseMount::start(&fs);
+    let cfg = fs.config_path().display().to_string();
+
+    fs::create_dir(m.p("storm")).unwrap();
+    for i in 0..STORM {
+        File::create(m.p(&format!("storm/f{i}"))).unwrap();
+    }
+    let src = tempfile::tempdir().unwrap();
+    for i in 0..COPIED {
+        fs::write(src.path().join(format!("c{i}")), vec![7u8; 10_000]).unwrap();
+    }
+    odfs_ok(&["--fs", &cfg, "cp", "-r", &src.path().display().to_string(), "odfs:/copied"]);
+
+    let st: FsStats = serde_json::from_str(&odfs_ok(&["--fs", &cfg, "stats", "--json"])).expect("stats JSON");
+    let metads: Vec<_> = st
+        .services
+        .iter()
+        .filter(|s| s.kind == Some(odfs_proto::mgmt::ServiceKind::Meta))
+        .map(|s| s.stats.as_ref().unwrap_or_else(|| panic!("{} not asked: {:?}", s.name, s.error)))
+        .collect();
+    assert!(!metads.is_empty(), "no metad in {st:?}");
+    let near = |got: u64, want: u64| got.abs_diff(want) * 20 <= want;
+    let creates: u64 = metads.iter().flat_map(|s| &s.methods).filter(|m| m.name == "Create").map(|m| m.count).sum();
+    assert!(near(creates, STORM + COPIED), "metad counted {creates} creates, the workload made {}", STORM + COPIED);
+
+    // By client: the mount (registered, so named by its pid) and the command (unregistered).
+    let mount = st.clients.iter().find(|c| c.pid == m.child.id()).expect("the mount is a registered client");
+    let creates_of = |id: u64| -> u64 {
+        metads
+            .iter()
+            .flat_map(|s| &s.clients)
+            .filter(|c| c.client_id == id)
+            .flat_map(|c| &c.methods)
+            .filter(|(k, _)| k == "Create")
+            .map(|(_, n)| n)
+            .sum()
+    };
+    assert!(near(creates_of(mount.client_id), STORM), "the mount's creates: {}", creates_of(mount.client_id));
+    let others: Vec<u64> = metads
+        .iter()
+        .flat_map(|s| &s.clients)
+        .map(|c| c.client_id)
+        .filter(|id| *id != mount.client_id && creates_of(*id) > 0)
+        .collect();
+    assert_eq!(others.len(), 1, "one other client created files: {others:?}");
+    assert!(near(creates_of(others[0]), COPIED), "the command's creates: {}", creates_of(others[0]));
+
+    // Latencies, and the chunk bytes written at the storage services.
+    let create = metads.iter().flat_map(|s| &s.methods).find(|m| m.name == "Create").unwrap();
+    let (p50, p99) = (create.percentile_us(0.5), create.percentile_us(0.99));
+    assert!(p50 > 0 && p50 <= p99, "Create latency p50 {p50} us, p99 {p99} us");
+    let written: u64 = st
+        .services
+        .iter()
+        .filter(|s| s.kind == Some(odfs_proto::mgmt::ServiceKind::Storage))
+        .filter_map(|s| s.stats.as_ref())
+        .flat_map(|s| &s.methods)
+        .map(|m| m.bytes_in)
+        .sum();
+    assert!(written >= COPIED * 10_000, "stored received {written} bytes of chunk data");
+    assert!(st.services.iter().any(|s| s.name == "mgmtd" && s.stats.is_some()), "mgmtd answers too");
+
+    // The Prometheus endpoint: the same counts, and whole histograms.
+    let text = scrape(&format!("127.0.0.1:{port}"), "/metrics");
+    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    let sample = |line_start: &str| -> u64 {
+        let l =
+            text.lines().find(|l| l.starts_with(line_start)).unwrap_or_else(|| panic!("no {line_start} in\n{text}"));
+        l.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let shard0 = metads[0].methods.iter().find(|m| m.name == "Create").map_or(0, |m| m.count);
+    let scraped = sample("odfs_requests_total{service=\"metad shard 0\",request=\"Create\"}");
+    assert!(
+        scraped >= shard0 && near(scraped, shard0),
+        "scraped {scraped} creates at shard 0, odfs stats said {shard0}"
+    );
+    let buckets: Vec<u64> = text
+        .lines()
+        .filter(|l| l.starts_with("odfs_request_duration_seconds_bucket{service=\"metad shard 0\",request=\"Create\""))
+        .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "cumulative buckets: {buckets:?}");
+    assert_eq!(buckets.last().copied(), Some(scraped), "the +Inf bucket is the count");
+    assert_eq!(sample("odfs_service_up{service=\"mgmtd\"}"), 1);
+    assert!(scrape(&format!("127.0.0.1:{port}"), "/other").starts_with("HTTP/1.1 404"));
+
+    // The table names the mount's client and the kinds.
+    let text = odfs_ok(&["--fs", &cfg, "stats"]);
+    assert!(text.contains(&format!("pid {}", m.child.id())), "{text}");
+    assert!(text.lines().any(|l| l.contains("metad shard 0") && l.contains(" Create ")), "{text}");
+
+    // The job's user reads the same through the mount (no config, no credential).
+    let out = std::process::Command::new(bin_dir().join("odfs"))
+        .args(["stats", "--json"])
+        .env_remove("ODFS_FS")
+        .env("ODFS_MOUNT", &m.path)
+        .current_dir(src.path())
+        .output()
+        .expect("run odfs stats");
+    let via_mount: FsStats = serde_json::from_slice(&stdout_ok(&out, "odfs stats through the mount").into_bytes())
+        .expect("stats JSON through the mount");
+    let again: u64 = via_mount
+        .services
+        .iter()
+        .filter_map(|s| s.stats.as_ref())
+        .flat_map(|s| &s.methods)
+        .filter(|m| m.name == "Create")
+        .map(|m| m.count)
+        .sum();
+    assert!(again >= creates, "through the mount: {again} creates, before {creates}");
+}
+
+/// One plain HTTP GET of `path` at `addr`: the whole response, head and body.
+fn scrape(addr: &str, path: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the metrics endpoint");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read the metrics response");
+    out
+}

@@ -285,15 +285,16 @@ fn meta_requests(net: &Net, fs: &LocalFs) -> std::collections::BTreeMap<String, 
         .arg(bin_dir().join("odfs"))
         .arg("--fs")
         .arg(fs.config_path())
-        .arg("stats")
+        .args(["stats", "--json"])
         .output()
         .expect("run odfs stats");
     assert!(out.status.success(), "odfs stats: {}", String::from_utf8_lossy(&out.stderr));
+    let st: odfs_proto::stats::FsStats = serde_json::from_slice(&out.stdout).expect("odfs stats --json");
     let mut m = std::collections::BTreeMap::new();
-    for l in String::from_utf8_lossy(&out.stdout).lines().skip(1) {
-        let f: Vec<&str> = l.split('\t').collect();
-        if f.len() == 3 && f[1] != "SessionPoll" && f[1] != "OpCounts" {
-            *m.entry(f[1].to_string()).or_default() += f[2].parse::<u64>().unwrap();
+    let metads = st.services.iter().filter(|s| s.kind == Some(odfs_proto::mgmt::ServiceKind::Meta));
+    for method in metads.map(|s| s.stats.as_ref().expect("every metad answers")).flat_map(|s| &s.methods) {
+        if !["SessionPoll", "OpCounts", "GetStats"].contains(&method.name.as_str()) {
+            *m.entry(method.name.clone()).or_default() += method.count;
         }
     }
     m

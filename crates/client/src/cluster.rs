@@ -74,7 +74,7 @@ impl Cluster {
 
 /// Where to reach service `s` over `want`: its TCP address when TCP is wanted and it serves
 /// TCP, else its QUIC address.
-fn route(s: &ServiceInfo, want: Transport) -> Option<(SocketAddr, Transport)> {
+pub(crate) fn route(s: &ServiceInfo, want: Transport) -> Option<(SocketAddr, Transport)> {
     match (want, s.bulk_addr, s.addr) {
         (Transport::Tcp, Some(a), _) => Some((a, Transport::Tcp)),
         (_, _, Some(a)) => Some((a, Transport::Quic)),

@@ -6,6 +6,7 @@ use crate::file::{FileHandle, InodeData};
 use crate::{ClientConfig, ClientError, Result};
 use odfs_proto::meta::*;
 use odfs_proto::mgmt::{Register, ServiceKind};
+use odfs_proto::stats::{FsStats, GetStats};
 use odfs_proto::storage::RemoveChunk;
 use odfs_proto::{DirLayout, ErrorCode, InodeId, Layout, RequestHeader, Rpc, TargetId};
 use odfs_rpc::{Pool, PoolConfig, Transport};
@@ -323,6 +324,7 @@ impl Client {
                 shard: None,
                 targets: vec![],
                 pid: std::process::id(),
+                client_id: self.inner.client_id,
             },
         };
         let first = link.register(Duration::from_secs(5)).await?;
@@ -1225,6 +1227,23 @@ impl Client {
             out.extend(counts.into_iter().map(|(kind, n)| (shard, kind, n)));
         }
         Ok(out)
+    }
+
+    /// What every service of the filesystem has served (`GetStats`): mgmtd, then each online
+    /// metad, stored and stage agent, with the registered clients that name the client ids
+    /// counted. A service that cannot be asked is listed with the reason.
+    pub async fn fs_stats(&self) -> Result<FsStats> {
+        let view = self.inner.cluster.refresh().await?;
+        let h = self.header(&Ctx::root());
+        let pool = &self.inner.pool;
+        let mgmtd = pool.call(self.inner.cfg.mgmtd, Transport::Quic, &h, &GetStats {}).await.map_err(|e| e.to_string());
+        let (meta, bulk) = (self.inner.cfg.meta_transport, self.inner.cfg.bulk_transport);
+        let route = |s: &odfs_proto::mgmt::ServiceInfo| match s.kind {
+            ServiceKind::Meta => crate::cluster::route(s, meta),
+            ServiceKind::Storage => crate::cluster::route(s, bulk),
+            _ => crate::cluster::route(s, Transport::Quic),
+        };
+        Ok(odfs_rpc::stats::gather(pool, &h, mgmtd, &view.services, route).await)
     }
 
     /// Closes every connection. Handles still open are not flushed.

@@ -34,22 +34,35 @@ pub const SEALED: &[u8] = b"odfs.sealed";
 /// readable by the job's user through the mount; it holds no secret (names, addresses,
 /// states, space).
 pub const CLUSTER: &[u8] = b"odfs.cluster";
-/// Requests each metadata shard has served, by kind: `SHARD KIND COUNT` lines (`odfs stats`).
+/// What every service has served, by kind of request and by client, with latencies
+/// (`odfs_proto::stats::FsStats` as JSON): what `odfs stats` shows, readable by the job's user.
 pub const STATS: &[u8] = b"odfs.stats";
 
-/// `odfs.stats`: one `SHARD KIND COUNT` line per kind of request a metadata shard served.
-pub fn stats_text(counts: &[(u16, String, u64)]) -> String {
-    counts.iter().map(|(shard, kind, n)| format!("{shard} {kind} {n}\n")).collect()
-}
-
-/// The counts of an `odfs.stats` text; lines that do not parse are skipped.
-pub fn parse_stats(text: &str) -> Vec<(u16, String, u64)> {
-    text.lines()
-        .filter_map(|l| {
-            let mut w = l.split_whitespace();
-            Some((w.next()?.parse().ok()?, w.next()?.to_string(), w.next()?.parse().ok()?))
-        })
-        .collect()
+/// `odfs.stats` as JSON, within what an extended attribute can hold: on a large job the
+/// clients' counts by kind of request go first (their totals stay).
+fn stats_json(mut st: odfs_proto::stats::FsStats) -> Result<Vec<u8>> {
+    let json = |st: &odfs_proto::stats::FsStats| {
+        serde_json::to_vec(st).map_err(|e| ClientError::new(ErrorCode::Io, format!("statistics: {e}")))
+    };
+    let full = json(&st)?;
+    if full.len() <= odfs_proto::XATTR_VALUE_MAX {
+        return Ok(full);
+    }
+    for c in st.services.iter_mut().filter_map(|s| s.stats.as_mut()).flat_map(|s| &mut s.clients) {
+        c.methods.clear();
+    }
+    let short = json(&st)?;
+    if short.len() <= odfs_proto::XATTR_VALUE_MAX {
+        return Ok(short);
+    }
+    Err(ClientError::new(
+        ErrorCode::Range,
+        format!(
+            "the statistics of {} services ({} bytes) do not fit an extended attribute: run odfs stats --fs CONFIG on a node",
+            st.services.len(),
+            short.len()
+        ),
+    ))
 }
 
 /// A target as `odfs.targets` describes it.
@@ -192,7 +205,7 @@ impl Client {
             CLUSTER => serde_json::to_string(&*self.cluster().refresh().await?)
                 .map(String::into_bytes)
                 .map_err(|e| ClientError::new(ErrorCode::Io, format!("cluster view: {e}"))),
-            STATS => Ok(stats_text(&self.meta_request_counts().await?).into_bytes()),
+            STATS => stats_json(self.fs_stats().await?),
             _ => Err(ClientError::new(ErrorCode::NoData, format!("no attribute {}", String::from_utf8_lossy(name)))),
         }
     }
@@ -258,12 +271,6 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn stats_read_back_as_written() {
-        let counts = vec![(0u16, "Create".to_string(), 80_017u64), (3, "Lookup".into(), 2)];
-        assert_eq!(parse_stats(&stats_text(&counts)), counts);
-    }
 
     #[test]
     fn targets_text_round_trips() {

@@ -73,6 +73,8 @@ pub struct NodeLaunch {
     pub precreate_chunk_files: usize,
     /// How long each daemon waits for mgmtd (None: the daemons' default).
     pub register_timeout_secs: Option<u64>,
+    /// Node 0's mgmtd serves the job's Prometheus metrics here (None: not at all).
+    pub metrics: Option<SocketAddr>,
 }
 
 /// Storage targets of node `node`: one per data directory (`DIR/target<ID>`) in `pool`, then
@@ -108,6 +110,7 @@ impl NodeLaunch {
             expect_storage_nodes: r.storage_nodes,
             expect_meta: r.metas,
             default_layout: r.layout.clone(),
+            metrics_listen: self.metrics,
             ..MgmtdConfig::default()
         }
     }

@@ -46,6 +46,8 @@ pub struct UpOptions {
     pub ram_pool: Option<String>,
     /// Metadata services: shard k on node k, for k < meta (0 = one on every node).
     pub meta: u32,
+    /// Serve the job's Prometheus metrics on this port of `bind` (node 0's mgmtd).
+    pub metrics_port: Option<u16>,
 }
 
 impl Default for UpOptions {
@@ -68,6 +70,7 @@ impl Default for UpOptions {
             mount: None,
             ram_pool: None,
             meta: 1,
+            metrics_port: None,
         }
     }
 }
@@ -338,6 +341,7 @@ fn plan_nodes(
             io_backend: opts.io_backend.clone(),
             precreate_chunk_files: opts.precreate_chunk_files,
             register_timeout_secs: None,
+            metrics: opts.metrics_port.map(|p| std::net::SocketAddr::new(opts.bind, p)),
         });
     }
     Ok(nodes)

@@ -65,6 +65,10 @@ pub struct SiteOndemand {
     pub io_backend: String,
     /// Empty chunk files each target keeps ready for new files, made on idle CPU (0: off).
     pub precreate_chunk_files: usize,
+    /// Port on the job's first node where its mgmtd serves Prometheus metrics (`GET /metrics`,
+    /// plain HTTP, every address of the node); none by default. One job per node at a time
+    /// can have it (a second job's start fails on the busy port).
+    pub metrics_port: Option<u16>,
     /// Seconds node 0 waits for every node's services and mount (and every node for node 0's
     /// word) before the start is rolled back.
     pub ready_timeout_secs: u64,
@@ -104,6 +108,7 @@ impl Default for SiteOndemand {
             bulk: Transport::Tcp,
             io_backend: "auto".into(),
             precreate_chunk_files: odfs_stored::config::DEFAULT_PRECREATE_CHUNK_FILES,
+            metrics_port: None,
             ready_timeout_secs: 60,
             stage_timeout_secs: 3000,
             stop_grace_secs: 60,

@@ -14,7 +14,6 @@ use odfs_proto::{ErrorCode, RemoteError, RequestHeader};
 use odfs_rpc::quic::QuicEndpoint;
 use odfs_rpc::{Router, Shutdown, Transport};
 use odfs_service::{announce, Daemon};
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,12 +21,11 @@ use tracing::warn;
 
 type Shared = Arc<Mutex<MetaStore>>;
 
-/// metad's router: every request is counted, and the reply to a change waits for the
-/// recalls the change caused (see `sessions`).
+/// metad's router: the reply to a change waits for the recalls the change caused (see
+/// `sessions`).
 struct Routes {
     r: Router,
     recalls: Arc<Recalls>,
-    counts: Arc<Mutex<BTreeMap<&'static str, u64>>>,
 }
 
 impl Routes {
@@ -37,9 +35,8 @@ impl Routes {
         F: Fn(RequestHeader, R) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = RpcResult<R::Reply>> + Send + 'static,
     {
-        let (recalls, counts, f) = (self.recalls.clone(), self.counts.clone(), Arc::new(f));
+        let (recalls, f) = (self.recalls.clone(), Arc::new(f));
         self.r.add::<R, _, _>(move |h: RequestHeader, q: R| {
-            *counts.lock().expect("counts lock").entry(R::NAME).or_default() += 1;
             let (recalls, f) = (recalls.clone(), f.clone());
             async move {
                 let out = f(h.clone(), q).await;
@@ -143,14 +140,19 @@ async fn mutate_fresh(
 
 /// Maps metad's requests to the store.
 pub fn router(store: Shared, coord: Coordinator) -> Router {
-    let counts = Arc::new(Mutex::new(BTreeMap::new()));
-    let mut r = Routes { r: Router::new(), recalls: coord.recalls.clone(), counts: counts.clone() };
+    let mut r = Routes { r: Router::new(), recalls: coord.recalls.clone() };
+    let stats = r.r.stats();
     add_placing(&mut r, &coord);
     add_coordinated(&mut r, &coord);
     add_reads(&mut r, &coord);
     add_plain(&mut r, &store);
     r.add::<OpCounts, _, _>(move |_h: RequestHeader, _q: OpCounts| {
-        let counts = counts.lock().expect("counts lock").iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        // Counted once answered: this request is not among them yet.
+        let mut counts: Vec<(String, u64)> = stats.snapshot().methods.into_iter().map(|m| (m.name, m.count)).collect();
+        match counts.iter_mut().find(|(name, _)| name == OpCounts::NAME) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((OpCounts::NAME.to_string(), 1)),
+        }
         async move { Ok(counts) }
     });
     r.r

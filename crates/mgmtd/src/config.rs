@@ -26,6 +26,8 @@ pub struct MgmtdConfig {
     pub default_layout: DirLayout,
     /// Async runtime worker threads (default 2; see docs/architecture.md for what was measured).
     pub worker_threads: usize,
+    /// Where to serve the job's Prometheus metrics (`GET /metrics`, plain HTTP); none by default.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl Default for MgmtdConfig {
@@ -40,6 +42,7 @@ impl Default for MgmtdConfig {
             offline_after_missed: 3,
             default_layout: DirLayout::default(),
             worker_threads: odfs_service::DEFAULT_WORKER_THREADS,
+            metrics_listen: None,
         }
     }
 }

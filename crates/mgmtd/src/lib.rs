@@ -2,19 +2,23 @@
 //!
 //! Owns: which services (metad, stored, clients) exist and where, the targets with their pools
 //! and space, liveness by heartbeat, the filesystem state (forming → ready), and the default
-//! layout. It keeps no file data or namespace and is small enough to hold in memory; a restarted
+//! layout; and, when asked to, the job's Prometheus endpoint (`metrics`). It keeps no file data or namespace and is small enough to hold in memory; a restarted
 //! mgmtd is refilled by the services' re-registration.
 
 pub mod config;
 pub mod error;
+pub mod metrics;
 pub mod registry;
 pub mod service;
 
 pub use config::MgmtdConfig;
 pub use error::MgmtdError;
 
+use odfs_proto::mgmt::ServiceInfo;
+use odfs_proto::RequestHeader;
 use odfs_rpc::quic::QuicEndpoint;
-use odfs_rpc::Shutdown;
+use odfs_rpc::stats::gather;
+use odfs_rpc::{Pool, PoolConfig, Shutdown, Transport};
 use std::sync::Arc;
 use tracing::info;
 
@@ -28,7 +32,22 @@ pub async fn run(cfg: MgmtdConfig, shutdown: Shutdown) -> Result<(), MgmtdError>
         odfs_service::write_addr_file(p, &[("mgmtd", addr)])?;
     }
     let registry = Arc::new(registry::Registry::new(&cfg));
-    let router = Arc::new(service::router(registry));
+    let router = Arc::new(service::router(registry.clone()));
+    if let Some(at) = cfg.metrics_listen {
+        let listener = tokio::net::TcpListener::bind(at).await?;
+        info!(addr = %listener.local_addr()?, "Prometheus metrics at /metrics");
+        let pool = Arc::new(Pool::with_endpoint(cred.clone(), endpoint.clone(), PoolConfig::default()));
+        let own = router.stats();
+        let gather = move || {
+            let (pool, registry, own) = (pool.clone(), registry.clone(), own.clone());
+            async move {
+                let services = registry.view().services;
+                let route = |s: &ServiceInfo| s.addr.map(|a| (a, Transport::Quic));
+                gather(&pool, &RequestHeader::default(), Ok(own.snapshot()), &services, route).await
+            }
+        };
+        tokio::spawn(metrics::serve(listener, gather, shutdown.clone()));
+    }
     info!(%addr, job = %cfg.job.id, "mgmtd serving");
     endpoint.serve(router, shutdown).await;
     Ok(())

@@ -128,6 +128,7 @@ impl Registry {
                     online: true,
                     last_seen_ms: 0,
                     pid: r.pid,
+                    client_id: r.client_id,
                 },
                 last_seen: Instant::now(),
             },

@@ -88,9 +88,9 @@ enum Cmd {
     CheckScript(CheckScriptArgs),
     /// Print `export` lines for the job's tasks (Slurm TaskProlog): ODFS_MOUNT, ODFS_JOB.
     TaskEnv(SiteArg),
-    /// Requests each metadata shard has served since it started, by kind (with --fs, or in the
-    /// mount's job): what the clients' caches did not answer.
-    Stats,
+    /// What every service has served since it started: requests by kind with rates, latency
+    /// percentiles, errors and bytes, and by client (with --fs, or in the mount's job).
+    Stats(StatsArgs),
 }
 
 impl Cmd {
@@ -119,7 +119,7 @@ impl Cmd {
             Cmd::SiteConfig(a) => a.run(),
             Cmd::CheckScript(a) => a.run(),
             Cmd::TaskEnv(a) => a.task_env(),
-            Cmd::Stats => run_stats(fs),
+            Cmd::Stats(a) => a.run(fs),
         }
     }
 }
@@ -282,19 +282,64 @@ impl GetstripeArgs {
     }
 }
 
-fn run_stats(fs: Option<&Path>) -> Result<()> {
-    let counts = match fsref::source(fs)? {
-        fsref::Source::Config(_) => runtime()?.block_on(async {
-            let client = fsref::connect(fs).await?;
-            anyhow::Ok(client.meta_request_counts().await?)
-        })?,
-        fsref::Source::Mount(m) => odfs_client::vxattr::parse_stats(&mount_attr(&m, odfs_client::vxattr::STATS)?),
-    };
-    println!("shard\trequest\tcount");
-    for (shard, kind, n) in counts {
-        println!("{shard}\t{kind}\t{n}");
+#[derive(Args)]
+struct StatsArgs {
+    /// Print the numbers as JSON (every service's counters and histograms, and the clients).
+    #[arg(long)]
+    json: bool,
+    /// Refresh every SECS seconds (default 1), like top: rates over the last interval, busiest
+    /// first. Ctrl-C ends it.
+    #[arg(short = 'w', long = "watch", value_name = "SECS", num_args = 0..=1, default_missing_value = "1")]
+    watch: Option<f64>,
+}
+
+impl StatsArgs {
+    fn run(self, fs: Option<&Path>) -> Result<()> {
+        let rt = runtime()?;
+        let source = fsref::source(fs)?;
+        let client = match &source {
+            fsref::Source::Config(_) => Some(rt.block_on(fsref::connect(fs))?),
+            fsref::Source::Mount(_) => None,
+        };
+        let fetch = || -> Result<odfs_proto::stats::FsStats> {
+            match (&client, &source) {
+                (Some(c), _) => Ok(rt.block_on(c.fs_stats())?),
+                (None, fsref::Source::Mount(m)) => {
+                    let text = mount_attr(m, odfs_client::vxattr::STATS).context(
+                        "a job with very many services may not fit its statistics in an extended \
+                         attribute: run odfs stats --fs CONFIG on one of its nodes as root",
+                    )?;
+                    serde_json::from_str(&text).with_context(|| format!("the statistics of {}", m.display()))
+                }
+                (None, fsref::Source::Config(_)) => unreachable!("a config source has a client"),
+            }
+        };
+        let Some(every) = self.watch else {
+            let now = fetch()?;
+            if self.json {
+                println!("{}", serde_json::to_string_pretty(&now)?);
+            } else {
+                print!("{}", odfs_ondemand::stats::render(&now, None));
+            }
+            return Ok(());
+        };
+        anyhow::ensure!(every > 0.0 && every.is_finite(), "-w takes a positive number of seconds, not {every}");
+        let mut before = fetch()?;
+        let mut at = std::time::Instant::now();
+        loop {
+            std::thread::sleep(Duration::from_secs_f64(every));
+            let now = fetch()?;
+            let secs = at.elapsed().as_secs_f64();
+            at = std::time::Instant::now();
+            if self.json {
+                println!("{}", serde_json::to_string(&now)?);
+            } else {
+                // Clear the screen and home the cursor, as top does.
+                print!("\x1b[2J\x1b[H{}", odfs_ondemand::stats::render(&now, Some((&before, secs))));
+            }
+            before = now;
+        }
     }
-    Ok(())
 }
 
 #[derive(Args)]
@@ -718,6 +763,9 @@ struct LocalUpArgs {
     /// Metadata services (shards) on the first N nodes; 0 = every node.
     #[arg(long, default_value_t = 1)]
     meta: u32,
+    /// Serve the filesystem's Prometheus metrics at http://BIND:PORT/metrics.
+    #[arg(long, value_name = "PORT")]
+    metrics_port: Option<u16>,
 }
 
 impl LocalCmd {
@@ -754,6 +802,7 @@ impl LocalUpArgs {
             bind: self.bind,
             ram_pool: self.ram_pool,
             meta: self.meta,
+            metrics_port: self.metrics_port,
             mount,
         };
         let st = local::up(&opts)?;

@@ -274,9 +274,14 @@ mod tests {
 
     #[test]
     fn method_ids_are_unique() {
-        let mut all: Vec<u16> =
-            [crate::mgmt::METHOD_IDS, crate::meta::METHOD_IDS, crate::storage::METHOD_IDS, crate::stage::METHOD_IDS]
-                .concat();
+        let mut all: Vec<u16> = [
+            crate::mgmt::METHOD_IDS,
+            crate::meta::METHOD_IDS,
+            crate::storage::METHOD_IDS,
+            crate::stage::METHOD_IDS,
+            crate::stats::METHOD_IDS,
+        ]
+        .concat();
         let n = all.len();
         all.sort();
         all.dedup();

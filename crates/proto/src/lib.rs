@@ -14,6 +14,7 @@ pub mod meta;
 pub mod method;
 pub mod mgmt;
 pub mod stage;
+pub mod stats;
 pub mod storage;
 pub mod time;
 pub mod units;

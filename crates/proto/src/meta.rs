@@ -396,8 +396,8 @@ pub struct RemoveXattr {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatFs {}
 
-/// How many requests of each kind this shard has served since it started (by request name),
-/// recalls sent among them as `Recall`: what shows how much the clients' caches answer.
+/// How many requests of each kind this shard has served since it started (by request name,
+/// this one included): what shows how much the clients' caches answer. `GetStats` tells more.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OpCounts {}
 

@@ -1,6 +1,7 @@
 //! Frozen numeric method ids and the typed request trait.
 //!
-//! Ranges: 1–99 mgmtd, 100–199 metad, 200–299 stored, 300–399 stage agents. A retired id is never reused.
+//! Ranges: 1–99 mgmtd, 100–199 metad, 200–299 stored, 300–399 stage agents, 400–499 every
+//! service (statistics). A retired id is never reused.
 
 use bytes::Bytes;
 use serde::{de::DeserializeOwned, Serialize};

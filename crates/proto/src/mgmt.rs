@@ -68,6 +68,8 @@ pub struct Register {
     pub shard: Option<u16>,
     pub targets: Vec<TargetOffer>,
     pub pid: u32,
+    /// A client's id, as its requests' headers carry it (0 for a daemon).
+    pub client_id: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -110,6 +112,8 @@ pub struct ServiceInfo {
     /// Milliseconds since the last heartbeat.
     pub last_seen_ms: u64,
     pub pid: u32,
+    /// A client's id, as its requests' headers carry it (0 for a daemon).
+    pub client_id: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

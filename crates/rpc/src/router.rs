@@ -1,13 +1,17 @@
 //! Server side: a table of typed handlers by method id, and the loop that serves one stream.
+//! Every request a router serves is counted (`stats`); every router answers `GetStats`.
 
 use crate::conn::{buffered, read_frame, spawn_writer};
+use crate::stats::{Served, Stats};
 use futures::future::BoxFuture;
 use odfs_proto::codec::{self, Frame, KIND_REQUEST};
 use odfs_proto::error::RpcResult;
+use odfs_proto::stats::GetStats;
 use odfs_proto::{ErrorCode, RemoteError, RequestHeader, Rpc};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::{debug, warn, Instrument};
 
@@ -15,14 +19,32 @@ use tracing::{debug, warn, Instrument};
 type Handler = Arc<dyn Fn(u64, &[u8], Vec<u8>) -> BoxFuture<'static, Frame> + Send + Sync>;
 
 /// Maps method ids to handlers.
-#[derive(Default)]
 pub struct Router {
     handlers: HashMap<u16, (&'static str, Handler)>,
+    stats: Arc<Stats>,
+}
+
+impl Default for Router {
+    fn default() -> Self {
+        Router::new()
+    }
 }
 
 impl Router {
+    /// A router that answers `GetStats` (what it has served) and nothing else yet.
     pub fn new() -> Router {
-        Router::default()
+        let mut r = Router { handlers: HashMap::new(), stats: Arc::new(Stats::default()) };
+        let stats = r.stats.clone();
+        r.add::<GetStats, _, _>(move |_h: RequestHeader, _q: GetStats| {
+            let s = stats.snapshot();
+            async move { Ok(s) }
+        });
+        r
+    }
+
+    /// The counters of what this router serves.
+    pub fn stats(&self) -> Arc<Stats> {
+        self.stats.clone()
     }
 
     /// Registers the handler of request type `R`.
@@ -32,13 +54,16 @@ impl Router {
         F: Fn(RequestHeader, R) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = RpcResult<R::Reply>> + Send + 'static,
     {
-        let f = Arc::new(f);
+        let (f, stats) = (Arc::new(f), self.stats.clone());
         let h: Handler = Arc::new(move |call_id: u64, body: &[u8], payload: Vec<u8>| {
+            let (start, bytes_in) = (Instant::now(), payload.len() as u64);
             let decoded = codec::decode_request::<R>(body, payload);
-            let f = f.clone();
+            let (f, stats) = (f.clone(), stats.clone());
             Box::pin(async move {
+                let mut client = 0;
                 let result = match decoded {
                     Ok((header, req)) => {
+                        client = header.client_id;
                         let span = tracing::debug_span!(
                             "rpc",
                             method = R::NAME,
@@ -53,7 +78,18 @@ impl Router {
                         Err(RemoteError::from(e))
                     }
                 };
-                codec::encode_reply::<R>(call_id, result)
+                let error = result.is_err();
+                let frame = codec::encode_reply::<R>(call_id, result);
+                stats.record(Served {
+                    method: R::METHOD,
+                    name: R::NAME,
+                    client,
+                    took: start.elapsed(),
+                    error,
+                    bytes_in,
+                    bytes_out: frame.payload.len() as u64,
+                });
+                frame
             })
         });
         let prev = self.handlers.insert(R::METHOD, (R::NAME, h));

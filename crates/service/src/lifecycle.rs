@@ -42,6 +42,7 @@ pub fn announce(kind: ServiceKind, node: u32, addr: SocketAddr) -> Register {
         shard: None,
         targets: Vec::new(),
         pid: std::process::id(),
+        client_id: 0,
     }
 }
 

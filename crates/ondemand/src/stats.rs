@@ -1,0 +1,193 @@
+//! `odfs stats`: what every service of a filesystem has served, by kind of request (count,
+//! rate, latency percentiles, errors, bytes) and by client — the view an admin needs when a
+//! job "hangs" in a metadata storm. Rendering only; the numbers come from the services'
+//! `GetStats` (through the client library, or the mount's `odfs.stats` attribute).
+
+use odfs_proto::mgmt::ServiceInfo;
+use odfs_proto::stats::{FsStats, MethodStats, ServiceStats};
+use std::collections::HashMap;
+use std::fmt::Write;
+
+/// One line of the requests table.
+struct Row<'a> {
+    service: &'a str,
+    m: &'a MethodStats,
+    rate: f64,
+}
+
+/// The two tables: requests by service and kind, then clients. With `before` (an earlier
+/// snapshot and the seconds since it) rates are over that interval and rows go by rate, as
+/// `odfs stats -w` shows them; without it, rates are averages since each service started.
+pub fn render(now: &FsStats, before: Option<(&FsStats, f64)>) -> String {
+    let mut out = String::new();
+    let mut rows = Vec::new();
+    for s in &now.services {
+        let Some(st) = &s.stats else { continue };
+        for m in &st.methods {
+            let rate = match before {
+                Some((b, secs)) => m.count.saturating_sub(earlier(b, &s.name, &m.name)) as f64 / secs.max(1e-3),
+                None => m.count as f64 / (st.uptime_ms as f64 / 1000.0).max(1e-3),
+            };
+            rows.push(Row { service: &s.name, m, rate });
+        }
+    }
+    if before.is_some() {
+        rows.sort_by(|a, b| b.rate.total_cmp(&a.rate));
+    }
+    let _ = writeln!(
+        out,
+        "{:<16} {:<18} {:>10} {:>9} {:>8} {:>8} {:>7} {:>9} {:>9}",
+        "SERVICE", "REQUEST", "COUNT", "RATE/s", "P50", "P99", "ERRORS", "IN", "OUT"
+    );
+    for r in &rows {
+        let _ = writeln!(
+            out,
+            "{:<16} {:<18} {:>10} {:>9.0} {:>8} {:>8} {:>7} {:>9} {:>9}",
+            r.service,
+            r.m.name,
+            r.m.count,
+            r.rate,
+            latency(r.m.percentile_us(0.5)),
+            latency(r.m.percentile_us(0.99)),
+            r.m.errors,
+            bytes(r.m.bytes_in),
+            bytes(r.m.bytes_out)
+        );
+    }
+    for s in now.services.iter().filter(|s| s.stats.is_none()) {
+        let _ = writeln!(out, "{:<16} not asked: {}", s.name, s.error.as_deref().unwrap_or("unknown"));
+    }
+    out.push('\n');
+    render_clients(&mut out, now, before);
+    out
+}
+
+/// Requests of each client over every service, busiest first, with its three most frequent
+/// kinds.
+fn render_clients(out: &mut String, now: &FsStats, before: Option<(&FsStats, f64)>) {
+    let totals = client_totals(now);
+    let earlier = before.map(|(b, secs)| (client_totals(b), secs));
+    let mut rows: Vec<(u64, u64, f64, &HashMap<String, u64>)> = totals
+        .iter()
+        .map(|(id, (n, kinds))| {
+            let rate = match &earlier {
+                Some((e, secs)) => n.saturating_sub(e.get(id).map_or(0, |x| x.0)) as f64 / secs.max(1e-3),
+                None => f64::NAN,
+            };
+            (*id, *n, rate, kinds)
+        })
+        .collect();
+    rows.sort_by(|a, b| if before.is_some() { b.2.total_cmp(&a.2) } else { b.1.cmp(&a.1) });
+    let _ = writeln!(out, "{:<44} {:>10} {:>9}  MOST FREQUENT", "CLIENT", "REQUESTS", "RATE/s");
+    for (id, n, rate, kinds) in rows {
+        let mut top: Vec<(&String, &u64)> = kinds.iter().collect();
+        top.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        let top: Vec<String> = top.iter().take(3).map(|(k, v)| format!("{k} {v}")).collect();
+        let rate = if rate.is_nan() { "-".to_string() } else { format!("{rate:.0}") };
+        let _ = writeln!(out, "{:<44} {:>10} {:>9}  {}", client_name(id, &now.clients), n, rate, top.join(", "));
+    }
+}
+
+/// Each client id's requests over every service: the total and by kind.
+fn client_totals(s: &FsStats) -> HashMap<u64, (u64, HashMap<String, u64>)> {
+    let mut m: HashMap<u64, (u64, HashMap<String, u64>)> = HashMap::new();
+    for c in s.services.iter().filter_map(|s| s.stats.as_ref()).flat_map(|st| &st.clients) {
+        let e = m.entry(c.client_id).or_default();
+        e.0 += c.count;
+        for (k, n) in &c.methods {
+            *e.1.entry(k.clone()).or_default() += n;
+        }
+    }
+    m
+}
+
+/// How a client id reads: a registered client (a mount) by node, host and pid.
+pub fn client_name(id: u64, clients: &[ServiceInfo]) -> String {
+    match clients.iter().find(|c| c.client_id == id) {
+        Some(c) => format!("node {} {} pid {}", c.node, c.hostname, c.pid),
+        None if id == 0 => "the job's daemons".to_string(),
+        None => format!("client {id:016x} (unregistered: a command)"),
+    }
+}
+
+/// The count of `method` at `service` in an earlier snapshot (0 if it had none).
+fn earlier(b: &FsStats, service: &str, method: &str) -> u64 {
+    b.services
+        .iter()
+        .filter(|s| s.name == service)
+        .filter_map(|s: &ServiceStats| s.stats.as_ref())
+        .flat_map(|st| &st.methods)
+        .find(|m| m.name == method)
+        .map_or(0, |m| m.count)
+}
+
+/// A bucket's upper bound for people.
+fn latency(us: u64) -> String {
+    match us {
+        0 => "-".into(),
+        u if u < 1000 => format!("<{u}us"),
+        u if u < 1_000_000 => format!("<{}ms", u.div_ceil(1000)),
+        u => format!("<{}s", u.div_ceil(1_000_000)),
+    }
+}
+
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let (mut v, mut i) = (n as f64, 0);
+    while v >= 1024.0 && i + 1 < UNITS.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use odfs_proto::stats::{ClientStats, StatsSnapshot, LATENCY_BUCKETS};
+
+    fn snap(creates: u64, client: u64) -> FsStats {
+        let mut lat = vec![0; LATENCY_BUCKETS];
+        lat[7] = creates;
+        FsStats {
+            services: vec![ServiceStats {
+                name: "metad shard 0".into(),
+                kind: Some(odfs_proto::mgmt::ServiceKind::Meta),
+                node: 0,
+                stats: Some(StatsSnapshot {
+                    uptime_ms: 10_000,
+                    methods: vec![MethodStats {
+                        name: "Create".into(),
+                        count: creates,
+                        latency_us: lat,
+                        ..Default::default()
+                    }],
+                    clients: vec![ClientStats {
+                        client_id: client,
+                        count: creates,
+                        methods: vec![("Create".into(), creates)],
+                    }],
+                }),
+                error: None,
+            }],
+            clients: vec![],
+        }
+    }
+
+    #[test]
+    fn rates_are_over_the_interval_when_watching() {
+        let (a, b) = (snap(1000, 7), snap(3000, 7));
+        let text = render(&b, Some((&a, 2.0)));
+        let line = text.lines().find(|l| l.contains("Create")).unwrap();
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(f[4..7], ["3000", "1000", "<128us"], "{line}");
+        assert!(text.contains("client 0000000000000007 (unregistered: a command)"), "{text}");
+        // Since start: 3000 over 10 s.
+        let text = render(&b, None);
+        assert!(text.lines().any(|l| l.split_whitespace().nth(5) == Some("300")), "{text}");
+    }
+}

@@ -1,0 +1,183 @@
+//! Per-operation statistics, which every service (mgmtd, metad, stored, stage agents) keeps of
+//! the requests its router serves and answers with `GetStats` (method ids 400–499: served by
+//! every kind of service).
+
+use serde::{Deserialize, Serialize};
+
+/// Latency histogram buckets: bucket `i` counts requests that took less than `2^i`
+/// microseconds (and at least `2^(i-1)`); the last also holds everything longer.
+pub const LATENCY_BUCKETS: usize = 28;
+
+/// What a service has served since it started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetStats {}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct StatsSnapshot {
+    /// Milliseconds since the service started counting.
+    pub uptime_ms: u64,
+    /// One entry per request kind served at least once, by name.
+    pub methods: Vec<MethodStats>,
+    /// Requests served per client, by client id (the request header's; 0 = a daemon).
+    pub clients: Vec<ClientStats>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ClientStats {
+    pub client_id: u64,
+    pub count: u64,
+    /// Requests by name.
+    pub methods: Vec<(String, u64)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct MethodStats {
+    pub name: String,
+    pub count: u64,
+    /// Requests answered with an error.
+    pub errors: u64,
+    /// Payload bytes received with the requests (chunk data written).
+    pub bytes_in: u64,
+    /// Payload bytes sent with the replies (chunk data read).
+    pub bytes_out: u64,
+    /// Time from a request's arrival to its reply, in power-of-two buckets (see
+    /// `LATENCY_BUCKETS`), up to the last one used.
+    pub latency_us: Vec<u64>,
+}
+
+impl MethodStats {
+    /// The latency (upper bound of its bucket, in microseconds) under which a share `q`
+    /// (0..=1) of the requests completed; 0 when none was counted.
+    pub fn percentile_us(&self, q: f64) -> u64 {
+        let total: u64 = self.latency_us.iter().sum();
+        if total == 0 {
+            return 0;
+        }
+        let want = ((total as f64) * q).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (i, n) in self.latency_us.iter().enumerate() {
+            seen += n;
+            if seen >= want {
+                return 1u64 << i;
+            }
+        }
+        1u64 << (self.latency_us.len() - 1)
+    }
+}
+
+/// What every service of a filesystem has served, as `odfs stats` shows it (and the mount's
+/// `odfs.stats` attribute holds it, as JSON).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct FsStats {
+    pub services: Vec<ServiceStats>,
+    /// The clients registered with mgmtd (mounts; one-shot commands do not register), to name
+    /// the client ids the services counted.
+    pub clients: Vec<crate::mgmt::ServiceInfo>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct ServiceStats {
+    /// "mgmtd", "metad shard 0", "stored node 2", "agent node 1".
+    pub name: String,
+    /// The service's kind; `None` for mgmtd.
+    pub kind: Option<crate::mgmt::ServiceKind>,
+    pub node: crate::NodeIndex,
+    /// What it has served, or why it could not be asked.
+    pub stats: Option<StatsSnapshot>,
+    pub error: Option<String>,
+}
+
+impl FsStats {
+    /// The numbers in Prometheus' text exposition format (version 0.0.4): requests, errors,
+    /// bytes and latency histograms by service and kind, and requests by client.
+    pub fn prometheus(&self) -> String {
+        use std::fmt::Write;
+        let mut o = String::new();
+        let label = |v: &str| v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
+        let up = |o: &mut String| {
+            let _ = writeln!(o, "# HELP odfs_service_up Whether the service answered (1) or not (0).");
+            let _ = writeln!(o, "# TYPE odfs_service_up gauge");
+        };
+        up(&mut o);
+        for s in &self.services {
+            let _ = writeln!(o, "odfs_service_up{{service=\"{}\"}} {}", label(&s.name), u8::from(s.stats.is_some()));
+        }
+        let families = [
+            ("odfs_requests_total", "Requests served, by service and kind.", "counter"),
+            ("odfs_request_errors_total", "Requests answered with an error.", "counter"),
+            ("odfs_request_bytes_in_total", "Payload bytes received with requests (chunk data written).", "counter"),
+            ("odfs_request_bytes_out_total", "Payload bytes sent with replies (chunk data read).", "counter"),
+        ];
+        for (i, (name, help, kind)) in families.iter().enumerate() {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (s, st) in self.services.iter().filter_map(|s| Some((s, s.stats.as_ref()?))) {
+                for m in &st.methods {
+                    let v = [m.count, m.errors, m.bytes_in, m.bytes_out][i];
+                    let _ = writeln!(o, "{name}{{service=\"{}\",request=\"{}\"}} {v}", label(&s.name), label(&m.name));
+                }
+            }
+        }
+        let name = "odfs_request_duration_seconds";
+        let _ = writeln!(o, "# HELP {name} Time from a request's arrival to its reply.\n# TYPE {name} histogram");
+        for (s, st) in self.services.iter().filter_map(|s| Some((s, s.stats.as_ref()?))) {
+            for m in &st.methods {
+                let l = format!("service=\"{}\",request=\"{}\"", label(&s.name), label(&m.name));
+                let mut seen = 0;
+                for (b, n) in m.latency_us.iter().enumerate() {
+                    seen += n;
+                    let le = (1u64 << b) as f64 / 1e6;
+                    let _ = writeln!(o, "{name}_bucket{{{l},le=\"{le}\"}} {seen}");
+                }
+                let _ = writeln!(o, "{name}_bucket{{{l},le=\"+Inf\"}} {}", m.count);
+                // The sum is estimated from the buckets (each counted at its middle).
+                let sum: f64 =
+                    m.latency_us.iter().enumerate().map(|(b, n)| *n as f64 * (0.75 * (1u64 << b) as f64)).sum();
+                let _ = writeln!(o, "{name}_sum{{{l}}} {}", sum / 1e6);
+                let _ = writeln!(o, "{name}_count{{{l}}} {}", m.count);
+            }
+        }
+        let name = "odfs_client_requests_total";
+        let _ = writeln!(o, "# HELP {name} Requests served, by client and service.\n# TYPE {name} counter");
+        for (s, st) in self.services.iter().filter_map(|s| Some((s, s.stats.as_ref()?))) {
+            for c in &st.clients {
+                let who = match self.clients.iter().find(|r| r.client_id == c.client_id) {
+                    Some(r) => format!("node {} {} pid {}", r.node, r.hostname, r.pid),
+                    None if c.client_id == 0 => "daemons".to_string(),
+                    None => format!("{:016x}", c.client_id),
+                };
+                let _ = writeln!(o, "{name}{{service=\"{}\",client=\"{}\"}} {}", label(&s.name), label(&who), c.count);
+            }
+        }
+        o
+    }
+}
+
+/// The histogram bucket of a request that took `us` microseconds.
+pub fn latency_bucket(us: u64) -> usize {
+    ((u64::BITS - us.leading_zeros()) as usize).min(LATENCY_BUCKETS - 1)
+}
+
+crate::rpc! {
+    GetStats = 400 => StatsSnapshot,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_and_percentiles() {
+        assert_eq!(latency_bucket(0), 0);
+        assert_eq!(latency_bucket(1), 1);
+        assert_eq!(latency_bucket(3), 2);
+        assert_eq!(latency_bucket(1000), 10);
+        assert_eq!(latency_bucket(u64::MAX), LATENCY_BUCKETS - 1);
+        let mut m = MethodStats { latency_us: vec![0; LATENCY_BUCKETS], ..Default::default() };
+        assert_eq!(m.percentile_us(0.5), 0);
+        m.latency_us[latency_bucket(100)] = 90; // < 128 us
+        m.latency_us[latency_bucket(5000)] = 10; // < 8192 us
+        assert_eq!(m.percentile_us(0.5), 128);
+        assert_eq!(m.percentile_us(0.9), 128);
+        assert_eq!(m.percentile_us(0.99), 8192);
+    }
+}
