@@ -84,7 +84,11 @@ fn a_four_node_job_gets_its_dataset_everywhere_and_its_outputs_back_in_s3() {
     let df = fs::read_to_string(out.join("df.txt")).unwrap_or_default();
     assert!(df.contains("filesystem_summary:") && df.matches("odfs-T").count() >= 4, "{df}");
     let stats = fs::read_to_string(out.join("stats.txt")).unwrap_or_default();
-    assert!(stats.starts_with("shard\trequest\tcount") && stats.contains("Lookup"), "{stats}");
+    assert!(
+        stats.starts_with("SERVICE") && stats.lines().any(|l| l.starts_with("metad shard 0") && l.contains(" Lookup ")),
+        "{stats}"
+    );
+    assert!(stats.contains("CLIENT") && stats.contains(" pid "), "the mount asked is a named client: {stats}");
     // Every node saw the same, complete dataset.
     for n in &c.nodes {
         let got = fs::read_to_string(out.join(format!("sums.{n}"))).unwrap_or_else(|e| panic!("{n}: {e}\n{log}"));
