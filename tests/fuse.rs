@@ -965,6 +965,11 @@ fn stats_count_requests_by_kind_and_client() {
         .map(|m| m.bytes_in)
         .sum();
     assert!(written >= COPIED * 10_000, "stored received {written} bytes of chunk data");
+    // Per target: every byte a stored received is counted at one of its targets, and the
+    // copied files went to more than one.
+    let targets: Vec<_> = st.services.iter().filter_map(|s| s.stats.as_ref()).flat_map(|s| &s.targets).collect();
+    assert_eq!(targets.iter().map(|t| t.bytes_in).sum::<u64>(), written, "targets' bytes: {targets:?}");
+    assert!(targets.iter().filter(|t| t.bytes_in > 0).count() >= 2, "written to one target only: {targets:?}");
     assert!(st.services.iter().any(|s| s.name == "mgmtd" && s.stats.is_some()), "mgmtd answers too");
 
     // The Prometheus endpoint: the same counts, and whole histograms.
@@ -990,6 +995,12 @@ fn stats_count_requests_by_kind_and_client() {
     assert_eq!(buckets.last().copied(), Some(scraped), "the +Inf bucket is the count");
     assert_eq!(sample("odfs_service_up{service=\"mgmtd\"}"), 1);
     assert!(scrape(&format!("127.0.0.1:{port}"), "/other").starts_with("HTTP/1.1 404"));
+    let scraped_in: u64 = text
+        .lines()
+        .filter(|l| l.starts_with("odfs_target_bytes_in_total{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert!(scraped_in >= written, "scraped target bytes {scraped_in}, odfs stats said {written}");
 
     // The table names the mount's client and the kinds.
     let text = odfs_ok(&["--fs", &cfg, "stats"]);

@@ -4,7 +4,7 @@
 //! `GetStats` (through the client library, or the mount's `odfs.stats` attribute).
 
 use odfs_proto::mgmt::ServiceInfo;
-use odfs_proto::stats::{FsStats, MethodStats, ServiceStats};
+use odfs_proto::stats::{FsStats, MethodStats, ServiceStats, TargetStats};
 use std::collections::HashMap;
 use std::fmt::Write;
 
@@ -59,7 +59,49 @@ pub fn render(now: &FsStats, before: Option<(&FsStats, f64)>) -> String {
     }
     out.push('\n');
     render_clients(&mut out, now, before);
+    render_targets(&mut out, now, before);
     out
+}
+
+/// Requests and bytes per storage target (a hot or idle target shows an unbalanced layout).
+fn render_targets(out: &mut String, now: &FsStats, before: Option<(&FsStats, f64)>) {
+    let targets = |s: &FsStats| -> Vec<(String, TargetStats)> {
+        s.services
+            .iter()
+            .filter_map(|sv| Some((sv, sv.stats.as_ref()?)))
+            .flat_map(|(sv, st)| st.targets.iter().map(move |t| (sv.name.clone(), t.clone())))
+            .collect()
+    };
+    let rows = targets(now);
+    if rows.is_empty() {
+        return;
+    }
+    let earlier: HashMap<u32, u64> =
+        before.map(|(b, _)| targets(b).into_iter().map(|(_, t)| (t.target, t.count)).collect()).unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "\n{:<8} {:<16} {:>10} {:>9} {:>7} {:>10} {:>10}",
+        "TARGET", "SERVICE", "REQUESTS", "RATE/s", "ERRORS", "IN", "OUT"
+    );
+    for (service, t) in rows {
+        let rate = match before {
+            Some((_, secs)) => {
+                format!("{:.0}", t.count.saturating_sub(*earlier.get(&t.target).unwrap_or(&0)) as f64 / secs.max(1e-3))
+            }
+            None => "-".into(),
+        };
+        let _ = writeln!(
+            out,
+            "{:<8} {:<16} {:>10} {:>9} {:>7} {:>10} {:>10}",
+            t.target,
+            service,
+            t.count,
+            rate,
+            t.errors,
+            bytes(t.bytes_in),
+            bytes(t.bytes_out)
+        );
+    }
 }
 
 /// Requests of each client over every service, busiest first, with its three most frequent
@@ -171,6 +213,7 @@ mod tests {
                         count: creates,
                         methods: vec![("Create".into(), creates)],
                     }],
+                    targets: vec![],
                 }),
                 error: None,
             }],

@@ -30,6 +30,12 @@ pub trait Rpc: Serialize + DeserializeOwned + Send + Sync + 'static {
     fn reply_payload(_reply: &mut Self::Reply) -> Option<&mut Vec<u8>> {
         None
     }
+
+    /// The storage target a request is for, if any: `GetStats` also counts requests and bytes
+    /// per target.
+    fn stats_target(&self) -> Option<crate::TargetId> {
+        None
+    }
 }
 
 /// Declares the method id and reply type of request types; a `{ ... }` after the reply type

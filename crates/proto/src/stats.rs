@@ -20,6 +20,17 @@ pub struct StatsSnapshot {
     pub methods: Vec<MethodStats>,
     /// Requests served per client, by client id (the request header's; 0 = a daemon).
     pub clients: Vec<ClientStats>,
+    /// Requests served per storage target (stored only).
+    pub targets: Vec<TargetStats>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct TargetStats {
+    pub target: crate::TargetId,
+    pub count: u64,
+    pub errors: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -134,6 +145,19 @@ impl FsStats {
                     m.latency_us.iter().enumerate().map(|(b, n)| *n as f64 * (0.75 * (1u64 << b) as f64)).sum();
                 let _ = writeln!(o, "{name}_sum{{{l}}} {}", sum / 1e6);
                 let _ = writeln!(o, "{name}_count{{{l}}} {}", m.count);
+            }
+        }
+        for (name, help, pick) in [
+            ("odfs_target_requests_total", "Requests served, by storage target.", 0),
+            ("odfs_target_bytes_in_total", "Chunk bytes written, by storage target.", 1),
+            ("odfs_target_bytes_out_total", "Chunk bytes read, by storage target.", 2),
+        ] {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (s, st) in self.services.iter().filter_map(|s| Some((s, s.stats.as_ref()?))) {
+                for t in &st.targets {
+                    let v = [t.count, t.bytes_in, t.bytes_out][pick];
+                    let _ = writeln!(o, "{name}{{service=\"{}\",target=\"{}\"}} {v}", label(&s.name), t.target);
+                }
             }
         }
         let name = "odfs_client_requests_total";

@@ -96,16 +96,34 @@ crate::rpc! {
         fn payload_mut(&mut self) -> Option<&mut Bytes> {
             Some(&mut self.data)
         }
+        fn stats_target(&self) -> Option<crate::TargetId> {
+            Some(self.target)
+        }
     },
     ReadChunk = 201 => ChunkData {
         fn reply_payload(reply: &mut ChunkData) -> Option<&mut Vec<u8>> {
             Some(&mut reply.data)
         }
+        fn stats_target(&self) -> Option<crate::TargetId> {
+            Some(self.target)
+        }
     },
-    TruncateChunk = 202 => (),
-    SyncChunk = 203 => (),
-    RemoveChunk = 204 => (),
-    StatTarget = 205 => TargetSpace,
-    StatChunk = 206 => Option<u64>,
-    PunchChunk = 207 => (),
+    TruncateChunk = 202 => () { fn stats_target(&self) -> Option<crate::TargetId> {
+            Some(self.target)
+        } },
+    SyncChunk = 203 => () { fn stats_target(&self) -> Option<crate::TargetId> {
+            Some(self.target)
+        } },
+    RemoveChunk = 204 => () { fn stats_target(&self) -> Option<crate::TargetId> {
+            Some(self.target)
+        } },
+    StatTarget = 205 => TargetSpace { fn stats_target(&self) -> Option<crate::TargetId> {
+            Some(self.target)
+        } },
+    StatChunk = 206 => Option<u64> { fn stats_target(&self) -> Option<crate::TargetId> {
+            Some(self.target)
+        } },
+    PunchChunk = 207 => () { fn stats_target(&self) -> Option<crate::TargetId> {
+            Some(self.target)
+        } },
 }

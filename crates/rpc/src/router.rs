@@ -60,10 +60,11 @@ impl Router {
             let decoded = codec::decode_request::<R>(body, payload);
             let (f, stats) = (f.clone(), stats.clone());
             Box::pin(async move {
-                let mut client = 0;
+                let (mut client, mut target) = (0, None);
                 let result = match decoded {
                     Ok((header, req)) => {
                         client = header.client_id;
+                        target = req.stats_target();
                         let span = tracing::debug_span!(
                             "rpc",
                             method = R::NAME,
@@ -84,6 +85,7 @@ impl Router {
                     method: R::METHOD,
                     name: R::NAME,
                     client,
+                    target,
                     took: start.elapsed(),
                     error,
                     bytes_in,

@@ -6,7 +6,8 @@
 use crate::{Pool, Transport};
 use odfs_proto::mgmt::{ServiceInfo, ServiceKind};
 use odfs_proto::stats::{
-    latency_bucket, ClientStats, FsStats, GetStats, MethodStats, ServiceStats, StatsSnapshot, LATENCY_BUCKETS,
+    latency_bucket, ClientStats, FsStats, GetStats, MethodStats, ServiceStats, StatsSnapshot, TargetStats,
+    LATENCY_BUCKETS,
 };
 use odfs_proto::RequestHeader;
 use std::collections::HashMap;
@@ -19,6 +20,8 @@ pub(crate) struct Served {
     pub method: u16,
     pub name: &'static str,
     pub client: u64,
+    /// The storage target the request was for, if any.
+    pub target: Option<odfs_proto::TargetId>,
     pub took: Duration,
     pub error: bool,
     pub bytes_in: u64,
@@ -39,6 +42,7 @@ struct Counts {
     methods: HashMap<u16, Method>,
     /// Requests by client id and method id.
     clients: HashMap<(u64, u16), u64>,
+    targets: HashMap<odfs_proto::TargetId, TargetStats>,
 }
 
 /// A router's counters.
@@ -71,6 +75,13 @@ impl Stats {
         m.bytes_out += s.bytes_out;
         m.latency[bucket] += 1;
         *c.clients.entry((s.client, s.method)).or_default() += 1;
+        if let Some(t) = s.target {
+            let e = c.targets.entry(t).or_insert_with(|| TargetStats { target: t, ..Default::default() });
+            e.count += 1;
+            e.errors += u64::from(s.error);
+            e.bytes_in += s.bytes_in;
+            e.bytes_out += s.bytes_out;
+        }
     }
 
     /// Everything counted so far, methods by name.
@@ -103,7 +114,9 @@ impl Stats {
             cl.methods.sort();
         }
         clients.sort_by_key(|cl| cl.client_id);
-        StatsSnapshot { uptime_ms: self.started.elapsed().as_millis() as u64, methods, clients }
+        let mut targets: Vec<TargetStats> = c.targets.values().cloned().collect();
+        targets.sort_by_key(|t| t.target);
+        StatsSnapshot { uptime_ms: self.started.elapsed().as_millis() as u64, methods, clients, targets }
     }
 }
 
