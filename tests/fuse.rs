@@ -1001,6 +1001,12 @@ fn stats_count_requests_by_kind_and_client() {
         .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
         .sum();
     assert!(scraped_in >= written, "scraped target bytes {scraped_in}, odfs stats said {written}");
+    // A second filesystem asking for the same port starts anyway, without metrics, and says so.
+    let other = LocalFs::up(1, &["--metrics-port", &port]);
+    let log = fs::read_to_string(other.root().join("node0/mgmtd.log")).unwrap_or_default();
+    assert!(log.contains("cannot serve Prometheus metrics there"), "{log}");
+    drop(other);
+    assert!(scrape(&format!("127.0.0.1:{port}"), "/metrics").starts_with("HTTP/1.1 200 OK"), "the first still serves");
 
     // The table names the mount's client and the kinds.
     let text = odfs_ok(&["--fs", &cfg, "stats"]);

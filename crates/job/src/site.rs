@@ -67,7 +67,7 @@ pub struct SiteOndemand {
     pub precreate_chunk_files: usize,
     /// Port on the job's first node where its mgmtd serves Prometheus metrics (`GET /metrics`,
     /// plain HTTP, every address of the node); none by default. One job per node at a time
-    /// can have it (a second job's start fails on the busy port).
+    /// can have it (a second one runs without metrics, logged in its mgmtd.log).
     pub metrics_port: Option<u16>,
     /// Seconds node 0 waits for every node's services and mount (and every node for node 0's
     /// word) before the start is rolled back.

@@ -20,7 +20,7 @@ use odfs_rpc::quic::QuicEndpoint;
 use odfs_rpc::stats::gather;
 use odfs_rpc::{Pool, PoolConfig, Shutdown, Transport};
 use std::sync::Arc;
-use tracing::info;
+use tracing::{info, warn};
 
 /// Runs mgmtd until `shutdown` fires.
 pub async fn run(cfg: MgmtdConfig, shutdown: Shutdown) -> Result<(), MgmtdError> {
@@ -34,21 +34,40 @@ pub async fn run(cfg: MgmtdConfig, shutdown: Shutdown) -> Result<(), MgmtdError>
     let registry = Arc::new(registry::Registry::new(&cfg));
     let router = Arc::new(service::router(registry.clone()));
     if let Some(at) = cfg.metrics_listen {
-        let listener = tokio::net::TcpListener::bind(at).await?;
-        info!(addr = %listener.local_addr()?, "Prometheus metrics at /metrics");
-        let pool = Arc::new(Pool::with_endpoint(cred.clone(), endpoint.clone(), PoolConfig::default()));
-        let own = router.stats();
-        let gather = move || {
-            let (pool, registry, own) = (pool.clone(), registry.clone(), own.clone());
-            async move {
-                let services = registry.view().services;
-                let route = |s: &ServiceInfo| s.addr.map(|a| (a, Transport::Quic));
-                gather(&pool, &RequestHeader::default(), Ok(own.snapshot()), &services, route).await
-            }
-        };
-        tokio::spawn(metrics::serve(listener, gather, shutdown.clone()));
+        serve_metrics(at, &cred, &endpoint, registry.clone(), router.stats(), shutdown.clone()).await;
     }
     info!(%addr, job = %cfg.job.id, "mgmtd serving");
     endpoint.serve(router, shutdown).await;
     Ok(())
+}
+
+/// Serves the job's Prometheus metrics at `at` (see `metrics`). Monitoring is optional: a port
+/// that is taken (another job's mgmtd on this node) is logged and the job runs without it,
+/// rather than failing a job's start over it.
+async fn serve_metrics(
+    at: std::net::SocketAddr,
+    cred: &odfs_rpc::JobCredential,
+    endpoint: &QuicEndpoint,
+    registry: Arc<registry::Registry>,
+    own: Arc<odfs_rpc::stats::Stats>,
+    shutdown: Shutdown,
+) {
+    let listener = match tokio::net::TcpListener::bind(at).await {
+        Ok(l) => l,
+        Err(e) => {
+            warn!(%at, error = %e, "cannot serve Prometheus metrics there; this job runs without them");
+            return;
+        }
+    };
+    info!(%at, "Prometheus metrics at /metrics");
+    let pool = Arc::new(Pool::with_endpoint(cred.clone(), endpoint.clone(), PoolConfig::default()));
+    let gather = move || {
+        let (pool, registry, own) = (pool.clone(), registry.clone(), own.clone());
+        async move {
+            let services = registry.view().services;
+            let route = |s: &ServiceInfo| s.addr.map(|a| (a, Transport::Quic));
+            gather(&pool, &RequestHeader::default(), Ok(own.snapshot()), &services, route).await
+        }
+    };
+    tokio::spawn(metrics::serve(listener, gather, shutdown));
 }

@@ -296,22 +296,21 @@ struct StatsArgs {
 impl StatsArgs {
     fn run(self, fs: Option<&Path>) -> Result<()> {
         let rt = runtime()?;
-        let source = fsref::source(fs)?;
-        let client = match &source {
-            fsref::Source::Config(_) => Some(rt.block_on(fsref::connect(fs))?),
-            fsref::Source::Mount(_) => None,
+        // Where the numbers come from: the library with the job's credential, or the mount.
+        let from = match fsref::source(fs)? {
+            fsref::Source::Config(_) => Ok(rt.block_on(fsref::connect(fs))?),
+            fsref::Source::Mount(m) => Err(m),
         };
         let fetch = || -> Result<odfs_proto::stats::FsStats> {
-            match (&client, &source) {
-                (Some(c), _) => Ok(rt.block_on(c.fs_stats())?),
-                (None, fsref::Source::Mount(m)) => {
+            match &from {
+                Ok(client) => Ok(rt.block_on(client.fs_stats())?),
+                Err(m) => {
                     let text = mount_attr(m, odfs_client::vxattr::STATS).context(
                         "a job with very many services may not fit its statistics in an extended \
                          attribute: run odfs stats --fs CONFIG on one of its nodes as root",
                     )?;
                     serde_json::from_str(&text).with_context(|| format!("the statistics of {}", m.display()))
                 }
-                (None, fsref::Source::Config(_)) => unreachable!("a config source has a client"),
             }
         };
         let Some(every) = self.watch else {
