@@ -293,7 +293,7 @@ fn meta_requests(net: &Net, fs: &LocalFs) -> std::collections::BTreeMap<String, 
     let mut m = std::collections::BTreeMap::new();
     let metads = st.services.iter().filter(|s| s.kind == Some(odfs_proto::mgmt::ServiceKind::Meta));
     for method in metads.map(|s| s.stats.as_ref().expect("every metad answers")).flat_map(|s| &s.methods) {
-        if !["SessionPoll", "OpCounts", "GetStats"].contains(&method.name.as_str()) {
+        if !["SessionPoll", "GetStats"].contains(&method.name.as_str()) {
             *m.entry(method.name.clone()).or_default() += method.count;
         }
     }

@@ -1223,8 +1223,8 @@ impl Client {
     pub async fn meta_request_counts(&self) -> Result<Vec<(u16, String, u64)>> {
         let mut out = Vec::new();
         for shard in 0..self.inner.cluster.view().meta_shards().max(1) {
-            let counts = self.meta(&Ctx::root(), shard, &OpCounts {}).await?;
-            out.extend(counts.into_iter().map(|(kind, n)| (shard, kind, n)));
+            let st = self.meta(&Ctx::root(), shard, &GetStats {}).await?;
+            out.extend(st.methods.into_iter().map(|m| (shard, m.name, m.count)));
         }
         Ok(out)
     }

@@ -141,20 +141,10 @@ async fn mutate_fresh(
 /// Maps metad's requests to the store.
 pub fn router(store: Shared, coord: Coordinator) -> Router {
     let mut r = Routes { r: Router::new(), recalls: coord.recalls.clone() };
-    let stats = r.r.stats();
     add_placing(&mut r, &coord);
     add_coordinated(&mut r, &coord);
     add_reads(&mut r, &coord);
     add_plain(&mut r, &store);
-    r.add::<OpCounts, _, _>(move |_h: RequestHeader, _q: OpCounts| {
-        // Counted once answered: this request is not among them yet.
-        let mut counts: Vec<(String, u64)> = stats.snapshot().methods.into_iter().map(|m| (m.name, m.count)).collect();
-        match counts.iter_mut().find(|(name, _)| name == OpCounts::NAME) {
-            Some((_, n)) => *n += 1,
-            None => counts.push((OpCounts::NAME.to_string(), 1)),
-        }
-        async move { Ok(counts) }
-    });
     r.r
 }
 

@@ -3,8 +3,7 @@
 //! job "hangs" in a metadata storm. Rendering only; the numbers come from the services'
 //! `GetStats` (through the client library, or the mount's `odfs.stats` attribute).
 
-use odfs_proto::mgmt::ServiceInfo;
-use odfs_proto::stats::{FsStats, MethodStats, ServiceStats, TargetStats};
+use odfs_proto::stats::{FsStats, MethodStats, TargetStats};
 use std::collections::HashMap;
 use std::fmt::Write;
 
@@ -21,8 +20,7 @@ struct Row<'a> {
 pub fn render(now: &FsStats, before: Option<(&FsStats, f64)>) -> String {
     let mut out = String::new();
     let mut rows = Vec::new();
-    for s in &now.services {
-        let Some(st) = &s.stats else { continue };
+    for (s, st) in now.answered() {
         for m in &st.methods {
             let rate = match before {
                 Some((b, secs)) => m.count.saturating_sub(earlier(b, &s.name, &m.name)) as f64 / secs.max(1e-3),
@@ -66,11 +64,7 @@ pub fn render(now: &FsStats, before: Option<(&FsStats, f64)>) -> String {
 /// Requests and bytes per storage target (a hot or idle target shows an unbalanced layout).
 fn render_targets(out: &mut String, now: &FsStats, before: Option<(&FsStats, f64)>) {
     let targets = |s: &FsStats| -> Vec<(String, TargetStats)> {
-        s.services
-            .iter()
-            .filter_map(|sv| Some((sv, sv.stats.as_ref()?)))
-            .flat_map(|(sv, st)| st.targets.iter().map(move |t| (sv.name.clone(), t.clone())))
-            .collect()
+        s.answered().flat_map(|(sv, st)| st.targets.iter().map(move |t| (sv.name.clone(), t.clone()))).collect()
     };
     let rows = targets(now);
     if rows.is_empty() {
@@ -126,14 +120,14 @@ fn render_clients(out: &mut String, now: &FsStats, before: Option<(&FsStats, f64
         top.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
         let top: Vec<String> = top.iter().take(3).map(|(k, v)| format!("{k} {v}")).collect();
         let rate = if rate.is_nan() { "-".to_string() } else { format!("{rate:.0}") };
-        let _ = writeln!(out, "{:<44} {:>10} {:>9}  {}", client_name(id, &now.clients), n, rate, top.join(", "));
+        let _ = writeln!(out, "{:<44} {:>10} {:>9}  {}", now.client_name(id), n, rate, top.join(", "));
     }
 }
 
 /// Each client id's requests over every service: the total and by kind.
 fn client_totals(s: &FsStats) -> HashMap<u64, (u64, HashMap<String, u64>)> {
     let mut m: HashMap<u64, (u64, HashMap<String, u64>)> = HashMap::new();
-    for c in s.services.iter().filter_map(|s| s.stats.as_ref()).flat_map(|st| &st.clients) {
+    for c in s.answered().flat_map(|(_, st)| &st.clients) {
         let e = m.entry(c.client_id).or_default();
         e.0 += c.count;
         for (k, n) in &c.methods {
@@ -143,22 +137,11 @@ fn client_totals(s: &FsStats) -> HashMap<u64, (u64, HashMap<String, u64>)> {
     m
 }
 
-/// How a client id reads: a registered client (a mount) by node, host and pid.
-pub fn client_name(id: u64, clients: &[ServiceInfo]) -> String {
-    match clients.iter().find(|c| c.client_id == id) {
-        Some(c) => format!("node {} {} pid {}", c.node, c.hostname, c.pid),
-        None if id == 0 => "the job's daemons".to_string(),
-        None => format!("client {id:016x} (unregistered: a command)"),
-    }
-}
-
 /// The count of `method` at `service` in an earlier snapshot (0 if it had none).
 fn earlier(b: &FsStats, service: &str, method: &str) -> u64 {
-    b.services
-        .iter()
-        .filter(|s| s.name == service)
-        .filter_map(|s: &ServiceStats| s.stats.as_ref())
-        .flat_map(|st| &st.methods)
+    b.answered()
+        .filter(|(s, _)| s.name == service)
+        .flat_map(|(_, st)| &st.methods)
         .find(|m| m.name == method)
         .map_or(0, |m| m.count)
 }
@@ -190,7 +173,7 @@ fn bytes(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use odfs_proto::stats::{ClientStats, StatsSnapshot, LATENCY_BUCKETS};
+    use odfs_proto::stats::{ClientStats, ServiceStats, StatsSnapshot, LATENCY_BUCKETS};
 
     fn snap(creates: u64, client: u64) -> FsStats {
         let mut lat = vec![0; LATENCY_BUCKETS];

@@ -396,11 +396,6 @@ pub struct RemoveXattr {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatFs {}
 
-/// How many requests of each kind this shard has served since it started (by request name,
-/// this one included): what shows how much the clients' caches answer. `GetStats` tells more.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OpCounts {}
-
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct StatFsReply {
     pub total_bytes: u64,
@@ -700,6 +695,6 @@ crate::rpc! {
     Step = 133 => StepReply,
     ParentOf = 134 => InodeId,
     RenameLock = 135 => (),
-    OpCounts = 136 => Vec<(String, u64)>,
+    // 136 retired (OpCounts: every service's GetStats counts requests by kind).
     SetSealed = 137 => Attr,
 }

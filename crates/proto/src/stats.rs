@@ -99,17 +99,28 @@ pub struct ServiceStats {
 }
 
 impl FsStats {
+    /// The services that answered, with their numbers.
+    pub fn answered(&self) -> impl Iterator<Item = (&ServiceStats, &StatsSnapshot)> {
+        self.services.iter().filter_map(|s| Some((s, s.stats.as_ref()?)))
+    }
+
+    /// How client id `id` reads: a registered client (a mount) by node, host and pid.
+    pub fn client_name(&self, id: u64) -> String {
+        match self.clients.iter().find(|c| c.client_id == id) {
+            Some(c) => format!("node {} {} pid {}", c.node, c.hostname, c.pid),
+            None if id == 0 => "the job's daemons".to_string(),
+            None => format!("client {id:016x} (unregistered: a command)"),
+        }
+    }
+
     /// The numbers in Prometheus' text exposition format (version 0.0.4): requests, errors,
     /// bytes and latency histograms by service and kind, and requests by client.
     pub fn prometheus(&self) -> String {
         use std::fmt::Write;
         let mut o = String::new();
         let label = |v: &str| v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
-        let up = |o: &mut String| {
-            let _ = writeln!(o, "# HELP odfs_service_up Whether the service answered (1) or not (0).");
-            let _ = writeln!(o, "# TYPE odfs_service_up gauge");
-        };
-        up(&mut o);
+        let _ = writeln!(o, "# HELP odfs_service_up Whether the service answered (1) or not (0).");
+        let _ = writeln!(o, "# TYPE odfs_service_up gauge");
         for s in &self.services {
             let _ = writeln!(o, "odfs_service_up{{service=\"{}\"}} {}", label(&s.name), u8::from(s.stats.is_some()));
         }
@@ -121,7 +132,7 @@ impl FsStats {
         ];
         for (i, (name, help, kind)) in families.iter().enumerate() {
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            for (s, st) in self.services.iter().filter_map(|s| Some((s, s.stats.as_ref()?))) {
+            for (s, st) in self.answered() {
                 for m in &st.methods {
                     let v = [m.count, m.errors, m.bytes_in, m.bytes_out][i];
                     let _ = writeln!(o, "{name}{{service=\"{}\",request=\"{}\"}} {v}", label(&s.name), label(&m.name));
@@ -130,7 +141,7 @@ impl FsStats {
         }
         let name = "odfs_request_duration_seconds";
         let _ = writeln!(o, "# HELP {name} Time from a request's arrival to its reply.\n# TYPE {name} histogram");
-        for (s, st) in self.services.iter().filter_map(|s| Some((s, s.stats.as_ref()?))) {
+        for (s, st) in self.answered() {
             for m in &st.methods {
                 let l = format!("service=\"{}\",request=\"{}\"", label(&s.name), label(&m.name));
                 let mut seen = 0;
@@ -153,7 +164,7 @@ impl FsStats {
             ("odfs_target_bytes_out_total", "Chunk bytes read, by storage target.", 2),
         ] {
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
-            for (s, st) in self.services.iter().filter_map(|s| Some((s, s.stats.as_ref()?))) {
+            for (s, st) in self.answered() {
                 for t in &st.targets {
                     let v = [t.count, t.bytes_in, t.bytes_out][pick];
                     let _ = writeln!(o, "{name}{{service=\"{}\",target=\"{}\"}} {v}", label(&s.name), t.target);
@@ -162,13 +173,9 @@ impl FsStats {
         }
         let name = "odfs_client_requests_total";
         let _ = writeln!(o, "# HELP {name} Requests served, by client and service.\n# TYPE {name} counter");
-        for (s, st) in self.services.iter().filter_map(|s| Some((s, s.stats.as_ref()?))) {
+        for (s, st) in self.answered() {
             for c in &st.clients {
-                let who = match self.clients.iter().find(|r| r.client_id == c.client_id) {
-                    Some(r) => format!("node {} {} pid {}", r.node, r.hostname, r.pid),
-                    None if c.client_id == 0 => "daemons".to_string(),
-                    None => format!("{:016x}", c.client_id),
-                };
+                let who = self.client_name(c.client_id);
                 let _ = writeln!(o, "{name}{{service=\"{}\",client=\"{}\"}} {}", label(&s.name), label(&who), c.count);
             }
         }

@@ -11,7 +11,7 @@
 //! the kernel and FUSE like any application's. Every phase also runs on a plain FUSE
 //! passthrough of the same disk (bindfs, when installed): the FUSE floor; the sequential read
 //! also runs with only loopback TCP between the disk and the reader (the network minimum). The
-//! requests that reach metad during each odfs phase are counted (metad's `OpCounts`), so what
+//! requests that reach metad during each odfs phase are counted (metad's `GetStats`), so what
 //! the caches answer shows. The filesystem is started and stopped through [`odfs_job::local`].
 
 use super::{close, drop_caches, fill_pattern, parallel, CpuMeter, Phase};
@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Requests that keep a session alive or read the counters themselves: not the workload's.
-const UNCOUNTED: [&str; 2] = ["SessionPoll", "OpCounts"];
+const UNCOUNTED: [&str; 2] = ["SessionPoll", "GetStats"];
 
 /// Reads metad's request counters of every shard, through a client of the filesystem.
 struct MetaCounter {
