@@ -1032,6 +1032,23 @@ fn stats_count_requests_by_kind_and_client() {
         .map(|m| m.count)
         .sum();
     assert!(again >= creates, "through the mount: {again} creates, before {creates}");
+    // And what the mount itself answered, by FUSE request: each create of the storm was one
+    // CREATE sent on to metad, and one FLUSH and one RELEASE answered without a request.
+    let me = via_mount
+        .services
+        .iter()
+        .find(|s| s.kind == Some(odfs_proto::mgmt::ServiceKind::Client))
+        .unwrap_or_else(|| panic!("no mount's own counts in {:?}", via_mount.services));
+    assert!(me.name.contains(&format!("pid {}", m.child.id())), "{}", me.name);
+    let ops = me.stats.as_ref().expect("the mount's counts");
+    let op = |name: &str| ops.methods.iter().find(|o| o.name == name).unwrap_or_else(|| panic!("no {name} in {ops:?}"));
+    assert!(near(op("create").count, STORM), "the mount answered {} creates", op("create").count);
+    assert!(op("create").percentile_us(0.5) > 0, "create latencies: {:?}", op("create").latency_us);
+    for quick in ["flush (no request)", "release (no request)"] {
+        assert!(op(quick).count >= STORM && op(quick).errors == 0, "{quick}: {:?}", op(quick));
+    }
+    // A command's numbers hold only the services' (it counted no operations of its own).
+    assert!(st.services.iter().all(|s| s.kind != Some(odfs_proto::mgmt::ServiceKind::Client)), "{st:?}");
 }
 
 /// One plain HTTP GET of `path` at `addr`: the whole response, head and body.

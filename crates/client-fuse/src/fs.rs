@@ -34,7 +34,7 @@ use std::future::Future;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 use tracing::{debug, info, warn};
 
 /// Largest write request: one default chunk.
@@ -77,6 +77,12 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// Counts a request answered (`odfs stats` through the mount shows them): its kind, the
+    /// time since `since` (when it was read), whether it failed.
+    fn count(&self, op: &'static str, since: Instant, failed: bool) {
+        self.client.count_op(op, since.elapsed(), failed, 0, 0);
+    }
+
     /// Lets the kernel be told to drop what it caches, and has every recall tell it.
     pub fn set_notifier(&self, n: Notifier) {
         let _ = self.notifier.set(n.clone());
@@ -385,11 +391,19 @@ impl OdfsFuse {
         work: impl Future<Output = OpResult<T>> + Send + 'static,
         done: impl FnOnce(R, T) + Send + 'static,
     ) {
+        let (s, t0) = (self.shared.clone(), Instant::now());
         self.shared.rt.spawn(async move {
-            match work.await {
-                Ok(v) => done(reply, v),
-                Err(e) => fail(reply, op, e),
-            }
+            let failed = match work.await {
+                Ok(v) => {
+                    done(reply, v);
+                    false
+                }
+                Err(e) => {
+                    fail(reply, op, e);
+                    true
+                }
+            };
+            s.count(op, t0, failed);
         });
     }
 
@@ -402,10 +416,18 @@ impl OdfsFuse {
         work: impl Future<Output = OpResult<T>>,
         done: impl FnOnce(R, T),
     ) {
-        match crate::reader::block_on(work) {
-            Ok(v) => done(reply, v),
-            Err(e) => fail(reply, op, e),
-        }
+        let t0 = Instant::now();
+        let failed = match crate::reader::block_on(work) {
+            Ok(v) => {
+                done(reply, v);
+                false
+            }
+            Err(e) => {
+                fail(reply, op, e);
+                true
+            }
+        };
+        self.shared.count(op, t0, failed);
     }
 
     /// The caller of a request, with its supplementary groups (see `callers`).
@@ -509,12 +531,19 @@ impl Filesystem for OdfsFuse {
         let (s, name) = (self.shared.clone(), name_bytes(name));
         // What a lease covers is answered on this thread: no task, no network.
         let ticket = s.client.ticket();
+        let t0 = Instant::now();
         if let Some(r) = s.client.lookup_cached(&quick_ctx(req), ino(parent), &name) {
-            match looked_up(&s, parent, &name, r, ticket) {
-                Ok(t) => lookup_reply(reply, t),
-                Err(e) => reply.fail(Errno::from_i32(e.errno())),
-            }
-            return;
+            let failed = match looked_up(&s, parent, &name, r, ticket) {
+                Ok(t) => {
+                    lookup_reply(reply, t);
+                    false
+                }
+                Err(e) => {
+                    reply.fail(Errno::from_i32(e.errno()));
+                    true
+                }
+            };
+            return s.count("lookup (no request)", t0, failed);
         }
         let ctx = self.ctx(req);
         self.here(
@@ -539,10 +568,11 @@ impl Filesystem for OdfsFuse {
     fn getattr(&self, req: &Request, i: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let s = self.shared.clone();
         let ticket = s.client.ticket();
+        let t0 = Instant::now();
         if let Some(mut a) = s.client.getattr_cached(ino(i)) {
             s.backings.merge(&mut a);
             reply.attr(&s.client.kernel_ttl(a.ino, ticket), &file_attr(&a));
-            return;
+            return s.count("getattr (no request)", t0, false);
         }
         let ctx = self.ctx(req);
         self.here(
@@ -756,7 +786,9 @@ impl Filesystem for OdfsFuse {
                 let file = OpenFile { handle, writable: false, append, attr, backing: None };
                 let keep = FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH;
                 if !s.fill_wanted(&file, &candidate) {
-                    return opened(&s, reply, file, candidate, keep);
+                    let t0 = Instant::now();
+                    opened(&s, reply, file, candidate, keep);
+                    return s.count("open (no request)", t0, false);
                 }
                 // A small file whose pages the kernel lacks: they are handed over first, so
                 // no READ follows.
@@ -844,9 +876,16 @@ impl Filesystem for OdfsFuse {
         let Some((f, reply)) = self.open_file(fh, reply) else { return };
         // A write that only joins the write buffer (a small file's one write) is answered here.
         if !f.append {
+            let t0 = Instant::now();
             match f.handle.try_write(offset, data) {
-                Some(Ok(n)) => return reply.written(n as u32),
-                Some(Err(e)) => return fail(reply, "write", FuseError::from(e)),
+                Some(Ok(n)) => {
+                    reply.written(n as u32);
+                    return self.shared.count("write (no request)", t0, false);
+                }
+                Some(Err(e)) => {
+                    fail(reply, "write", FuseError::from(e));
+                    return self.shared.count("write (no request)", t0, true);
+                }
                 None => {}
             }
         }
@@ -880,7 +919,7 @@ impl Filesystem for OdfsFuse {
             // its close must hold the last one.
             drop(f);
             reply.ok();
-            return;
+            return self.shared.count("flush (no request)", Instant::now(), false);
         }
         self.spawn("flush", reply, async move { Ok(f.handle.flush().await?) }, |reply, ()| reply.ok());
     }
@@ -903,7 +942,10 @@ impl Filesystem for OdfsFuse {
             // A passthrough writer may have been written through mmap after its last flush.
             Some(Ok(f)) if f.kernel_writes() => Some(Arc::new(f)),
             Some(Ok(f)) => match f.handle.close_if_clean() {
-                Ok(()) => return reply.ok(),
+                Ok(()) => {
+                    reply.ok();
+                    return self.shared.count("release (no request)", Instant::now(), false);
+                }
                 Err(handle) => Some(Arc::new(OpenFile { handle, ..f })),
             },
             Some(Err(shared)) => Some(shared),

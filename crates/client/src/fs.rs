@@ -6,7 +6,7 @@ use crate::file::{FileHandle, InodeData};
 use crate::{ClientConfig, ClientError, Result};
 use odfs_proto::meta::*;
 use odfs_proto::mgmt::{Register, ServiceKind};
-use odfs_proto::stats::{FsStats, GetStats};
+use odfs_proto::stats::{FsStats, GetStats, ServiceStats};
 use odfs_proto::storage::RemoveChunk;
 use odfs_proto::{DirLayout, ErrorCode, InodeId, Layout, RequestHeader, Rpc, TargetId};
 use odfs_rpc::{Pool, PoolConfig, Transport};
@@ -75,6 +75,9 @@ pub(crate) struct Inner {
     /// Files this client's own unlink or rename just removed, whose chunks are kept a moment
     /// (see `reclaim`).
     removed: Mutex<HashMap<InodeId, Attr>>,
+    /// What the program on top counted of its own operations (a mount: every FUSE request,
+    /// those answered from the caches included), shown by `fs_stats` beside the services'.
+    ops: odfs_rpc::stats::Stats,
 }
 
 /// How long a caching client keeps the chunks of a file its own unlink or rename removed, and
@@ -197,6 +200,7 @@ impl Client {
             runtime: tokio::runtime::Handle::current(),
             stripes: Mutex::new(HashMap::new()),
             removed: Mutex::new(HashMap::new()),
+            ops: odfs_rpc::stats::Stats::default(),
         });
         let client = Client { inner };
         client.keep_sessions(&stop_rx);
@@ -1243,7 +1247,24 @@ impl Client {
             ServiceKind::Storage => crate::cluster::route(s, bulk),
             _ => crate::cluster::route(s, Transport::Quic),
         };
-        Ok(odfs_rpc::stats::gather(pool, &h, mgmtd, &view.services, route).await)
+        let mut all = odfs_rpc::stats::gather(pool, &h, mgmtd, &view.services, route).await;
+        if !self.inner.ops.is_empty() {
+            all.services.push(ServiceStats {
+                name: format!("this mount, node {} pid {}", self.inner.cfg.node, std::process::id()),
+                kind: Some(ServiceKind::Client),
+                node: self.inner.cfg.node,
+                stats: Some(self.inner.ops.snapshot()),
+                error: None,
+            });
+        }
+        Ok(all)
+    }
+
+    /// Counts one operation of the program on top (see `fs_stats`): a mount counts each FUSE
+    /// request it answered, how long it took and whether it failed, under its kind (`lookup`,
+    /// or `lookup (cache)` for one answered without a request).
+    pub fn count_op(&self, name: &'static str, took: Duration, error: bool, bytes_in: u64, bytes_out: u64) {
+        self.inner.ops.count(name, took, error, bytes_in, bytes_out);
     }
 
     /// Closes every connection. Handles still open are not flushed.

@@ -82,9 +82,8 @@ impl Router {
                 let error = result.is_err();
                 let frame = codec::encode_reply::<R>(call_id, result);
                 stats.record(Served {
-                    method: R::METHOD,
                     name: R::NAME,
-                    client,
+                    client: Some(client),
                     target,
                     took: start.elapsed(),
                     error,
