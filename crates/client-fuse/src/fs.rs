@@ -16,6 +16,7 @@ use crate::attr::{
     file_attr, file_type, name_bytes, set_time, special_kind, statfs_blocks, xattr_list, NAMELEN, STATFS_BSIZE,
 };
 use crate::callers::Callers;
+use crate::counts::Counts;
 use crate::fill::Filled;
 use crate::handles::{Handles, OpenFile, Parents};
 use crate::passthrough::{Backing, Backings, Candidate};
@@ -74,13 +75,15 @@ pub struct Shared {
     filled: Arc<Filled>,
     /// Callers' supplementary groups, memoised.
     callers: Callers,
+    /// What the mount answered, by kind (`odfs stats` through the mount).
+    counts: Arc<Counts>,
 }
 
 impl Shared {
     /// Counts a request answered (`odfs stats` through the mount shows them): its kind, the
     /// time since `since` (when it was read), whether it failed.
     fn count(&self, op: &'static str, since: Instant, failed: bool) {
-        self.client.count_op(op, since.elapsed(), failed, 0, 0);
+        self.counts.count(op, since.elapsed(), failed);
     }
 
     /// Lets the kernel be told to drop what it caches, and has every recall tell it.
@@ -364,6 +367,9 @@ fn opened(s: &Shared, reply: ReplyOpen, file: OpenFile, candidate: Option<Candid
 impl OdfsFuse {
     /// A filesystem over `client`, running its requests on `rt`.
     pub fn new(client: Client, rt: tokio::runtime::Handle) -> OdfsFuse {
+        let counts = Arc::new(Counts::default());
+        let c = counts.clone();
+        client.on_stats(Box::new(move || c.snapshot()));
         OdfsFuse {
             shared: Arc::new(Shared {
                 client,
@@ -374,6 +380,7 @@ impl OdfsFuse {
                 notifier: OnceLock::new(),
                 filled: Arc::new(Filled::default()),
                 callers: Callers::default(),
+                counts,
             }),
         }
     }

@@ -22,6 +22,7 @@
 
 pub mod attr;
 pub mod callers;
+pub mod counts;
 pub mod error;
 pub mod fill;
 pub mod fs;

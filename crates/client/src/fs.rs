@@ -77,8 +77,12 @@ pub(crate) struct Inner {
     removed: Mutex<HashMap<InodeId, Attr>>,
     /// What the program on top counted of its own operations (a mount: every FUSE request,
     /// those answered from the caches included), shown by `fs_stats` beside the services'.
-    ops: odfs_rpc::stats::Stats,
+    ops: std::sync::OnceLock<OpStats>,
 }
+
+/// Reads what the program on top of a client counted of its own operations (see
+/// [`Client::on_stats`]).
+pub type OpStats = Box<dyn Fn() -> odfs_proto::stats::StatsSnapshot + Send + Sync>;
 
 /// How long a caching client keeps the chunks of a file its own unlink or rename removed, and
 /// answers opens of it: its kernel may have resolved the old name just before the change (a
@@ -200,7 +204,7 @@ impl Client {
             runtime: tokio::runtime::Handle::current(),
             stripes: Mutex::new(HashMap::new()),
             removed: Mutex::new(HashMap::new()),
-            ops: odfs_rpc::stats::Stats::default(),
+            ops: std::sync::OnceLock::new(),
         });
         let client = Client { inner };
         client.keep_sessions(&stop_rx);
@@ -1248,23 +1252,22 @@ impl Client {
             _ => crate::cluster::route(s, Transport::Quic),
         };
         let mut all = odfs_rpc::stats::gather(pool, &h, mgmtd, &view.services, route).await;
-        if !self.inner.ops.is_empty() {
+        if let Some(ops) = self.inner.ops.get() {
             all.services.push(ServiceStats {
                 name: format!("this mount, node {} pid {}", self.inner.cfg.node, std::process::id()),
                 kind: Some(ServiceKind::Client),
                 node: self.inner.cfg.node,
-                stats: Some(self.inner.ops.snapshot()),
+                stats: Some(ops()),
                 error: None,
             });
         }
         Ok(all)
     }
 
-    /// Counts one operation of the program on top (see `fs_stats`): a mount counts each FUSE
-    /// request it answered, how long it took and whether it failed, under its kind (`lookup`,
-    /// or `lookup (cache)` for one answered without a request).
-    pub fn count_op(&self, name: &'static str, took: Duration, error: bool, bytes_in: u64, bytes_out: u64) {
-        self.inner.ops.count(name, took, error, bytes_in, bytes_out);
+    /// Lets `fs_stats` show what the program on top counted of its own operations (a mount:
+    /// the FUSE requests it answered), as one more service. Set once; later calls are ignored.
+    pub fn on_stats(&self, ops: OpStats) {
+        let _ = self.inner.ops.set(ops);
     }
 
     /// Closes every connection. Handles still open are not flushed.

@@ -21,7 +21,7 @@ pub use attr_cache::Ticket;
 pub use config::ClientConfig;
 pub use error::ClientError;
 pub use file::FileHandle;
-pub use fs::{Client, Ctx, RecallHook, Truncate};
+pub use fs::{Client, Ctx, OpStats, RecallHook, Truncate};
 /// Lets a thread with a runtime of its own call over connections of its own (odfs-fuse's reader threads).
 pub use odfs_rpc::own_lane;
 

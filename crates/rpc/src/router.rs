@@ -82,8 +82,9 @@ impl Router {
                 let error = result.is_err();
                 let frame = codec::encode_reply::<R>(call_id, result);
                 stats.record(Served {
+                    method: R::METHOD,
                     name: R::NAME,
-                    client: Some(client),
+                    client,
                     target,
                     took: start.elapsed(),
                     error,

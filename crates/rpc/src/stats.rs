@@ -17,10 +17,9 @@ use std::time::{Duration, Instant};
 
 /// One served request, as counted.
 pub(crate) struct Served {
+    pub method: u16,
     pub name: &'static str,
-    /// The client that sent it (the request header's id); `None` for what a client counts of
-    /// its own operations.
-    pub client: Option<u64>,
+    pub client: u64,
     /// The storage target the request was for, if any.
     pub target: Option<odfs_proto::TargetId>,
     pub took: Duration,
@@ -30,6 +29,7 @@ pub(crate) struct Served {
 }
 
 struct Method {
+    name: &'static str,
     count: u64,
     errors: u64,
     bytes_in: u64,
@@ -39,10 +39,9 @@ struct Method {
 
 #[derive(Default)]
 struct Counts {
-    /// Requests by kind: a method's or operation's name.
-    methods: HashMap<&'static str, Method>,
-    /// Requests by client id and kind.
-    clients: HashMap<(u64, &'static str), u64>,
+    methods: HashMap<u16, Method>,
+    /// Requests by client id and method id.
+    clients: HashMap<(u64, u16), u64>,
     targets: HashMap<odfs_proto::TargetId, TargetStats>,
 }
 
@@ -62,7 +61,8 @@ impl Stats {
     pub(crate) fn record(&self, s: Served) {
         let bucket = latency_bucket(s.took.as_micros() as u64);
         let mut c = self.counts.lock().expect("stats lock");
-        let m = c.methods.entry(s.name).or_insert_with(|| Method {
+        let m = c.methods.entry(s.method).or_insert_with(|| Method {
+            name: s.name,
             count: 0,
             errors: 0,
             bytes_in: 0,
@@ -74,9 +74,7 @@ impl Stats {
         m.bytes_in += s.bytes_in;
         m.bytes_out += s.bytes_out;
         m.latency[bucket] += 1;
-        if let Some(client) = s.client {
-            *c.clients.entry((client, s.name)).or_default() += 1;
-        }
+        *c.clients.entry((s.client, s.method)).or_default() += 1;
         if let Some(t) = s.target {
             let e = c.targets.entry(t).or_insert_with(|| TargetStats { target: t, ..Default::default() });
             e.count += 1;
@@ -86,25 +84,14 @@ impl Stats {
         }
     }
 
-    /// Counts one operation a client performed (a FUSE request a mount answered), by `name`:
-    /// how long it took, whether it failed, and the payload bytes it moved.
-    pub fn count(&self, name: &'static str, took: Duration, error: bool, bytes_in: u64, bytes_out: u64) {
-        self.record(Served { name, client: None, target: None, took, error, bytes_in, bytes_out });
-    }
-
-    /// Whether nothing has been counted yet.
-    pub fn is_empty(&self) -> bool {
-        self.counts.lock().expect("stats lock").methods.is_empty()
-    }
-
     /// Everything counted so far, methods by name.
     pub fn snapshot(&self) -> StatsSnapshot {
         let c = self.counts.lock().expect("stats lock");
         let mut methods: Vec<MethodStats> = c
             .methods
-            .iter()
-            .map(|(name, m)| MethodStats {
-                name: name.to_string(),
+            .values()
+            .map(|m| MethodStats {
+                name: m.name.to_string(),
                 count: m.count,
                 errors: m.errors,
                 bytes_in: m.bytes_in,
@@ -115,10 +102,11 @@ impl Stats {
             .collect();
         methods.sort_by(|a, b| a.name.cmp(&b.name));
         let mut by_client: HashMap<u64, ClientStats> = HashMap::new();
-        for ((client, name), n) in &c.clients {
+        for ((client, method), n) in &c.clients {
             let e =
                 by_client.entry(*client).or_insert_with(|| ClientStats { client_id: *client, ..Default::default() });
             e.count += n;
+            let name = c.methods.get(method).map_or("?", |m| m.name);
             e.methods.push((name.to_string(), *n));
         }
         let mut clients: Vec<ClientStats> = by_client.into_values().collect();
