@@ -400,16 +400,7 @@ impl OdfsFuse {
     ) {
         let (s, t0) = (self.shared.clone(), Instant::now());
         self.shared.rt.spawn(async move {
-            let failed = match work.await {
-                Ok(v) => {
-                    done(reply, v);
-                    false
-                }
-                Err(e) => {
-                    fail(reply, op, e);
-                    true
-                }
-            };
+            let failed = answer(reply, op, work.await, done);
             s.count(op, t0, failed);
         });
     }
@@ -424,16 +415,7 @@ impl OdfsFuse {
         done: impl FnOnce(R, T),
     ) {
         let t0 = Instant::now();
-        let failed = match crate::reader::block_on(work) {
-            Ok(v) => {
-                done(reply, v);
-                false
-            }
-            Err(e) => {
-                fail(reply, op, e);
-                true
-            }
-        };
+        let failed = answer(reply, op, crate::reader::block_on(work), done);
         self.shared.count(op, t0, failed);
     }
 
@@ -450,6 +432,20 @@ impl OdfsFuse {
                 reply.fail(Errno::EBADF);
                 None
             }
+        }
+    }
+}
+
+/// Replies with `done` on success or the error's errno; true when it failed.
+fn answer<R: ErrorReply, T>(reply: R, op: &'static str, r: OpResult<T>, done: impl FnOnce(R, T)) -> bool {
+    match r {
+        Ok(v) => {
+            done(reply, v);
+            false
+        }
+        Err(e) => {
+            fail(reply, op, e);
+            true
         }
     }
 }
