@@ -880,16 +880,9 @@ impl Filesystem for OdfsFuse {
         // A write that only joins the write buffer (a small file's one write) is answered here.
         if !f.append {
             let t0 = Instant::now();
-            match f.handle.try_write(offset, data) {
-                Some(Ok(n)) => {
-                    reply.written(n as u32);
-                    return self.shared.count("write (no request)", t0, false);
-                }
-                Some(Err(e)) => {
-                    fail(reply, "write", FuseError::from(e));
-                    return self.shared.count("write (no request)", t0, true);
-                }
-                None => {}
+            if let Some(r) = f.handle.try_write(offset, data) {
+                let failed = answer(reply, "write", r.map_err(FuseError::from), |reply, n| reply.written(n as u32));
+                return self.shared.count("write (no request)", t0, failed);
             }
         }
         let data = data.to_vec();
