@@ -551,3 +551,103 @@ fn a_node_killed_mid_job_is_cleaned_by_its_next_prolog() {
     c.assert_clean(2);
     c.slurm_ok("scancel", &[&job]);
 }
+
+/// A script body that writes `n` checkpoints of 20 MiB into `$ODFS_MOUNT/ckpt`, 2 s apart, each
+/// kept in `out` too, with the time (ms since the epoch) its writer closed it.
+fn checkpoints_body(out: &Path, n: u32) -> String {
+    format!(
+        "mkdir \"$ODFS_MOUNT/ckpt\"\nfor k in $(seq 1 {n}); do head -c 20971520 /dev/urandom > {o}/ckpt-$k.pt; \
+         cp {o}/ckpt-$k.pt \"$ODFS_MOUNT/ckpt/ckpt-$k.pt\"; date +%s%3N > {o}/closed-$k; sleep 2; done",
+        o = out.display()
+    )
+}
+
+/// Waits until checkpoint k of `job` is in S3 byte for byte and recorded as drained in the
+/// destination's manifest (written after the upload is verified).
+fn wait_drained(c: &Cluster, out: &Path, job: &str, k: u32) {
+    let want = fs::read(out.join(format!("ckpt-{k}.pt"))).unwrap();
+    let p = c.s3.object_path(BUCKET, &format!("run-{job}/ckpt/ckpt-{k}.pt"));
+    wait_for(&format!("checkpoint {k} drained"), LONG, || {
+        (fs::read(&p).unwrap_or_default() == want && drained_at(c, job, k).is_some(), c.job(job))
+    });
+}
+
+/// The drain's record of checkpoint k in the destination's manifest: when it was drained.
+fn drained_at(c: &Cluster, job: &str, k: u32) -> Option<i64> {
+    let m = c.s3.object_path(BUCKET, &format!("run-{job}/ckpt/.odfs-stage-out.json"));
+    let m: serde_json::Value = serde_json::from_slice(&fs::read(m).unwrap_or_default()).unwrap_or_default();
+    m["files"][format!("ckpt-{k}.pt")]["drained"].as_i64()
+}
+
+#[test]
+fn checkpoints_are_drained_to_s3_while_the_job_runs_and_the_epilog_sends_none_again() {
+    let c = Cluster::new(ClusterOptions::default());
+    let user = TestUser::create("dr");
+    let out = c.dir.path().join("out");
+    let directives = format!("#SBATCH -N 4 -C odfs\n#ODFS drain /ckpt s3://{BUCKET}/run-%j/ckpt --settle 2\n");
+    let job = c.sbatch(&user.name, "dr", &waiting_script(&c, &directives, &checkpoints_body(&out, 5)), &[]);
+    wait_ready(&c, &job);
+    // Every checkpoint reaches S3, verified and recorded, while the job still runs.
+    for k in 1..=5 {
+        wait_drained(&c, &out, &job, k);
+        let closed: i64 = fs::read_to_string(out.join(format!("closed-{k}"))).unwrap().trim().parse().unwrap();
+        let at = drained_at(&c, &job, k).unwrap();
+        assert!(at > closed, "ckpt-{k} recorded as drained ({at}) before its writer closed it ({closed})");
+        eprintln!("ckpt-{k}: in S3 {} ms after its close (settle 2 s)", at - closed);
+    }
+    assert_eq!(c.job(&job).state, "RUNNING");
+    go(&c, &job);
+    let info = c.wait_ended(&job, LONG);
+    assert_eq!(info.state, "COMPLETED", "{}\n{}", c.output(&job), c.logs());
+    c.wait_nodes_idle(&c.nodes, LONG);
+    // The epilog stopped the drain and sent nothing it had drained; its verdict counts them.
+    let log = c.event_log(0);
+    assert!(log.contains("drain stopped: odfs:/ckpt") && log.contains("5 uploaded"), "{log}");
+    assert!(log.contains("stage-out: 0 files"), "the epilog uploads nothing already drained:\n{log}");
+    assert!(log.contains("drained while the job ran, unchanged since: 5 files not sent again"), "{log}");
+    assert!(c.s3.object_path(BUCKET, &format!("run-{job}/ckpt/.odfs-stage-out.complete")).exists(), "{log}");
+    for k in 1..=5 {
+        let want = fs::read(out.join(format!("ckpt-{k}.pt"))).unwrap();
+        let got = fs::read(c.s3.object_path(BUCKET, &format!("run-{job}/ckpt/ckpt-{k}.pt"))).unwrap_or_default();
+        assert_bytes(&got, &want, &format!("ckpt-{k}"));
+    }
+    assert_all_clean(&c);
+}
+
+#[test]
+fn a_node_lost_after_three_drained_checkpoints_loses_none_of_them() {
+    let mut c = Cluster::new(ClusterOptions::default());
+    let user = TestUser::create("dk");
+    let out = c.dir.path().join("out");
+    // Striped over every node: each checkpoint has chunks on the node that dies.
+    let directives = format!(
+        "#SBATCH -N 4 -C odfs\n#ODFS stripe-count -1\n#ODFS drain /ckpt s3://{BUCKET}/run-%j/ckpt --settle 2\n"
+    );
+    let job = c.sbatch(&user.name, "dk", &waiting_script(&c, &directives, &checkpoints_body(&out, 3)), &[]);
+    wait_ready(&c, &job);
+    for k in 1..=3 {
+        wait_drained(&c, &out, &job, k);
+    }
+    c.kill_node(2);
+    // Slurm notices and requeues the job; node 0's epilog stops the drain and stages out: the
+    // three drained checkpoints need nothing from the dead node.
+    wait_for("the job requeued", LONG, || {
+        let j = c.job(&job);
+        (j.restarts >= 1 && j.state == "PENDING", j)
+    });
+    c.slurm_ok("scontrol", &["hold", &job]);
+    wait_for("node 0's epilog over", LONG, || {
+        let log = c.event_log(0);
+        (log.contains("stopped and wiped") || log.contains("outputs not verified"), ())
+    });
+    let log = c.event_log(0);
+    assert!(log.contains("drained while the job ran, unchanged since: 3 files not sent again"), "{log}");
+    for k in 1..=3 {
+        let want = fs::read(out.join(format!("ckpt-{k}.pt"))).unwrap();
+        let got = fs::read(c.s3.object_path(BUCKET, &format!("run-{job}/ckpt/ckpt-{k}.pt"))).unwrap_or_default();
+        assert_bytes(&got, &want, &format!("ckpt-{k} after n3 died"));
+        assert!(drained_at(&c, &job, k).is_some(), "ckpt-{k} is recorded as drained");
+    }
+    assert!(c.s3.object_path(BUCKET, &format!("run-{job}/ckpt/.odfs-stage-out.complete")).exists(), "{log}");
+    c.slurm_ok("scancel", &[&job]);
+}

@@ -490,3 +490,107 @@ fn the_site_config_supplies_the_endpoint_and_settings() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("site.toml") && err.contains("unknown field"), "{err}");
 }
+
+/// The `odfs drain status --json` entry of the drain of `src`.
+fn drain_state(fs: &LocalFs, src: &str) -> serde_json::Value {
+    let out = ok(odfs_stage(fs, &[], &["drain", "status", "--json"]));
+    let all: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+    all.into_iter().find(|d| d["src"] == src).unwrap_or_else(|| panic!("no drain of {src}: {out}"))
+}
+
+/// Waits until the object at `key` holds exactly `want`.
+fn wait_object(s3: &S3Server, key: &str, want: &[u8]) {
+    let p = s3.object_path("out", key);
+    wait_for(&format!("s3://out/{key} drained"), Duration::from_secs(90), || {
+        let got = std::fs::read(&p).unwrap_or_default();
+        (got == want, got.len())
+    });
+}
+
+#[test]
+fn a_drain_uploads_settled_files_while_running_and_the_stage_out_sends_only_what_changed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut s3 = S3Server::s3s(&tmp.path().join("s3"), &["out"]);
+    let fs = LocalFs::up(4, &[]);
+    let url = s3.url();
+    let s3_args = ["--endpoint-url", url.as_str(), "--path-style"];
+    let mut start = vec!["drain", "start", "odfs:/ckpt", "s3://out/run", "--settle", "1", "--keep", "2"];
+    start.extend(s3_args);
+    // The directory does not exist yet: the drain waits for it.
+    let said = ok(odfs_stage(&fs, &s3.env(), &start));
+    assert!(said.contains("drain started: odfs:/ckpt -> s3://out/run (settle 1.0 s, keeping the last 2)"), "{said}");
+    fs.cli_ok(&["mkdir", "odfs:/ckpt"]);
+    let put = |name: &str, data: &[u8]| {
+        let local = tmp.path().join(name);
+        std::fs::write(&local, data).unwrap();
+        fs.cli_ok(&["cp", local.to_str().unwrap(), &format!("odfs:/ckpt/{name}")]);
+    };
+    let ckpt = |k: u64| pattern(20 << 20, k);
+    for k in 1..=3 {
+        put(&format!("ckpt-{k}.pt"), &ckpt(k));
+        wait_object(&s3, &format!("run/ckpt-{k}.pt"), &ckpt(k));
+    }
+    // --keep 2: the oldest drained checkpoint's object goes once a third is drained.
+    wait_for("ckpt-1 retired", Duration::from_secs(30), || {
+        let gone = !s3.object_path("out", "run/ckpt-1.pt").exists();
+        (gone, drain_state(&fs, "/ckpt"))
+    });
+    // A file rewritten after its upload is uploaded again.
+    put("ckpt-3.pt", &ckpt(33));
+    wait_object(&s3, "run/ckpt-3.pt", &ckpt(33));
+    // The object is there before the drainer has checked it and recorded the upload.
+    wait_for("the re-upload recorded", Duration::from_secs(30), || {
+        let st = drain_state(&fs, "/ckpt");
+        let counts = (st["uploaded"].as_u64(), st["reuploaded"].as_u64(), st["retired"].as_u64());
+        (counts == (Some(4), Some(1), Some(1)), st)
+    });
+
+    // The store goes down: a file that settles meanwhile waits, and is drained when it is back.
+    s3.kill();
+    put("ckpt-4.pt", &ckpt(4));
+    wait_for("ckpt-4 pending while the store is down", Duration::from_secs(30), || {
+        let st = drain_state(&fs, "/ckpt");
+        (st["pending"].as_u64() == Some(1) || st["in_flight"].as_u64() == Some(1), st)
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(!s3.object_path("out", "run/ckpt-4.pt").exists());
+    s3.start();
+    wait_object(&s3, "run/ckpt-4.pt", &ckpt(4));
+    // ckpt-2 is now the third most recent: retired too.
+    wait_for("ckpt-2 retired", Duration::from_secs(30), || (!s3.object_path("out", "run/ckpt-2.pt").exists(), ()));
+
+    // A file written just before the end is not drained; the stage-out sends it and only it.
+    put("late.txt", b"written at the end\n");
+    let stopped = ok(odfs_stage(&fs, &[], &["drain", "stop", "odfs:/ckpt"]));
+    assert!(stopped.contains("stopped") && stopped.contains("5 uploaded"), "{stopped}");
+    let mut out_args = vec!["stage-out", "odfs:/ckpt", "s3://out/run"];
+    out_args.extend(s3_args);
+    let out = ok(odfs_stage(&fs, &s3.env(), &out_args));
+    assert!(out.contains("stage-out: 1 files"), "only late.txt is sent: {out}");
+    assert!(
+        out.contains("drained while the job ran, unchanged since: 2 files not sent again, 2 retired by --keep"),
+        "{out}"
+    );
+    assert_eq!(std::fs::read(s3.object_path("out", "run/late.txt")).unwrap(), b"written at the end\n");
+    for k in [3, 4] {
+        let want = if k == 3 { ckpt(33) } else { ckpt(4) };
+        assert_eq!(sha256(&std::fs::read(s3.object_path("out", &format!("run/ckpt-{k}.pt"))).unwrap()), sha256(&want));
+    }
+    assert!(!s3.object_path("out", "run/ckpt-1.pt").exists(), "a retired file is not uploaded again");
+    assert!(s3.object_path("out", "run/.odfs-stage-out.complete").exists(), "{out}");
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(s3.object_path("out", "run/.odfs-stage-out.json")).unwrap()).unwrap();
+    let files = m["files"].as_object().unwrap();
+    assert_eq!(files.len(), 5, "{m}");
+    for k in 1..=4 {
+        let e = &files[&format!("ckpt-{k}.pt")];
+        assert!(e["drained"].as_i64().is_some(), "ckpt-{k}: {e}");
+        assert_eq!(e["retired"].as_bool().unwrap_or(false), k <= 2, "ckpt-{k}: {e}");
+    }
+    assert!(files["late.txt"].get("drained").is_none());
+    // Bad requests are one-line errors.
+    let e = text(&odfs_stage(&fs, &s3.env(), &["drain", "start", "odfs:/ckpt", "/pfs/out"]));
+    assert!(e.contains("a drain uploads to S3"), "{e}");
+    let e = text(&odfs_stage(&fs, &[], &["drain", "stop", "odfs:/nothing"]));
+    assert!(e.contains("no drain of odfs:/nothing is running"), "{e}");
+}

@@ -5,6 +5,7 @@
 //! #SBATCH --constraint=odfs
 //! #ODFS stage-in  s3://datasets/imagenet /data --seal
 //! #ODFS stage-out /out s3://runs/%u/%j
+//! #ODFS drain /ckpt s3://runs/%u/%j/ckpt --settle 5 --keep 3
 //! #ODFS stripe-count 4
 //! #ODFS chunk-size 4M
 //! #ODFS placement local
@@ -28,12 +29,27 @@ pub struct Transfer {
     pub seal: bool,
 }
 
+/// A continuous drain (`drain SRC DST [--settle SECS] [--keep K] [--concurrency N]
+/// [--max-bandwidth SIZE]`): SRC's settled files uploaded to DST while the job runs. A drain
+/// also stages SRC out to DST at the end, like `stage-out SRC DST`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Drain {
+    pub src: String,
+    pub dst: String,
+    pub settle: Option<f64>,
+    #[serde(default)]
+    pub keep: u32,
+    pub concurrency: Option<u32>,
+    pub max_bandwidth: Option<u64>,
+}
+
 /// Everything `#ODFS` lines can ask for.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(default)]
 pub struct Directives {
     pub stage_in: Vec<Transfer>,
     pub stage_out: Vec<Transfer>,
+    pub drain: Vec<Drain>,
     pub stripe_count: Option<i32>,
     pub chunk_size: Option<u32>,
     pub pool: Option<String>,
@@ -59,6 +75,9 @@ impl Directives {
         if !self.stage_out.is_empty() {
             parts.push(format!("{} stage-out", self.stage_out.len()));
         }
+        if !self.drain.is_empty() {
+            parts.push(format!("{} drain", self.drain.len()));
+        }
         if let Some(n) = self.stripe_count {
             parts.push(format!("stripe-count {n}"));
         }
@@ -80,7 +99,8 @@ impl Directives {
 }
 
 /// The help text listing every directive (printed with errors).
-pub const HELP: &str = "stage-in SRC DST [--seal] | stage-out SRC DST | stripe-count N | chunk-size SIZE | pool NAME | placement local|rotate | \
+pub const HELP: &str = "stage-in SRC DST [--seal] | stage-out SRC DST | \
+                        drain SRC DST [--settle SECS] [--keep K] [--concurrency N] [--max-bandwidth SIZE] | stripe-count N | chunk-size SIZE | pool NAME | placement local|rotate | \
                         endpoint-url URL | region NAME | path-style | profile NAME | concurrency N | max-bandwidth SIZE";
 
 /// Splits one directive's arguments (blanks; quotes group).
@@ -166,6 +186,14 @@ fn one_directive(d: &mut Directives, w: &[String]) -> Result<(), String> {
             want(2, "a source in the job's filesystem and a destination (s3://... or /path)")?;
             d.stage_out.push(Transfer { src: odfs_path(&args[0])?, dst: store_path(&args[1])?, seal: false });
         }
+        "drain" => {
+            let dr = drain(args)?;
+            let out = Transfer { src: dr.src.clone(), dst: dr.dst.clone(), seal: false };
+            if !d.stage_out.contains(&out) {
+                d.stage_out.push(out);
+            }
+            d.drain.push(dr);
+        }
         "stripe-count" => {
             want(1, "a number of targets (-1 = every target)")?;
             let n: i32 = args[0].parse().map_err(|_| format!("stripe-count {:?} is not a number", args[0]))?;
@@ -225,6 +253,49 @@ fn one_directive(d: &mut Directives, w: &[String]) -> Result<(), String> {
         other => return Err(format!("unknown directive {other:?} (known: {HELP})")),
     }
     Ok(())
+}
+
+/// `drain SRC DST [options]`.
+fn drain(args: &[String]) -> Result<Drain, String> {
+    const FORM: &str = "drain takes a source in the job's filesystem, an s3://BUCKET/PREFIX, then any of \
+                        --settle SECS, --keep K, --concurrency N, --max-bandwidth SIZE";
+    if args.len() < 2 || args[0].starts_with("--") || args[1].starts_with("--") {
+        return Err(FORM.into());
+    }
+    let dst = store_path(&args[1])?;
+    if !dst.starts_with("s3://") {
+        return Err(format!("drain {:?}: a drain uploads to s3://BUCKET/PREFIX", args[1]));
+    }
+    let mut dr =
+        Drain { src: odfs_path(&args[0])?, dst, settle: None, keep: 0, concurrency: None, max_bandwidth: None };
+    let mut rest = args[2..].iter();
+    while let Some(opt) = rest.next() {
+        let value = rest.next().ok_or_else(|| format!("drain {opt} needs a value ({FORM})"))?;
+        match opt.as_str() {
+            "--settle" => {
+                let v: f64 =
+                    value.parse().map_err(|_| format!("drain --settle {value:?} is not a number of seconds"))?;
+                if !(0.0..=86_400.0).contains(&v) {
+                    return Err(format!("drain --settle {value}: from 0 to 86400 seconds"));
+                }
+                dr.settle = Some(v);
+            }
+            "--keep" => {
+                dr.keep = value.parse().map_err(|_| format!("drain --keep {value:?} is not a number of files"))?;
+            }
+            "--concurrency" => {
+                let n: u32 = value
+                    .parse()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| format!("drain --concurrency {value:?} is not a positive number"))?;
+                dr.concurrency = Some(n);
+            }
+            "--max-bandwidth" => dr.max_bandwidth = Some(parse_size(value)?),
+            other => return Err(format!("drain: unknown option {other:?} ({FORM})")),
+        }
+    }
+    Ok(dr)
 }
 
 /// Parses the `#ODFS` lines of a batch script. Errors name the line: `line 4: ...`.
@@ -289,6 +360,39 @@ mod tests {
     }
 
     #[test]
+    fn a_drain_is_also_the_stage_out_of_its_pair() {
+        let d =
+            parse("#ODFS drain /ckpt s3://runs/%j/ckpt --settle 5 --keep 3 --max-bandwidth 100M\n", "9", "u").unwrap();
+        assert_eq!(
+            d.drain,
+            [Drain {
+                src: "odfs:/ckpt".into(),
+                dst: "s3://runs/9/ckpt".into(),
+                settle: Some(5.0),
+                keep: 3,
+                concurrency: None,
+                max_bandwidth: Some(100 << 20)
+            }]
+        );
+        assert_eq!(d.stage_out, [Transfer { src: "odfs:/ckpt".into(), dst: "s3://runs/9/ckpt".into(), seal: false }]);
+        // Named twice (drain and stage-out): staged out once.
+        let d = parse("#ODFS stage-out /c s3://b/c\n#ODFS drain /c s3://b/c\n", "1", "u").unwrap();
+        assert_eq!(d.stage_out.len(), 1);
+        for (s, want) in [
+            ("#ODFS drain /c\n", "drain takes a source"),
+            ("#ODFS drain /c /pfs/out\n", "a drain uploads to s3://"),
+            ("#ODFS drain c s3://b/c\n", "not a path in the job's filesystem"),
+            ("#ODFS drain /c s3://b/c --settle\n", "--settle needs a value"),
+            ("#ODFS drain /c s3://b/c --settle soon\n", "not a number of seconds"),
+            ("#ODFS drain /c s3://b/c --keep -1\n", "not a number of files"),
+            ("#ODFS drain /c s3://b/c --delete yes\n", "unknown option \"--delete\""),
+        ] {
+            let e = parse(s, "1", "u").unwrap_err();
+            assert!(e.contains(want), "{s:?}: {e}");
+        }
+    }
+
+    #[test]
     fn the_shipped_examples_parse() {
         let t = parse(include_str!("../../../slurm/examples/train.sbatch"), "7", "ana").unwrap();
         assert_eq!(t.stage_out[0].dst, "s3://runs/ana/train-7");
@@ -296,6 +400,9 @@ mod tests {
         assert_eq!((t.stripe_count, t.chunk_size), (Some(-1), Some(4 << 20)));
         let c = parse(include_str!("../../../slurm/examples/checkpoint.sbatch"), "8", "bo").unwrap();
         assert_eq!(c.pool.as_deref(), Some("ram"));
+        let d = parse(include_str!("../../../slurm/examples/drain.sbatch"), "9", "cy").unwrap();
+        assert_eq!((d.drain[0].dst.as_str(), d.drain[0].keep), ("s3://runs/cy/9/ckpt", 3));
+        assert_eq!(d.stage_out.len(), 2, "the drain's pair and /results");
     }
 
     #[test]

@@ -499,6 +499,17 @@ pub(crate) fn run_stages(
         let client =
             odfs_client::Client::connect(cfg).await.map_err(|e| format!("{kind}: cannot reach the filesystem: {e}"))?;
         let work = async {
+            if !inward && !d.drain.is_empty() {
+                // The drains' last passes end before the stage-out reads what they recorded.
+                match odfs_stage::drain::stop(&client, &rec.spec.user.ctx(), None).await {
+                    Ok(states) => states
+                        .iter()
+                        .for_each(|s| state.say(&job, &format!("drain stopped: {}", odfs_stage::drain::describe(s)))),
+                    Err(e) => {
+                        state.say(&job, &format!("cannot stop the drains ({e}); the stage-out checks every file"))
+                    }
+                }
+            }
             for t in list {
                 if !inward && source_missing(&client, &rec.spec.user.ctx(), &t.src).await {
                     missing_output(state, rec, t);
@@ -543,6 +554,52 @@ pub(crate) fn run_stages(
             },
             () = cancelled => Ok(false),
         };
+        client.shutdown();
+        r
+    })
+}
+
+/// Node 0, once the job's data is in: starts the job's drains on node 0's agent, as the job's
+/// user. Err(reason) if one cannot start (its bucket or credentials are refused).
+fn start_drains(link: &BoardLink, state: &StateDir, rec: &Record, ctx: &NodeContext) -> Result<(), String> {
+    let d = &rec.directives;
+    if d.drain.is_empty() {
+        return Ok(());
+    }
+    let job = rec.spec.job_id.clone();
+    let job_dir = rec.client_config.parent().unwrap_or(Path::new("/"));
+    let creds = crate::creds::prepare(&ctx.site, &rec.spec.user, job_dir, d.profile.as_deref())
+        .map_err(|e| format!("drain: {e:#}"))?;
+    state.say(&job, &creds);
+    link.block_on(async {
+        let cfg = odfs_client::ClientConfig::load(&rec.client_config).map_err(|e| e.to_string())?.one_shot();
+        let client =
+            odfs_client::Client::connect(cfg).await.map_err(|e| format!("drain: cannot reach the filesystem: {e}"))?;
+        let mut r = Ok(());
+        for dr in &d.drain {
+            let req = odfs_stage::drain::DrainRequest {
+                src: dr.src.clone(),
+                dst: dr.dst.clone(),
+                settle: dr.settle,
+                keep: dr.keep,
+                concurrency: dr.concurrency,
+                max_bandwidth: dr.max_bandwidth,
+                endpoint_url: d.endpoint_url.clone(),
+                region: d.region.clone(),
+                path_style: d.path_style,
+                site_config: Some(ctx.site_path.clone()),
+            };
+            match odfs_stage::drain::start(&client, &rec.spec.user.ctx(), &req).await {
+                Ok(s) => state.say(
+                    &job,
+                    &format!("drain started: {} -> {} (settle {:.1} s)", dr.src, dr.dst, s.settle_ms as f64 / 1000.0),
+                ),
+                Err(e) => {
+                    r = Err(format!("drain {} -> {}: {e:#}", dr.src, dr.dst));
+                    break;
+                }
+            }
+        }
         client.shutdown();
         r
     })
@@ -812,7 +869,15 @@ impl<'a> Start<'a> {
         let (spec, state) = (self.spec, &self.state);
         state.enter(&mut self.rec, Phase::Staging)?;
         let t1 = Instant::now();
-        match run_stages(&self.link, state, &self.rec, self.ctx, true, spec.slurm) {
+        let staged = run_stages(&self.link, state, &self.rec, self.ctx, true, spec.slurm);
+        let staged = staged.and_then(|ran| {
+            if ran {
+                start_drains(&self.link, state, &self.rec, self.ctx).map(|()| true)
+            } else {
+                Ok(false)
+            }
+        });
+        match staged {
             Ok(true) => {
                 state.enter(&mut self.rec, Phase::Running)?;
                 let stage_secs = t1.elapsed().as_secs_f64();

@@ -37,6 +37,10 @@ enum Cmd {
     /// Copy outputs from odfs to S3 or a POSIX directory, every node moving its share, verified;
     /// a completion marker is written last. Nothing is ever deleted.
     StageOut(StageRequest),
+    /// Continuous drain: upload a directory's files to S3 as they settle while the job runs,
+    /// verified and recorded in the stage-out manifest (`#ODFS drain` in a Slurm job).
+    #[command(subcommand)]
+    Drain(DrainCmd),
     /// Create a site key (root-only file from which every job's credential is derived).
     Keygen(KeygenArgs),
     /// The main job on one machine: local filesystem mounted through FUSE, a dataset copied into
@@ -101,6 +105,7 @@ impl Cmd {
             Cmd::Cp(a) => a.run(fs),
             Cmd::StageIn(r) => runtime()?.block_on(stage::run(fs, &r, Direction::In)),
             Cmd::StageOut(r) => runtime()?.block_on(stage::run(fs, &r, Direction::Out)),
+            Cmd::Drain(c) => c.run(fs),
             Cmd::Keygen(a) => a.run(),
             Cmd::Demo(a) => a.run(),
             Cmd::Bench(a) => a.run(),
@@ -120,6 +125,34 @@ impl Cmd {
             Cmd::CheckScript(a) => a.run(),
             Cmd::TaskEnv(a) => a.task_env(),
             Cmd::Stats(a) => a.run(fs),
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum DrainCmd {
+    /// Start draining SRC (odfs:/PATH or a path in the mount) to s3://BUCKET/PREFIX; it runs
+    /// on node 0's stage agent until `odfs drain stop` or the job's stop.
+    Start(odfs_stage::drain::DrainRequest),
+    /// Show every drain: pending, in flight, uploaded, failed.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop a drain (every drain without SRC) after its pass in flight; prints its last state.
+    Stop {
+        src: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+impl DrainCmd {
+    fn run(self, fs: Option<&Path>) -> Result<()> {
+        match self {
+            DrainCmd::Start(r) => runtime()?.block_on(stage::drain_start(fs, &r)),
+            DrainCmd::Status { json } => runtime()?.block_on(stage::drain_status(fs, json)),
+            DrainCmd::Stop { src, json } => runtime()?.block_on(stage::drain_stop(fs, src.as_deref(), json)),
         }
     }
 }

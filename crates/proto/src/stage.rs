@@ -164,7 +164,68 @@ pub struct StageStatus {
     pub results: Vec<ItemResult>,
 }
 
+/// Starts draining `src` (an odfs directory) to `dst` while the job runs, on the agent that
+/// receives it (node 0's): see docs/architecture.md, "Continuous drain". A drain already
+/// running for `src` is replaced.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DrainStart {
+    pub src: String,
+    pub dst: StageEndpoint,
+    /// The identity the drain reads and uploads with: the job's user.
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+    /// Milliseconds a file's attributes must stay unchanged before it is uploaded.
+    pub settle_ms: u64,
+    /// Keep only the objects of the last `keep` drained files in `dst` (0 = keep all).
+    pub keep: u32,
+    /// Limits of the drain's own transfers, per agent.
+    pub limits: StageLimits,
+    /// Files at least this large are uploaded in multipart parts of `part_size`.
+    pub split_threshold: u64,
+    pub part_size: u64,
+}
+
+/// Stops the drain of `src` (every drain if None), after the pass in flight; replies with
+/// their final state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainStop {
+    pub src: Option<String>,
+}
+
+/// Asks for the state of every drain of this agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainList {}
+
+/// One drain as its agent sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct DrainState {
+    pub src: String,
+    /// Where it uploads, as `s3://bucket/prefix` or a path.
+    pub dst: String,
+    pub running: bool,
+    /// Files seen that are not drained in their present state: settling or waiting for a pass.
+    pub pending: u64,
+    /// Files of the pass in flight.
+    pub in_flight: u64,
+    /// Files drained (verified in `dst`) and their bytes, since the drain started; and files
+    /// uploaded again after a change.
+    pub uploaded: u64,
+    pub uploaded_bytes: u64,
+    pub reuploaded: u64,
+    /// Uploads that failed (each is tried again later) and the latest reason.
+    pub failed: u64,
+    pub last_error: Option<String>,
+    /// Objects deleted from `dst` by `keep`.
+    pub retired: u64,
+    /// Passes that ran.
+    pub passes: u64,
+}
+
 crate::rpc! {
     StageStart = 300 => (),
     StagePoll = 301 => StageStatus,
+    DrainStart = 302 => (),
+    DrainStop = 303 => Vec<DrainState>,
+    DrainList = 304 => Vec<DrainState>,
 }

@@ -16,7 +16,10 @@ use futures::StreamExt;
 use odfs_client::{Client, ClientConfig, Ctx, FileHandle};
 use odfs_proto::meta::{SetAttr, SetTime};
 use odfs_proto::mgmt::ServiceKind;
-use odfs_proto::stage::{ItemResult, StageCounters, StageEndpoint, StagePoll, StageStart, StageStatus, WorkItem};
+use odfs_proto::stage::{
+    DrainList, DrainStart, DrainStop, ItemResult, StageCounters, StageEndpoint, StagePoll, StageStart, StageStatus,
+    WorkItem,
+};
 use odfs_proto::{ErrorCode, RemoteError, Timespec};
 use odfs_rpc::quic::QuicEndpoint;
 use odfs_rpc::{Router, Shutdown};
@@ -62,6 +65,7 @@ pub struct Agent {
     client: OnceCell<Client>,
     runs: Mutex<BTreeMap<u64, Arc<Run>>>,
     order: Mutex<VecDeque<u64>>,
+    drains: crate::drain::Drains,
 }
 
 /// What every item of one run needs.
@@ -80,7 +84,13 @@ type ItemResultOr = Result<ItemResult, String>;
 
 impl Agent {
     pub fn new(cfg: AgentConfig) -> Arc<Agent> {
-        Arc::new(Agent { cfg, client: OnceCell::new(), runs: Mutex::default(), order: Mutex::default() })
+        Arc::new(Agent {
+            cfg,
+            client: OnceCell::new(),
+            runs: Mutex::default(),
+            order: Mutex::default(),
+            drains: Default::default(),
+        })
     }
 
     async fn client(&self) -> Result<Client, String> {
@@ -110,6 +120,24 @@ impl Agent {
         r.add(move |_h, req: StagePoll| {
             let a = a.clone();
             async move { a.poll(&req) }
+        });
+        let a = self.clone();
+        r.add(move |_h, req: DrainStart| {
+            let a = a.clone();
+            async move {
+                let client = a.client().await.map_err(|e| RemoteError::new(ErrorCode::Unavailable, e))?;
+                a.drains.start(client, req).await
+            }
+        });
+        let a = self.clone();
+        r.add(move |_h, req: DrainStop| {
+            let a = a.clone();
+            async move { Ok(a.drains.stop(req.src.as_deref()).await) }
+        });
+        let a = self.clone();
+        r.add(move |_h, _req: DrainList| {
+            let a = a.clone();
+            async move { Ok(a.drains.list()) }
         });
         r
     }

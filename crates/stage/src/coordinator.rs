@@ -14,7 +14,7 @@
 //!   verify against the bucket → manifest → completion marker.
 
 mod stage_in;
-mod stage_out;
+pub(crate) mod stage_out;
 
 pub use stage_in::stage_in;
 pub use stage_out::stage_out;
@@ -84,6 +84,10 @@ pub struct StageReport {
     pub bytes: u64,
     /// Files found complete and correct from a previous run.
     pub skipped: u64,
+    /// Stage-out: files a drain uploaded and verified while the job ran, unchanged since (not
+    /// read or sent again); and drained files whose objects its `--keep` deleted.
+    pub drained: u64,
+    pub retired: u64,
     pub directories: u64,
     /// Counters per agent: (node, counters).
     pub agents: Vec<(u32, StageCounters)>,
@@ -116,6 +120,12 @@ impl StageReport {
             self.directories,
             self.manifest
         );
+        if self.drained + self.retired > 0 {
+            s += &format!(
+                "\n  drained while the job ran, unchanged since: {} files not sent again, {} retired by --keep",
+                self.drained, self.retired
+            );
+        }
         let total: u64 = self.agents.iter().map(|(_, c)| c.bytes).sum();
         for (node, c) in &self.agents {
             let share = if total > 0 { 100.0 * c.bytes as f64 / total as f64 } else { 0.0 };
@@ -172,13 +182,24 @@ pub(crate) async fn agents(client: &Client) -> Result<Vec<(u32, SocketAddr)>> {
     Ok(a)
 }
 
-/// Splits items over `n` agents, largest first onto the least-loaded agent (by bytes, then
-/// by count), so every agent moves about the same share.
-fn assign(items: &[WorkItem], n: usize) -> Vec<Vec<usize>> {
-    let mut order: Vec<usize> = (0..items.len()).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(items[i].bytes()));
-    let mut load = vec![(0u64, 0usize); n];
+/// Splits items over `n` agents: those `prefer` names an agent for go to it; the rest largest
+/// first onto the least-loaded agent (by bytes, then by count), so every agent moves about the
+/// same share.
+fn assign(items: &[WorkItem], n: usize, prefer: impl Fn(&WorkItem) -> Option<usize>) -> Vec<Vec<usize>> {
     let mut out = vec![Vec::new(); n];
+    let mut load = vec![(0u64, 0usize); n];
+    let mut order = Vec::new();
+    for (i, it) in items.iter().enumerate() {
+        match prefer(it).filter(|&a| a < n) {
+            Some(a) => {
+                load[a].0 += it.bytes();
+                load[a].1 += 1;
+                out[a].push(i);
+            }
+            None => order.push(i),
+        }
+    }
+    order.sort_by_key(|&i| std::cmp::Reverse(items[i].bytes()));
     for i in order {
         let a = (0..n).min_by_key(|&a| load[a]).expect("at least one agent");
         load[a].0 += items[i].bytes();
@@ -259,6 +280,8 @@ pub(crate) struct Pass<'a> {
     src: &'a StageEndpoint,
     dst: &'a StageEndpoint,
     limits: StageLimits,
+    /// The node whose agent must move a file's items (by relative path); empty: balanced.
+    node_of: &'a HashMap<String, u32>,
 }
 
 /// Runs `items` on the agents and returns each item's result (in order) and the counters of
@@ -269,7 +292,10 @@ pub(crate) async fn run_pass(
     progress: &mut Progress,
 ) -> Result<(Vec<ItemResult>, Vec<(u32, StageCounters)>)> {
     let n = p.agents.len();
-    let plan = assign(&items, n);
+    let plan = assign(&items, n, |it| {
+        let node = p.node_of.get(it.rel())?;
+        p.agents.iter().position(|(k, _)| k == node)
+    });
     let run: u64 = rand::random();
     let mut started = Vec::new();
     for (a, idx) in plan.iter().enumerate() {
@@ -486,7 +512,7 @@ mod tests {
                 items.push(WorkItem::Range { rel: format!("big{k}"), offset: j * (16 << 20), len: 16 << 20 });
             }
         }
-        let plan = assign(&items, 4);
+        let plan = assign(&items, 4, |_| None);
         let loads: Vec<u64> = plan.iter().map(|idx| idx.iter().map(|&i| items[i].bytes()).sum()).collect();
         let mean = loads.iter().sum::<u64>() as f64 / 4.0;
         for l in &loads {

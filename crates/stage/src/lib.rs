@@ -8,6 +8,8 @@
 //! - `s3`, `posix`: the two kinds of shared store; `keys`: safe relative paths; `location`:
 //!   parsing `s3://`, `odfs:` and POSIX arguments; `limit`: request and bandwidth limits;
 //!   `manifest`, `digest`.
+//! - `drain`: continuous drain, files uploaded to S3 as they settle while the job runs (a task
+//!   of node 0's agent).
 //! - `error`: why a stage could not run or finish.
 //! - `request`: a stage as a caller asks for it (flags or directives, site defaults), run and
 //!   checked; the API of `odfs stage-in/out` and of a job's start and stop.
@@ -16,6 +18,7 @@ pub mod agent;
 pub mod config;
 pub mod coordinator;
 pub mod digest;
+pub mod drain;
 pub mod error;
 pub mod keys;
 pub mod limit;

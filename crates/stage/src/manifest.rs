@@ -17,7 +17,7 @@ pub fn reserved(rel: &str) -> bool {
     [STAGE_IN_MANIFEST, STAGE_OUT_MANIFEST, STAGE_OUT_MARKER].contains(&rel)
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct FileEntry {
     pub size: u64,
     /// Source ETag (stage-in from S3) or the uploaded object's ETag (stage-out).
@@ -29,10 +29,30 @@ pub struct FileEntry {
     /// CRC32C of the whole file (hex).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crc32c: Option<String>,
-    /// Modification time, seconds since the epoch.
+    /// Modification time, seconds since the epoch, and its nanoseconds.
     pub mtime: i64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub mtime_nsec: u32,
     /// How the copy was checked: "md5", "crc32c", "crc32c+md5", "size", "etag".
     pub verified: String,
+    /// Stage-out: uploaded and verified by a drain while the job ran, at this time
+    /// (milliseconds since the epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drained: Option<i64>,
+    /// Stage-out: a drained file whose object a drain's `--keep` deleted from the destination.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retired: bool,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+impl FileEntry {
+    /// Whether this entry describes a file of this size and modification time.
+    pub fn same_file(&self, size: u64, mtime: odfs_proto::Timespec) -> bool {
+        self.size == size && self.mtime == mtime.sec && self.mtime_nsec == mtime.nsec
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -73,7 +93,17 @@ mod tests {
         let mut m = Manifest { version: 1, kind: "stage-in".into(), ..Manifest::default() };
         m.files.insert(
             "a/b".into(),
-            FileEntry { size: 3, etag: Some("x".into()), md5: None, crc32c: None, mtime: 5, verified: "md5".into() },
+            FileEntry {
+                size: 3,
+                etag: Some("x".into()),
+                md5: None,
+                crc32c: None,
+                mtime: 5,
+                mtime_nsec: 7,
+                verified: "md5".into(),
+                drained: Some(9),
+                retired: false,
+            },
         );
         assert_eq!(Manifest::parse(&m.to_json()), Some(m));
         assert_eq!(Manifest::parse(b"not json"), None);

@@ -392,6 +392,19 @@ impl S3 {
         Ok(r.e_tag().unwrap_or_default().trim_matches('"').to_string())
     }
 
+    /// The whole of a small object (a manifest).
+    pub async fn get_all(&self, key: &str) -> Result<Vec<u8>> {
+        let (body, _, _) = self.get(key, None).await?;
+        let data = body.collect().await.map_err(|e| S3Error::new(format!("s3://{}/{key}: {e}", self.spec.bucket)))?;
+        Ok(data.into_bytes().to_vec())
+    }
+
+    /// Deletes one object (a drain's `--keep` retiring an object it uploaded itself).
+    pub async fn delete(&self, key: &str) -> Result<()> {
+        self.send(key, || self.client.delete_object().bucket(&self.spec.bucket).key(key).send()).await?;
+        Ok(())
+    }
+
     pub async fn abort_multipart(&self, key: &str, upload_id: &str) {
         let _ =
             self.client.abort_multipart_upload().bucket(&self.spec.bucket).key(key).upload_id(upload_id).send().await;

@@ -70,7 +70,8 @@ pub async fn stage_in(
     let mut progress = Progress::new("stage-in", total, o.log_every);
     let dst_ep = StageEndpoint::Odfs(dst_root.to_string());
     let limits = super::limits(o, agents.len());
-    let pass = Pass { client, ctx, agents: &agents, src: &listing.endpoint, dst: &dst_ep, limits };
+    let balanced = HashMap::new();
+    let pass = Pass { client, ctx, agents: &agents, src: &listing.endpoint, dst: &dst_ep, limits, node_of: &balanced };
     let (results, per_agent) = run_pass(&pass, plan.items.clone(), &mut progress).await?;
     run.report.agents = per_agent;
     run.record_whole(&plan, &results);
@@ -232,6 +233,7 @@ impl StageIn<'_> {
                 crc32c: r.crc32c.map(|c| format!("{c:08x}")),
                 mtime: mtime.sec,
                 verified: r.verified.clone().unwrap_or_else(|| "size".into()),
+                ..FileEntry::default()
             };
             self.entries.insert(rel.clone(), entry);
         }
@@ -303,6 +305,7 @@ impl StageIn<'_> {
             crc32c: Some(format!("{crc:08x}")),
             mtime: f.mtime.sec,
             verified: how.into(),
+            ..FileEntry::default()
         };
         self.entries.insert(f.rel.clone(), entry);
         Ok(())

@@ -14,7 +14,7 @@ use crate::manifest::{self, FileEntry, Manifest};
 use crate::posix;
 use crate::s3::{self, multipart_etag, S3};
 use odfs_client::{Client, Ctx};
-use odfs_proto::meta::FileKind;
+use odfs_proto::meta::{Attr, FileKind};
 use odfs_proto::stage::{ItemResult, StageEndpoint, WorkItem};
 use odfs_proto::{InodeId, Timespec};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -35,6 +35,12 @@ struct Outputs<'a> {
     o: &'a StageOptions,
     report: StageReport,
     start: Instant,
+    /// Files a drain uploaded while the job ran and that have not changed since (or whose
+    /// objects its `--keep` retired): taken as they are, not read again.
+    kept: BTreeMap<String, FileEntry>,
+    /// Which node's agent sends a file (a drain: the node holding its first chunk); the
+    /// others are balanced over every agent.
+    node_of: HashMap<String, u32>,
 }
 
 /// Stage-out: an odfs tree to S3 or a POSIX directory. Nothing is deleted anywhere.
@@ -53,7 +59,20 @@ pub async fn stage_out(
     files.retain(|f| !manifest::reserved(&f.rel));
     report.directories = dirs.len() as u64;
     let src_ep = StageEndpoint::Odfs(src_root.to_string());
-    let out = Outputs { client, ctx, agents, src_root, src_ep, files, dirs, o, report, start };
+    let out = Outputs {
+        client,
+        ctx,
+        agents,
+        src_root,
+        src_ep,
+        files,
+        dirs,
+        o,
+        report,
+        start,
+        kept: BTreeMap::new(),
+        node_of: HashMap::new(),
+    };
     match dst {
         Location::S3 { bucket, prefix } => out.into_s3(bucket, prefix).await,
         Location::Posix(root) => out.into_posix(root).await,
@@ -65,6 +84,21 @@ pub async fn stage_out(
 
 /// Every file and directory below `root` in odfs.
 async fn walk_odfs(client: &Client, ctx: &Ctx, root: &str) -> Result<(Vec<SrcFile>, BTreeSet<String>)> {
+    let (files, dirs) = walk_odfs_attrs(client, ctx, root).await?;
+    Ok((files.iter().map(|(rel, a)| src_file(rel, a)).collect(), dirs))
+}
+
+/// A file of odfs as a stage-out sends it.
+pub(crate) fn src_file(rel: &str, a: &Attr) -> SrcFile {
+    SrcFile { rel: rel.to_string(), size: a.size, mtime: a.mtime, mode: Some(a.mode & 0o7777), etag: None }
+}
+
+/// Every file (with its attributes) and directory below `root` in odfs.
+pub(crate) async fn walk_odfs_attrs(
+    client: &Client,
+    ctx: &Ctx,
+    root: &str,
+) -> Result<(Vec<(String, Attr)>, BTreeSet<String>)> {
     let top = client.resolve(ctx, root, true).await.during(|| format!("odfs:{root}"))?;
     if top.kind != FileKind::Dir {
         return invalid!("odfs:{root} is not a directory");
@@ -87,13 +121,7 @@ async fn walk_odfs(client: &Client, ctx: &Ctx, root: &str) -> Result<(Vec<SrcFil
                     dirs.insert(child.clone());
                     stack.push((e.ino, child));
                 }
-                FileKind::File => files.push(SrcFile {
-                    rel: child,
-                    size: a.size,
-                    mtime: a.mtime,
-                    mode: Some(a.mode & 0o7777),
-                    etag: None,
-                }),
+                FileKind::File => files.push((child, a)),
                 _ => {}
             }
         }
@@ -109,7 +137,9 @@ fn uploaded(f: &SrcFile, etag: String, r: &ItemResult) -> FileEntry {
         md5: r.md5.map(hex::encode),
         crc32c: r.crc32c.map(|c| format!("{c:08x}")),
         mtime: f.mtime.sec,
+        mtime_nsec: f.mtime.nsec,
         verified: "etag".into(),
+        ..FileEntry::default()
     }
 }
 
@@ -122,7 +152,15 @@ type Expected = BTreeMap<String, (String, ItemResult)>;
 impl Outputs<'_> {
     fn pass<'p>(&'p self, dst: &'p StageEndpoint) -> Pass<'p> {
         let limits = super::limits(self.o, self.agents.len());
-        Pass { client: self.client, ctx: self.ctx, agents: &self.agents, src: &self.src_ep, dst, limits }
+        Pass {
+            client: self.client,
+            ctx: self.ctx,
+            agents: &self.agents,
+            src: &self.src_ep,
+            dst,
+            limits,
+            node_of: &self.node_of,
+        }
     }
 
     fn manifest(&self, destination: String) -> Manifest {
@@ -167,7 +205,9 @@ impl Outputs<'_> {
                 md5: r.md5.map(hex::encode),
                 crc32c: r.crc32c.map(|c| format!("{c:08x}")),
                 mtime: f.mtime.sec,
+                mtime_nsec: f.mtime.nsec,
                 verified: "size".into(),
+                ..FileEntry::default()
             };
             m.files.insert(f.rel.clone(), entry);
         }
@@ -196,7 +236,8 @@ impl Outputs<'_> {
         self.report.manifest = format!("s3://{bucket}/{prefix}{}", manifest::STAGE_OUT_MANIFEST);
         let total = self.files.iter().map(|f| f.size).sum();
         let mut progress = Progress::new("stage-out", total, self.o.log_every);
-        let skip = self.unchanged_objects(&s3, prefix, &dst_ep, &mut progress).await?;
+        let drained = drained_entries(&s3).await;
+        let skip = self.unchanged_objects(&s3, prefix, &dst_ep, &mut progress, &drained).await?;
         self.report.skipped = skip.len() as u64;
         let (items, uploads, whole) = self.plan_uploads(&s3, &skip).await?;
         let (results, per_agent) = run_pass(&self.pass(&dst_ep), items.clone(), &mut progress).await?;
@@ -221,20 +262,26 @@ impl Outputs<'_> {
     }
 
     /// A re-run skips objects whose size and ETag already match the local file (the agents
-    /// compute the local files' digests).
+    /// compute the local files' digests). Files a drain sent and that have not changed since
+    /// are kept as the drain verified them, without reading them (`kept`).
     async fn unchanged_objects(
         &mut self,
         s3: &S3,
         prefix: &str,
         dst_ep: &StageEndpoint,
         progress: &mut Progress,
+        drained: &BTreeMap<String, FileEntry>,
     ) -> Result<Expected> {
         let mut listed = s3.list(prefix).await?;
         s3.fill_etags(&mut listed).await?;
         let existing: HashMap<String, s3::Object> =
             listed.into_iter().map(|obj| (obj.key[prefix.len()..].to_string(), obj)).collect();
-        let candidates: Vec<&SrcFile> =
-            self.files.iter().filter(|f| existing.get(&f.rel).is_some_and(|e| e.size == f.size)).collect();
+        self.keep_drained(drained, &existing);
+        let candidates: Vec<&SrcFile> = self
+            .files
+            .iter()
+            .filter(|f| !self.kept.contains_key(&f.rel) && existing.get(&f.rel).is_some_and(|e| e.size == f.size))
+            .collect();
         let mut skip = Expected::new();
         if candidates.is_empty() {
             return Ok(skip);
@@ -254,13 +301,33 @@ impl Outputs<'_> {
         Ok(skip)
     }
 
+    /// Files a drain uploaded that are unchanged since (same size and mtime) and whose objects
+    /// still have the ETag it verified; and those its `--keep` retired, unchanged since.
+    fn keep_drained(&mut self, drained: &BTreeMap<String, FileEntry>, existing: &HashMap<String, s3::Object>) {
+        for f in &self.files {
+            let Some(e) = drained.get(&f.rel).filter(|e| e.drained.is_some() && e.same_file(f.size, f.mtime)) else {
+                continue;
+            };
+            let in_bucket = existing.get(&f.rel).is_some_and(|o| Some(&o.etag) == e.etag.as_ref());
+            if e.retired {
+                self.report.retired += 1;
+            } else if in_bucket {
+                self.report.drained += 1;
+            } else {
+                continue;
+            }
+            self.kept.insert(f.rel.clone(), e.clone());
+        }
+    }
+
     /// The run's items: large files as multipart uploads (started here), the others whole.
     /// Returns (items, uploads, (item index, file index) of whole files).
     async fn plan_uploads(&self, s3: &S3, skip: &Expected) -> Result<(Vec<WorkItem>, Uploads, Vec<(usize, usize)>)> {
         let mut items = Vec::new();
         let mut uploads = Uploads::new();
         let mut whole = Vec::new();
-        for (fi, f) in self.files.iter().enumerate().filter(|(_, f)| !skip.contains_key(&f.rel)) {
+        let todo = |f: &&SrcFile| !skip.contains_key(&f.rel) && !self.kept.contains_key(&f.rel);
+        for (fi, f) in self.files.iter().enumerate().filter(|(_, f)| todo(f)) {
             let ps = self.part_of(f.size);
             if ps == 0 {
                 whole.push((items.len(), fi));
@@ -379,6 +446,7 @@ impl Outputs<'_> {
         for (rel, (etag, r)) in skip {
             m.files.insert(rel.clone(), uploaded(by_rel[rel.as_str()], etag, &r));
         }
+        m.files.extend(self.kept.clone());
         for (rel, (want, r)) in expect {
             if self.report.failed.contains_key(&rel) {
                 continue;
@@ -438,4 +506,107 @@ fn object_verdict(obj: Option<&s3::Object>, f: &SrcFile, want: &str) -> Result<S
         }
         Some(obj) => Ok(obj.etag.clone()),
     }
+}
+
+/// The entries of the stage-out manifest in the destination (a drain's, or an earlier
+/// stage-out's); none when there is none or it cannot be read (then every file is checked or
+/// sent as if nothing had been drained: more work, nothing skipped wrongly).
+pub(crate) async fn drained_entries(s3: &S3) -> BTreeMap<String, FileEntry> {
+    let key = s3.key(manifest::STAGE_OUT_MANIFEST);
+    let listed = match s3.list(&key).await {
+        Ok(l) => l,
+        Err(e) => {
+            warn!(error = %e, "cannot list the stage-out manifest; drained files are checked again");
+            return BTreeMap::new();
+        }
+    };
+    if !listed.iter().any(|o| o.key == key) {
+        return BTreeMap::new();
+    }
+    match s3.get_all(&key).await {
+        Ok(data) => Manifest::parse(&data).map(|m| m.files).unwrap_or_default(),
+        Err(e) => {
+            warn!(error = %e, "cannot read the stage-out manifest; drained files are checked again");
+            BTreeMap::new()
+        }
+    }
+}
+
+/// Uploads a manifest (a drain's record, rewritten after each pass).
+pub(crate) async fn put_manifest(s3: &S3, m: &Manifest) -> Result<()> {
+    let data = m.to_json();
+    let (md5, crc) = digests(&data);
+    s3.put(&s3.key(manifest::STAGE_OUT_MANIFEST), data, &md5, crc)
+        .await
+        .during(|| "cannot upload the manifest".into())?;
+    Ok(())
+}
+
+/// What one pass of a drain achieved: entries verified in the bucket, and failures.
+pub(crate) struct DrainPass {
+    pub verified: BTreeMap<String, FileEntry>,
+    pub failed: BTreeMap<String, String>,
+}
+
+/// One pass of a drain: uploads `files` of `src_root` to the bucket of `s3`, each from the
+/// agent of the node `node_of` names, and verifies each object as stage-out does (size, and
+/// its ETag against the MD5 of what was read). Nothing else is touched: no listing of the
+/// tree, no directory markers, no manifest.
+pub(crate) async fn drain_pass(
+    client: &Client,
+    ctx: &Ctx,
+    src_root: &str,
+    s3: &S3,
+    files: Vec<SrcFile>,
+    node_of: HashMap<String, u32>,
+    o: &StageOptions,
+) -> Result<DrainPass> {
+    let agents = agents(client).await?;
+    let mut out = Outputs {
+        client,
+        ctx,
+        agents,
+        src_root,
+        src_ep: StageEndpoint::Odfs(src_root.to_string()),
+        files,
+        dirs: BTreeSet::new(),
+        o,
+        report: StageReport { kind: "drain", ..StageReport::default() },
+        start: Instant::now(),
+        kept: BTreeMap::new(),
+        node_of,
+    };
+    let dst_ep = StageEndpoint::S3(s3.spec.clone());
+    let (items, uploads, whole) = out.plan_uploads(s3, &Expected::new()).await?;
+    let mut progress = Progress::new("drain", 0, std::time::Duration::from_secs(u64::MAX / 4));
+    let (results, _) = run_pass(&out.pass(&dst_ep), items.clone(), &mut progress).await?;
+    let mut expect = out.expect_whole(&whole, &results);
+    out.complete_uploads(s3, &items, &results, &uploads, &mut expect).await;
+    let by_rel: HashMap<String, SrcFile> = out.files.iter().map(|f| (f.rel.clone(), f.clone())).collect();
+    let mut verified = BTreeMap::new();
+    for (rel, (want, r)) in expect {
+        if out.report.failed.contains_key(&rel) {
+            continue;
+        }
+        let f = &by_rel[&rel];
+        let obj = s3.head(&s3.key(&rel)).await.map(|h| s3::Object {
+            key: rel.clone(),
+            size: h.size,
+            etag: h.etag,
+            mtime: Timespec::default(),
+        });
+        let verdict = match &obj {
+            Ok(obj) => object_verdict(Some(obj), f, &want),
+            Err(e) => Err(format!("not verified: {e}")),
+        };
+        match verdict {
+            Ok(etag) => {
+                verified.insert(rel, uploaded(f, etag, &r));
+            }
+            Err(e) => {
+                out.report.failed.insert(rel, e);
+            }
+        }
+    }
+    Ok(DrainPass { verified, failed: out.report.failed })
 }

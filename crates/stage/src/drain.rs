@@ -1,0 +1,550 @@
+//! Continuous drain: while a job runs, the files under an odfs directory that have settled are
+//! uploaded to S3, verified, and recorded in the destination's stage-out manifest, so that the
+//! epilog's stage-out sends only what changed since (docs/architecture.md, "Continuous
+//! drain").
+//!
+//! Owns the drainers of one agent (node 0's): their scans, the settle rule, their passes, the
+//! manifest they keep, `--keep` retirement and their counters. Must not change the job's files:
+//! a drainer only reads them; the agents move the bytes, as for any stage-out.
+
+use crate::coordinator::stage_out::{drain_pass, drained_entries, put_manifest, src_file, walk_odfs_attrs};
+use crate::coordinator::StageOptions;
+use crate::manifest::{FileEntry, Manifest};
+use crate::s3::S3;
+use odfs_client::{Client, Ctx};
+use odfs_proto::meta::Attr;
+use odfs_proto::stage::{DrainList, DrainStart, DrainState, DrainStop, StageEndpoint};
+use odfs_proto::{ErrorCode, InodeId, RemoteError, Timespec};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+/// How often a drainer walks its directory.
+const SCAN_EVERY: Duration = Duration::from_secs(1);
+/// Longest wait before a failed upload is tried again (the wait doubles from one scan).
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// The drains of one agent, by source directory.
+#[derive(Default)]
+pub struct Drains {
+    map: Mutex<BTreeMap<String, Arc<Drain>>>,
+}
+
+/// One running (or finished) drain.
+struct Drain {
+    state: Mutex<DrainState>,
+    stop: watch::Sender<bool>,
+    /// True once the drainer has ended (its last manifest written).
+    ended: watch::Receiver<bool>,
+}
+
+impl Drains {
+    /// Starts draining `req.src`; a drain of the same directory that runs is stopped first.
+    pub async fn start(&self, client: Client, req: DrainStart) -> Result<(), RemoteError> {
+        let StageEndpoint::S3(spec) = &req.dst else {
+            return Err(RemoteError::new(ErrorCode::Invalid, "a drain uploads to s3://BUCKET/PREFIX".to_string()));
+        };
+        if !req.src.starts_with('/') {
+            return Err(RemoteError::new(
+                ErrorCode::Invalid,
+                format!("drain source {:?} is not a path in the job's filesystem", req.src),
+            ));
+        }
+        self.stop(Some(&req.src)).await;
+        let s3 = S3::new(spec);
+        let (stop, stop_rx) = watch::channel(false);
+        let (ended_tx, ended) = watch::channel(false);
+        let state = DrainState {
+            src: req.src.clone(),
+            dst: format!("s3://{}/{}", spec.bucket, spec.prefix),
+            running: true,
+            ..DrainState::default()
+        };
+        let drain = Arc::new(Drain { state: Mutex::new(state), stop, ended });
+        self.map.lock().expect("drains lock").insert(req.src.clone(), drain.clone());
+        info!(src = %req.src, dst = %drain.snapshot().dst, settle_ms = req.settle_ms, keep = req.keep, "drain started");
+        let mut drainer = Drainer::new(client, s3, req, drain);
+        tokio::spawn(async move {
+            drainer.run(stop_rx).await;
+            drainer.drain.state.lock().expect("drain state").running = false;
+            let _ = ended_tx.send(true);
+        });
+        Ok(())
+    }
+
+    /// Stops the drain of `src` (every drain if None) after its pass in flight and its last
+    /// manifest; returns their final states.
+    pub async fn stop(&self, src: Option<&str>) -> Vec<DrainState> {
+        let picked: Vec<Arc<Drain>> = {
+            let map = self.map.lock().expect("drains lock");
+            map.iter().filter(|(k, _)| src.is_none_or(|s| s == k.as_str())).map(|(_, d)| d.clone()).collect()
+        };
+        let mut out = Vec::new();
+        for d in picked {
+            let _ = d.stop.send(true);
+            let mut ended = d.ended.clone();
+            let _ = ended.wait_for(|e| *e).await;
+            out.push(d.snapshot());
+        }
+        out
+    }
+
+    pub fn list(&self) -> Vec<DrainState> {
+        self.map.lock().expect("drains lock").values().map(|d| d.snapshot()).collect()
+    }
+}
+
+impl Drain {
+    fn snapshot(&self) -> DrainState {
+        self.state.lock().expect("drain state").clone()
+    }
+
+    fn update(&self, f: impl FnOnce(&mut DrainState)) {
+        f(&mut self.state.lock().expect("drain state"));
+    }
+}
+
+/// What identifies a file's present contents at metad: any close, fsync, truncate or change
+/// moves one of these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Identity {
+    ino: InodeId,
+    size: u64,
+    mtime: Timespec,
+    ctime: Timespec,
+}
+
+impl Identity {
+    fn of(a: &Attr) -> Identity {
+        Identity { ino: a.ino, size: a.size, mtime: a.mtime, ctime: a.ctime }
+    }
+}
+
+/// The settle rule: a file is settled once its identity has been the same in scans spanning
+/// `settle`, and its last change (ctime) and write (mtime) are at least `settle` old.
+#[derive(Debug, Clone, Copy)]
+struct Watch {
+    id: Identity,
+    /// First scan that saw this identity.
+    since: Instant,
+}
+
+fn settled(w: &Watch, now: Instant, wall: Timespec, settle: Duration) -> bool {
+    let age = |t: Timespec| {
+        let ns = (wall.sec - t.sec) as i128 * 1_000_000_000 + wall.nsec as i128 - t.nsec as i128;
+        Duration::from_nanos(ns.clamp(0, u64::MAX as i128) as u64)
+    };
+    now.duration_since(w.since) >= settle && age(w.id.ctime) >= settle && age(w.id.mtime) >= settle
+}
+
+/// A failed file's next attempt.
+#[derive(Debug, Clone, Copy)]
+struct Retry {
+    at: Instant,
+    wait: Duration,
+}
+
+struct Drainer {
+    client: Client,
+    s3: S3,
+    ctx: Ctx,
+    req: DrainStart,
+    drain: Arc<Drain>,
+    opts: StageOptions,
+    manifest: Manifest,
+    watching: HashMap<String, Watch>,
+    retry: HashMap<String, Retry>,
+    /// The manifest changed since it was last written.
+    dirty: bool,
+}
+
+impl Drainer {
+    fn new(client: Client, s3: S3, req: DrainStart, drain: Arc<Drain>) -> Drainer {
+        let opts = StageOptions {
+            concurrency: req.limits.concurrency.max(1),
+            max_requests_per_sec: req.limits.requests_per_sec,
+            max_bandwidth: req.limits.bytes_per_sec,
+            split_threshold: req.split_threshold.max(req.part_size),
+            part_size: req.part_size,
+            ..StageOptions::default()
+        };
+        let manifest = Manifest {
+            version: 1,
+            kind: "stage-out".into(),
+            source: format!("odfs:{}", req.src),
+            destination: drain.snapshot().dst,
+            ..Manifest::default()
+        };
+        Drainer {
+            client,
+            s3,
+            ctx: Ctx { uid: req.uid, gid: req.gid, groups: req.groups.clone() },
+            req,
+            drain,
+            opts,
+            manifest,
+            watching: HashMap::new(),
+            retry: HashMap::new(),
+            dirty: false,
+        }
+    }
+
+    fn settle(&self) -> Duration {
+        Duration::from_millis(self.req.settle_ms)
+    }
+
+    async fn run(&mut self, mut stop: watch::Receiver<bool>) {
+        // A drain started again (a recovered job, a second `odfs drain start`) goes on from
+        // what the destination's manifest says is there.
+        self.manifest.files = drained_entries(&self.s3).await;
+        loop {
+            if *stop.borrow() {
+                break;
+            }
+            match self.scan().await {
+                Ok(ready) if !ready.is_empty() => self.pass(ready).await,
+                Ok(_) => {}
+                Err(e) => self.drain.update(|s| s.last_error = Some(e)),
+            }
+            if self.dirty {
+                self.write_manifest().await;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(SCAN_EVERY) => {}
+                _ = stop.changed() => {}
+            }
+        }
+        if self.dirty {
+            self.write_manifest().await;
+        }
+        let s = self.drain.snapshot();
+        info!(src = %s.src, uploaded = s.uploaded, failed = s.failed, pending = s.pending, "drain stopped");
+    }
+
+    /// Walks the source; returns the files that settled and are due (their attributes).
+    async fn scan(&mut self) -> Result<Vec<(String, Attr)>, String> {
+        match self.client.resolve(&self.ctx, &self.req.src, true).await {
+            Ok(_) => {}
+            // The job has not made it yet.
+            Err(e) if e.code() == ErrorCode::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(format!("odfs:{}: {e}", self.req.src)),
+        }
+        let (files, _) = walk_odfs_attrs(&self.client, &self.ctx, &self.req.src).await.map_err(|e| e.to_string())?;
+        let (now, wall, settle) = (Instant::now(), Timespec::now(), self.settle());
+        let mut ready = Vec::new();
+        let mut pending = 0;
+        let mut present = HashMap::new();
+        for (rel, a) in files {
+            let id = Identity::of(&a);
+            present.insert(rel.clone(), ());
+            if self.manifest.files.get(&rel).is_some_and(|e| e.drained.is_some() && e.same_file(a.size, a.mtime)) {
+                continue;
+            }
+            pending += 1;
+            let w = self.watching.entry(rel.clone()).or_insert(Watch { id, since: now });
+            if w.id != id {
+                *w = Watch { id, since: now };
+            }
+            let due = self.retry.get(&rel).is_none_or(|r| r.at <= now);
+            if settled(w, now, wall, settle) && due {
+                ready.push((rel, a));
+            }
+        }
+        self.watching.retain(|k, _| present.contains_key(k));
+        self.drain.update(|s| s.pending = pending);
+        Ok(ready)
+    }
+
+    /// Uploads the settled files, records those verified and unchanged since, retries the rest.
+    async fn pass(&mut self, ready: Vec<(String, Attr)>) {
+        let view = self.client.cluster().view();
+        let node_of: HashMap<String, u32> = ready
+            .iter()
+            .filter_map(|(rel, a)| {
+                let t = *a.layout.as_ref()?.targets.first()?;
+                Some((rel.clone(), view.target(t)?.node))
+            })
+            .collect();
+        let files = ready.iter().map(|(rel, a)| src_file(rel, a)).collect();
+        self.drain.update(|s| s.in_flight = ready.len() as u64);
+        let r = drain_pass(&self.client, &self.ctx, &self.req.src, &self.s3, files, node_of, &self.opts).await;
+        self.drain.update(|s| {
+            s.in_flight = 0;
+            s.passes += 1;
+        });
+        let out = match r {
+            Ok(out) => out,
+            Err(e) => {
+                let why = e.to_string();
+                for (rel, _) in &ready {
+                    self.failed(rel, &why);
+                }
+                return;
+            }
+        };
+        for (rel, why) in &out.failed {
+            self.failed(rel, why);
+        }
+        for (rel, a) in ready {
+            let Some(entry) = out.verified.get(&rel) else { continue };
+            self.record(rel, &a, entry.clone()).await;
+        }
+        self.retire().await;
+    }
+
+    /// Records a verified upload, unless the file changed while it was sent.
+    async fn record(&mut self, rel: String, before: &Attr, mut entry: FileEntry) {
+        let now = match self.client.getattr(&self.ctx, before.ino).await {
+            Ok(a) => a,
+            Err(e) => {
+                warn!(rel, error = %e, "drained file vanished or cannot be read; not recorded");
+                return;
+            }
+        };
+        if Identity::of(&now) != Identity::of(before) {
+            info!(rel, "file changed during its upload; it is sent again once it settles");
+            self.watching.remove(&rel);
+            return;
+        }
+        let t = Timespec::now();
+        entry.drained = Some(t.sec * 1000 + (t.nsec / 1_000_000) as i64);
+        let again = self.manifest.files.get(&rel).is_some_and(|e| e.drained.is_some());
+        self.drain.update(|s| {
+            s.uploaded += 1;
+            s.uploaded_bytes += entry.size;
+            s.reuploaded += again as u64;
+        });
+        info!(rel, size = entry.size, "drained");
+        self.retry.remove(&rel);
+        self.manifest.files.insert(rel, entry);
+        self.dirty = true;
+    }
+
+    fn failed(&mut self, rel: &str, why: &str) {
+        warn!(rel, error = why, "drain upload failed; tried again later");
+        let wait = self.retry.get(rel).map_or(SCAN_EVERY, |r| (r.wait * 2).min(MAX_BACKOFF));
+        self.retry.insert(rel.to_string(), Retry { at: Instant::now() + wait, wait });
+        self.drain.update(|s| {
+            s.failed += 1;
+            s.last_error = Some(format!("{rel}: {why}"));
+        });
+    }
+
+    /// `--keep K`: deletes the objects of all but the K most recently drained files.
+    async fn retire(&mut self) {
+        let keep = self.req.keep as usize;
+        if keep == 0 {
+            return;
+        }
+        let mut live: Vec<(i64, String)> = self
+            .manifest
+            .files
+            .iter()
+            .filter(|(_, e)| !e.retired)
+            .filter_map(|(k, e)| Some((e.drained?, k.clone())))
+            .collect();
+        live.sort_by(|a, b| b.cmp(a));
+        for (_, rel) in live.into_iter().skip(keep) {
+            match self.s3.delete(&self.s3.key(&rel)).await {
+                Ok(()) => {
+                    if let Some(e) = self.manifest.files.get_mut(&rel) {
+                        e.retired = true;
+                    }
+                    self.dirty = true;
+                    self.drain.update(|s| s.retired += 1);
+                    info!(rel, keep, "retired from the destination (--keep)");
+                }
+                Err(e) => warn!(rel, error = %e, "cannot retire a drained object; tried again after the next pass"),
+            }
+        }
+    }
+
+    async fn write_manifest(&mut self) {
+        self.manifest.written = Timespec::now().sec;
+        match put_manifest(&self.s3, &self.manifest).await {
+            Ok(()) => self.dirty = false,
+            Err(e) => {
+                warn!(error = %e, "cannot write the drain's manifest; tried again after the next scan");
+                self.drain.update(|s| s.last_error = Some(e.to_string()));
+            }
+        }
+    }
+}
+
+/// A drain as a caller asks for it: `odfs drain start` or an `#ODFS drain` directive.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct DrainRequest {
+    /// The directory to drain: odfs:/PATH or a path in the mount.
+    pub src: String,
+    /// Where its files go: s3://BUCKET/PREFIX (the same place the epilog's stage-out writes).
+    pub dst: String,
+    /// Seconds a file must stay unchanged (no close, fsync or change) before it is uploaded
+    /// [default 3].
+    #[arg(long)]
+    pub settle: Option<f64>,
+    /// Keep only the objects of the K most recently drained files in the destination, deleting
+    /// older ones the drain uploaded (0 = keep all) [default 0].
+    #[arg(long, default_value_t = 0)]
+    pub keep: u32,
+    /// Drain uploads in flight per node [default 2].
+    #[arg(long)]
+    pub concurrency: Option<u32>,
+    /// Job-wide bandwidth of the drain, bytes per second with an optional K/M/G suffix
+    /// [default: a quarter of the stage's max-bandwidth when it has one, else none].
+    #[arg(long, value_parser = odfs_proto::units::parse_size)]
+    pub max_bandwidth: Option<u64>,
+    /// S3 settings, as for `odfs stage-out`.
+    #[arg(long, env = "AWS_ENDPOINT_URL")]
+    pub endpoint_url: Option<String>,
+    #[arg(long)]
+    pub region: Option<String>,
+    #[arg(long)]
+    pub path_style: bool,
+    #[arg(long, env = "ODFS_SITE_CONFIG")]
+    pub site_config: Option<std::path::PathBuf>,
+}
+
+/// Default settle time: a checkpoint's writer has closed it and not touched it since.
+pub const DEFAULT_SETTLE_SECS: f64 = 3.0;
+
+impl DrainRequest {
+    /// The `DrainStart` for node 0's agent: places checked, S3 credentials resolved (as the
+    /// stage-out's), the bucket checked, limits settled.
+    pub async fn resolve(&self, ctx: &Ctx) -> crate::error::Result<DrainStart> {
+        use crate::error::invalid;
+        use crate::location::{self, Location};
+        let stage = crate::StageRequest {
+            src: self.src.clone(),
+            dst: self.dst.clone(),
+            endpoint_url: self.endpoint_url.clone(),
+            region: self.region.clone(),
+            path_style: self.path_style,
+            site_config: self.site_config.clone(),
+            ..Default::default()
+        };
+        let o = stage.options()?;
+        let mounts = location::odfs_mounts();
+        let Location::Odfs(src) = location::parse(&self.src, &mounts)? else {
+            return invalid!("drain: {:?} is not a directory of the job's filesystem (odfs:/PATH)", self.src);
+        };
+        let Location::S3 { bucket, prefix } = location::parse(&self.dst, &mounts)? else {
+            return invalid!("drain: {:?} is not s3://BUCKET/PREFIX (a drain uploads to S3)", self.dst);
+        };
+        let settle = self.settle.unwrap_or(DEFAULT_SETTLE_SECS);
+        if !(0.0..=86_400.0).contains(&settle) {
+            return invalid!("drain: --settle {settle} must be from 0 to 86400 seconds");
+        }
+        if self.concurrency == Some(0) {
+            return invalid!("drain: --concurrency must be positive");
+        }
+        let s3 = crate::coordinator::s3_for(&bucket, &prefix, &o).await?;
+        let quarter = |v: f64| if v > 0.0 { v / 4.0 } else { 0.0 };
+        Ok(DrainStart {
+            src,
+            dst: StageEndpoint::S3(s3.spec.clone()),
+            uid: ctx.uid,
+            gid: ctx.gid,
+            groups: ctx.groups.clone(),
+            settle_ms: (settle * 1000.0) as u64,
+            keep: self.keep,
+            limits: odfs_proto::stage::StageLimits {
+                concurrency: self.concurrency.unwrap_or(2),
+                requests_per_sec: quarter(o.max_requests_per_sec),
+                bytes_per_sec: self.max_bandwidth.unwrap_or(o.max_bandwidth / 4),
+            },
+            split_threshold: o.split_threshold,
+            part_size: o.part_size,
+        })
+    }
+}
+
+/// The address of node 0's stage agent, where a job's drains run.
+async fn node0_agent(client: &Client) -> crate::error::Result<std::net::SocketAddr> {
+    let agents = crate::coordinator::agents(client).await?;
+    match agents.iter().find(|(node, _)| *node == 0) {
+        Some((_, addr)) => Ok(*addr),
+        None => crate::error::invalid!("the stage agent of node 0 is not running: drains run there"),
+    }
+}
+
+/// Starts a drain on node 0's agent.
+pub async fn start(client: &Client, ctx: &Ctx, r: &DrainRequest) -> crate::error::Result<DrainStart> {
+    use crate::error::During;
+    let req = r.resolve(ctx).await?;
+    let addr = node0_agent(client).await?;
+    client.call(ctx, addr, &req).await.during(|| format!("cannot start the drain of odfs:{}", req.src))?;
+    Ok(req)
+}
+
+/// Stops the drain of `src` (every drain if None) after its pass in flight; their last states.
+pub async fn stop(client: &Client, ctx: &Ctx, src: Option<String>) -> crate::error::Result<Vec<DrainState>> {
+    use crate::error::During;
+    let addr = node0_agent(client).await?;
+    client.call(ctx, addr, &DrainStop { src }).await.during(|| "cannot stop the drains".into())
+}
+
+/// The drains running (or ended) on node 0's agent.
+pub async fn list(client: &Client, ctx: &Ctx) -> crate::error::Result<Vec<DrainState>> {
+    use crate::error::During;
+    let addr = node0_agent(client).await?;
+    client.call(ctx, addr, &DrainList {}).await.during(|| "cannot ask node 0's agent for its drains".into())
+}
+
+/// One drain's state in one line.
+pub fn describe(s: &DrainState) -> String {
+    let mut line = format!(
+        "odfs:{} -> {}: {}, {} pending, {} in flight, {} uploaded ({}), {} uploaded again after a change, {} failed",
+        s.src,
+        s.dst,
+        if s.running { "running" } else { "stopped" },
+        s.pending,
+        s.in_flight,
+        s.uploaded,
+        odfs_proto::units::bytes(s.uploaded_bytes),
+        s.reuploaded,
+        s.failed
+    );
+    if s.retired > 0 {
+        line += &format!(", {} retired by --keep", s.retired);
+    }
+    if let Some(e) = &s.last_error {
+        line += &format!("; last error: {e}");
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(size: u64, mtime: i64, ctime: i64) -> Identity {
+        Identity {
+            ino: InodeId(5),
+            size,
+            mtime: Timespec { sec: mtime, nsec: 0 },
+            ctime: Timespec { sec: ctime, nsec: 0 },
+        }
+    }
+
+    #[test]
+    fn a_file_settles_only_after_its_attributes_stay_put_for_the_settle_time() {
+        let settle = Duration::from_secs(3);
+        let t0 = Instant::now();
+        let wall = Timespec { sec: 1000, nsec: 0 };
+        // Seen just now, changed long ago: not yet (the drainer has not watched it long enough).
+        let w = Watch { id: id(10, 900, 900), since: t0 };
+        assert!(!settled(&w, t0 + Duration::from_secs(2), wall, settle));
+        assert!(settled(&w, t0 + Duration::from_secs(3), wall, settle));
+        // Watched long enough, but changed a second ago (a close just published it): not yet.
+        let w = Watch { id: id(10, 999, 999), since: t0 };
+        assert!(!settled(&w, t0 + Duration::from_secs(10), wall, settle));
+        // A chmod a second ago moves only ctime: not yet either.
+        let w = Watch { id: id(10, 900, 999), since: t0 };
+        assert!(!settled(&w, t0 + Duration::from_secs(10), wall, settle));
+        // A clock that puts the change in the future counts as just now.
+        let w = Watch { id: id(10, 1005, 1005), since: t0 };
+        assert!(!settled(&w, t0 + Duration::from_secs(10), wall, settle));
+    }
+}
