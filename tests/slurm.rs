@@ -651,3 +651,40 @@ fn a_node_lost_after_three_drained_checkpoints_loses_none_of_them() {
     assert!(c.s3.object_path(BUCKET, &format!("run-{job}/ckpt/.odfs-stage-out.complete")).exists(), "{log}");
     c.slurm_ok("scancel", &[&job]);
 }
+
+#[test]
+fn a_store_outage_during_the_job_delays_drains_and_loses_nothing() {
+    let mut c = Cluster::new(ClusterOptions::default());
+    let user = TestUser::create("do");
+    let out = c.dir.path().join("out");
+    let directives = format!("#SBATCH -N 4 -C odfs\n#ODFS drain /ckpt s3://{BUCKET}/run-%j/ckpt --settle 1\n");
+    // The script (run once the prolog, which starts the drain, is over) says it started, then
+    // waits for the go-ahead before it writes checkpoints.
+    let body = format!(
+        "touch {o}/started\nwhile [ ! -e {o}/write ]; do sleep 0.1; done\n{}",
+        checkpoints_body(&out, 4),
+        o = out.display()
+    );
+    let job = c.sbatch(&user.name, "do", &waiting_script(&c, &directives, &body), &[]);
+    wait_for("the batch script running", LONG, || (out.join("started").exists(), c.job(&job)));
+    // The store is down (connection refused) while the checkpoints are written and settle, and
+    // comes back after the last one is closed.
+    c.s3.kill();
+    fs::write(out.join("write"), b"").unwrap();
+    wait_ready(&c, &job);
+    for k in 1..=4 {
+        assert!(!c.s3.object_path(BUCKET, &format!("run-{job}/ckpt/ckpt-{k}.pt")).exists());
+    }
+    c.s3.start();
+    for k in 1..=4 {
+        wait_drained(&c, &out, &job, k);
+    }
+    assert_eq!(c.job(&job).state, "RUNNING", "drained while the job runs");
+    go(&c, &job);
+    assert_eq!(c.wait_ended(&job, LONG).state, "COMPLETED", "{}", c.logs());
+    c.wait_nodes_idle(&c.nodes, LONG);
+    let log = c.event_log(0);
+    assert!(log.contains("drained while the job ran, unchanged since: 4 files not sent again"), "{log}");
+    assert!(c.s3.object_path(BUCKET, &format!("run-{job}/ckpt/.odfs-stage-out.complete")).exists(), "{log}");
+    assert_all_clean(&c);
+}

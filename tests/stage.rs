@@ -591,6 +591,10 @@ fn a_drain_uploads_settled_files_while_running_and_the_stage_out_sends_only_what
     // Bad requests are one-line errors.
     let e = text(&odfs_stage(&fs, &s3.env(), &["drain", "start", "odfs:/ckpt", "/pfs/out"]));
     assert!(e.contains("a drain uploads to S3"), "{e}");
+    let mut bad = vec!["drain", "start", "odfs:/ckpt", "s3://nobucket/run"];
+    bad.extend(s3_args);
+    let o = odfs_stage(&fs, &s3.env(), &bad);
+    assert!(!o.status.success() && text(&o).contains("bucket \"nobucket\" does not exist"), "{}", text(&o));
     let e = text(&odfs_stage(&fs, &[], &["drain", "stop", "odfs:/nothing"]));
     assert!(e.contains("no drain of odfs:/nothing is running"), "{e}");
 }

@@ -385,7 +385,7 @@ pub(crate) fn add_counters(into: &mut Vec<(u32, StageCounters)>, more: &[(u32, S
     }
 }
 
-fn s3_spec(
+pub(crate) fn s3_spec(
     bucket: &str,
     prefix: &str,
     o: &StageOptions,

@@ -439,7 +439,18 @@ impl DrainRequest {
         if self.concurrency == Some(0) {
             return invalid!("drain: --concurrency must be positive");
         }
-        let s3 = crate::coordinator::s3_for(&bucket, &prefix, &o).await?;
+        let creds = crate::s3::resolve_credentials(None).await?;
+        let region = crate::s3::resolve_region(o.region.clone()).await;
+        let s3 = S3::new(&crate::coordinator::s3_spec(&bucket, &prefix, &o, creds, region));
+        match s3.check_bucket().await {
+            Ok(()) => {}
+            // A store down for now is the drainer's to wait for, as for any upload; a refused
+            // bucket or credential is the caller's to fix now.
+            Err(e) if e.unreachable => {
+                warn!(error = %e, "the drain starts with its store unreachable; it waits for it")
+            }
+            Err(e) => return Err(e.into()),
+        }
         let quarter = |v: f64| if v > 0.0 { v / 4.0 } else { 0.0 };
         Ok(DrainStart {
             src,
