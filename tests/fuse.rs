@@ -1060,3 +1060,75 @@ fn scrape(addr: &str, path: &str) -> String {
     s.read_to_string(&mut out).expect("read the metrics response");
     out
 }
+
+/// `odfs stats -w` during an mdtest-like run: the create rate it shows at metad agrees with the
+/// workload's own rate within 5%, and the busiest client it names is the mount doing them. The
+/// workload paces itself (file k created at k / RATE s, catching up after a stall), so every
+/// interval that `-w` measures inside the run holds the same number of creates.
+#[test]
+fn stats_watch_rates_agree_with_a_running_workload() {
+    const RATE: f64 = 200.0;
+    const SECS: f64 = 18.0;
+    // Long intervals: a stall of the workload at an interval's edge moves its count by the
+    // stall's share of the interval.
+    const EVERY: f64 = 4.0;
+    let fs = LocalFs::up(2, &[]);
+    let m = FuseMount::start(&fs);
+    fs::create_dir(m.p("md")).unwrap();
+    let watch = Command::new(bin_dir().join("odfs"))
+        .args(["--fs", &fs.config_path().display().to_string(), "stats", "-w", &EVERY.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Give the watch its first snapshot, then run the workload.
+    std::thread::sleep(Duration::from_millis(500));
+    let t0 = Instant::now();
+    let mut made = 0u64;
+    while t0.elapsed().as_secs_f64() < SECS {
+        let due = (t0.elapsed().as_secs_f64() * RATE) as u64;
+        while made < due {
+            File::create(m.p(&format!("md/f{made}"))).unwrap();
+            made += 1;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let own_rate = made as f64 / t0.elapsed().as_secs_f64();
+    // Kill the watch once it has printed a screen after the run.
+    std::thread::sleep(Duration::from_secs_f64(EVERY + 1.0));
+    let mut watch = watch;
+    watch.kill().unwrap();
+    let out = watch.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let screens: Vec<&str> = text.split("\x1b[2J\x1b[H").filter(|s| !s.trim().is_empty()).collect();
+    let create_rate = |screen: &str| -> f64 {
+        let l = screen
+            .lines()
+            .find(|l| l.starts_with("metad shard 0") && l.split_whitespace().nth(3) == Some("Create"))
+            .unwrap_or_else(|| panic!("no Create row at metad in\n{screen}"));
+        l.split_whitespace().nth(5).unwrap().parse().unwrap()
+    };
+    // Screens wholly inside the run: the first covers its start, the last ones its end.
+    let inside: Vec<&str> = screens.iter().copied().skip(1).take(((SECS - 0.5) / EVERY) as usize - 1).collect();
+    assert!(inside.len() >= 2, "too few screens: {}\n{text}", screens.len());
+    for s in &inside {
+        let r = create_rate(s);
+        eprintln!("odfs stats -w: {r:.0} creates/s at metad; the workload's own rate {own_rate:.1}/s");
+        assert!(
+            (r - own_rate).abs() <= 0.05 * own_rate,
+            "odfs stats -w shows {r:.0} creates/s at metad, the workload made {own_rate:.0}/s:\n{s}"
+        );
+        // The clients table: the busiest client is the mount, named by its pid, at least as busy
+        // as its creates.
+        let clients = s.split("CLIENT").nth(1).unwrap_or_else(|| panic!("no clients table in\n{s}"));
+        let top = clients.lines().nth(1).unwrap();
+        assert!(top.contains(&format!("pid {}", m.child.id())), "busiest client is not the mount: {top}\n{s}");
+        // After the name (which ends in the pid): REQUESTS, then RATE/s.
+        let after = top.split(&format!("pid {}", m.child.id())).nth(1).unwrap();
+        let rate: f64 = after.split_whitespace().nth(1).unwrap().parse().unwrap();
+        assert!(rate >= 0.95 * own_rate, "the mount's requests/s {rate} below its creates/s {own_rate:.0}: {top}");
+    }
+    // And percentiles: the Create row has a p50 and a p99.
+    let row = inside[0].lines().find(|l| l.starts_with("metad shard 0") && l.contains(" Create ")).unwrap();
+    assert!(row.split_whitespace().nth(6).is_some_and(|p| p.starts_with('<')), "no p50 in {row}");
+}
