@@ -598,3 +598,68 @@ fn a_drain_uploads_settled_files_while_running_and_the_stage_out_sends_only_what
     let e = text(&odfs_stage(&fs, &[], &["drain", "stop", "odfs:/nothing"]));
     assert!(e.contains("no drain of odfs:/nothing is running"), "{e}");
 }
+
+#[test]
+fn a_drain_deletes_after_upload_only_files_that_nobody_holds_open() {
+    use std::io::Write;
+    let tmp = tempfile::tempdir().unwrap();
+    let s3 = S3Server::s3s(&tmp.path().join("s3"), &["out"]);
+    let fs = LocalFs::up(2, &[]);
+    let m = FuseMount::start(&fs);
+    std::fs::create_dir(m.p("ckpt")).unwrap();
+    let url = s3.url();
+    let start = [
+        "drain",
+        "start",
+        "odfs:/ckpt",
+        "s3://out/del",
+        "--settle",
+        "1",
+        "--delete-after-upload",
+        "--endpoint-url",
+        &url,
+        "--path-style",
+    ];
+    ok(odfs_stage(&fs, &s3.env(), &start));
+    // A closed checkpoint: uploaded, verified, then deleted from odfs (seen through the mount).
+    let a = pattern(5 << 20, 1);
+    std::fs::write(m.p("ckpt/a.pt"), &a).unwrap();
+    wait_object(&s3, "del/a.pt", &a);
+    wait_for("a.pt deleted after its upload", Duration::from_secs(30), || (!m.p("ckpt/a.pt").exists(), ()));
+
+    // A file held open for writing: metad knows nothing of its writes until the close, so what
+    // it shows settles and is uploaded, but the file is open on a node and is not deleted.
+    let (b1, b2) = (pattern(1 << 20, 2), pattern(3 << 20, 3));
+    let mut f = std::fs::File::create(m.p("ckpt/b.pt")).unwrap();
+    f.write_all(&b1).unwrap();
+    wait_for("b.pt waiting to be deleted", Duration::from_secs(30), || {
+        let st = drain_state(&fs, "/ckpt");
+        (st["delete_waiting"].as_u64() == Some(1), st)
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(m.p("ckpt/b.pt").exists(), "a file open for writing was deleted");
+    f.write_all(&b2).unwrap();
+    drop(f);
+    let whole = [b1, b2].concat();
+    // Its close changed it: the whole file is uploaded again, then deleted.
+    wait_object(&s3, "del/b.pt", &whole);
+    wait_for("b.pt deleted after its close and upload", Duration::from_secs(30), || (!m.p("ckpt/b.pt").exists(), ()));
+    let st = drain_state(&fs, "/ckpt");
+    assert_eq!((st["deleted"].as_u64(), st["delete_waiting"].as_u64()), (Some(2), Some(0)), "{st}");
+
+    // The stage-out's manifest keeps both: their objects are the only copies.
+    ok(odfs_stage(&fs, &[], &["drain", "stop"]));
+    let out = ok(odfs_stage(
+        &fs,
+        &s3.env(),
+        &["stage-out", "odfs:/ckpt", "s3://out/del", "--endpoint-url", &url, "--path-style"],
+    ));
+    assert!(out.contains("stage-out: 0 files") && out.contains("2 files not sent again"), "{out}");
+    let mpath = s3.object_path("out", "del/.odfs-stage-out.json");
+    let man: serde_json::Value = serde_json::from_slice(&std::fs::read(mpath).unwrap()).unwrap();
+    for f in ["a.pt", "b.pt"] {
+        assert_eq!(man["files"][f]["deleted_local"], true, "{man}");
+    }
+    assert_eq!(std::fs::read(s3.object_path("out", "del/b.pt")).unwrap(), whole);
+    assert!(s3.object_path("out", "del/.odfs-stage-out.complete").exists());
+}

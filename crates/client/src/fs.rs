@@ -809,6 +809,21 @@ impl Client {
         Ok(())
     }
 
+    /// Removes `name` of `parent` only if it is still file `attr.ino`, unchanged (size, mtime)
+    /// and open nowhere (metad's `UnlinkIdle`); `InUse` otherwise. A drain's delete after upload.
+    pub async fn unlink_idle(&self, ctx: &Ctx, parent: InodeId, name: &[u8], attr: &Attr) -> Result<()> {
+        self.inner.cache.forget_entry(parent, name);
+        let t = self.ticket();
+        let req = UnlinkIdle { parent, name: name.to_vec(), ino: attr.ino, size: attr.size, mtime: attr.mtime };
+        let r = self.entry_call(ctx, parent, name, &req).await;
+        self.inner.cache.forget_entry(parent, name);
+        self.invalidate(parent);
+        let r = r?;
+        self.cache_parent(r.parent.as_ref(), t);
+        self.reclaim(r.removed).await;
+        Ok(())
+    }
+
     pub async fn rmdir(&self, ctx: &Ctx, parent: InodeId, name: &[u8]) -> Result<()> {
         self.inner.cache.forget_entry(parent, name);
         let r = self.entry_call(ctx, parent, name, &Rmdir { parent, name: name.to_vec() }).await;

@@ -41,6 +41,8 @@ pub struct Drain {
     pub keep: u32,
     pub concurrency: Option<u32>,
     pub max_bandwidth: Option<u64>,
+    #[serde(default)]
+    pub delete_after_upload: bool,
 }
 
 /// Everything `#ODFS` lines can ask for.
@@ -100,7 +102,7 @@ impl Directives {
 
 /// The help text listing every directive (printed with errors).
 pub const HELP: &str = "stage-in SRC DST [--seal] | stage-out SRC DST | \
-                        drain SRC DST [--settle SECS] [--keep K] [--concurrency N] [--max-bandwidth SIZE] | stripe-count N | chunk-size SIZE | pool NAME | placement local|rotate | \
+                        drain SRC DST [--settle SECS] [--keep K] [--concurrency N] [--max-bandwidth SIZE] [--delete-after-upload] | stripe-count N | chunk-size SIZE | pool NAME | placement local|rotate | \
                         endpoint-url URL | region NAME | path-style | profile NAME | concurrency N | max-bandwidth SIZE";
 
 /// Splits one directive's arguments (blanks; quotes group).
@@ -258,7 +260,7 @@ fn one_directive(d: &mut Directives, w: &[String]) -> Result<(), String> {
 /// `drain SRC DST [options]`.
 fn drain(args: &[String]) -> Result<Drain, String> {
     const FORM: &str = "drain takes a source in the job's filesystem, an s3://BUCKET/PREFIX, then any of \
-                        --settle SECS, --keep K, --concurrency N, --max-bandwidth SIZE";
+                        --settle SECS, --keep K, --concurrency N, --max-bandwidth SIZE, --delete-after-upload";
     if args.len() < 2 || args[0].starts_with("--") || args[1].starts_with("--") {
         return Err(FORM.into());
     }
@@ -266,10 +268,21 @@ fn drain(args: &[String]) -> Result<Drain, String> {
     if !dst.starts_with("s3://") {
         return Err(format!("drain {:?}: a drain uploads to s3://BUCKET/PREFIX", args[1]));
     }
-    let mut dr =
-        Drain { src: odfs_path(&args[0])?, dst, settle: None, keep: 0, concurrency: None, max_bandwidth: None };
+    let mut dr = Drain {
+        src: odfs_path(&args[0])?,
+        dst,
+        settle: None,
+        keep: 0,
+        concurrency: None,
+        max_bandwidth: None,
+        delete_after_upload: false,
+    };
     let mut rest = args[2..].iter();
     while let Some(opt) = rest.next() {
+        if opt == "--delete-after-upload" {
+            dr.delete_after_upload = true;
+            continue;
+        }
         let value = rest.next().ok_or_else(|| format!("drain {opt} needs a value ({FORM})"))?;
         match opt.as_str() {
             "--settle" => {
@@ -371,10 +384,15 @@ mod tests {
                 settle: Some(5.0),
                 keep: 3,
                 concurrency: None,
-                max_bandwidth: Some(100 << 20)
+                max_bandwidth: Some(100 << 20),
+                delete_after_upload: false,
             }]
         );
         assert_eq!(d.stage_out, [Transfer { src: "odfs:/ckpt".into(), dst: "s3://runs/9/ckpt".into(), seal: false }]);
+        assert!(
+            parse("#ODFS drain /c s3://b/c --delete-after-upload --keep 2\n", "1", "u").unwrap().drain[0]
+                .delete_after_upload
+        );
         // Named twice (drain and stage-out): staged out once.
         let d = parse("#ODFS stage-out /c s3://b/c\n#ODFS drain /c s3://b/c\n", "1", "u").unwrap();
         assert_eq!(d.stage_out.len(), 1);

@@ -584,6 +584,7 @@ fn start_drains(link: &BoardLink, state: &StateDir, rec: &Record, ctx: &NodeCont
                 keep: dr.keep,
                 concurrency: dr.concurrency,
                 max_bandwidth: dr.max_bandwidth,
+                delete_after_upload: dr.delete_after_upload,
                 endpoint_url: d.endpoint_url.clone(),
                 region: d.region.clone(),
                 path_style: d.path_style,

@@ -236,6 +236,20 @@ fn add_coordinated(r: &mut Routes, coord: &Coordinator) {
             s.unlink_spanning(&h, q).await
         }
     });
+    // Recall first (whoever holds the file open registers it), then check and unlink under one
+    // lock; the wrapper then waits for the recalls the unlink caused.
+    let s = coord.clone();
+    r.add::<UnlinkIdle, _, _>(move |h: RequestHeader, q: UnlinkIdle| {
+        let s = s.clone();
+        async move {
+            s.store.lock().expect("store lock").recall_inode(&h, q.ino);
+            s.recalls.wait(&h).await;
+            match s.store.lock().expect("store lock").unlink_idle(&h, &q)? {
+                MetaReply::Unlink(u) => Ok(u),
+                other => Err(unexpected(other)),
+            }
+        }
+    });
     let s = coord.clone();
     r.add::<Rename, _, _>(move |h: RequestHeader, q: Rename| {
         let s = s.clone();

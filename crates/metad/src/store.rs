@@ -786,6 +786,30 @@ impl MetaStore {
         Ok(applied.reply)
     }
 
+    /// Recalls every other client's lease on `ino` without changing it: a client that holds
+    /// the file open registers it in its answer. The reply to `h` may then wait for the
+    /// answers (`Recalls::wait`). First step of `UnlinkIdle`.
+    pub fn recall_inode(&mut self, h: &RequestHeader, ino: InodeId) {
+        let changes = Changes { inos: vec![ino], names: Vec::new() };
+        self.recall(h, h.client_id, &changes);
+    }
+
+    /// `UnlinkIdle`, once `recall_inode` has been answered: removes the name if it still names
+    /// `q.ino`, unchanged (one link, same size and mtime), held open by no client and cached by
+    /// no other; `InUse` otherwise. Checked and done under one lock, so no open comes between.
+    pub fn unlink_idle(&mut self, h: &RequestHeader, q: &UnlinkIdle) -> RpcResult<MetaReply> {
+        let busy = |why: &str| Err(RemoteError::new(ErrorCode::InUse, why.to_string()));
+        let (ino, victim) = self.ns.check_delete(h, q.parent, &q.name)?;
+        let a = victim.attr(ino);
+        if ino != q.ino || a.nlink != 1 || a.size != q.size || a.mtime != q.mtime {
+            return busy("the file changed since it was uploaded");
+        }
+        if self.sessions.held(ino) || self.sessions.leased_by_other(ino, h.client_id) {
+            return busy("the file is open (or was looked up again) on a node");
+        }
+        self.mutate(h, MetaOp::Unlink(Unlink { parent: q.parent, name: q.name.clone() }))
+    }
+
     /// Recalls what a logged change broke from other clients' caches and leases the change's
     /// inodes to the client that made it (it caches what its reply told it). Its reply then
     /// waits for the recalls (see `pending_replies`).

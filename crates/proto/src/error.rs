@@ -87,6 +87,9 @@ error_codes! {
     /// Between metad's parts only: the operation touches an inode of another shard and runs as
     /// an operation that spans shards. Never a client's answer.
     SpansShards = 27 => libc::EIO,
+    /// The file is in use (open on a node) or changed: the asked-for removal is not done now.
+    /// Unlike `Busy`, not a reason to send the same request again at once.
+    InUse = 28 => libc::EBUSY,
 }
 
 impl fmt::Display for ErrorCode {

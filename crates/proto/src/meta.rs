@@ -658,6 +658,21 @@ pub struct RenameLock {
     pub hold_ms: u32,
 }
 
+/// Removes name `name` of `parent` only if it still names file `ino`, with one link, the size
+/// and mtime given (unchanged since a drain uploaded it), and no client holds the file open or
+/// caches it once every client's lease on it has been recalled (an open file's client
+/// registers it in its answer). Refused with `InUse` otherwise. A drain's
+/// `--delete-after-upload`: a file still being written is never deleted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnlinkIdle {
+    pub parent: InodeId,
+    #[serde(with = "serde_bytes")]
+    pub name: Vec<u8>,
+    pub ino: InodeId,
+    pub size: u64,
+    pub mtime: Timespec,
+}
+
 crate::rpc! {
     Lookup = 100 => Attr,
     GetAttr = 101 => Attr,
@@ -697,4 +712,5 @@ crate::rpc! {
     RenameLock = 135 => (),
     // 136 retired (OpCounts: every service's GetStats counts requests by kind).
     SetSealed = 137 => Attr,
+    UnlinkIdle = 138 => UnlinkReply,
 }

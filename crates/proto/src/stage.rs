@@ -184,6 +184,10 @@ pub struct DrainStart {
     /// Files at least this large are uploaded in multipart parts of `part_size`.
     pub split_threshold: u64,
     pub part_size: u64,
+    /// Delete each file from odfs once its upload is verified, unless it changed or is open on
+    /// any node (`UnlinkIdle`): for checkpoints, opt-in.
+    #[serde(default)]
+    pub delete_after_upload: bool,
 }
 
 /// Stops the drain of `src` (every drain if None), after the pass in flight; replies with
@@ -218,6 +222,10 @@ pub struct DrainState {
     pub last_error: Option<String>,
     /// Objects deleted from `dst` by `keep`.
     pub retired: u64,
+    /// Files deleted from odfs after their upload (`delete_after_upload`), and files whose
+    /// deletion waits because they are open somewhere.
+    pub deleted: u64,
+    pub delete_waiting: u64,
     /// Passes that ran.
     pub passes: u64,
 }

@@ -4,8 +4,9 @@
 //! drain").
 //!
 //! Owns the drainers of one agent (node 0's): their scans, the settle rule, their passes, the
-//! manifest they keep, `--keep` retirement and their counters. Must not change the job's files:
-//! a drainer only reads them; the agents move the bytes, as for any stage-out.
+//! manifest they keep, `--keep` retirement, `--delete-after-upload` and their counters. Must
+//! not change the job's files beyond that opt-in deletion (done by metad's `UnlinkIdle`, which
+//! refuses a file open anywhere); the agents move the bytes, as for any stage-out.
 
 use crate::coordinator::stage_out::{drain_pass, drained_entries, put_manifest, src_file, walk_odfs_attrs};
 use crate::coordinator::StageOptions;
@@ -156,6 +157,9 @@ struct Drainer {
     manifest: Manifest,
     watching: HashMap<String, Watch>,
     retry: HashMap<String, Retry>,
+    /// `--delete-after-upload`: files drained and not yet deleted (open somewhere, or the
+    /// deletion failed), with their attributes when they were uploaded.
+    to_delete: BTreeMap<String, Attr>,
     /// The manifest changed since it was last written.
     dirty: bool,
 }
@@ -187,6 +191,7 @@ impl Drainer {
             manifest,
             watching: HashMap::new(),
             retry: HashMap::new(),
+            to_delete: BTreeMap::new(),
             dirty: false,
         }
     }
@@ -208,6 +213,7 @@ impl Drainer {
                 Ok(_) => {}
                 Err(e) => self.drain.update(|s| s.last_error = Some(e)),
             }
+            self.delete_uploaded().await;
             if self.dirty {
                 self.write_manifest().await;
             }
@@ -239,6 +245,10 @@ impl Drainer {
         for (rel, a) in files {
             let id = Identity::of(&a);
             present.insert(rel.clone(), ());
+            if self.to_delete.get(&rel).is_some_and(|d| (d.ino, d.size, d.mtime) != (a.ino, a.size, a.mtime)) {
+                // Changed since its upload: the new contents are uploaded (and deleted) in turn.
+                self.to_delete.remove(&rel);
+            }
             if self.manifest.files.get(&rel).is_some_and(|e| e.drained.is_some() && e.same_file(a.size, a.mtime)) {
                 continue;
             }
@@ -253,6 +263,7 @@ impl Drainer {
             }
         }
         self.watching.retain(|k, _| present.contains_key(k));
+        self.to_delete.retain(|k, _| present.contains_key(k));
         self.drain.update(|s| s.pending = pending);
         Ok(ready)
     }
@@ -318,6 +329,9 @@ impl Drainer {
         });
         info!(rel, size = entry.size, "drained");
         self.retry.remove(&rel);
+        if self.req.delete_after_upload {
+            self.to_delete.insert(rel.clone(), now);
+        }
         self.manifest.files.insert(rel, entry);
         self.dirty = true;
     }
@@ -330,6 +344,47 @@ impl Drainer {
             s.failed += 1;
             s.last_error = Some(format!("{rel}: {why}"));
         });
+    }
+
+    /// `--delete-after-upload`: deletes each drained file from odfs, unless it changed since
+    /// its upload or is open on any node (metad's `UnlinkIdle` refuses: tried again on the
+    /// next scan).
+    async fn delete_uploaded(&mut self) {
+        let todo: Vec<(String, Attr)> = self.to_delete.iter().map(|(k, a)| (k.clone(), a.clone())).collect();
+        for (rel, a) in todo {
+            let (dir, name) = match rel.rsplit_once('/') {
+                Some((d, n)) => (crate::keys::join(&self.req.src, d), n.to_string()),
+                None => (self.req.src.clone(), rel.clone()),
+            };
+            let r = match self.client.resolve(&self.ctx, &dir, true).await {
+                Ok(parent) => self.client.unlink_idle(&self.ctx, parent.ino, name.as_bytes(), &a).await,
+                Err(e) => Err(e),
+            };
+            match r {
+                Ok(()) => {
+                    info!(rel, "deleted from odfs after its upload (--delete-after-upload)");
+                    self.to_delete.remove(&rel);
+                    self.watching.remove(&rel);
+                    if let Some(e) = self.manifest.files.get_mut(&rel) {
+                        e.deleted_local = true;
+                    }
+                    self.dirty = true;
+                    self.drain.update(|s| s.deleted += 1);
+                }
+                // Open on some node, or changed: not now.
+                Err(e) if e.code() == ErrorCode::InUse => {}
+                Err(e) if e.code() == ErrorCode::NotFound => {
+                    self.to_delete.remove(&rel);
+                }
+                Err(e) => {
+                    warn!(rel, error = %e, "cannot delete a drained file; it stays");
+                    self.to_delete.remove(&rel);
+                    self.drain.update(|s| s.last_error = Some(format!("{rel}: cannot delete after upload: {e}")));
+                }
+            }
+        }
+        let waiting = self.to_delete.len() as u64;
+        self.drain.update(|s| s.delete_waiting = waiting);
     }
 
     /// `--keep K`: deletes the objects of all but the K most recently drained files.
@@ -395,6 +450,10 @@ pub struct DrainRequest {
     /// [default: a quarter of the stage's max-bandwidth when it has one, else none].
     #[arg(long, value_parser = odfs_proto::units::parse_size)]
     pub max_bandwidth: Option<u64>,
+    /// Delete each file from odfs once its upload is verified, unless it changed since or is
+    /// open on any node (checkpoints whose only needed copy is in S3). Never the default.
+    #[arg(long)]
+    pub delete_after_upload: bool,
     /// S3 settings, as for `odfs stage-out`.
     #[arg(long, env = "AWS_ENDPOINT_URL")]
     pub endpoint_url: Option<String>,
@@ -467,6 +526,7 @@ impl DrainRequest {
             },
             split_threshold: o.split_threshold,
             part_size: o.part_size,
+            delete_after_upload: self.delete_after_upload,
         })
     }
 }
@@ -519,6 +579,9 @@ pub fn describe(s: &DrainState) -> String {
     );
     if s.retired > 0 {
         line += &format!(", {} retired by --keep", s.retired);
+    }
+    if s.deleted + s.delete_waiting > 0 {
+        line += &format!(", {} deleted after upload ({} open, waiting)", s.deleted, s.delete_waiting);
     }
     if let Some(e) = &s.last_error {
         line += &format!("; last error: {e}");

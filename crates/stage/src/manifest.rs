@@ -42,6 +42,10 @@ pub struct FileEntry {
     /// Stage-out: a drained file whose object a drain's `--keep` deleted from the destination.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub retired: bool,
+    /// Stage-out: a drained file its drain deleted from odfs after the upload
+    /// (`--delete-after-upload`); its object is the only copy.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deleted_local: bool,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -103,6 +107,7 @@ mod tests {
                 verified: "md5".into(),
                 drained: Some(9),
                 retired: false,
+                deleted_local: true,
             },
         );
         assert_eq!(Manifest::parse(&m.to_json()), Some(m));

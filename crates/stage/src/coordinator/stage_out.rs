@@ -318,6 +318,15 @@ impl Outputs<'_> {
             }
             self.kept.insert(f.rel.clone(), e.clone());
         }
+        // Files a drain deleted from odfs after uploading them: their objects are the outputs.
+        let here: BTreeSet<&str> = self.files.iter().map(|f| f.rel.as_str()).collect();
+        for (rel, e) in drained.iter().filter(|(rel, e)| e.deleted_local && !here.contains(rel.as_str())) {
+            if e.retired || existing.get(rel).is_some_and(|o| Some(&o.etag) == e.etag.as_ref()) {
+                self.report.drained += !e.retired as u64;
+                self.report.retired += e.retired as u64;
+                self.kept.insert(rel.clone(), e.clone());
+            }
+        }
     }
 
     /// The run's items: large files as multipart uploads (started here), the others whole.
