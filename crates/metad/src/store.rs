@@ -798,8 +798,19 @@ impl MetaStore {
     /// `q.ino`, unchanged (one link, same size and mtime), held open by no client and cached by
     /// no other; `InUse` otherwise. Checked and done under one lock, so no open comes between.
     pub fn unlink_idle(&mut self, h: &RequestHeader, q: &UnlinkIdle) -> RpcResult<MetaReply> {
+        // A request sent again (its answer was lost) gets the answer it had.
+        if h.request_id != 0 {
+            if let Some(reply) = self.dedup.get((h.client_id, h.request_id)) {
+                return Ok(reply.clone());
+            }
+        }
         let busy = |why: &str| Err(RemoteError::new(ErrorCode::InUse, why.to_string()));
-        let (ino, victim) = self.ns.check_delete(h, q.parent, &q.name)?;
+        let (ino, victim) = self.ns.check_delete(h, q.parent, &q.name).map_err(|e| match e.code {
+            ErrorCode::SpansShards => {
+                RemoteError::new(ErrorCode::Unsupported, "the file lives on another metadata shard; it is kept")
+            }
+            _ => e,
+        })?;
         let a = victim.attr(ino);
         if ino != q.ino || a.nlink != 1 || a.size != q.size || a.mtime != q.mtime {
             return busy("the file changed since it was uploaded");

@@ -132,7 +132,7 @@ impl Agent {
         let a = self.clone();
         r.add(move |_h, req: DrainStop| {
             let a = a.clone();
-            async move { Ok(a.drains.stop(req.src.as_deref()).await) }
+            async move { Ok(a.drains.stop(req.src.as_deref())) }
         });
         let a = self.clone();
         r.add(move |_h, _req: DrainList| {

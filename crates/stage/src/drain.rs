@@ -53,7 +53,7 @@ impl Drains {
                 format!("drain source {:?} is not a path in the job's filesystem", req.src),
             ));
         }
-        self.stop(Some(&req.src)).await;
+        self.stop_and_wait(&req.src).await;
         let s3 = S3::new(spec);
         let (stop, stop_rx) = watch::channel(false);
         let (ended_tx, ended) = watch::channel(false);
@@ -75,21 +75,29 @@ impl Drains {
         Ok(())
     }
 
-    /// Stops the drain of `src` (every drain if None) after its pass in flight and its last
-    /// manifest; returns their final states.
-    pub async fn stop(&self, src: Option<&str>) -> Vec<DrainState> {
-        let picked: Vec<Arc<Drain>> = {
-            let map = self.map.lock().expect("drains lock");
-            map.iter().filter(|(k, _)| src.is_none_or(|s| s == k.as_str())).map(|(_, d)| d.clone()).collect()
-        };
-        let mut out = Vec::new();
-        for d in picked {
+    /// Tells the drain of `src` (every drain if None) to stop after its pass in flight and its
+    /// last manifest; returns their states now. A pass may take long (a large file, a store
+    /// down): callers poll `list` until they report not running, rather than wait in one
+    /// request.
+    pub fn stop(&self, src: Option<&str>) -> Vec<DrainState> {
+        let map = self.map.lock().expect("drains lock");
+        map.iter()
+            .filter(|(k, _)| src.is_none_or(|s| s == k.as_str()))
+            .map(|(_, d)| {
+                let _ = d.stop.send(true);
+                d.snapshot()
+            })
+            .collect()
+    }
+
+    /// Stops the drain of `src` and waits until it has ended (a drain replaced by a new one).
+    async fn stop_and_wait(&self, src: &str) {
+        let old = self.map.lock().expect("drains lock").get(src).cloned();
+        if let Some(d) = old {
             let _ = d.stop.send(true);
             let mut ended = d.ended.clone();
             let _ = ended.wait_for(|e| *e).await;
-            out.push(d.snapshot());
         }
-        out
     }
 
     pub fn list(&self) -> Vec<DrainState> {
@@ -157,9 +165,16 @@ struct Drainer {
     manifest: Manifest,
     watching: HashMap<String, Watch>,
     retry: HashMap<String, Retry>,
-    /// `--delete-after-upload`: files drained and not yet deleted (open somewhere, or the
-    /// deletion failed), with their attributes when they were uploaded.
+    /// `--delete-after-upload`: files drained and recorded in a manifest written to the
+    /// destination, not yet deleted (open somewhere, or not tried yet), with their attributes
+    /// when they were uploaded; and those drained but not yet in a written manifest.
     to_delete: BTreeMap<String, Attr>,
+    unrecorded: BTreeMap<String, Attr>,
+    /// The destination's manifest was read (or found absent): until then nothing is uploaded,
+    /// so an earlier record is never overwritten.
+    loaded: bool,
+    /// Files of the last scan (for `--keep`).
+    present: std::collections::BTreeSet<String>,
     /// The manifest changed since it was last written.
     dirty: bool,
 }
@@ -192,6 +207,9 @@ impl Drainer {
             watching: HashMap::new(),
             retry: HashMap::new(),
             to_delete: BTreeMap::new(),
+            unrecorded: BTreeMap::new(),
+            loaded: false,
+            present: Default::default(),
             dirty: false,
         }
     }
@@ -201,20 +219,19 @@ impl Drainer {
     }
 
     async fn run(&mut self, mut stop: watch::Receiver<bool>) {
-        // A drain started again (a recovered job, a second `odfs drain start`) goes on from
-        // what the destination's manifest says is there.
-        self.manifest.files = drained_entries(&self.s3).await;
         loop {
             if *stop.borrow() {
                 break;
             }
-            match self.scan().await {
-                Ok(ready) if !ready.is_empty() => self.pass(ready).await,
-                Ok(_) => {}
-                Err(e) => self.drain.update(|s| s.last_error = Some(e)),
-            }
-            self.delete_uploaded().await;
-            if self.dirty {
+            if self.load_manifest().await {
+                match self.scan().await {
+                    Ok(ready) if !ready.is_empty() => self.pass(ready).await,
+                    Ok(_) => {}
+                    Err(e) => self.drain.update(|s| s.last_error = Some(e)),
+                }
+                // Deleted only once the manifest that records the upload is in the store.
+                self.write_manifest().await;
+                self.delete_uploaded().await;
                 self.write_manifest().await;
             }
             tokio::select! {
@@ -222,11 +239,25 @@ impl Drainer {
                 _ = stop.changed() => {}
             }
         }
-        if self.dirty {
-            self.write_manifest().await;
-        }
+        self.write_manifest().await;
         let s = self.drain.snapshot();
         info!(src = %s.src, uploaded = s.uploaded, failed = s.failed, pending = s.pending, "drain stopped");
+    }
+
+    /// A drain started again (a recovered job, a second `odfs drain start`) goes on from what
+    /// the destination's manifest says is there. False while it cannot be read.
+    async fn load_manifest(&mut self) -> bool {
+        if self.loaded {
+            return true;
+        }
+        match drained_entries(&self.s3).await {
+            Ok(files) => {
+                self.manifest.files = files;
+                self.loaded = true;
+            }
+            Err(e) => self.drain.update(|s| s.last_error = Some(e.to_string())),
+        }
+        self.loaded
     }
 
     /// Walks the source; returns the files that settled and are due (their attributes).
@@ -243,11 +274,17 @@ impl Drainer {
         let mut pending = 0;
         let mut present = HashMap::new();
         for (rel, a) in files {
+            // What stages write themselves (a stage-in's manifest, the stage-out's marker).
+            if crate::manifest::reserved(&rel) {
+                continue;
+            }
             let id = Identity::of(&a);
             present.insert(rel.clone(), ());
-            if self.to_delete.get(&rel).is_some_and(|d| (d.ino, d.size, d.mtime) != (a.ino, a.size, a.mtime)) {
+            let moved = |d: &Attr| (d.ino, d.size, d.mtime) != (a.ino, a.size, a.mtime);
+            if self.to_delete.get(&rel).is_some_and(moved) || self.unrecorded.get(&rel).is_some_and(moved) {
                 // Changed since its upload: the new contents are uploaded (and deleted) in turn.
                 self.to_delete.remove(&rel);
+                self.unrecorded.remove(&rel);
             }
             if self.manifest.files.get(&rel).is_some_and(|e| e.drained.is_some() && e.same_file(a.size, a.mtime)) {
                 continue;
@@ -264,6 +301,8 @@ impl Drainer {
         }
         self.watching.retain(|k, _| present.contains_key(k));
         self.to_delete.retain(|k, _| present.contains_key(k));
+        self.unrecorded.retain(|k, _| present.contains_key(k));
+        self.present = present.into_keys().collect();
         self.drain.update(|s| s.pending = pending);
         Ok(ready)
     }
@@ -330,7 +369,7 @@ impl Drainer {
         info!(rel, size = entry.size, "drained");
         self.retry.remove(&rel);
         if self.req.delete_after_upload {
-            self.to_delete.insert(rel.clone(), now);
+            self.unrecorded.insert(rel.clone(), now);
         }
         self.manifest.files.insert(rel, entry);
         self.dirty = true;
@@ -371,8 +410,8 @@ impl Drainer {
                     self.dirty = true;
                     self.drain.update(|s| s.deleted += 1);
                 }
-                // Open on some node, or changed: not now.
-                Err(e) if e.code() == ErrorCode::InUse => {}
+                // Open on some node or changed (InUse), or metad busy or slow: not now.
+                Err(e) if matches!(e.code(), ErrorCode::InUse | ErrorCode::Busy | ErrorCode::TimedOut) => {}
                 Err(e) if e.code() == ErrorCode::NotFound => {
                     self.to_delete.remove(&rel);
                 }
@@ -397,7 +436,7 @@ impl Drainer {
             .manifest
             .files
             .iter()
-            .filter(|(_, e)| !e.retired)
+            .filter(|(k, e)| !e.retired && (e.deleted_local || self.present.contains(k.as_str())))
             .filter_map(|(k, e)| Some((e.drained?, k.clone())))
             .collect();
         live.sort_by(|a, b| b.cmp(a));
@@ -417,9 +456,15 @@ impl Drainer {
     }
 
     async fn write_manifest(&mut self) {
+        if !self.dirty {
+            return;
+        }
         self.manifest.written = Timespec::now().sec;
         match put_manifest(&self.s3, &self.manifest).await {
-            Ok(()) => self.dirty = false,
+            Ok(()) => {
+                self.dirty = false;
+                self.to_delete.append(&mut self.unrecorded);
+            }
             Err(e) => {
                 warn!(error = %e, "cannot write the drain's manifest; tried again after the next scan");
                 self.drain.update(|s| s.last_error = Some(e.to_string()));
@@ -549,11 +594,21 @@ pub async fn start(client: &Client, ctx: &Ctx, r: &DrainRequest) -> crate::error
     Ok(req)
 }
 
-/// Stops the drain of `src` (every drain if None) after its pass in flight; their last states.
+/// Stops the drain of `src` (every drain if None) after its pass in flight, and waits until
+/// each has ended (its last manifest written); their last states. Bounded by the caller.
 pub async fn stop(client: &Client, ctx: &Ctx, src: Option<String>) -> crate::error::Result<Vec<DrainState>> {
     use crate::error::During;
     let addr = node0_agent(client).await?;
-    client.call(ctx, addr, &DrainStop { src }).await.during(|| "cannot stop the drains".into())
+    let asked = client.call(ctx, addr, &DrainStop { src }).await.during(|| "cannot stop the drains".into())?;
+    let names: Vec<String> = asked.iter().map(|s| s.src.clone()).collect();
+    loop {
+        let now = list(client, ctx).await?;
+        let mine: Vec<DrainState> = now.into_iter().filter(|s| names.contains(&s.src)).collect();
+        if mine.iter().all(|s| !s.running) {
+            return Ok(mine);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// The drains running (or ended) on node 0's agent.

@@ -236,7 +236,7 @@ impl Outputs<'_> {
         self.report.manifest = format!("s3://{bucket}/{prefix}{}", manifest::STAGE_OUT_MANIFEST);
         let total = self.files.iter().map(|f| f.size).sum();
         let mut progress = Progress::new("stage-out", total, self.o.log_every);
-        let drained = drained_entries(&s3).await;
+        let drained = drained_entries(&s3).await?;
         let skip = self.unchanged_objects(&s3, prefix, &dst_ep, &mut progress, &drained).await?;
         self.report.skipped = skip.len() as u64;
         let (items, uploads, whole) = self.plan_uploads(&s3, &skip).await?;
@@ -518,26 +518,22 @@ fn object_verdict(obj: Option<&s3::Object>, f: &SrcFile, want: &str) -> Result<S
 }
 
 /// The entries of the stage-out manifest in the destination (a drain's, or an earlier
-/// stage-out's); none when there is none or it cannot be read (then every file is checked or
-/// sent as if nothing had been drained: more work, nothing skipped wrongly).
-pub(crate) async fn drained_entries(s3: &S3) -> BTreeMap<String, FileEntry> {
+/// stage-out's); none when there is none. An error when it exists but cannot be read or
+/// parsed: it may be the only record of files a drain deleted after uploading them, so it is
+/// neither ignored nor overwritten.
+pub(crate) async fn drained_entries(s3: &S3) -> Result<BTreeMap<String, FileEntry>> {
     let key = s3.key(manifest::STAGE_OUT_MANIFEST);
-    let listed = match s3.list(&key).await {
-        Ok(l) => l,
-        Err(e) => {
-            warn!(error = %e, "cannot list the stage-out manifest; drained files are checked again");
-            return BTreeMap::new();
-        }
-    };
+    let listed = s3.list(&key).await.during(|| "cannot list the stage-out manifest".into())?;
     if !listed.iter().any(|o| o.key == key) {
-        return BTreeMap::new();
+        return Ok(BTreeMap::new());
     }
-    match s3.get_all(&key).await {
-        Ok(data) => Manifest::parse(&data).map(|m| m.files).unwrap_or_default(),
-        Err(e) => {
-            warn!(error = %e, "cannot read the stage-out manifest; drained files are checked again");
-            BTreeMap::new()
-        }
+    let data = s3.get_all(&key).await.during(|| "cannot read the stage-out manifest".into())?;
+    match Manifest::parse(&data) {
+        Some(m) => Ok(m.files),
+        None => invalid!(
+            "s3://{}/{key} is not a manifest odfs can read: move it away if it is not odfs's own",
+            s3.spec.bucket
+        ),
     }
 }
 
