@@ -1,6 +1,6 @@
 #!/bin/bash
 # Needs root, /dev/fuse, s3s-fs and bc; run from the repository after cargo build --release.
-# What a continuous drain costs a job: its effect on checkpoint writes on a job's checkpoint writes: 3 rounds of 4 writers x SZ MiB (dd 4M, fsync)
+# What a continuous drain costs a job: 3 rounds of 4 writers x SZ MiB (dd 4M, fsync)
 # through the mount, with no drain, with a drain (default share), with a drain capped.
 set -e
 B=${ODFS_BIN_DIR:-target/release}
