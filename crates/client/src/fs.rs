@@ -798,24 +798,28 @@ impl Client {
 
     pub async fn unlink(&self, ctx: &Ctx, parent: InodeId, name: &[u8]) -> Result<()> {
         self.register_local_opens().await;
-        self.inner.cache.forget_entry(parent, name);
-        let t = self.ticket();
-        let r = self.entry_call(ctx, parent, name, &Unlink { parent, name: name.to_vec() }).await;
-        self.inner.cache.forget_entry(parent, name);
-        self.invalidate(parent);
-        let r = r?;
-        self.cache_parent(r.parent.as_ref(), t);
-        self.reclaim(r.removed).await;
-        Ok(())
+        self.remove_name(ctx, parent, name, &Unlink { parent, name: name.to_vec() }).await
     }
 
     /// Removes `name` of `parent` only if it is still file `attr.ino`, unchanged (size, mtime)
     /// and open nowhere (metad's `UnlinkIdle`); `InUse` otherwise. A drain's delete after upload.
     pub async fn unlink_idle(&self, ctx: &Ctx, parent: InodeId, name: &[u8], attr: &Attr) -> Result<()> {
+        let req = UnlinkIdle { parent, name: name.to_vec(), ino: attr.ino, size: attr.size, mtime: attr.mtime };
+        self.remove_name(ctx, parent, name, &req).await
+    }
+
+    /// Sends a request that removes a file's name (`Unlink`, `UnlinkIdle`): the caches forget
+    /// the name before and after, and the chunks of a file that went are removed.
+    async fn remove_name<R: Rpc<Reply = UnlinkReply>>(
+        &self,
+        ctx: &Ctx,
+        parent: InodeId,
+        name: &[u8],
+        req: &R,
+    ) -> Result<()> {
         self.inner.cache.forget_entry(parent, name);
         let t = self.ticket();
-        let req = UnlinkIdle { parent, name: name.to_vec(), ino: attr.ino, size: attr.size, mtime: attr.mtime };
-        let r = self.entry_call(ctx, parent, name, &req).await;
+        let r = self.entry_call(ctx, parent, name, req).await;
         self.inner.cache.forget_entry(parent, name);
         self.invalidate(parent);
         let r = r?;

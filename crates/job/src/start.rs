@@ -518,12 +518,9 @@ pub(crate) fn run_stages(
                 let req = odfs_stage::StageRequest {
                     src: t.src.clone(),
                     dst: t.dst.clone(),
-                    endpoint_url: d.endpoint_url.clone(),
-                    region: d.region.clone(),
-                    path_style: d.path_style,
+                    store: store_args(d, ctx),
                     concurrency: d.concurrency,
                     max_bandwidth: d.max_bandwidth,
-                    site_config: Some(ctx.site_path.clone()),
                     seal: t.seal,
                     ..Default::default()
                 };
@@ -559,6 +556,16 @@ pub(crate) fn run_stages(
     })
 }
 
+/// The S3 settings of a job's stages and drains: its directives', then the site config's.
+fn store_args(d: &Directives, ctx: &NodeContext) -> odfs_stage::request::StoreArgs {
+    odfs_stage::request::StoreArgs {
+        endpoint_url: d.endpoint_url.clone(),
+        region: d.region.clone(),
+        path_style: d.path_style,
+        site_config: Some(ctx.site_path.clone()),
+    }
+}
+
 /// Node 0, once the job's data is in: starts the job's drains on node 0's agent, as the job's
 /// user. Err(reason) if one cannot start (its bucket or credentials are refused).
 fn start_drains(link: &BoardLink, state: &StateDir, rec: &Record, ctx: &NodeContext) -> Result<(), String> {
@@ -585,10 +592,7 @@ fn start_drains(link: &BoardLink, state: &StateDir, rec: &Record, ctx: &NodeCont
                 concurrency: dr.concurrency,
                 max_bandwidth: dr.max_bandwidth,
                 delete_after_upload: dr.delete_after_upload,
-                endpoint_url: d.endpoint_url.clone(),
-                region: d.region.clone(),
-                path_style: d.path_style,
-                site_config: Some(ctx.site_path.clone()),
+                store: store_args(d, ctx),
             };
             match odfs_stage::drain::start(&client, &rec.spec.user.ctx(), &req).await {
                 Ok(s) => state.say(

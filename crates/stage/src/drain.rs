@@ -485,7 +485,7 @@ pub struct DrainRequest {
     #[arg(long)]
     pub settle: Option<f64>,
     /// Keep only the objects of the K most recently drained files in the destination, deleting
-    /// older ones the drain uploaded (0 = keep all) [default 0].
+    /// older ones the drain uploaded (0 = keep all).
     #[arg(long, default_value_t = 0)]
     pub keep: u32,
     /// Drain uploads in flight per node [default 2].
@@ -500,14 +500,8 @@ pub struct DrainRequest {
     #[arg(long)]
     pub delete_after_upload: bool,
     /// S3 settings, as for `odfs stage-out`.
-    #[arg(long, env = "AWS_ENDPOINT_URL")]
-    pub endpoint_url: Option<String>,
-    #[arg(long)]
-    pub region: Option<String>,
-    #[arg(long)]
-    pub path_style: bool,
-    #[arg(long, env = "ODFS_SITE_CONFIG")]
-    pub site_config: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub store: crate::request::StoreArgs,
 }
 
 /// Default settle time: a checkpoint's writer has closed it and not touched it since.
@@ -522,10 +516,7 @@ impl DrainRequest {
         let stage = crate::StageRequest {
             src: self.src.clone(),
             dst: self.dst.clone(),
-            endpoint_url: self.endpoint_url.clone(),
-            region: self.region.clone(),
-            path_style: self.path_style,
-            site_config: self.site_config.clone(),
+            store: self.store.clone(),
             ..Default::default()
         };
         let o = stage.options()?;

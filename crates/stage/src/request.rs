@@ -21,12 +21,10 @@ pub enum Direction {
     Out,
 }
 
+/// Where the shared store is, and the site config whose `[stage]` table fills in what is not
+/// given: the same for stages and drains.
 #[derive(Args, Debug, Clone, Default)]
-pub struct StageRequest {
-    /// Source: s3://BUCKET/PREFIX, a POSIX directory, or (stage-out) odfs:/PATH or a path in the mount.
-    pub src: String,
-    /// Destination: odfs:/PATH or a path in the mount (stage-in), s3://BUCKET/PREFIX or a POSIX directory (stage-out).
-    pub dst: String,
+pub struct StoreArgs {
     /// S3 endpoint (MinIO, Ceph RGW, ...); default: AWS (or AWS_ENDPOINT_URL).
     #[arg(long, env = "AWS_ENDPOINT_URL")]
     pub endpoint_url: Option<String>,
@@ -36,6 +34,20 @@ pub struct StageRequest {
     /// Path-style S3 addressing (http://host/bucket/key), as most S3-compatible stores need.
     #[arg(long)]
     pub path_style: bool,
+    /// Site config whose `[stage]` table gives defaults for the settings above (and an AWS
+    /// profile) [default /etc/odfs/site.toml if present].
+    #[arg(long, env = "ODFS_SITE_CONFIG")]
+    pub site_config: Option<std::path::PathBuf>,
+}
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct StageRequest {
+    /// Source: s3://BUCKET/PREFIX, a POSIX directory, or (stage-out) odfs:/PATH or a path in the mount.
+    pub src: String,
+    /// Destination: odfs:/PATH or a path in the mount (stage-in), s3://BUCKET/PREFIX or a POSIX directory (stage-out).
+    pub dst: String,
+    #[command(flatten)]
+    pub store: StoreArgs,
     /// Transfers in flight per node [default 16].
     #[arg(long)]
     pub concurrency: Option<u32>,
@@ -66,17 +78,13 @@ pub struct StageRequest {
     /// `odfs unseal`. Not the default: a job writing next to its dataset would be refused.
     #[arg(long)]
     pub seal: bool,
-    /// Site config whose `[stage]` table gives defaults for the settings above (and an AWS
-    /// profile) [default /etc/odfs/site.toml if present].
-    #[arg(long, env = "ODFS_SITE_CONFIG")]
-    pub site_config: Option<std::path::PathBuf>,
 }
 
 impl StageRequest {
     /// The settings of this stage: the request's, else the site config's `[stage]` table, else
     /// defaults. The site's AWS profile and files apply where the environment names none.
     pub fn options(&self) -> Result<StageOptions> {
-        let site = SiteStage::load(self.site_config.as_deref()).map_err(StageError::Invalid)?;
+        let site = SiteStage::load(self.store.site_config.as_deref()).map_err(StageError::Invalid)?;
         let unset = |k: &str| std::env::var_os(k).is_none();
         if let Some(p) = site.profile.as_ref().filter(|_| unset("AWS_PROFILE")) {
             std::env::set_var("AWS_PROFILE", p);
@@ -90,9 +98,9 @@ impl StageRequest {
         let d = StageOptions::default();
         let part_size = self.part_size.or(site.part_size).unwrap_or(d.part_size);
         let o = StageOptions {
-            endpoint_url: self.endpoint_url.clone().or(site.endpoint_url),
-            region: self.region.clone().or(site.region),
-            path_style: self.path_style || site.path_style.unwrap_or(false),
+            endpoint_url: self.store.endpoint_url.clone().or(site.endpoint_url),
+            region: self.store.region.clone().or(site.region),
+            path_style: self.store.path_style || site.path_style.unwrap_or(false),
             concurrency: self.concurrency.or(site.concurrency).unwrap_or(d.concurrency),
             max_requests_per_sec: self.max_requests_per_sec.or(site.max_requests_per_sec).unwrap_or(0.0),
             max_bandwidth: self.max_bandwidth.or(site.max_bandwidth).unwrap_or(0),
