@@ -584,7 +584,16 @@ pub(crate) async fn drain_pass(
     let dst_ep = StageEndpoint::S3(s3.spec.clone());
     let (items, uploads, whole) = out.plan_uploads(s3, &Expected::new()).await?;
     let mut progress = Progress::new("drain", 0, std::time::Duration::from_secs(u64::MAX / 4));
-    let (results, _) = run_pass(&out.pass(&dst_ep), items.clone(), &mut progress).await?;
+    let (results, _) = match run_pass(&out.pass(&dst_ep), items.clone(), &mut progress).await {
+        Ok(r) => r,
+        Err(e) => {
+            // The pass never ran to its end: no upload it started is left open in the bucket.
+            for (rel, (id, _)) in &uploads {
+                s3.abort_multipart(&s3.key(rel), id).await;
+            }
+            return Err(e);
+        }
+    };
     let mut expect = out.expect_whole(&whole, &results);
     out.complete_uploads(s3, &items, &results, &uploads, &mut expect).await;
     let by_rel: HashMap<String, SrcFile> = out.files.iter().map(|f| (f.rel.clone(), f.clone())).collect();
