@@ -490,14 +490,9 @@ pub(crate) fn run_stages(
     let (kind, way) = if inward { ("stage-in", Direction::In) } else { ("stage-out", Direction::Out) };
     let job = rec.spec.job_id.clone();
     let limit = Duration::from_secs(ctx.site.ondemand.stage_timeout_secs.max(1));
-    let job_dir = rec.client_config.parent().unwrap_or(Path::new("/"));
-    let creds = crate::creds::prepare(&ctx.site, &rec.spec.user, job_dir, d.profile.as_deref())
-        .map_err(|e| format!("{kind}: {e:#}"))?;
-    state.say(&job, &creds);
+    use_stage_credentials(state, rec, ctx, kind)?;
     link.block_on(async {
-        let cfg = odfs_client::ClientConfig::load(&rec.client_config).map_err(|e| e.to_string())?.one_shot();
-        let client =
-            odfs_client::Client::connect(cfg).await.map_err(|e| format!("{kind}: cannot reach the filesystem: {e}"))?;
+        let client = stage_client(rec, kind).await?;
         let work = async {
             if !inward && !d.drain.is_empty() {
                 // The drains' last passes end before the stage-out reads what they recorded.
@@ -556,6 +551,23 @@ pub(crate) fn run_stages(
     })
 }
 
+/// Points this process's S3 client at the credentials the job's stages and drains use (see
+/// `creds`), and says which.
+fn use_stage_credentials(state: &StateDir, rec: &Record, ctx: &NodeContext, kind: &str) -> Result<(), String> {
+    let job_dir = rec.client_config.parent().unwrap_or(Path::new("/"));
+    let d = &rec.directives;
+    let said = crate::creds::prepare(&ctx.site, &rec.spec.user, job_dir, d.profile.as_deref())
+        .map_err(|e| format!("{kind}: {e:#}"))?;
+    state.say(&rec.spec.job_id, &said);
+    Ok(())
+}
+
+/// A one-shot client of the job's filesystem for a stage or drain request.
+async fn stage_client(rec: &Record, kind: &str) -> Result<odfs_client::Client, String> {
+    let cfg = odfs_client::ClientConfig::load(&rec.client_config).map_err(|e| e.to_string())?.one_shot();
+    odfs_client::Client::connect(cfg).await.map_err(|e| format!("{kind}: cannot reach the filesystem: {e}"))
+}
+
 /// The S3 settings of a job's stages and drains: its directives', then the site config's.
 fn store_args(d: &Directives, ctx: &NodeContext) -> odfs_stage::request::StoreArgs {
     odfs_stage::request::StoreArgs {
@@ -574,14 +586,9 @@ fn start_drains(link: &BoardLink, state: &StateDir, rec: &Record, ctx: &NodeCont
         return Ok(());
     }
     let job = rec.spec.job_id.clone();
-    let job_dir = rec.client_config.parent().unwrap_or(Path::new("/"));
-    let creds = crate::creds::prepare(&ctx.site, &rec.spec.user, job_dir, d.profile.as_deref())
-        .map_err(|e| format!("drain: {e:#}"))?;
-    state.say(&job, &creds);
+    use_stage_credentials(state, rec, ctx, "drain")?;
     link.block_on(async {
-        let cfg = odfs_client::ClientConfig::load(&rec.client_config).map_err(|e| e.to_string())?.one_shot();
-        let client =
-            odfs_client::Client::connect(cfg).await.map_err(|e| format!("drain: cannot reach the filesystem: {e}"))?;
+        let client = stage_client(rec, "drain").await?;
         let mut r = Ok(());
         for dr in &d.drain {
             let req = odfs_stage::drain::DrainRequest {
