@@ -63,7 +63,7 @@ pub struct SiteOndemand {
     pub bulk: Transport,
     /// Storage I/O engine: auto, uring or syscall.
     pub io_backend: String,
-    /// Empty chunk files each target keeps ready for new files, made on idle CPU (0: off).
+    /// Empty chunk files each target keeps ready for new files, made while the node's CPU and disks are idle (0: off).
     pub precreate_chunk_files: usize,
     /// Port on the job's first node where its mgmtd serves Prometheus metrics (`GET /metrics`,
     /// plain HTTP, every address of the node); none by default. One job per node at a time

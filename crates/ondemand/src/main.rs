@@ -781,7 +781,7 @@ struct LocalUpArgs {
     /// Storage I/O engine: auto, uring or syscall.
     #[arg(long, default_value = "auto")]
     io_backend: String,
-    /// Empty chunk files each target keeps ready for new files, made on idle CPU (0: off).
+    /// Empty chunk files each target keeps ready for new files, made while the node's CPU and disks are idle (0: off).
     #[arg(long, default_value_t = local::DEFAULT_PRECREATE_CHUNK_FILES)]
     precreate_chunk_files: usize,
     /// Address every daemon listens on and advertises (another address of this machine

@@ -47,7 +47,7 @@ pub struct StoredConfig {
     pub register_timeout_secs: u64,
     /// Async runtime worker threads (default 2; see docs/architecture.md for what was measured).
     pub worker_threads: usize,
-    /// Empty chunk files each target keeps ready for new files, made on idle CPU (default
+    /// Empty chunk files each target keeps ready for new files, made while the node's CPU and disks are idle (default
     /// 32768; 0 turns precreation off). See docs/architecture.md "Data path".
     pub precreate_chunk_files: usize,
 }
