@@ -1,7 +1,8 @@
 #!/bin/bash
 # Needs root, /dev/fuse, s3s-fs and bc; run from the repository after cargo build --release.
 # What a continuous drain costs a job: 3 rounds of 4 writers x SZ MiB (dd 4M, fsync)
-# through the mount, with no drain, with a drain (default share), with a drain capped.
+# through the mount, with no drain, with a drain and no share (--share 100), with the
+# default share (20%), with --share 50, and with a fixed bandwidth cap.
 set -e
 B=${ODFS_BIN_DIR:-target/release}
 R=${ROOT:-/tmp/odfs-drain-bench}
@@ -37,5 +38,7 @@ run() {  # $1 = label, $2.. = drain args (none: no drain)
   pkill -f "s3s-fs --host 127.0.0.1 --port 19555" || true
 }
 run "no drain"
-run "drain, default share" --concurrency 2
-run "drain, --max-bandwidth 64M" --max-bandwidth 64M
+run "drain, --share 100 (no share)" --share 100
+run "drain, default share (20%)" --concurrency 2
+run "drain, --share 50" --share 50
+run "drain, --max-bandwidth 64M, --share 100" --max-bandwidth 64M --share 100

@@ -59,6 +59,16 @@ impl Cluster {
         Some(odfs_proto::layout::chunk_path(Path::new(t.path.as_deref()?), ino))
     }
 
+    /// Where the targets on `node` keep their files, for those whose stored told.
+    pub fn target_dirs(&self, node: NodeIndex) -> Vec<PathBuf> {
+        self.view()
+            .targets
+            .iter()
+            .filter(|t| t.node == node)
+            .filter_map(|t| t.path.as_deref().map(PathBuf::from))
+            .collect()
+    }
+
     /// Address (and transport) of the stored holding `target`.
     pub fn target_addr(&self, target: TargetId, bulk: Transport) -> Result<(SocketAddr, Transport)> {
         let v = self.view();

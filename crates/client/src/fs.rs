@@ -350,6 +350,11 @@ impl Client {
         }
     }
 
+    /// Where this node's targets keep their files (as their stored registered them).
+    pub fn local_target_dirs(&self) -> Vec<std::path::PathBuf> {
+        self.inner.cluster.target_dirs(self.node())
+    }
+
     /// The node this client runs on (its config's `node`).
     pub fn node(&self) -> odfs_proto::NodeIndex {
         self.config().node

@@ -30,8 +30,9 @@ pub struct Transfer {
 }
 
 /// A continuous drain (`drain SRC DST [--settle SECS] [--keep K] [--concurrency N]
-/// [--max-bandwidth SIZE]`): SRC's settled files uploaded to DST while the job runs. A drain
-/// also stages SRC out to DST at the end, like `stage-out SRC DST`.
+/// [--max-bandwidth SIZE] [--share PCT] [--delete-after-upload]`): SRC's settled files
+/// uploaded to DST while the job runs. A drain also stages SRC out to DST at the end, like
+/// `stage-out SRC DST`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Drain {
     pub src: String,
@@ -41,6 +42,9 @@ pub struct Drain {
     pub keep: u32,
     pub concurrency: Option<u32>,
     pub max_bandwidth: Option<u64>,
+    /// The share as a fraction (0.2 for `--share 20`).
+    #[serde(default)]
+    pub share: Option<f64>,
     #[serde(default)]
     pub delete_after_upload: bool,
 }
@@ -260,7 +264,7 @@ fn one_directive(d: &mut Directives, w: &[String]) -> Result<(), String> {
 /// `drain SRC DST [options]`.
 fn drain(args: &[String]) -> Result<Drain, String> {
     const FORM: &str = "drain takes a source in the job's filesystem, an s3://BUCKET/PREFIX, then any of \
-                        --settle SECS, --keep K, --concurrency N, --max-bandwidth SIZE, --delete-after-upload";
+                        --settle SECS, --keep K, --concurrency N, --max-bandwidth SIZE, --share PCT, --delete-after-upload";
     if args.len() < 2 || args[0].starts_with("--") || args[1].starts_with("--") {
         return Err(FORM.into());
     }
@@ -275,6 +279,7 @@ fn drain(args: &[String]) -> Result<Drain, String> {
         keep: 0,
         concurrency: None,
         max_bandwidth: None,
+        share: None,
         delete_after_upload: false,
     };
     let mut rest = args[2..].iter();
@@ -305,6 +310,7 @@ fn drain(args: &[String]) -> Result<Drain, String> {
                 dr.concurrency = Some(n);
             }
             "--max-bandwidth" => dr.max_bandwidth = Some(parse_size(value)?),
+            "--share" => dr.share = Some(odfs_stage::drain::parse_share(value).map_err(|e| format!("drain --{e}"))?),
             other => return Err(format!("drain: unknown option {other:?} ({FORM})")),
         }
     }
@@ -374,8 +380,12 @@ mod tests {
 
     #[test]
     fn a_drain_is_also_the_stage_out_of_its_pair() {
-        let d =
-            parse("#ODFS drain /ckpt s3://runs/%j/ckpt --settle 5 --keep 3 --max-bandwidth 100M\n", "9", "u").unwrap();
+        let d = parse(
+            "#ODFS drain /ckpt s3://runs/%j/ckpt --settle 5 --keep 3 --max-bandwidth 100M --share 10%\n",
+            "9",
+            "u",
+        )
+        .unwrap();
         assert_eq!(
             d.drain,
             [Drain {
@@ -385,6 +395,7 @@ mod tests {
                 keep: 3,
                 concurrency: None,
                 max_bandwidth: Some(100 << 20),
+                share: Some(0.1),
                 delete_after_upload: false,
             }]
         );
@@ -404,6 +415,8 @@ mod tests {
             ("#ODFS drain /c s3://b/c --settle soon\n", "not a number of seconds"),
             ("#ODFS drain /c s3://b/c --keep -1\n", "not a number of files"),
             ("#ODFS drain /c s3://b/c --delete yes\n", "unknown option \"--delete\""),
+            ("#ODFS drain /c s3://b/c --share 0\n", "drain --share \"0\" is not a percentage from 1 to 100"),
+            ("#ODFS drain /c s3://b/c --share most\n", "is not a percentage"),
         ] {
             let e = parse(s, "1", "u").unwrap_err();
             assert!(e.contains(want), "{s:?}: {e}");

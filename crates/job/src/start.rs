@@ -598,6 +598,7 @@ fn start_drains(link: &BoardLink, state: &StateDir, rec: &Record, ctx: &NodeCont
                 keep: dr.keep,
                 concurrency: dr.concurrency,
                 max_bandwidth: dr.max_bandwidth,
+                share: dr.share,
                 delete_after_upload: dr.delete_after_upload,
                 store: store_args(d, ctx),
             };

@@ -60,6 +60,10 @@ pub struct StageLimits {
     pub requests_per_sec: f64,
     /// Bytes per second toward or from the shared store; 0 = unlimited.
     pub bytes_per_sec: u64,
+    /// A drain's share of the node's time while the job is busy (0 < share < 1; anything
+    /// else = no share): see the stage crate's `limit::Share`.
+    #[serde(default)]
+    pub share: f64,
 }
 
 /// One piece of work.

@@ -4,11 +4,13 @@
 //! errors, logging set-up, the shutdown signal (`odfs_rpc::Shutdown`, fired on SIGTERM/SIGINT),
 //! the address file a launcher waits for, the registration + heartbeat link to mgmtd, and the
 //! life cycle of a registered daemon (`lifecycle`: own client pool, servers, registration,
-//! teardown order). It holds no filesystem logic.
+//! teardown order), and how busy the node's CPUs and disks are (`load`, for background work
+//! that must stay out of the job's way). It holds no filesystem logic.
 
 pub mod config;
 pub mod daemon;
 pub mod lifecycle;
+pub mod load;
 pub mod mgmt_link;
 pub mod runtime;
 

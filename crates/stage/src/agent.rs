@@ -9,7 +9,7 @@
 use crate::config::AgentConfig;
 use crate::digest::Digests;
 use crate::keys::{check_relative, join};
-use crate::limit::Limits;
+use crate::limit::{Limits, NodeLoad, Share};
 use crate::posix;
 use crate::s3::{b64, is_md5_etag, multipart_etag, S3};
 use futures::StreamExt;
@@ -17,8 +17,8 @@ use odfs_client::{Client, ClientConfig, Ctx, FileHandle};
 use odfs_proto::meta::{SetAttr, SetTime};
 use odfs_proto::mgmt::ServiceKind;
 use odfs_proto::stage::{
-    DrainList, DrainStart, DrainStop, ItemResult, StageCounters, StageEndpoint, StagePoll, StageStart, StageStatus,
-    WorkItem,
+    DrainList, DrainStart, DrainStop, ItemResult, StageCounters, StageEndpoint, StageLimits, StagePoll, StageStart,
+    StageStatus, WorkItem,
 };
 use odfs_proto::{ErrorCode, RemoteError, Timespec};
 use odfs_rpc::quic::QuicEndpoint;
@@ -66,6 +66,8 @@ pub struct Agent {
     runs: Mutex<BTreeMap<u64, Arc<Run>>>,
     order: Mutex<VecDeque<u64>>,
     drains: crate::drain::Drains,
+    /// The node's share gate for drain transfers, made with the first drain run.
+    share: OnceCell<Arc<Share>>,
 }
 
 /// What every item of one run needs.
@@ -90,6 +92,7 @@ impl Agent {
             runs: Mutex::default(),
             order: Mutex::default(),
             drains: Default::default(),
+            share: OnceCell::new(),
         })
     }
 
@@ -107,6 +110,17 @@ impl Agent {
             .await
             .cloned()
             .map_err(|e| format!("agent on node {} cannot reach the filesystem: {e}", self.cfg.node))
+    }
+
+    /// The gate of drain runs (those with a share): one per agent, watching this node's
+    /// CPUs and the disks under its targets.
+    async fn share_gate(&self, limits: &StageLimits, client: &Client) -> Option<Arc<Share>> {
+        if limits.share <= 0.0 || limits.share >= 1.0 {
+            return None;
+        }
+        let dirs = client.local_target_dirs();
+        let gate = self.share.get_or_init(|| async move { Share::new(Box::new(NodeLoad::new(&dirs))) }).await;
+        Some(gate.clone())
     }
 
     pub fn router(self: &Arc<Self>) -> Router {
@@ -198,6 +212,7 @@ impl Agent {
             _ => None,
         };
         let concurrency = if req.limits.concurrency == 0 { self.cfg.concurrency } else { req.limits.concurrency };
+        let share = self.share_gate(&req.limits, &client).await;
         let env = Arc::new(Env {
             client,
             ctx: Ctx { uid: req.uid, gid: req.gid, groups: req.groups.clone() },
@@ -205,7 +220,7 @@ impl Agent {
             dst_s3: s3_of(&req.dst),
             src: req.src,
             dst: req.dst,
-            limits: Limits::new(&req.limits),
+            limits: Limits::new(&req.limits, share),
             run: run.clone(),
         });
         let mut results = futures::stream::iter(items.into_iter().enumerate())
@@ -494,10 +509,12 @@ async fn check_written(h: &FileHandle, offset: u64, len: u64, crc: u32, path: &s
     }
 }
 
-/// Reads `len` bytes at `offset` of an odfs file.
-async fn read_odfs(h: &FileHandle, path: &str, offset: u64, len: u64) -> Result<Vec<u8>, Failure> {
+/// Reads `len` bytes at `offset` of an odfs file, each block in the run's turn (a drain's
+/// share: see `limit::Share`).
+async fn read_odfs(env: &Env, h: &FileHandle, path: &str, offset: u64, len: u64) -> Result<Vec<u8>, Failure> {
     let mut out = Vec::with_capacity(len as usize);
     while (out.len() as u64) < len {
+        env.limits.turn().await;
         let want = BLOCK.min((len - out.len() as u64) as usize) as u32;
         let d = h.read(offset + out.len() as u64, want).await.map_err(|e| transient(format!("odfs:{path}: {e}")))?;
         if d.is_empty() {
@@ -516,7 +533,7 @@ async fn open_read(env: &Env, path: &str) -> Result<FileHandle, Failure> {
 async fn whole_out_s3(env: &Env, rel: &str, size: u64, path: &str) -> Result<ItemResult, Failure> {
     let s3 = env.dst_s3.as_ref().ok_or_else(|| Failure::Final("no S3 destination".into()))?;
     let h = open_read(env, path).await?;
-    let data = read_odfs(&h, path, 0, size).await?;
+    let data = read_odfs(env, &h, path, 0, size).await?;
     let _ = h.close().await;
     let mut d = Digests::default();
     d.update(&data);
@@ -545,7 +562,7 @@ async fn part_out(
 ) -> Result<ItemResult, Failure> {
     let s3 = env.dst_s3.as_ref().ok_or_else(|| Failure::Final("no S3 destination".into()))?;
     let h = open_read(env, path).await?;
-    let data = read_odfs(&h, path, offset, len).await?;
+    let data = read_odfs(env, &h, path, offset, len).await?;
     let _ = h.close().await;
     let mut d = Digests::default();
     d.update(&data);
@@ -570,7 +587,7 @@ async fn whole_out_posix(
     let mut off = 0;
     while off < size {
         let n = BLOCK.min((size - off) as usize) as u64;
-        let data = read_odfs(&h, path, off, n).await?;
+        let data = read_odfs(env, &h, path, off, n).await?;
         env.limits.bytes(n).await;
         d.update(&data);
         tmp.write_at(off, data).await.map_err(Failure::Final)?;
@@ -591,7 +608,7 @@ async fn digest_odfs(env: &Env, path: &str, size: u64, part_size: u64) -> Result
     let mut off = 0;
     while off < size {
         let n = BLOCK.min((size - off) as usize) as u64;
-        let data = read_odfs(&h, path, off, n).await?;
+        let data = read_odfs(env, &h, path, off, n).await?;
         d.update(&data);
         if part_size > 0 {
             part.update(&data);

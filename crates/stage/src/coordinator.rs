@@ -55,6 +55,8 @@ pub struct StageOptions {
     pub part_size: u64,
     /// Report progress as plain lines (no terminal), every this often.
     pub log_every: Duration,
+    /// A drain's share of each node's time while the job is busy (0 = none: stages).
+    pub share: f64,
 }
 
 impl Default for StageOptions {
@@ -71,6 +73,7 @@ impl Default for StageOptions {
             split_threshold: 64 << 20,
             part_size: 16 << 20,
             log_every: Duration::from_secs(5),
+            share: 0.0,
         }
     }
 }
@@ -417,6 +420,7 @@ pub(crate) fn limits(o: &StageOptions, agents: usize) -> StageLimits {
         concurrency: o.concurrency,
         requests_per_sec: o.max_requests_per_sec / agents as f64,
         bytes_per_sec: o.max_bandwidth / agents as u64,
+        share: o.share,
     }
 }
 

@@ -181,12 +181,16 @@ struct Drainer {
 
 impl Drainer {
     fn new(client: Client, s3: S3, req: DrainStart, drain: Arc<Drain>) -> Drainer {
+        let shared = req.limits.share > 0.0 && req.limits.share < 1.0;
+        let part_size = if shared { req.part_size.min(crate::limit::DRAIN_PART) } else { req.part_size };
+        let split_threshold = if shared { part_size } else { req.split_threshold.max(req.part_size) };
         let opts = StageOptions {
             concurrency: req.limits.concurrency.max(1),
             max_requests_per_sec: req.limits.requests_per_sec,
             max_bandwidth: req.limits.bytes_per_sec,
-            split_threshold: req.split_threshold.max(req.part_size),
-            part_size: req.part_size,
+            split_threshold,
+            part_size,
+            share: req.limits.share,
             ..StageOptions::default()
         };
         let manifest = Manifest {
@@ -495,6 +499,12 @@ pub struct DrainRequest {
     /// [default: a quarter of the stage's max-bandwidth when it has one, else none].
     #[arg(long, value_parser = odfs_proto::units::parse_size)]
     pub max_bandwidth: Option<u64>,
+    /// The most of each node's time the drain may take while the job is busy there (its
+    /// CPUs or the disks under its targets), in percent, e.g. 20 or 20%: a drain then slows
+    /// the job's own I/O by at most about that much. While the job is idle the drain pauses
+    /// only a tenth of each second, to look again. 100 turns the share off [default 20].
+    #[arg(long, value_parser = parse_share)]
+    pub share: Option<f64>,
     /// Delete each file from odfs once its upload is verified, unless it changed since or is
     /// open on any node (checkpoints whose only needed copy is in S3). Never the default.
     #[arg(long)]
@@ -506,6 +516,20 @@ pub struct DrainRequest {
 
 /// Default settle time: a checkpoint's writer has closed it and not touched it since.
 pub const DEFAULT_SETTLE_SECS: f64 = 3.0;
+
+/// Default share of a busy node's time a drain may take: an uncapped drain halved a
+/// checkpoint round written beside it (BENCHMARKS.md, "Continuous drain").
+pub const DEFAULT_SHARE: f64 = 0.2;
+
+/// A drain's share as `--share` and the `#ODFS drain` directive take it: a percentage from 1
+/// to 100, with or without `%`; the fraction it stands for.
+pub fn parse_share(text: &str) -> Result<f64, String> {
+    let digits = text.trim().trim_end_matches('%');
+    match digits.parse::<f64>() {
+        Ok(p) if (1.0..=100.0).contains(&p) => Ok(p / 100.0),
+        _ => Err(format!("share {text:?} is not a percentage from 1 to 100 (e.g. 20 or 20%)")),
+    }
+}
 
 impl DrainRequest {
     /// The `DrainStart` for node 0's agent: places checked, S3 credentials resolved (as the
@@ -559,6 +583,7 @@ impl DrainRequest {
                 concurrency: self.concurrency.unwrap_or(2),
                 requests_per_sec: quarter(o.max_requests_per_sec),
                 bytes_per_sec: self.max_bandwidth.unwrap_or(o.max_bandwidth / 4),
+                share: self.share.unwrap_or(DEFAULT_SHARE),
             },
             split_threshold: o.split_threshold,
             part_size: o.part_size,

@@ -23,6 +23,9 @@ use std::path::Path;
 use std::time::Instant;
 use tracing::warn;
 
+/// S3's most parts in one multipart upload.
+const MAX_PARTS: u64 = 10_000;
+
 /// What one stage-out moves: the odfs tree and where it goes.
 struct Outputs<'a> {
     client: &'a Client,
@@ -252,10 +255,11 @@ impl Outputs<'_> {
         Ok(self.report)
     }
 
-    /// A file's multipart part size (0: one PUT).
+    /// A file's multipart part size (0: one PUT): the options' part size, or larger where the
+    /// file would otherwise need more than S3's 10,000 parts.
     fn part_of(&self, size: u64) -> u64 {
         if size >= self.o.split_threshold {
-            self.o.part_size
+            self.o.part_size.max(size.div_ceil(MAX_PARTS).next_multiple_of(1 << 20))
         } else {
             0
         }
