@@ -663,3 +663,33 @@ fn a_drain_deletes_after_upload_only_files_that_nobody_holds_open() {
     assert_eq!(std::fs::read(s3.object_path("out", "del/b.pt")).unwrap(), whole);
     assert!(s3.object_path("out", "del/.odfs-stage-out.complete").exists());
 }
+
+#[test]
+fn a_name_that_is_not_utf8_is_left_out_of_a_drain_and_refused_by_the_stage_out() {
+    use std::os::unix::ffi::OsStrExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let s3 = S3Server::s3s(&tmp.path().join("s3"), &["out"]);
+    let fs = LocalFs::up(2, &[]);
+    let m = FuseMount::start(&fs);
+    std::fs::create_dir(m.p("ckpt")).unwrap();
+    // No S3 key can name this file; the drain goes on with the others and says why.
+    let bad = m.p("ckpt").join(std::ffi::OsStr::from_bytes(b"bad-\xff.pt"));
+    std::fs::write(&bad, b"kept in odfs\n").unwrap();
+    let url = s3.url();
+    let drain = ["drain", "start", "odfs:/ckpt", "s3://out/u", "--settle", "1", "--endpoint-url", &url, "--path-style"];
+    ok(odfs_stage(&fs, &s3.env(), &drain));
+    let good = pattern(1 << 20, 7);
+    std::fs::write(m.p("ckpt/good.pt"), &good).unwrap();
+    wait_object(&s3, "u/good.pt", &good);
+    let st = drain_state(&fs, "/ckpt");
+    let why = st["last_error"].as_str().unwrap_or_default().to_string();
+    assert!(why.contains("odfs:/ckpt/bad-\u{fffd}.pt: a name that is not UTF-8 cannot be an S3 key"), "{st}");
+    assert_eq!(st["uploaded"].as_u64(), Some(1), "{st}");
+    ok(odfs_stage(&fs, &[], &["drain", "stop", "odfs:/ckpt"]));
+    // The stage-out refuses the tree, naming the file, and keeps it.
+    let out =
+        odfs_stage(&fs, &s3.env(), &["stage-out", "odfs:/ckpt", "s3://out/u", "--endpoint-url", &url, "--path-style"]);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("bad-\u{fffd}.pt: a name that is not UTF-8 (an S3 key must be)"), "{}", text(&out));
+    assert_eq!(std::fs::read(&bad).unwrap(), b"kept in odfs\n");
+}

@@ -272,7 +272,17 @@ impl Drainer {
             Err(e) if e.code() == ErrorCode::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(format!("odfs:{}: {e}", self.req.src)),
         }
-        let (files, _) = walk_odfs_attrs(&self.client, &self.ctx, &self.req.src).await.map_err(|e| e.to_string())?;
+        let walk = walk_odfs_attrs(&self.client, &self.ctx, &self.req.src).await.map_err(|e| e.to_string())?;
+        if let Some(bad) = walk.not_utf8.first() {
+            // The rest drains; these wait for a rename (the epilog's stage-out refuses them too).
+            let n = walk.not_utf8.len();
+            let msg = format!(
+                "odfs:{}/{bad}: a name that is not UTF-8 cannot be an S3 key ({n} such name(s) not drained)",
+                self.req.src
+            );
+            self.drain.update(|s| s.last_error = Some(msg));
+        }
+        let files = walk.files;
         let (now, wall, settle) = (Instant::now(), Timespec::now(), self.settle());
         let mut ready = Vec::new();
         let mut pending = 0;
@@ -501,8 +511,9 @@ pub struct DrainRequest {
     pub max_bandwidth: Option<u64>,
     /// The most of each node's time the drain may take while the job is busy there (its
     /// CPUs or the disks under its targets), in percent, e.g. 20 or 20%: a drain then slows
-    /// the job's own I/O by at most about that much. While the job is idle the drain pauses
-    /// only a tenth of each second, to look again. 100 turns the share off [default 20].
+    /// the job's own I/O by at most about that much. Time goes in 5 s cycles; while the job is
+    /// idle the drain pauses only the last half second of each, to look again. 100 turns the
+    /// share off [default 20].
     #[arg(long, value_parser = parse_share)]
     pub share: Option<f64>,
     /// Delete each file from odfs once its upload is verified, unless it changed since or is
@@ -670,6 +681,17 @@ mod tests {
             size,
             mtime: Timespec { sec: mtime, nsec: 0 },
             ctime: Timespec { sec: ctime, nsec: 0 },
+        }
+    }
+
+    #[test]
+    fn a_share_is_a_percentage_from_1_to_100() {
+        assert_eq!(parse_share("20"), Ok(0.2));
+        assert_eq!(parse_share("20%"), Ok(0.2));
+        assert_eq!(parse_share("100"), Ok(1.0), "100: no gate");
+        for bad in ["0", "0.5", "101", "-5", "most", ""] {
+            let e = parse_share(bad).unwrap_err();
+            assert!(e.contains("is not a percentage from 1 to 100"), "{bad:?}: {e}");
         }
     }
 

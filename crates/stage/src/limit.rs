@@ -98,11 +98,15 @@ pub trait Load: Send {
 ///
 /// Time is cut into cycles of `PERIOD`. While the job is busy, drain transfers start only in
 /// the first `fraction` of each cycle, so a drain takes at most that share of the node's time
-/// from the job (plus the transfers in flight when its part ends, one block each); while the
-/// job is idle, they pause only for the last `PROBE` of each cycle. Whether the job is busy is
-/// measured while the drain pauses, so the drain's own work never counts: the cycle after a
-/// pause in which the node was busy is a busy one. A cycle with no pause seen (the drain had
-/// nothing to send) counts as busy, so a drain starting into a busy job takes its share only.
+/// from the job (plus what is in flight when its part ends: a block being read, or one part's
+/// or small file's send, per upload); while the job is idle, they pause only for the last
+/// `PROBE` of each cycle. Whether the job is busy is measured while the drain pauses, so the
+/// drain's own work never counts: the cycle after a pause in which the node was busy is a busy
+/// one. A cycle whose pause was not seen long enough to judge — none at all (the drain had
+/// nothing to send), under half a `PROBE` (transfers ran late), or a pause that began cycles
+/// ago (its waiters went away) — counts as busy, so a drain never runs unchecked into a busy
+/// job on an old or too short look. Several drains with different shares share one gate: the
+/// node's drain time is the largest of their shares.
 pub struct Share {
     cycle: Mutex<Cycle>,
 }
@@ -110,13 +114,24 @@ pub struct Share {
 struct Cycle {
     start: Instant,
     busy: bool,
-    marked: bool,
+    /// When the drain's pause in this cycle began (the load was marked then).
+    marked: Option<Instant>,
     load: Box<dyn Load>,
+}
+
+impl Cycle {
+    /// Whether the job was busy in the pause of the cycle that ends at `now`.
+    fn judge(&mut self, now: Instant) -> bool {
+        match self.marked.take() {
+            Some(at) if now - at >= PROBE / 2 && now - self.start < 2 * PERIOD => self.load.busy_since_mark(),
+            _ => true,
+        }
+    }
 }
 
 impl Share {
     pub fn new(load: Box<dyn Load>) -> Arc<Share> {
-        Arc::new(Share { cycle: Mutex::new(Cycle { start: Instant::now(), busy: true, marked: false, load }) })
+        Arc::new(Share { cycle: Mutex::new(Cycle { start: Instant::now(), busy: true, marked: None, load }) })
     }
 
     /// Waits until a transfer with `fraction` of the node's time may start.
@@ -126,17 +141,16 @@ impl Share {
                 let mut c = self.cycle.lock().expect("share lock");
                 let now = Instant::now();
                 if now >= c.start + PERIOD {
-                    c.busy = !c.marked || c.load.busy_since_mark();
-                    c.marked = false;
+                    c.busy = c.judge(now);
                     c.start = now;
                 }
                 let work = if c.busy { PERIOD.mul_f64(fraction.clamp(0.0, 1.0)) } else { PERIOD - PROBE };
                 if now < c.start + work {
                     return;
                 }
-                if !c.marked {
+                if c.marked.is_none() {
                     c.load.mark();
-                    c.marked = true;
+                    c.marked = Some(now);
                 }
                 c.start + PERIOD - now
             };
@@ -264,5 +278,11 @@ mod tests {
         busy.store(true, Ordering::Relaxed);
         let w = worked(&gate, 0.5, 100).await;
         assert!((0.49..=0.56).contains(&w), "busy again, share 50%: worked {w}");
+        // A pause whose waiters went away long ago is no look at the job: busy, even though the
+        // load now says idle.
+        busy.store(false, Ordering::Relaxed);
+        tokio::time::sleep(PERIOD * 3).await;
+        gate.admit(0.2).await;
+        assert!(gate.job_busy(), "a stale look counts as busy");
     }
 }

@@ -26,6 +26,17 @@ use tracing::warn;
 /// S3's most parts in one multipart upload.
 const MAX_PARTS: u64 = 10_000;
 
+/// The multipart part size of a `size`-byte file (0: one PUT): `part`, or larger where the file
+/// would otherwise need more than S3's 10,000 parts, in whole MiB (the agents read and hash
+/// parts in 1 MiB blocks).
+fn part_size(part: u64, split_threshold: u64, size: u64) -> u64 {
+    if size >= split_threshold {
+        part.max(size.div_ceil(MAX_PARTS).next_multiple_of(1 << 20))
+    } else {
+        0
+    }
+}
+
 /// What one stage-out moves: the odfs tree and where it goes.
 struct Outputs<'a> {
     client: &'a Client,
@@ -87,8 +98,11 @@ pub async fn stage_out(
 
 /// Every file and directory below `root` in odfs.
 async fn walk_odfs(client: &Client, ctx: &Ctx, root: &str) -> Result<(Vec<SrcFile>, BTreeSet<String>)> {
-    let (files, dirs) = walk_odfs_attrs(client, ctx, root).await?;
-    Ok((files.iter().map(|(rel, a)| src_file(rel, a)).collect(), dirs))
+    let w = walk_odfs_attrs(client, ctx, root).await?;
+    if let Some(bad) = w.not_utf8.first() {
+        return invalid!("odfs:{root}/{bad}: a name that is not UTF-8 (an S3 key must be)");
+    }
+    Ok((w.files.iter().map(|(rel, a)| src_file(rel, a)).collect(), w.dirs))
 }
 
 /// A file of odfs as a stage-out sends it.
@@ -96,40 +110,46 @@ pub(crate) fn src_file(rel: &str, a: &Attr) -> SrcFile {
     SrcFile { rel: rel.to_string(), size: a.size, mtime: a.mtime, mode: Some(a.mode & 0o7777), etag: None }
 }
 
+/// What a walk of an odfs tree found.
+pub(crate) struct Walk {
+    /// Every file, with its attributes, by its path under the root.
+    pub files: Vec<(String, Attr)>,
+    pub dirs: BTreeSet<String>,
+    /// Entries whose names are not UTF-8 (shown lossily), not walked: no S3 key can name them.
+    pub not_utf8: Vec<String>,
+}
+
 /// Every file (with its attributes) and directory below `root` in odfs.
-pub(crate) async fn walk_odfs_attrs(
-    client: &Client,
-    ctx: &Ctx,
-    root: &str,
-) -> Result<(Vec<(String, Attr)>, BTreeSet<String>)> {
+pub(crate) async fn walk_odfs_attrs(client: &Client, ctx: &Ctx, root: &str) -> Result<Walk> {
     let top = client.resolve(ctx, root, true).await.during(|| format!("odfs:{root}"))?;
     if top.kind != FileKind::Dir {
         return invalid!("odfs:{root} is not a directory");
     }
-    let mut files = Vec::new();
-    let mut dirs = BTreeSet::new();
+    let mut w = Walk { files: Vec::new(), dirs: BTreeSet::new(), not_utf8: Vec::new() };
     let mut stack: Vec<(InodeId, String)> = vec![(top.ino, String::new())];
     while let Some((ino, rel)) = stack.pop() {
         for e in client.readdir_all(ctx, ino, true).await? {
+            let join = |name: &str| if rel.is_empty() { name.to_string() } else { format!("{rel}/{name}") };
             let Ok(name) = String::from_utf8(e.name.clone()) else {
-                return invalid!("odfs:{root}/{rel}: a name that is not UTF-8");
+                w.not_utf8.push(join(&String::from_utf8_lossy(&e.name)));
+                continue;
             };
-            let child = if rel.is_empty() { name } else { format!("{rel}/{name}") };
+            let child = join(&name);
             let a = match e.attr {
                 Some(a) => a,
                 None => client.getattr(ctx, e.ino).await?,
             };
             match a.kind {
                 FileKind::Dir => {
-                    dirs.insert(child.clone());
+                    w.dirs.insert(child.clone());
                     stack.push((e.ino, child));
                 }
-                FileKind::File => files.push((child, a)),
+                FileKind::File => w.files.push((child, a)),
                 _ => {}
             }
         }
     }
-    Ok((files, dirs))
+    Ok(w)
 }
 
 /// The manifest entry of an object whose ETag in the bucket matched what was sent.
@@ -255,14 +275,9 @@ impl Outputs<'_> {
         Ok(self.report)
     }
 
-    /// A file's multipart part size (0: one PUT): the options' part size, or larger where the
-    /// file would otherwise need more than S3's 10,000 parts.
+    /// A file's multipart part size (0: one PUT).
     fn part_of(&self, size: u64) -> u64 {
-        if size >= self.o.split_threshold {
-            self.o.part_size.max(size.div_ceil(MAX_PARTS).next_multiple_of(1 << 20))
-        } else {
-            0
-        }
+        part_size(self.o.part_size, self.o.split_threshold, size)
     }
 
     /// A re-run skips objects whose size and ETag already match the local file (the agents
@@ -627,4 +642,20 @@ pub(crate) async fn drain_pass(
         }
     }
     Ok(DrainPass { verified, failed: out.report.failed })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_never_needs_more_than_ten_thousand_parts() {
+        const MIB: u64 = 1 << 20;
+        assert_eq!(part_size(16 * MIB, 64 * MIB, 63 * MIB), 0, "under the threshold: one PUT");
+        assert_eq!(part_size(16 * MIB, 64 * MIB, 64 * MIB), 16 * MIB);
+        assert_eq!(part_size(8 * MIB, 8 * MIB, 80_000 * MIB), 8 * MIB, "exactly 10,000 parts");
+        let huge = 200 << 30; // 200 GiB
+        let p = part_size(8 * MIB, 8 * MIB, huge);
+        assert!(huge.div_ceil(p) <= MAX_PARTS && p % MIB == 0 && p > 8 * MIB, "{p}");
+    }
 }
