@@ -656,6 +656,6 @@ mod tests {
         assert_eq!(part_size(8 * MIB, 8 * MIB, 80_000 * MIB), 8 * MIB, "exactly 10,000 parts");
         let huge = 200 << 30; // 200 GiB
         let p = part_size(8 * MIB, 8 * MIB, huge);
-        assert!(huge.div_ceil(p) <= MAX_PARTS && p % MIB == 0 && p > 8 * MIB, "{p}");
+        assert!(huge.div_ceil(p) <= MAX_PARTS && p.is_multiple_of(MIB) && p > 8 * MIB, "{p}");
     }
 }
