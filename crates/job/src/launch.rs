@@ -221,11 +221,40 @@ pub fn write_toml<T: Serialize>(path: &Path, v: &T) -> Result<()> {
     std::fs::write(path, toml::to_string_pretty(v)?).with_context(|| format!("cannot write {}", path.display()))
 }
 
-/// The last `lines` lines of a log file (empty if it cannot be read).
+/// The last `lines` lines of a log file (empty if it cannot be read), and a note when the disk
+/// holding it is full: a daemon that cannot write its log or its state dies without a word,
+/// and a launcher's "exited before it was ready" would otherwise be all anyone sees.
 pub fn log_tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let v: Vec<&str> = text.lines().collect();
-    v[v.len().saturating_sub(lines)..].join("\n")
+    let tail = v[v.len().saturating_sub(lines)..].join("\n");
+    match path.parent().and_then(full_disk) {
+        Some(note) if tail.is_empty() => note,
+        Some(note) => format!("{tail}\n{note}"),
+        None => tail,
+    }
+}
+
+/// Less free space than this on a daemon's disk is named as the likely cause of its failure.
+const LOW_SPACE: u64 = 64 << 20;
+
+/// A note naming `dir`'s filesystem when it has less than `LOW_SPACE` free (pseudo
+/// filesystems, with no blocks at all, are never full).
+fn full_disk(dir: &Path) -> Option<String> {
+    let s = nix::sys::statvfs::statvfs(dir).ok()?;
+    let free = s.blocks_available() as u64 * s.fragment_size() as u64;
+    (s.blocks() > 0).then_some(())?;
+    low_space_note(dir, free)
+}
+
+fn low_space_note(dir: &Path, free: u64) -> Option<String> {
+    (free < LOW_SPACE).then(|| {
+        format!(
+            "no space left: the filesystem holding {} has {} KiB free; free some and try again",
+            dir.display(),
+            free >> 10
+        )
+    })
 }
 
 #[cfg(test)]
@@ -242,5 +271,18 @@ mod tests {
         assert_eq!((t[2].path.as_path(), t[2].pool.as_str()), (Path::new("/r"), "ram"));
         let t = node_targets(0, &dirs[..1], "p", None);
         assert_eq!((t[0].id, t[0].path.as_path(), t[0].pool.as_str()), (1, Path::new("/a/target1"), "p"));
+    }
+
+    #[test]
+    fn a_full_disk_is_named_beside_a_log_tail() {
+        let note = low_space_note(Path::new("/var/odfs"), 4096).expect("4 KiB free is full");
+        assert_eq!(note, "no space left: the filesystem holding /var/odfs has 4 KiB free; free some and try again");
+        assert_eq!(low_space_note(Path::new("/var/odfs"), 1 << 30), None);
+        assert_eq!(full_disk(Path::new("/proc")), None, "a pseudo filesystem is never full");
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("x.log");
+        std::fs::write(&log, "one\ntwo\nthree\n").unwrap();
+        // The test machine's temporary directory has room: only the lines.
+        assert_eq!(log_tail(&log, 2), "two\nthree");
     }
 }
