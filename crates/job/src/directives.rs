@@ -432,7 +432,7 @@ mod tests {
         let c = parse(include_str!("../../../slurm/examples/checkpoint.sbatch"), "8", "bo").unwrap();
         assert_eq!(c.pool.as_deref(), Some("ram"));
         let d = parse(include_str!("../../../slurm/examples/drain.sbatch"), "9", "cy").unwrap();
-        assert_eq!((d.drain[0].dst.as_str(), d.drain[0].keep), ("s3://runs/cy/9/ckpt", 3));
+        assert_eq!((d.drain[0].dst.as_str(), d.drain[0].keep, d.drain[0].share), ("s3://runs/cy/9/ckpt", 3, Some(0.1)));
         assert_eq!(d.stage_out.len(), 2, "the drain's pair and /results");
     }
 
