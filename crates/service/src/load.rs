@@ -3,8 +3,9 @@
 //! Owns the readings that background work (stored's precreation, the stage agent's drains)
 //! uses to stay out of the job's way: the node's CPU time from `/proc/stat`, less the caller's
 //! own, and the busy time of the block devices under given directories
-//! (`/sys/dev/block/MAJOR:MINOR/stat`). Each reading compares with the previous one, so the
-//! caller decides the interval.
+//! (`/sys/dev/block/MAJOR:MINOR/stat`), and `Look`, which judges from both whether the node
+//! was quiet between two looks. Each reading compares with the previous one, so the caller
+//! decides the interval.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -114,6 +115,42 @@ impl Disks {
             *seen = ticks;
         }
         busiest
+    }
+}
+
+/// The node's CPUs and some disks, compared from one look to the next: whether the node was
+/// quiet in between.
+#[derive(Debug)]
+pub struct Look {
+    own: Own,
+    cpu: Option<CpuTimes>,
+    disks: Disks,
+}
+
+impl Look {
+    /// Takes the first look: the first interval starts now.
+    pub fn new(own: Own, disks: Disks) -> Look {
+        let mut look = Look { own, cpu: None, disks };
+        look.restart();
+        look
+    }
+
+    /// Starts the interval afresh from now.
+    pub fn restart(&mut self) {
+        self.cpu = CpuTimes::read(self.own);
+        self.disks.busy_since_last();
+    }
+
+    /// Whether, since the last look, at least `min_idle` of the node's CPU time was idle (or
+    /// the caller's own) and no disk was busy more than `max_disk_busy` of the time; an
+    /// unreadable `/proc/stat` is not quiet. Starts the next interval.
+    pub fn quiet_since_last(&mut self, min_idle: f64, max_disk_busy: f64) -> bool {
+        let now = CpuTimes::read(self.own);
+        let was = std::mem::replace(&mut self.cpu, now);
+        let cpus = was.zip(now).is_some_and(|(a, b)| b.idle_since(&a) >= min_idle);
+        // Both are read at every look, so each compares the same interval.
+        let disks = self.disks.busy_since_last() <= max_disk_busy;
+        cpus && disks
     }
 }
 

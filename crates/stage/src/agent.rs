@@ -9,7 +9,7 @@
 use crate::config::AgentConfig;
 use crate::digest::Digests;
 use crate::keys::{check_relative, join};
-use crate::limit::{Limits, NodeLoad, Share};
+use crate::limit::{gated, Limits, NodeLoad, Share};
 use crate::posix;
 use crate::s3::{b64, is_md5_etag, multipart_etag, S3};
 use futures::StreamExt;
@@ -115,11 +115,11 @@ impl Agent {
     /// The gate of drain runs (those with a share): one per agent, watching this node's
     /// CPUs and the disks under its targets.
     async fn share_gate(&self, limits: &StageLimits, client: &Client) -> Option<Arc<Share>> {
-        if limits.share <= 0.0 || limits.share >= 1.0 {
+        if !gated(limits.share) {
             return None;
         }
-        let dirs = client.local_target_dirs();
-        let gate = self.share.get_or_init(|| async move { Share::new(Box::new(NodeLoad::new(&dirs))) }).await;
+        let gate =
+            self.share.get_or_init(|| async { Share::new(Box::new(NodeLoad::new(&client.local_target_dirs()))) }).await;
         Some(gate.clone())
     }
 

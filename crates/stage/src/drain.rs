@@ -181,7 +181,7 @@ struct Drainer {
 
 impl Drainer {
     fn new(client: Client, s3: S3, req: DrainStart, drain: Arc<Drain>) -> Drainer {
-        let shared = req.limits.share > 0.0 && req.limits.share < 1.0;
+        let shared = crate::limit::gated(req.limits.share);
         let part_size = if shared { req.part_size.min(crate::limit::DRAIN_PART) } else { req.part_size };
         let split_threshold = if shared { part_size } else { req.split_threshold.max(req.part_size) };
         let opts = StageOptions {

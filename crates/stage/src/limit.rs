@@ -4,7 +4,7 @@
 
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use odfs_proto::stage::StageLimits;
-use odfs_service::load::{CpuTimes, Disks, Own};
+use odfs_service::load::{Disks, Look, Own};
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -40,7 +40,7 @@ impl Limits {
             let _ = r.check_n(NonZeroU32::new(burst).expect("at least 1"));
             (r, burst)
         });
-        let share = share.filter(|_| l.share > 0.0 && l.share < 1.0).map(|g| (g, l.share));
+        let share = share.filter(|_| gated(l.share)).map(|g| (g, l.share));
         Limits { requests, bytes, share }
     }
 
@@ -85,6 +85,12 @@ pub const PROBE: Duration = Duration::from_millis(500);
 /// request, so smaller parts keep the drain closer to its share. S3's 10,000-part limit
 /// makes a larger part where a file needs it.
 pub const DRAIN_PART: u64 = 8 << 20;
+
+/// Whether `share` (a run's `StageLimits::share`) puts the run under a gate: only a fraction
+/// strictly between none and all of the node's time does.
+pub fn gated(share: f64) -> bool {
+    share > 0.0 && share < 1.0
+}
 
 /// Tells whether the job kept the node busy while a drain paused.
 pub trait Load: Send {
@@ -173,30 +179,21 @@ const BUSY_DISK: f64 = 0.1;
 /// disks under its targets. Busy is either: a job computing on the CPUs or reading and
 /// writing through the page cache shows in the first, FUSE passthrough I/O that reaches no odfs
 /// daemon in the second.
-pub struct NodeLoad {
-    cpu: Option<CpuTimes>,
-    disks: Disks,
-}
+pub struct NodeLoad(Look);
 
 impl NodeLoad {
     pub fn new(target_dirs: &[std::path::PathBuf]) -> NodeLoad {
-        NodeLoad { cpu: None, disks: Disks::under(target_dirs.iter().map(|d| d.as_path())) }
+        NodeLoad(Look::new(Own::Process, Disks::under(target_dirs.iter().map(|d| d.as_path()))))
     }
 }
 
 impl Load for NodeLoad {
     fn mark(&mut self) {
-        self.cpu = CpuTimes::read(Own::Process);
-        self.disks.busy_since_last();
+        self.0.restart();
     }
 
     fn busy_since_mark(&mut self) -> bool {
-        let now = CpuTimes::read(Own::Process);
-        let cpu_busy = match (self.cpu.take(), now) {
-            (Some(a), Some(b)) => 1.0 - b.idle_since(&a) > BUSY_CPU,
-            _ => true,
-        };
-        cpu_busy || self.disks.busy_since_last() > BUSY_DISK
+        !self.0.quiet_since_last(1.0 - BUSY_CPU, BUSY_DISK)
     }
 }
 

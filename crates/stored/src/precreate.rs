@@ -16,7 +16,7 @@
 
 use crate::recycle::Recycler;
 use odfs_proto::TargetId;
-use odfs_service::load::{CpuTimes, Disks, Own};
+use odfs_service::load::{Disks, Look, Own};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -114,20 +114,17 @@ struct Quiet<'a> {
     seen: u64,
     /// 0 skips the CPU and disk tests.
     min_idle: f64,
-    cpu: Option<CpuTimes>,
-    disks: Disks,
+    node: Look,
     looked: Instant,
 }
 
 impl<'a> Quiet<'a> {
-    fn new(min_idle: f64, mut disks: Disks, requests: &'a AtomicU64) -> Quiet<'a> {
-        disks.busy_since_last();
+    fn new(min_idle: f64, disks: Disks, requests: &'a AtomicU64) -> Quiet<'a> {
         Quiet {
             requests,
             seen: requests.load(Ordering::Relaxed),
             min_idle,
-            cpu: CpuTimes::read(Own::Thread),
-            disks,
+            node: Look::new(Own::Thread, disks),
             looked: Instant::now(),
         }
     }
@@ -146,13 +143,8 @@ impl<'a> Quiet<'a> {
         if self.min_idle <= 0.0 || self.looked.elapsed() < REST {
             return true;
         }
-        let now = CpuTimes::read(Own::Thread);
-        let was = std::mem::replace(&mut self.cpu, now);
         self.looked = Instant::now();
-        let cpus = was.zip(now).is_some_and(|(a, b)| b.idle_since(&a) >= self.min_idle);
-        // Both are read at every look, so each compares the same interval.
-        let disks = self.disks.busy_since_last() <= MAX_DISK_BUSY;
-        let idle = cpus && disks;
+        let idle = self.node.quiet_since_last(self.min_idle, MAX_DISK_BUSY);
         if !idle {
             self.seen = self.requests.load(Ordering::Relaxed);
         }
