@@ -81,6 +81,16 @@ impl Coordinator {
         let id = self.store.lock().expect("store lock").begin_intent(h, kind, steps.clone())?;
         self.running.lock().expect("running lock").insert(id, h.client_id);
         let r = self.drive(id, &caller_of(h), &steps).await;
+        if let Err(e) = &r {
+            if self.store.lock().expect("store lock").intent_decided(id) {
+                // Decided but a participant did not take its commit in time: the intent stays
+                // open for the redrive to finish (ending it here would leave the operation
+                // half done); the client's retries are answered `Busy` until it ends.
+                warn!(intent = id, error = %e, "a decided operation spanning shards is left to the redrive");
+                self.running.lock().expect("running lock").remove(&id);
+                return r;
+            }
+        }
         let reply = r.as_ref().ok().map(|replies| final_reply(kind, replies));
         if let Err(e) = self.store.lock().expect("store lock").end_intent(id, reply) {
             warn!(intent = id, error = %e, "cannot log the end of an operation spanning shards");

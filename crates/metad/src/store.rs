@@ -452,8 +452,8 @@ impl MetaStore {
         steps: Vec<(u16, StepChange)>,
     ) -> RpcResult<u64> {
         let request = (h.client_id, h.request_id);
-        if h.request_id != 0 && self.ns.intents.values().any(|i| i.request == request) {
-            return Err(RemoteError::new(ErrorCode::Busy, "this request is being carried out; try again"));
+        if h.request_id != 0 {
+            self.refuse_running(request)?;
         }
         let id = ((self.opts.shard as u64) << 48) | (self.seq + 1);
         let intent = Intent { request, caller: (h.uid, h.gid, h.groups.clone()), steps, decided: false, kind };
@@ -461,9 +461,24 @@ impl MetaStore {
         Ok(id)
     }
 
+    /// `Busy` while an intent carries out `request` already. A retry must not run it again:
+    /// its first steps may have committed (the source name gone, so a rename would answer
+    /// "no such name") while its reply is not recorded yet.
+    fn refuse_running(&self, request: DedupKey) -> RpcResult<()> {
+        if self.ns.intents.values().any(|i| i.request == request) {
+            return Err(RemoteError::new(ErrorCode::Busy, "this request is being carried out; try again"));
+        }
+        Ok(())
+    }
+
     /// Logs the decision to commit an intent.
     pub(crate) fn decide_intent(&mut self, id: u64) -> RpcResult<()> {
         self.mutate(&RequestHeader::default(), MetaOp::DecideIntent { id }).map(drop)
+    }
+
+    /// Whether the intent `id` is open and decided (it must be committed to its end).
+    pub(crate) fn intent_decided(&self, id: u64) -> bool {
+        self.ns.intents.get(&id).is_some_and(|i| i.decided)
     }
 
     /// Logs an intent's end; a reply becomes the answer to its client's retries.
@@ -719,12 +734,19 @@ impl MetaStore {
     /// Applies one mutation and makes it durable before returning `Ok`.
     ///
     /// A request already answered (same `client_id` and non-zero `request_id`) gets its
-    /// recorded reply without being applied again. A failed mutation changes nothing.
+    /// recorded reply without being applied again; one still being carried out as an operation
+    /// spanning shards (a retry after this metad restarted mid-way, its intent not yet
+    /// redriven to its end) gets `Busy`, so the client asks again until that reply is recorded.
+    /// A failed mutation changes nothing.
     pub fn mutate(&mut self, h: &RequestHeader, op: MetaOp) -> RpcResult<MetaReply> {
         let key = (h.client_id, h.request_id);
         if h.request_id != 0 {
             if let Some(reply) = self.dedup.get(key) {
                 return Ok(reply.clone());
+            }
+            // (An intent's end is logged under its request, to record the reply.)
+            if !matches!(op, MetaOp::EndIntent { .. }) {
+                self.refuse_running(key)?;
             }
         }
         if let Some(why) = &self.failed {
@@ -1049,6 +1071,31 @@ mod tests {
         assert_eq!(p.choose_for(&dl(4, "a")).unwrap().targets.len(), 3);
         assert_eq!(p.choose_for(&dl(1, "c")).unwrap_err().code, ErrorCode::Invalid);
         assert_eq!(p.choose_for(&dl(1, "b")).unwrap_err().code, ErrorCode::NoSpace);
+    }
+
+    #[test]
+    fn a_retry_of_a_request_whose_intent_is_open_waits_for_its_recorded_reply() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut st = MetaStore::open(dir.path(), StoreOptions::default(), DirLayout::default()).unwrap();
+        let root = RequestHeader::default();
+        let mk = |name: &[u8]| MetaOp::Mkdir(Mkdir { parent: InodeId::ROOT, name: name.to_vec(), mode: 0o755 });
+        st.mutate(&root, mk(b"a")).unwrap();
+        // A client's rmdir of "a", carried out as an intent that a restart interrupted.
+        let h = RequestHeader { client_id: 5, request_id: 9, ..RequestHeader::default() };
+        let id = st.begin_intent(&h, IntentKind::Rmdir, Vec::new()).unwrap();
+        let rmdir = || MetaOp::Rmdir(Rmdir { parent: InodeId::ROOT, name: b"a".to_vec() });
+        let busy = st.mutate(&h, rmdir()).unwrap_err();
+        assert_eq!(busy.code, ErrorCode::Busy, "{busy}");
+        assert_eq!(st.begin_intent(&h, IntentKind::Rmdir, Vec::new()).unwrap_err().code, ErrorCode::Busy);
+        let lookup = Lookup { parent: InodeId::ROOT, name: b"a".to_vec() };
+        assert!(st.resolve_name(&root, &lookup).is_ok(), "the retry ran the request a second time");
+        // Other requests of the same client go on.
+        let other = RequestHeader { request_id: 10, ..h.clone() };
+        st.mutate(&other, mk(b"b")).unwrap();
+        // Once the intent ends with a reply, the retry gets that reply and changes nothing.
+        st.end_intent(id, Some(MetaReply::Unit)).unwrap();
+        assert_eq!(st.mutate(&h, rmdir()).unwrap(), MetaReply::Unit);
+        assert!(st.resolve_name(&root, &lookup).is_ok());
     }
 
     #[test]
