@@ -430,6 +430,56 @@ impl Table<'_> {
             0,
             then,
         );
+        // A write or truncate by a caller without CAP_FSETID drops set-user-id, and
+        // set-group-id when group-executable or the caller is not in the file's group; root's
+        // keep them. A chown of anything but a directory drops them too.
+        let setid_rows: [(&str, char, u32, Who, &str, &str); 6] = [
+            (
+                "user: write to root's set-id file clears set-user-id and set-group-id",
+                'f',
+                0o6777,
+                Who::User,
+                "write",
+                "f 777 0 0 1",
+            ),
+            (
+                "user: write clears set-group-id without group-execute outside the group",
+                'f',
+                0o2767,
+                Who::User,
+                "write",
+                "f 767 0 0 1",
+            ),
+            (
+                "user: truncate of root's set-id file clears set-user-id and set-group-id",
+                'f',
+                0o6777,
+                Who::User,
+                "truncate",
+                "f 777 0 0 1",
+            ),
+            ("root: write keeps set-user-id and set-group-id", 'f', 0o6777, Who::Root, "write", "f 6777 0 0 1"),
+            ("root: truncate keeps set-user-id and set-group-id", 'f', 0o6777, Who::Root, "truncate", "f 6777 0 0 1"),
+            (
+                "root: chown of a FIFO clears set-user-id and set-group-id",
+                'p',
+                0o6755,
+                Who::Root,
+                "chown",
+                "p 755 U 0 1",
+            ),
+        ];
+        for (what, k, mode, who, op, then) in setid_rows {
+            let a = self.p("a");
+            let mut setup = make(k, &a, Who::Root, u);
+            setup.push(json!({"op": "chmod", "path": a, "mode": mode}));
+            let op = match op {
+                "write" => json!({"op": "rewrite", "path": a, "data": "x"}),
+                "truncate" => json!({"op": "truncate", "path": a, "len": 3}),
+                _ => json!({"op": "chown", "path": a, "uid": u.uid, "gid": -1}),
+            };
+            self.row(what.into(), setup, who, op, 0, Some((a.clone(), then.to_string())));
+        }
         // Times to now on a file the user may write.
         let a = self.p("a");
         let mut setup = make('f', &a, Who::Root, u);

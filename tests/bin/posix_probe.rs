@@ -85,6 +85,11 @@ enum Op {
         path: PathBuf,
         data: String,
     },
+    /// open(O_WRONLY) an existing file, write `data` at its start (no truncation), close.
+    Rewrite {
+        path: PathBuf,
+        data: String,
+    },
     /// lstat: prints `kind mode uid gid nlink size rdev`.
     Stat {
         path: PathBuf,
@@ -195,6 +200,14 @@ fn run(op: &Op) -> String {
                 use std::os::unix::fs::OpenOptionsExt;
                 let f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o644).open(path);
                 match f.and_then(|mut f| f.write_all(data.as_bytes())) {
+                    Ok(()) => 0,
+                    Err(e) => e.raw_os_error().unwrap_or(-1),
+                }
+            }
+            Op::Rewrite { path, data } => {
+                use std::io::Write;
+                match std::fs::OpenOptions::new().write(true).open(path).and_then(|mut f| f.write_all(data.as_bytes()))
+                {
                     Ok(()) => 0,
                     Err(e) => e.raw_os_error().unwrap_or(-1),
                 }

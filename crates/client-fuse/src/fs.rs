@@ -424,6 +424,21 @@ impl OdfsFuse {
         self.shared.callers.ctx(req.uid(), req.gid(), req.pid())
     }
 
+    /// The caller, if the file open as `f` has set-id bits its write drops (the caller has no
+    /// CAP_FSETID): set-user-id; set-group-id when group-executable or the caller is not in
+    /// the file's group (metad's rule; the mode as cached under a lease, or as seen at open).
+    fn setid_to_kill(&self, req: &Request, f: &OpenFile) -> Option<Ctx> {
+        let a = self.shared.client.getattr_cached(f.attr.ino);
+        let (mode, gid) = a.as_ref().map_or((f.attr.mode, f.attr.gid), |a| (a.mode, a.gid));
+        if mode & 0o6000 == 0 {
+            return None;
+        }
+        let ctx = self.ctx(req);
+        let in_group = ctx.gid == gid || ctx.groups.contains(&gid);
+        let sgid_goes = mode & 0o2000 != 0 && (mode & 0o010 != 0 || !in_group);
+        (mode & 0o4000 != 0 || sgid_goes).then_some(ctx)
+    }
+
     /// The open file behind a FUSE file handle; `None` after replying EBADF.
     fn open_file<R: ErrorReply>(&self, fh: FileHandle, reply: R) -> Option<(Arc<OpenFile>, R)> {
         match self.shared.handles.get(fh.0) {
@@ -506,6 +521,9 @@ impl Filesystem for OdfsFuse {
         // Async direct I/O: an O_DIRECT or AIO reader's requests reach us all at once rather than
         // one at a time per submitting thread (without it, fio at queue depth 16 has one read in
         // flight: measured 13k 4 KiB IOPS over four files).
+        // Kill-priv v2: a write, truncate or chown by a caller without CAP_FSETID clears set-id
+        // bits in the filesystem, which knows the caller (without it the kernel sends a chmod
+        // as the writer, which a writer who is not the owner may not do: EPERM on write).
         // Not asked: writeback cache (the kernel would hold written data and sizes, outside the
         // client library's close-to-open accounting), POSIX locks (left to the kernel, node-local).
         for cap in [
@@ -515,6 +533,7 @@ impl Filesystem for OdfsFuse {
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_CACHE_SYMLINKS,
             InitFlags::FUSE_ASYNC_DIO,
+            InitFlags::FUSE_HANDLE_KILLPRIV_V2,
         ] {
             if let Err(missing) = config.add_capabilities(cap) {
                 info!(capability = ?missing, "kernel does not offer this FUSE capability");
@@ -631,6 +650,7 @@ impl Filesystem for OdfsFuse {
                     atime: atime.map(set_time),
                     mtime: mtime.map(set_time),
                     open_for_write: false,
+                    kill_setid: false,
                 };
                 let s2 = s.clone();
                 let mut t =
@@ -866,19 +886,25 @@ impl Filesystem for OdfsFuse {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let Some((f, reply)) = self.open_file(fh, reply) else { return };
+        // A writer without CAP_FSETID clears a set-id file's set-id bits (the kernel leaves that
+        // to us, `FUSE_HANDLE_KILLPRIV_V2`): once per file, before its first such write.
+        let kill = match write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            true => self.setid_to_kill(req, &f).map(|ctx| (self.shared.clone(), ctx)),
+            false => None,
+        };
         // A write that only joins the write buffer (a small file's one write) is answered here.
-        if !f.append {
+        if !f.append && kill.is_none() {
             let t0 = Instant::now();
             if let Some(r) = f.handle.try_write(offset, data) {
                 let failed = answer(reply, "write", r.map_err(FuseError::from), |reply, n| reply.written(n as u32));
@@ -890,6 +916,9 @@ impl Filesystem for OdfsFuse {
             "write",
             reply,
             async move {
+                if let Some((s, ctx)) = kill {
+                    s.client.kill_setid(&ctx, f.attr.ino).await?;
+                }
                 // O_APPEND: the end of the file as this process sees it (its own unflushed
                 // writes included). The kernel runs one write per inode at a time, so appends
                 // through different descriptors of this mount do not interleave.

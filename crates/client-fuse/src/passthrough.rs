@@ -113,6 +113,11 @@ impl Backings {
         if let Some(b) = self.live(attr.ino.0) {
             return Some(Candidate::Live(b));
         }
+        // A set-id file's writes must clear its set-id bits, which the kernel leaves to
+        // odfs-fuse's write (kill-priv v2): a passthrough write would never reach it.
+        if attr.mode & 0o6000 != 0 {
+            return None;
+        }
         let path = client.local_chunk_path(attr.ino, layout)?;
         // An empty file may have no chunk file yet: made here as stored would at its first write.
         let open = |create: bool| OpenOptions::new().read(true).write(true).create(create).mode(0o644).open(&path);

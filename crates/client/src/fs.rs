@@ -675,6 +675,12 @@ impl Client {
         Ok(self.merge_local(a))
     }
 
+    /// Drops a regular file's set-id bits as a write by `ctx` (without CAP_FSETID) does on
+    /// Linux; the caller has the file open for writing.
+    pub async fn kill_setid(&self, ctx: &Ctx, ino: InodeId) -> Result<Attr> {
+        self.setattr(ctx, SetAttr { ino, open_for_write: true, kill_setid: true, ..Default::default() }).await
+    }
+
     /// Sets a file's size: chunks on every target, then the size at metad.
     pub async fn truncate(&self, ctx: &Ctx, ino: InodeId, size: u64, how: Truncate) -> Result<()> {
         if how == Truncate::CheckAccess {

@@ -410,7 +410,16 @@ impl Model {
             Body::Symlink => return Err(Invalid),
             Body::File => self.need(w, id, 2)?,
         }
-        self.nodes.get_mut(&id).expect("node").size = size;
+        let n = self.nodes.get_mut(&id).expect("node");
+        n.size = size;
+        // A size change by anyone but root drops set-user-id, and set-group-id when
+        // group-executable or the caller is not in the file's group.
+        if !w.root() {
+            n.mode &= !0o4000;
+            if n.mode & 0o010 != 0 || w.0 != n.gid {
+                n.mode &= !S_ISGID;
+            }
+        }
         Ok(())
     }
 
@@ -435,6 +444,7 @@ impl Model {
         if gid.is_some_and(|g| !(w.root() || (w.0 == n.uid && (g == n.gid || g == w.0)))) {
             return Err(Perm);
         }
+        let keeps_sgid = n.mode & 0o010 == 0 && (w.root() || w.0 == n.gid);
         let n = self.nodes.get_mut(&id).expect("node");
         if let Some(u) = uid {
             n.uid = u;
@@ -442,9 +452,9 @@ impl Model {
         if let Some(g) = gid {
             n.gid = g;
         }
-        if (uid.is_some() || gid.is_some()) && matches!(n.body, Body::File) {
+        if (uid.is_some() || gid.is_some()) && !matches!(n.body, Body::Dir { .. }) {
             n.mode &= !0o4000;
-            if n.mode & 0o010 != 0 {
+            if !keeps_sgid {
                 n.mode &= !S_ISGID;
             }
         }

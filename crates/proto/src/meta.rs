@@ -223,6 +223,10 @@ pub struct SetAttr {
     /// The size changes through a descriptor the caller opened for writing (`ftruncate`,
     /// `fallocate`): access was decided at open, so write permission is not checked again.
     pub open_for_write: bool,
+    /// Drop set-user-id, and set-group-id when group-executable, as Linux does when a caller
+    /// without CAP_FSETID writes to a regular file. Needs write access (or `open_for_write`),
+    /// not ownership. (A size change by a caller other than root drops them without asking.)
+    pub kill_setid: bool,
 }
 
 impl Default for InodeId {

@@ -16,6 +16,7 @@ fn is_empty(req: &SetAttr) -> bool {
         && req.size.is_none()
         && req.atime.is_none()
         && req.mtime.is_none()
+        && !req.kill_setid
 }
 
 /// Refuses a size for anything but a regular file.
@@ -32,7 +33,7 @@ fn require_regular(node: &Inode, ino: InodeId) -> RpcResult<()> {
 /// Who may change what (Linux `setattr_prepare`): only root gives a file away, the owner
 /// changes the mode and sets explicit times, write permission suffices for "now".
 fn check_setattr(h: &RequestHeader, node: &Inode, req: &SetAttr) -> RpcResult<()> {
-    if req.size.is_some() {
+    if req.size.is_some() || req.kill_setid {
         require_regular(node, req.ino)?;
         // Through a descriptor opened for writing, access was decided at open (POSIX).
         if !req.open_for_write {
@@ -72,7 +73,10 @@ fn check_setattr(h: &RequestHeader, node: &Inode, req: &SetAttr) -> RpcResult<()
 
 /// The new owner, group and mode, with the set-id bits Linux drops.
 fn set_ownership(h: &RequestHeader, node: &mut Inode, req: &SetAttr) {
-    let regular = matches!(node.body, Body::File(_));
+    let dir = matches!(node.body, Body::Dir(_));
+    // Set-group-id without group-execute survives a chown only for a caller in the file's
+    // (old) group or root (Linux `setattr_should_drop_sgid`).
+    let keeps_sgid = node.mode & 0o010 == 0 && (h.is_root() || h.in_group(node.gid));
     if let Some(uid) = req.uid {
         node.uid = uid;
     }
@@ -86,13 +90,27 @@ fn set_ownership(h: &RequestHeader, node: &mut Inode, req: &SetAttr) {
             mode &= !S_ISGID;
         }
         node.mode = mode;
-    } else if regular && (req.uid.is_some() || req.gid.is_some()) {
-        // chown of a regular file drops set-user-id, and set-group-id when group-executable
-        // (Linux, for every caller since 2.2.13).
+    } else if !dir && (req.uid.is_some() || req.gid.is_some()) {
+        // chown of anything but a directory drops set-user-id, and set-group-id when
+        // group-executable (Linux `chown_common`, for every caller, root included).
         node.mode &= !S_ISUID;
-        if node.mode & 0o010 != 0 {
+        if !keeps_sgid {
             node.mode &= !S_ISGID;
         }
+    }
+}
+
+/// Drops the set-id bits a write or truncate by `h` drops on Linux
+/// (`setattr_should_drop_suidgid`): set-user-id always; set-group-id when group-executable,
+/// or when `h` is not in the file's group. Root (CAP_FSETID) keeps them unless it asks.
+fn kill_setid(h: &RequestHeader, node: &mut Inode, req: &SetAttr) {
+    let by_write = req.kill_setid || (req.size.is_some() && !h.is_root());
+    if !by_write || !matches!(node.body, Body::File(_)) {
+        return;
+    }
+    node.mode &= !S_ISUID;
+    if node.mode & 0o010 != 0 || !(h.is_root() || h.in_group(node.gid)) {
+        node.mode &= !S_ISGID;
     }
 }
 
@@ -124,6 +142,7 @@ impl Namespace {
         check_setattr(h, node, req)?;
         let node = self.node_mut(req.ino)?;
         set_ownership(h, node, req);
+        kill_setid(h, node, req);
         set_times(node, req, now);
         Applied::changed(MetaReply::Attr(node.attr(req.ino)))
     }
