@@ -3,6 +3,8 @@
 //!
 //! Writes are coalesced per chunk and sent in the background; a later read, fsync, flush,
 //! truncate or close waits for them, and the first write error is reported by the next call.
+//! A write that overlaps one still in flight waits for it first: stored may apply writes sent
+//! together in any order, and the later of two writes to the same bytes must win.
 //! The size grows locally and reaches metad on flush/fsync/close (close-to-open).
 
 use crate::fs::Truncate;
@@ -33,10 +35,25 @@ struct WriteState {
     size_dirty: bool,
     /// Coalescing buffer: file offset and bytes, always within one chunk.
     buf: Option<(u64, Vec<u8>)>,
-    inflight: Vec<JoinHandle<Result<()>>>,
+    inflight: Vec<InFlight>,
     /// Stripe indices written since the last fsync.
     touched: BTreeSet<usize>,
     mtime: Timespec,
+}
+
+/// A chunk write sent and not known to have landed: its file range, and its end, which any
+/// number of waiters may await (a drain, a later overlapping write).
+struct InFlight {
+    start: u64,
+    end: u64,
+    task: tokio::task::AbortHandle,
+    done: Shared<BoxFuture<'static, ()>>,
+}
+
+impl InFlight {
+    fn overlaps(&self, start: u64, end: u64) -> bool {
+        self.start < end && start < self.end
+    }
 }
 
 #[derive(Default)]
@@ -51,8 +68,6 @@ pub struct InodeData {
     pub ino: InodeId,
     pub layout: Layout,
     ws: tokio::sync::Mutex<WriteState>,
-    /// Held by `drain` while it waits for the writes it took.
-    drain_lock: tokio::sync::Mutex<()>,
     /// First error of a background write, reported once by the next call.
     error: Mutex<Option<ClientError>>,
     ra: Mutex<ReadAhead>,
@@ -76,7 +91,6 @@ impl InodeData {
             ino,
             layout,
             ws: tokio::sync::Mutex::new(WriteState::default()),
-            drain_lock: tokio::sync::Mutex::new(()),
             error: Mutex::new(None),
             ra: Mutex::new(ReadAhead::default()),
             opens: AtomicUsize::new(0),
@@ -159,6 +173,8 @@ impl InodeData {
         let Some(seg) = self.layout.segments(off, data.len() as u64).next() else {
             return;
         };
+        let end = off + data.len() as u64;
+        self.wait_overlapping(ws, off, end).await;
         ws.touched.insert(seg.stripe_index);
         let units = data.len().div_ceil(4096).max(1) as u32;
         let permit = client.inner.write_budget.clone().acquire_many_owned(units).await.expect("budget never closes");
@@ -173,16 +189,36 @@ impl InodeData {
         };
         let client = client.clone();
         let me = self.clone();
-        ws.inflight.retain(|h| !h.is_finished());
+        ws.inflight.retain(|w| !w.task.is_finished());
         let rt = client.inner.runtime.clone();
-        ws.inflight.push(rt.spawn(async move {
+        let task = rt.spawn(async move {
             let r = client.store(req.target, &req).await.map(|w| me.record_written(off, &w));
             drop(permit);
             if let Err(e) = &r {
                 me.record_error(e.clone());
             }
-            r
-        }));
+        });
+        ws.inflight.push(InFlight { start: off, end, task: task.abort_handle(), done: self.completion(task) });
+    }
+
+    /// A write task's end as a future any number of waiters can await; a task that panicked
+    /// is recorded as a write error. (Weak: the future lives in this inode's own state.)
+    fn completion(self: &Arc<Self>, task: JoinHandle<()>) -> Shared<BoxFuture<'static, ()>> {
+        let me = Arc::downgrade(self);
+        async move {
+            if let (Err(e), Some(me)) = (task.await, me.upgrade()) {
+                me.record_error(ClientError::new(odfs_proto::ErrorCode::Io, format!("write task: {e}")));
+            }
+        }
+        .boxed()
+        .shared()
+    }
+
+    /// Waits for the writes in flight that overlap `[start, end)` (the caller holds the write
+    /// state, so no other write is sent meanwhile).
+    async fn wait_overlapping(&self, ws: &mut WriteState, start: u64, end: u64) {
+        let waits: Vec<_> = ws.inflight.iter().filter(|w| w.overlaps(start, end)).map(|w| w.done.clone()).collect();
+        futures::future::join_all(waits).await;
     }
 
     /// Notes the CRC32C stored returned for a write at file offset `off`.
@@ -311,22 +347,14 @@ impl InodeData {
 
     /// Waits for every write of this inode to reach stored.
     pub(crate) async fn drain(self: &Arc<Self>, client: &Client) -> Result<()> {
-        // One drain at a time: a drain takes the writes in flight out of `inflight`, so a
-        // concurrent one (parallel reads of one file, as FUSE sends them) would find nothing to
-        // wait for and read before those writes landed.
-        let _one = self.drain_lock.lock().await;
-        let handles = {
+        // The writes stay listed while they are awaited, so a concurrent drain (parallel reads
+        // of one file, as FUSE sends them) or an overlapping write waits for them too.
+        let waits: Vec<_> = {
             let mut ws = self.ws.lock().await;
             self.send_buf(client, &mut ws).await;
-            std::mem::take(&mut ws.inflight)
+            ws.inflight.iter().map(|w| w.done.clone()).collect()
         };
-        for h in handles {
-            match h.await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) => {} // recorded in `error`
-                Err(e) => self.record_error(ClientError::new(odfs_proto::ErrorCode::Io, format!("write task: {e}"))),
-            }
-        }
+        futures::future::join_all(waits).await;
         self.take_error()
     }
 
