@@ -169,6 +169,24 @@ fn a_local_file_is_passed_through_and_keeps_the_rules() {
         std::thread::sleep(Duration::from_millis(100));
     }
 
+    // fallocate on a passed-through writer: an allocation inside the file leaves its size (the
+    // kernel's writes count, not the size the library last saw), a punched hole reads as zeros.
+    let fa = ck.join("fallocated");
+    let mut f = fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&fa).unwrap();
+    let mut want = pattern(256 * 1024, 6);
+    f.write_all(&want).unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    // SAFETY: fallocate on an open descriptor; plain integer arguments.
+    assert_eq!(unsafe { libc::fallocate(fd, 0, 0x1000, 0x2000) }, 0, "{}", std::io::Error::last_os_error());
+    assert_eq!(f.metadata().unwrap().len(), want.len() as u64, "an interior allocation changed the size");
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::fallocate(fd, punch, 0x10000, 0x10000) }, 0, "{}", std::io::Error::last_os_error());
+    want[0x10000..0x20000].fill(0);
+    drop(f);
+    assert_eq!(fs::read(&fa).unwrap(), want, "after an allocation and a punched hole");
+    assert_eq!(read_remote(&fs, 2, "/ck/fallocated"), want, "node 2 reads other bytes");
+
     // kill -9 of odfs-fuse: what was written, synced and closed is all there.
     let last = pattern(5 * MIB, 9);
     write_file(&ck.join("last.pt"), &last);

@@ -1291,6 +1291,10 @@ impl Filesystem for OdfsFuse {
             reply,
             async move {
                 let end = offset.checked_add(length).ok_or(FuseError::Errno(libc::EFBIG))?;
+                // A passed-through writer's bytes reached the chunk file without the library:
+                // its size must count, or an allocation would truncate the file to a stale
+                // size and a hole would be clipped to it.
+                f.note_passthrough_writes().await?;
                 match mode {
                     0 if end > f.handle.size().await => f.handle.truncate(end).await?,
                     PUNCH => f.handle.punch_hole(offset, length).await?,
