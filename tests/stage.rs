@@ -681,7 +681,11 @@ fn a_name_that_is_not_utf8_is_left_out_of_a_drain_and_refused_by_the_stage_out()
     let good = pattern(1 << 20, 7);
     std::fs::write(m.p("ckpt/good.pt"), &good).unwrap();
     wait_object(&s3, "u/good.pt", &good);
-    let st = drain_state(&fs, "/ckpt");
+    // The object is whole in S3 a moment before the agent has verified and recorded it.
+    let st = wait_for("the good file recorded as uploaded", Duration::from_secs(30), || {
+        let st = drain_state(&fs, "/ckpt");
+        (st["uploaded"].as_u64() == Some(1), st)
+    });
     let why = st["last_error"].as_str().unwrap_or_default().to_string();
     assert!(why.contains("odfs:/ckpt/bad-\u{fffd}.pt: a name that is not UTF-8 cannot be an S3 key"), "{st}");
     assert_eq!(st["uploaded"].as_u64(), Some(1), "{st}");
