@@ -28,7 +28,7 @@ use fuser::{
     ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use odfs_client::{Client, Ctx, Ticket};
-use odfs_proto::meta::{Attr, SetAttr, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_CREATE, XATTR_REPLACE};
+use odfs_proto::meta::{setid_dropped, Attr, SetAttr, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_CREATE, XATTR_REPLACE};
 use odfs_proto::{ErrorCode, InodeId};
 use std::ffi::OsStr;
 use std::future::Future;
@@ -424,19 +424,17 @@ impl OdfsFuse {
         self.shared.callers.ctx(req.uid(), req.gid(), req.pid())
     }
 
-    /// The caller, if the file open as `f` has set-id bits its write drops (the caller has no
-    /// CAP_FSETID): set-user-id; set-group-id when group-executable or the caller is not in
-    /// the file's group (metad's rule; the mode as cached under a lease, or as seen at open).
+    /// The caller, if the file open as `f` has set-id bits its write drops (metad's rule,
+    /// `setid_dropped`; the mode as cached under a lease, or as seen at open). Asked for every
+    /// write of a caller without CAP_FSETID, so the common answer costs one cache look.
     fn setid_to_kill(&self, req: &Request, f: &OpenFile) -> Option<Ctx> {
-        let a = self.shared.client.getattr_cached(f.attr.ino);
-        let (mode, gid) = a.as_ref().map_or((f.attr.mode, f.attr.gid), |a| (a.mode, a.gid));
+        let (mode, gid) = self.shared.client.mode_cached(f.attr.ino).unwrap_or((f.attr.mode, f.attr.gid));
         if mode & 0o6000 == 0 {
             return None;
         }
         let ctx = self.ctx(req);
         let in_group = ctx.gid == gid || ctx.groups.contains(&gid);
-        let sgid_goes = mode & 0o2000 != 0 && (mode & 0o010 != 0 || !in_group);
-        (mode & 0o4000 != 0 || sgid_goes).then_some(ctx)
+        (setid_dropped(mode, ctx.uid == 0, in_group) != 0).then_some(ctx)
     }
 
     /// The open file behind a FUSE file handle; `None` after replying EBADF.
@@ -899,10 +897,11 @@ impl Filesystem for OdfsFuse {
         let Some((f, reply)) = self.open_file(fh, reply) else { return };
         // A writer without CAP_FSETID clears a set-id file's set-id bits (the kernel leaves that
         // to us, `FUSE_HANDLE_KILLPRIV_V2`): once per file, before its first such write.
-        let kill = match write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
-            true => self.setid_to_kill(req, &f).map(|ctx| (self.shared.clone(), ctx)),
-            false => None,
-        };
+        let kill = write_flags
+            .contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID)
+            .then(|| self.setid_to_kill(req, &f))
+            .flatten()
+            .map(|ctx| (self.shared.clone(), ctx));
         // A write that only joins the write buffer (a small file's one write) is answered here.
         if !f.append && kill.is_none() {
             let t0 = Instant::now();

@@ -164,6 +164,14 @@ impl AttrCache {
         }
     }
 
+    /// Mode and group of a cached inode, without copying its attributes.
+    pub fn mode(&self, ino: InodeId) -> Option<(u32, u32)> {
+        if !self.trusted(ino.shard()) {
+            return None;
+        }
+        self.maps.lock().expect("cache lock").attrs.get(&ino).map(|a| (a.mode, a.gid))
+    }
+
     pub fn attr(&self, ino: InodeId) -> Option<Attr> {
         if !self.trusted(ino.shard()) {
             return None;

@@ -472,6 +472,11 @@ impl Client {
         }
     }
 
+    /// Mode and group from the cache alone, if a lease covers them (cheap: for every write).
+    pub fn mode_cached(&self, ino: InodeId) -> Option<(u32, u32)> {
+        self.inner.cache.mode(ino)
+    }
+
     /// Attributes answered from the cache alone, if a lease covers them.
     pub fn getattr_cached(&self, ino: InodeId) -> Option<Attr> {
         self.inner.cache.attr(ino).map(|a| self.merge_local(a))

@@ -229,6 +229,15 @@ pub struct SetAttr {
     pub kill_setid: bool,
 }
 
+/// The set-id bits of a non-directory's `mode` that a write, a truncate or a chown by a caller
+/// drops (Linux `setattr_should_drop_suidgid`): set-user-id always; set-group-id when
+/// group-executable, or when the caller is neither root nor in the file's group (without
+/// group-execute the bit marks mandatory locking, which such a caller keeps).
+pub fn setid_dropped(mode: u32, caller_root: bool, caller_in_group: bool) -> u32 {
+    let sgid = mode & 0o2000 != 0 && (mode & 0o010 != 0 || !(caller_root || caller_in_group));
+    (mode & 0o4000) | if sgid { 0o2000 } else { 0 }
+}
+
 impl Default for InodeId {
     fn default() -> Self {
         InodeId::ROOT

@@ -3,9 +3,9 @@
 
 use crate::inode::{Body, Inode};
 use crate::namespace::{Applied, MetaReply, Namespace};
-use crate::permission::{self, MAY_WRITE, S_ISGID, S_ISUID};
+use crate::permission::{self, MAY_WRITE, S_ISGID};
 use odfs_proto::error::{ErrorCode, RemoteError, RpcResult};
-use odfs_proto::meta::{ExtendSize, SetAttr, SetTime};
+use odfs_proto::meta::{setid_dropped, ExtendSize, SetAttr, SetTime};
 use odfs_proto::{InodeId, RequestHeader, Timespec};
 
 /// Whether a request changes nothing.
@@ -74,9 +74,8 @@ fn check_setattr(h: &RequestHeader, node: &Inode, req: &SetAttr) -> RpcResult<()
 /// The new owner, group and mode, with the set-id bits Linux drops.
 fn set_ownership(h: &RequestHeader, node: &mut Inode, req: &SetAttr) {
     let dir = matches!(node.body, Body::Dir(_));
-    // Set-group-id without group-execute survives a chown only for a caller in the file's
-    // (old) group or root (Linux `setattr_should_drop_sgid`).
-    let keeps_sgid = node.mode & 0o010 == 0 && (h.is_root() || h.in_group(node.gid));
+    // Judged by the file's group before the change.
+    let dropped = setid_dropped(node.mode, h.is_root(), h.in_group(node.gid));
     if let Some(uid) = req.uid {
         node.uid = uid;
     }
@@ -91,26 +90,18 @@ fn set_ownership(h: &RequestHeader, node: &mut Inode, req: &SetAttr) {
         }
         node.mode = mode;
     } else if !dir && (req.uid.is_some() || req.gid.is_some()) {
-        // chown of anything but a directory drops set-user-id, and set-group-id when
-        // group-executable (Linux `chown_common`, for every caller, root included).
-        node.mode &= !S_ISUID;
-        if !keeps_sgid {
-            node.mode &= !S_ISGID;
-        }
+        // chown of anything but a directory drops them (Linux `chown_common`, for every
+        // caller, root included).
+        node.mode &= !dropped;
     }
 }
 
-/// Drops the set-id bits a write or truncate by `h` drops on Linux
-/// (`setattr_should_drop_suidgid`): set-user-id always; set-group-id when group-executable,
-/// or when `h` is not in the file's group. Root (CAP_FSETID) keeps them unless it asks.
+/// Drops the set-id bits a write or truncate by `h` drops on Linux (`setid_dropped`). Root
+/// (CAP_FSETID) keeps them unless it asks.
 fn kill_setid(h: &RequestHeader, node: &mut Inode, req: &SetAttr) {
     let by_write = req.kill_setid || (req.size.is_some() && !h.is_root());
-    if !by_write || !matches!(node.body, Body::File(_)) {
-        return;
-    }
-    node.mode &= !S_ISUID;
-    if node.mode & 0o010 != 0 || !(h.is_root() || h.in_group(node.gid)) {
-        node.mode &= !S_ISGID;
+    if by_write && matches!(node.body, Body::File(_)) {
+        node.mode &= !setid_dropped(node.mode, h.is_root(), h.in_group(node.gid));
     }
 }
 
