@@ -361,13 +361,20 @@ impl StatsArgs {
         loop {
             std::thread::sleep(Duration::from_secs_f64(every));
             let now = fetch()?;
-            let secs = at.elapsed().as_secs_f64();
+            let secs = match (before.taken_unix_ms, now.taken_unix_ms) {
+                (b, n) if b > 0 && n > b => (n - b) as f64 / 1000.0,
+                _ => at.elapsed().as_secs_f64(),
+            };
             at = std::time::Instant::now();
             if self.json {
                 println!("{}", serde_json::to_string(&now)?);
             } else {
                 // Clear the screen and home the cursor, as top does.
-                print!("\x1b[2J\x1b[H{}", odfs_ondemand::stats::render(&now, Some((&before, secs))));
+                print!(
+                    "\x1b[2J\x1b[H{}\n\n{}",
+                    odfs_ondemand::stats::watch_header(&now, secs),
+                    odfs_ondemand::stats::render(&now, Some((&before, secs)))
+                );
             }
             before = now;
         }

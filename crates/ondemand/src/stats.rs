@@ -3,7 +3,7 @@
 //! job "hangs" in a metadata storm. Rendering only; the numbers come from the services'
 //! `GetStats` (through the client library, or the mount's `odfs.stats` attribute).
 
-use odfs_proto::stats::{FsStats, MethodStats, TargetStats};
+use odfs_proto::stats::{FsStats, MethodStats, ServiceStats, StatsSnapshot, TargetStats};
 use std::collections::HashMap;
 use std::fmt::Write;
 
@@ -21,9 +21,10 @@ pub fn render(now: &FsStats, before: Option<(&FsStats, f64)>) -> String {
     let mut out = String::new();
     let mut rows = Vec::new();
     for (s, st) in now.answered() {
+        let then = before.map(|(b, secs)| (earlier_snapshot(b, &s.name), service_secs(b, s, st, secs)));
         for m in &st.methods {
-            let rate = match before {
-                Some((b, secs)) => m.count.saturating_sub(earlier(b, &s.name, &m.name)) as f64 / secs.max(1e-3),
+            let rate = match then {
+                Some((b, secs)) => m.count.saturating_sub(b.map_or(0, |b| count_of(b, &m.name))) as f64 / secs,
                 None => m.count as f64 / (st.uptime_ms as f64 / 1000.0).max(1e-3),
             };
             rows.push(Row { service: &s.name, m, rate });
@@ -59,6 +60,15 @@ pub fn render(now: &FsStats, before: Option<(&FsStats, f64)>) -> String {
     render_clients(&mut out, now, before);
     render_targets(&mut out, now, before);
     out
+}
+
+/// The first line of an `odfs stats -w` screen: when its numbers were gathered (UTC, to the
+/// millisecond, as scripts comparing with their own clocks need) and the interval its rates
+/// cover.
+pub fn watch_header(now: &FsStats, secs: f64) -> String {
+    let ms_of_day = now.taken_unix_ms % 86_400_000;
+    let (h, m, s, ms) = (ms_of_day / 3_600_000, ms_of_day / 60_000 % 60, ms_of_day / 1000 % 60, ms_of_day % 1000);
+    format!("odfs stats at {h:02}:{m:02}:{s:02}.{ms:03} UTC, rates over the last {secs:.3} s")
 }
 
 /// Requests and bytes per storage target (a hot or idle target shows an unbalanced layout).
@@ -137,13 +147,24 @@ fn client_totals(s: &FsStats) -> HashMap<u64, (u64, HashMap<String, u64>)> {
     m
 }
 
-/// The count of `method` at `service` in an earlier snapshot (0 if it had none).
-fn earlier(b: &FsStats, service: &str, method: &str) -> u64 {
-    b.answered()
-        .filter(|(s, _)| s.name == service)
-        .flat_map(|(_, st)| &st.methods)
-        .find(|m| m.name == method)
-        .map_or(0, |m| m.count)
+/// `service`'s numbers in an earlier snapshot, if it answered then.
+fn earlier_snapshot<'a>(b: &'a FsStats, service: &str) -> Option<&'a StatsSnapshot> {
+    b.answered().find(|(s, _)| s.name == service).map(|(_, st)| st)
+}
+
+/// The count of `method` in a service's snapshot (0 if it had none).
+fn count_of(st: &StatsSnapshot, method: &str) -> u64 {
+    st.methods.iter().find(|m| m.name == method).map_or(0, |m| m.count)
+}
+
+/// The seconds between a service's two snapshots by its own clock (its uptime), which is
+/// exact whatever the delays in asking it; `secs` (the watcher's) when the service restarted
+/// in between or did not answer before.
+fn service_secs(b: &FsStats, s: &ServiceStats, now: &StatsSnapshot, secs: f64) -> f64 {
+    match earlier_snapshot(b, &s.name) {
+        Some(then) if now.uptime_ms > then.uptime_ms => (now.uptime_ms - then.uptime_ms) as f64 / 1000.0,
+        _ => secs.max(1e-3),
+    }
 }
 
 /// A bucket's upper bound for people.
@@ -173,9 +194,9 @@ fn bytes(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use odfs_proto::stats::{ClientStats, ServiceStats, StatsSnapshot, LATENCY_BUCKETS};
+    use odfs_proto::stats::{ClientStats, LATENCY_BUCKETS};
 
-    fn snap(creates: u64, client: u64) -> FsStats {
+    fn snap(creates: u64, client: u64, uptime_ms: u64) -> FsStats {
         let mut lat = vec![0; LATENCY_BUCKETS];
         lat[7] = creates;
         FsStats {
@@ -184,7 +205,7 @@ mod tests {
                 kind: Some(odfs_proto::mgmt::ServiceKind::Meta),
                 node: 0,
                 stats: Some(StatsSnapshot {
-                    uptime_ms: 10_000,
+                    uptime_ms,
                     methods: vec![MethodStats {
                         name: "Create".into(),
                         count: creates,
@@ -201,19 +222,36 @@ mod tests {
                 error: None,
             }],
             clients: vec![],
+            taken_unix_ms: 0,
         }
     }
 
     #[test]
+    fn the_watch_header_names_the_time_of_day_in_utc() {
+        let mut s = snap(0, 7, 1);
+        s.taken_unix_ms = 1_795_748_462_345; // 2026-11-27 03:01:02.345 UTC
+        assert_eq!(watch_header(&s, 4.25), "odfs stats at 03:01:02.345 UTC, rates over the last 4.250 s");
+    }
+
+    #[test]
     fn rates_are_over_the_interval_when_watching() {
-        let (a, b) = (snap(1000, 7), snap(3000, 7));
+        let create_rate = |text: &str| -> String {
+            let line = text.lines().find(|l| l.contains("Create")).unwrap();
+            let f: Vec<&str> = line.split_whitespace().collect();
+            assert_eq!(f[4], "3000", "{line}");
+            assert_eq!(f[6], "<128us", "{line}");
+            f[5].to_string()
+        };
+        // The service's own clock gives the interval: 2000 creates in 2.5 s, whatever the
+        // watcher measured between its requests.
+        let (a, b) = (snap(1000, 7, 10_000), snap(3000, 7, 12_500));
         let text = render(&b, Some((&a, 2.0)));
-        let line = text.lines().find(|l| l.contains("Create")).unwrap();
-        let f: Vec<&str> = line.split_whitespace().collect();
-        assert_eq!(f[4..7], ["3000", "1000", "<128us"], "{line}");
+        assert_eq!(create_rate(&text), "800", "{text}");
         assert!(text.contains("client 0000000000000007 (unregistered: a command)"), "{text}");
-        // Since start: 3000 over 10 s.
-        let text = render(&b, None);
-        assert!(text.lines().any(|l| l.split_whitespace().nth(5) == Some("300")), "{text}");
+        // A service that restarted in between: the watcher's interval.
+        let text = render(&snap(3000, 7, 500), Some((&a, 2.0)));
+        assert_eq!(create_rate(&text), "1000", "{text}");
+        // Since start: 3000 over 12.5 s.
+        assert_eq!(create_rate(&render(&b, None)), "240");
     }
 }

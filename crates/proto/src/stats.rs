@@ -84,6 +84,10 @@ pub struct FsStats {
     /// The clients registered with mgmtd (mounts; one-shot commands do not register), to name
     /// the client ids the services counted.
     pub clients: Vec<crate::mgmt::ServiceInfo>,
+    /// When the numbers were gathered, in milliseconds since the Unix epoch (0: unknown, from
+    /// an older odfs), so that two snapshots give the time between them.
+    #[serde(default)]
+    pub taken_unix_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]

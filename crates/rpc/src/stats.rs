@@ -135,6 +135,7 @@ pub async fn gather(
     let mut out = FsStats {
         services: vec![ServiceStats { name: "mgmtd".into(), kind: None, node: 0, stats, error }],
         clients: Vec::new(),
+        taken_unix_ms: 0,
     };
     for s in services {
         let name = match s.kind {
@@ -153,6 +154,9 @@ pub async fn gather(
         };
         out.services.push(ServiceStats { name, kind: Some(s.kind), node: s.node, stats, error });
     }
+    out.taken_unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
     out
 }
 
