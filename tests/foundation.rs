@@ -334,6 +334,18 @@ async fn a_dead_storage_node_goes_offline_and_comes_back() {
     // `odfs status` says so too.
     let status = odfs_ok(&["--fs", fs.config_path().to_str().unwrap(), "status"]);
     assert!(status.contains("OFFLINE"), "{status}");
+    // A restart whose daemon cannot come back (its target is not a directory) fails and says
+    // why, rather than leaving a filesystem that looks up.
+    let target = fs.root().join("node1/target2");
+    let away = fs.root().join("node1/target2.away");
+    std::fs::rename(&target, &away).unwrap();
+    std::fs::write(&target, b"not a directory").unwrap();
+    let out = odfs(&["local", "restart", "--root", fs.root_str(), "--service", "stored", "--node", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("stored on node 1 exited after its restart"), "{err}");
+    assert!(err.contains("target2"), "the log tail names the target: {err}");
+    std::fs::remove_file(&target).unwrap();
+    std::fs::rename(&away, &target).unwrap();
     fs.restart("stored", 1);
     let t = std::time::Instant::now();
     while !target_of_node1(&c.cluster().refresh().await.unwrap()) {

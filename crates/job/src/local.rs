@@ -496,9 +496,71 @@ pub fn restart(root: &Path, service: &str, node: u32) -> Result<u32> {
     procs::stop_all(&[(entry.pid, &entry.config)], Duration::from_secs(3));
     let bin = procs::binary(&format!("odfs-{service}"))?;
     entry.pid = procs::spawn_daemon(&bin, &entry.config, &entry.log)?;
-    let pid = entry.pid;
+    let restarted = entry.clone();
     state.save(root)?;
-    Ok(pid)
+    wait_restarted(root, &restarted, RESTART_TIMEOUT)?;
+    Ok(restarted.pid)
+}
+
+/// How long `restart` waits for the new daemon to serve.
+const RESTART_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Waits until a restarted daemon serves: mgmtd answers (when it is the one restarted) or
+/// lists the daemon registered under its new pid. A daemon that exits meanwhile (its port
+/// taken, its data refused) fails the restart with the end of its log, rather than leaving a
+/// filesystem that looks up but is not.
+fn wait_restarted(root: &Path, p: &ProcEntry, timeout: Duration) -> Result<()> {
+    let cfg = ClientConfig::load(&client_config_path(root))?;
+    let kind = match p.service.as_str() {
+        "metad" => Some(odfs_proto::mgmt::ServiceKind::Meta),
+        "stored" => Some(odfs_proto::mgmt::ServiceKind::Storage),
+        "agent" => Some(odfs_proto::mgmt::ServiceKind::Agent),
+        _ => None,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async {
+        let pool = Pool::new(
+            cfg.job.credential()?,
+            PoolConfig {
+                call_timeout: Duration::from_secs(2),
+                retry_deadline: Duration::from_millis(1),
+                conns_per_peer: 1,
+            },
+        )?;
+        let start = Instant::now();
+        loop {
+            if !procs::runs(p.pid, &p.config) {
+                bail!(
+                    "{} on node {} exited after its restart; last log lines of {}:\n{}",
+                    p.service,
+                    p.node,
+                    p.log.display(),
+                    log_tail(&p.log, 5)
+                );
+            }
+            let last = match pool.call(cfg.mgmtd, Transport::Quic, &RequestHeader::default(), &GetCluster {}).await {
+                Ok(v) => match kind {
+                    None => return Ok(()),
+                    Some(kind) if v.services.iter().any(|s| s.kind == kind && s.pid == p.pid && s.online) => {
+                        return Ok(())
+                    }
+                    Some(_) => format!("mgmtd does not list it under pid {} yet", p.pid),
+                },
+                Err(e) => format!("mgmtd at {}: {e}", cfg.mgmtd),
+            };
+            if start.elapsed() > timeout {
+                bail!(
+                    "{} on node {} did not come back within {} s ({last}); last log lines of {}:\n{}",
+                    p.service,
+                    p.node,
+                    timeout.as_secs(),
+                    p.log.display(),
+                    log_tail(&p.log, 5)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
 }
 
 /// The credential of a local filesystem, for tools that speak to it directly.

@@ -154,9 +154,8 @@ pub async fn gather(
         };
         out.services.push(ServiceStats { name, kind: Some(s.kind), node: s.node, stats, error });
     }
-    out.taken_unix_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    out.taken_unix_ms =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
     out
 }
 
