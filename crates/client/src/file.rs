@@ -27,6 +27,46 @@ enum Piece {
     Cached(Arc<Vec<u8>>, usize, usize),
 }
 
+/// The bytes a read returns: its own buffer, or a range of a read-ahead chunk that the read
+/// falls wholly inside, handed over without a copy (a sequential reader's every read).
+#[derive(Debug, Clone)]
+pub enum ReadBuf {
+    Owned(Vec<u8>),
+    Shared(Arc<Vec<u8>>, std::ops::Range<usize>),
+}
+
+impl ReadBuf {
+    /// The bytes as a vector of their own (a copy only for a shared range).
+    pub fn into_vec(self) -> Vec<u8> {
+        match self {
+            ReadBuf::Owned(v) => v,
+            ReadBuf::Shared(w, r) => w[r].to_vec(),
+        }
+    }
+}
+
+impl std::ops::Deref for ReadBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            ReadBuf::Owned(v) => v,
+            ReadBuf::Shared(w, r) => &w[r.clone()],
+        }
+    }
+}
+
+impl PartialEq<[u8]> for ReadBuf {
+    fn eq(&self, other: &[u8]) -> bool {
+        **self == *other
+    }
+}
+
+impl PartialEq<Vec<u8>> for ReadBuf {
+    fn eq(&self, other: &Vec<u8>) -> bool {
+        **self == **other
+    }
+}
+
 #[derive(Default)]
 struct WriteState {
     /// Size including this process's writes.
@@ -412,11 +452,11 @@ impl InodeData {
     }
 
     /// Reads up to `len` bytes at `offset`; holes read as zeros; short at end of file.
-    pub(crate) async fn read(self: &Arc<Self>, client: &Client, offset: u64, len: u32) -> Result<Vec<u8>> {
+    pub(crate) async fn read(self: &Arc<Self>, client: &Client, offset: u64, len: u32) -> Result<ReadBuf> {
         self.drain(client).await?;
         let size = self.ws.lock().await.size;
         if offset >= size || len == 0 {
-            return Ok(Vec::new());
+            return Ok(ReadBuf::Owned(Vec::new()));
         }
         let end = (offset + len as u64).min(size);
         let cached = self.read_ahead(client, offset, end, size);
@@ -487,16 +527,18 @@ impl InodeData {
 }
 
 /// The pieces of a read, in order, as one buffer of `total` bytes: short pieces are holes (or
-/// a chunk file not yet extended) and read as zeros.
-fn assemble(pieces: Vec<(usize, Piece)>, total: usize) -> Vec<u8> {
+/// a chunk file not yet extended) and read as zeros. One whole piece of a read-ahead chunk is
+/// handed over as it is.
+fn assemble(pieces: Vec<(usize, Piece)>, total: usize) -> ReadBuf {
     if pieces.len() == 1 {
         let (len, piece) = pieces.into_iter().next().expect("one piece");
         let mut v = match piece {
+            Piece::Cached(w, from, to) if to - from == len => return ReadBuf::Shared(w, from..to),
             Piece::Owned(v) => v,
             Piece::Cached(w, from, to) => w[from..to].to_vec(),
         };
         v.resize(len, 0);
-        return v;
+        return ReadBuf::Owned(v);
     }
     let mut out = Vec::with_capacity(total);
     for (len, piece) in pieces {
@@ -507,7 +549,7 @@ fn assemble(pieces: Vec<(usize, Piece)>, total: usize) -> Vec<u8> {
         }
         out.resize(at + len, 0);
     }
-    out
+    ReadBuf::Owned(out)
 }
 
 /// An open file of one process.
@@ -561,7 +603,7 @@ impl FileHandle {
         Some(self.data.try_write(offset, data)?.map(|()| data.len()))
     }
 
-    pub async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>> {
+    pub async fn read(&self, offset: u64, len: u32) -> Result<ReadBuf> {
         if !self.readable {
             return Err(ClientError::new(odfs_proto::ErrorCode::Access, "file is not open for reading"));
         }
@@ -687,6 +729,22 @@ impl Drop for FileHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_read_inside_a_read_ahead_chunk_shares_its_bytes_and_holes_read_as_zeros() {
+        let chunk = Arc::new((0..=255u8).cycle().take(4096).collect::<Vec<u8>>());
+        let got = assemble(vec![(1000, Piece::Cached(chunk.clone(), 100, 1100))], 1000);
+        assert!(matches!(&got, ReadBuf::Shared(w, r) if Arc::ptr_eq(w, &chunk) && *r == (100..1100)));
+        assert_eq!(got, chunk[100..1100].to_vec());
+        // The chunk file ends before the read (a hole at the end): padded with zeros.
+        let got = assemble(vec![(1000, Piece::Cached(chunk.clone(), 3596, 4096))], 1000);
+        assert!(matches!(got, ReadBuf::Owned(_)));
+        assert_eq!(&got[..500], &chunk[3596..]);
+        assert!(got[500..].iter().all(|b| *b == 0));
+        // Two pieces, one short: in order, the gap zeroed.
+        let got = assemble(vec![(10, Piece::Owned(vec![7; 4])), (6, Piece::Cached(chunk.clone(), 0, 6))], 16);
+        assert_eq!(got, [7, 7, 7, 7, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5].to_vec());
+    }
 
     fn file() -> InodeData {
         let layout = Layout { chunk_size: 1 << 20, targets: vec![1], pool: String::new() };

@@ -20,7 +20,7 @@ pub mod vxattr;
 pub use attr_cache::Ticket;
 pub use config::ClientConfig;
 pub use error::ClientError;
-pub use file::FileHandle;
+pub use file::{FileHandle, ReadBuf};
 pub use fs::{Client, Ctx, OpStats, RecallHook, Truncate};
 /// Lets a thread with a runtime of its own call over connections of its own (odfs-fuse's reader threads).
 pub use odfs_rpc::own_lane;
