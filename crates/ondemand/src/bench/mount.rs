@@ -525,21 +525,28 @@ fn fuse_minimum_large(o: &MountBenchOptions, fio: &Path, reports: &Path, at: &Pa
     eprintln!("bench: FUSE minimum, large files: sequential read, then 4 KiB random read");
     let mut files = fio_files("seq", at, SEQ_FILES, o);
     files.push("--readonly".into());
-    let rates = (|| -> Result<(f64, f64)> {
+    // CPU-s as for every phase: fio's and this process's, where the minimum's threads run.
+    let rates = (|| -> Result<[(f64, f64); 2]> {
         drop_caches();
         let mut args = files.clone();
         args.extend(["--rw=read", "--bs=1M"].map(String::from));
+        let cpu = CpuMeter::start(&[]);
         let r = run_fio(fio, &args, &reports.join("minimum-seq-read.json"))?;
+        let seq_cpu = cpu.stop();
         r.expect_bytes("read", o.jobs as u64 * o.job_size)?;
         let seq = r.bw_bytes("read")? / MIB;
         drop_caches();
+        let cpu = CpuMeter::start(&[]);
         let iops = randread_iops(fio, files.clone(), &reports.join("minimum-randread.json"), o)?;
-        Ok((seq, iops))
+        Ok([(seq, seq_cpu), (iops, cpu.stop())])
     })();
     let unmounted = session.umount_and_join().context("unmounting the FUSE minimum");
-    let (seq, iops) = rates.context("reading the FUSE minimum's large files")?;
+    let [(seq, seq_cpu), (iops, rand_cpu)] = rates.context("reading the FUSE minimum's large files")?;
     unmounted?;
-    Ok(format!("FUSE minimum, large files (bytes from memory): seq read {seq:.0} MiB/s, rand read 4k {iops:.0} IOPS"))
+    Ok(format!(
+        "FUSE minimum, large files (bytes from memory): seq read {seq:.0} MiB/s ({seq_cpu:.1} CPU-s), \
+         rand read 4k {iops:.0} IOPS ({rand_cpu:.1} CPU-s)"
+    ))
 }
 
 /// Bytes of each checkpoint write and read, as `torch.save` and a loader issue them.
