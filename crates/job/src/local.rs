@@ -406,26 +406,11 @@ fn wait_ready(job: &JobSection, mgmtd: SocketAddr, state: &LocalState, timeout: 
     let cred = job.credential()?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async {
-        let pool = Pool::new(
-            cred,
-            PoolConfig {
-                call_timeout: Duration::from_secs(2),
-                retry_deadline: Duration::from_millis(1),
-                conns_per_peer: 1,
-            },
-        )?;
+        let pool = probe_pool(cred)?;
         let start = Instant::now();
         loop {
             for p in &state.procs {
-                if !procs::runs(p.pid, &p.config) {
-                    bail!(
-                        "{} on node {} exited during start-up; last log lines of {}:\n{}",
-                        p.service,
-                        p.node,
-                        p.log.display(),
-                        log_tail(&p.log, 5)
-                    );
-                }
+                ensure_runs(p, "during start-up")?;
             }
             let last = match pool.call(mgmtd, Transport::Quic, &RequestHeader::default(), &GetCluster {}).await {
                 Ok(v) if v.state == FsState::Ready && agents(&v) >= expect_agents => return Ok(()),
@@ -449,6 +434,30 @@ fn wait_ready(job: &JobSection, mgmtd: SocketAddr, state: &LocalState, timeout: 
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     })
+}
+
+/// A pool for asking mgmtd whether the filesystem is up: one try per call, 2 s each.
+fn probe_pool(cred: JobCredential) -> Result<Pool> {
+    let cfg = PoolConfig {
+        call_timeout: Duration::from_secs(2),
+        retry_deadline: Duration::from_millis(1),
+        conns_per_peer: 1,
+    };
+    Ok(Pool::new(cred, cfg)?)
+}
+
+/// Fails, with the end of its log, when a daemon started for the filesystem has exited.
+fn ensure_runs(p: &ProcEntry, when: &str) -> Result<()> {
+    if !procs::runs(p.pid, &p.config) {
+        bail!(
+            "{} on node {} exited {when}; last log lines of {}:\n{}",
+            p.service,
+            p.node,
+            p.log.display(),
+            log_tail(&p.log, 5)
+        );
+    }
+    Ok(())
 }
 
 /// What `down` did.
@@ -519,25 +528,10 @@ fn wait_restarted(root: &Path, p: &ProcEntry, timeout: Duration) -> Result<()> {
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async {
-        let pool = Pool::new(
-            cfg.job.credential()?,
-            PoolConfig {
-                call_timeout: Duration::from_secs(2),
-                retry_deadline: Duration::from_millis(1),
-                conns_per_peer: 1,
-            },
-        )?;
+        let pool = probe_pool(cfg.job.credential()?)?;
         let start = Instant::now();
         loop {
-            if !procs::runs(p.pid, &p.config) {
-                bail!(
-                    "{} on node {} exited after its restart; last log lines of {}:\n{}",
-                    p.service,
-                    p.node,
-                    p.log.display(),
-                    log_tail(&p.log, 5)
-                );
-            }
+            ensure_runs(p, "after its restart")?;
             let last = match pool.call(cfg.mgmtd, Transport::Quic, &RequestHeader::default(), &GetCluster {}).await {
                 Ok(v) => match kind {
                     None => return Ok(()),
