@@ -57,12 +57,17 @@ struct Slot {
 /// The mount's counters.
 pub struct Counts {
     started: Instant,
+    started_unix_ms: u64,
     slots: Vec<Slot>,
 }
 
 impl Default for Counts {
     fn default() -> Self {
-        Counts { started: Instant::now(), slots: KINDS.iter().map(|_| Slot::default()).collect() }
+        Counts {
+            started: Instant::now(),
+            started_unix_ms: odfs_proto::stats::unix_ms(),
+            slots: KINDS.iter().map(|_| Slot::default()).collect(),
+        }
     }
 }
 
@@ -102,7 +107,12 @@ impl Counts {
             })
             .collect();
         methods.sort_by(|a, b| a.name.cmp(&b.name));
-        StatsSnapshot { uptime_ms: self.started.elapsed().as_millis() as u64, methods, ..Default::default() }
+        StatsSnapshot {
+            uptime_ms: self.started.elapsed().as_millis() as u64,
+            started_unix_ms: self.started_unix_ms,
+            methods,
+            ..Default::default()
+        }
     }
 }
 

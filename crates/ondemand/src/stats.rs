@@ -3,7 +3,7 @@
 //! job "hangs" in a metadata storm. Rendering only; the numbers come from the services'
 //! `GetStats` (through the client library, or the mount's `odfs.stats` attribute).
 
-use odfs_proto::stats::{FsStats, MethodStats, ServiceStats, StatsSnapshot, TargetStats};
+use odfs_proto::stats::{FsStats, MethodStats, StatsSnapshot, TargetStats};
 use std::collections::HashMap;
 use std::fmt::Write;
 
@@ -14,18 +14,18 @@ struct Row<'a> {
     rate: f64,
 }
 
-/// The two tables: requests by service and kind, then clients. With `before` (an earlier
+/// The tables: requests by service and kind, by client, by target. With `before` (an earlier
 /// snapshot and the seconds since it) rates are over that interval and rows go by rate, as
 /// `odfs stats -w` shows them; without it, rates are averages since each service started.
 pub fn render(now: &FsStats, before: Option<(&FsStats, f64)>) -> String {
     let mut out = String::new();
     let mut rows = Vec::new();
     for (s, st) in now.answered() {
-        let then = before.map(|(b, secs)| (earlier_snapshot(b, &s.name), service_secs(b, s, st, secs)));
+        let since = before.and_then(|(b, _)| same_run(b, &s.name, st));
         for m in &st.methods {
-            let rate = match then {
-                Some((b, secs)) => m.count.saturating_sub(b.map_or(0, |b| count_of(b, &m.name))) as f64 / secs,
-                None => m.count as f64 / (st.uptime_ms as f64 / 1000.0).max(1e-3),
+            let rate = match since {
+                Some(then) => m.count.saturating_sub(count_of(then, &m.name)) as f64 / interval_secs(then, st),
+                None => m.count as f64 / uptime_secs(st),
             };
             rows.push(Row { service: &s.name, m, rate });
         }
@@ -66,6 +66,9 @@ pub fn render(now: &FsStats, before: Option<(&FsStats, f64)>) -> String {
 /// millisecond, as scripts comparing with their own clocks need) and the interval its rates
 /// cover.
 pub fn watch_header(now: &FsStats, secs: f64) -> String {
+    if now.taken_unix_ms == 0 {
+        return format!("odfs stats at an unknown time (an older odfs), rates over the last {secs:.3} s");
+    }
     let ms_of_day = now.taken_unix_ms % 86_400_000;
     let (h, m, s, ms) = (ms_of_day / 3_600_000, ms_of_day / 60_000 % 60, ms_of_day / 1000 % 60, ms_of_day % 1000);
     format!("odfs stats at {h:02}:{m:02}:{s:02}.{ms:03} UTC, rates over the last {secs:.3} s")
@@ -80,19 +83,25 @@ fn render_targets(out: &mut String, now: &FsStats, before: Option<(&FsStats, f64
     if rows.is_empty() {
         return;
     }
-    let earlier: HashMap<u32, u64> =
-        before.map(|(b, _)| targets(b).into_iter().map(|(_, t)| (t.target, t.count)).collect()).unwrap_or_default();
+    // A target's earlier count and its service's interval, when that service ran all along.
+    let earlier: HashMap<u32, (u64, f64)> = match before {
+        Some((b, _)) => now
+            .answered()
+            .filter_map(|(s, st)| same_run(b, &s.name, st).map(|then| (then, interval_secs(then, st))))
+            .flat_map(|(then, secs)| then.targets.iter().map(move |t| (t.target, (t.count, secs))))
+            .collect(),
+        None => HashMap::new(),
+    };
     let _ = writeln!(
         out,
         "\n{:<8} {:<16} {:>10} {:>9} {:>7} {:>10} {:>10}",
         "TARGET", "SERVICE", "REQUESTS", "RATE/s", "ERRORS", "IN", "OUT"
     );
     for (service, t) in rows {
-        let rate = match before {
-            Some((_, secs)) => {
-                format!("{:.0}", t.count.saturating_sub(*earlier.get(&t.target).unwrap_or(&0)) as f64 / secs.max(1e-3))
-            }
-            None => "-".into(),
+        let rate = match (before, earlier.get(&t.target)) {
+            (Some(_), Some((then, secs))) => format!("{:.0}", t.count.saturating_sub(*then) as f64 / secs),
+            (Some((_, secs)), None) => format!("{:.0}", t.count as f64 / secs.max(1e-3)),
+            (None, _) => "-".into(),
         };
         let _ = writeln!(
             out,
@@ -147,9 +156,15 @@ fn client_totals(s: &FsStats) -> HashMap<u64, (u64, HashMap<String, u64>)> {
     m
 }
 
-/// `service`'s numbers in an earlier snapshot, if it answered then.
-fn earlier_snapshot<'a>(b: &'a FsStats, service: &str) -> Option<&'a StatsSnapshot> {
-    b.answered().find(|(s, _)| s.name == service).map(|(_, st)| st)
+/// `service`'s numbers in an earlier snapshot, if it answered then and has run since: not
+/// restarted (another start time, a shorter uptime, or a count gone down).
+fn same_run<'a>(b: &'a FsStats, service: &str, now: &StatsSnapshot) -> Option<&'a StatsSnapshot> {
+    let then = b.answered().find(|(s, _)| s.name == service).map(|(_, st)| st)?;
+    let restarted =
+        (then.started_unix_ms != 0 && now.started_unix_ms != 0 && then.started_unix_ms != now.started_unix_ms)
+            || now.uptime_ms <= then.uptime_ms
+            || then.methods.iter().any(|m| count_of(now, &m.name) < m.count);
+    (!restarted).then_some(then)
 }
 
 /// The count of `method` in a service's snapshot (0 if it had none).
@@ -157,14 +172,16 @@ fn count_of(st: &StatsSnapshot, method: &str) -> u64 {
     st.methods.iter().find(|m| m.name == method).map_or(0, |m| m.count)
 }
 
-/// The seconds between a service's two snapshots by its own clock (its uptime), which is
-/// exact whatever the delays in asking it; `secs` (the watcher's) when the service restarted
-/// in between or did not answer before.
-fn service_secs(b: &FsStats, s: &ServiceStats, now: &StatsSnapshot, secs: f64) -> f64 {
-    match earlier_snapshot(b, &s.name) {
-        Some(then) if now.uptime_ms > then.uptime_ms => (now.uptime_ms - then.uptime_ms) as f64 / 1000.0,
-        _ => secs.max(1e-3),
-    }
+/// The seconds between two snapshots of one run of a service by its own clock (its uptime),
+/// exact whatever the delays in asking it.
+fn interval_secs(then: &StatsSnapshot, now: &StatsSnapshot) -> f64 {
+    (now.uptime_ms.saturating_sub(then.uptime_ms) as f64 / 1000.0).max(1e-3)
+}
+
+/// A service's uptime in seconds: what its counts are over when it has no earlier snapshot
+/// of the same run (it restarted, or did not answer before).
+fn uptime_secs(st: &StatsSnapshot) -> f64 {
+    (st.uptime_ms as f64 / 1000.0).max(1e-3)
 }
 
 /// A bucket's upper bound for people.
@@ -194,7 +211,7 @@ fn bytes(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use odfs_proto::stats::{ClientStats, LATENCY_BUCKETS};
+    use odfs_proto::stats::{ClientStats, ServiceStats, LATENCY_BUCKETS};
 
     fn snap(creates: u64, client: u64, uptime_ms: u64) -> FsStats {
         let mut lat = vec![0; LATENCY_BUCKETS];
@@ -206,6 +223,7 @@ mod tests {
                 node: 0,
                 stats: Some(StatsSnapshot {
                     uptime_ms,
+                    started_unix_ms: 1,
                     methods: vec![MethodStats {
                         name: "Create".into(),
                         count: creates,
@@ -231,6 +249,8 @@ mod tests {
         let mut s = snap(0, 7, 1);
         s.taken_unix_ms = 1_795_748_462_345; // 2026-11-27 03:01:02.345 UTC
         assert_eq!(watch_header(&s, 4.25), "odfs stats at 03:01:02.345 UTC, rates over the last 4.250 s");
+        s.taken_unix_ms = 0;
+        assert!(watch_header(&s, 4.25).starts_with("odfs stats at an unknown time"));
     }
 
     #[test]
@@ -248,9 +268,19 @@ mod tests {
         let text = render(&b, Some((&a, 2.0)));
         assert_eq!(create_rate(&text), "800", "{text}");
         assert!(text.contains("client 0000000000000007 (unregistered: a command)"), "{text}");
-        // A service that restarted in between: the watcher's interval.
-        let text = render(&snap(3000, 7, 500), Some((&a, 2.0)));
-        assert_eq!(create_rate(&text), "1000", "{text}");
+        // A service that restarted in between: its counts over its uptime (3000 in 1.5 s),
+        // whether its start time, its uptime or its counts show the restart.
+        let mut restarted = snap(3000, 7, 12_500);
+        restarted.services[0].stats.as_mut().unwrap().started_unix_ms = 99;
+        for (later, why) in [(snap(3000, 7, 1500), "uptime"), (restarted, "start time")] {
+            let mut later = later.clone();
+            later.services[0].stats.as_mut().unwrap().uptime_ms = 1500;
+            let text = render(&later, Some((&a, 2.0)));
+            assert_eq!(create_rate(&text), "2000", "{why}: {text}");
+        }
+        let text = render(&snap(500, 7, 12_500), Some((&a, 2.0)));
+        let line = text.lines().find(|l| l.contains("Create")).unwrap();
+        assert_eq!(line.split_whitespace().nth(5), Some("40"), "a count gone down: 500 over 12.5 s: {text}");
         // Since start: 3000 over 12.5 s.
         assert_eq!(create_rate(&render(&b, None)), "240");
     }

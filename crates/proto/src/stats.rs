@@ -8,6 +8,11 @@ use serde::{Deserialize, Serialize};
 /// microseconds (and at least `2^(i-1)`); the last also holds everything longer.
 pub const LATENCY_BUCKETS: usize = 28;
 
+/// Now, in milliseconds since the Unix epoch (0 if the clock is before it).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
 /// What a service has served since it started.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GetStats {}
@@ -16,6 +21,10 @@ pub struct GetStats {}
 pub struct StatsSnapshot {
     /// Milliseconds since the service started counting.
     pub uptime_ms: u64,
+    /// When it started counting, in milliseconds since the Unix epoch: two snapshots with
+    /// different values come from two runs of the service (it restarted in between). 0: unknown.
+    #[serde(default)]
+    pub started_unix_ms: u64,
     /// One entry per request kind served at least once, by name.
     pub methods: Vec<MethodStats>,
     /// Requests served per client, by client id (the request header's; 0 = a daemon).

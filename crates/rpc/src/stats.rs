@@ -48,12 +48,17 @@ struct Counts {
 /// A router's counters.
 pub struct Stats {
     started: Instant,
+    started_unix_ms: u64,
     counts: Mutex<Counts>,
 }
 
 impl Default for Stats {
     fn default() -> Self {
-        Stats { started: Instant::now(), counts: Mutex::new(Counts::default()) }
+        Stats {
+            started: Instant::now(),
+            started_unix_ms: odfs_proto::stats::unix_ms(),
+            counts: Mutex::new(Counts::default()),
+        }
     }
 }
 
@@ -116,7 +121,13 @@ impl Stats {
         clients.sort_by_key(|cl| cl.client_id);
         let mut targets: Vec<TargetStats> = c.targets.values().cloned().collect();
         targets.sort_by_key(|t| t.target);
-        StatsSnapshot { uptime_ms: self.started.elapsed().as_millis() as u64, methods, clients, targets }
+        StatsSnapshot {
+            uptime_ms: self.started.elapsed().as_millis() as u64,
+            started_unix_ms: self.started_unix_ms,
+            methods,
+            clients,
+            targets,
+        }
     }
 }
 
@@ -154,8 +165,7 @@ pub async fn gather(
         };
         out.services.push(ServiceStats { name, kind: Some(s.kind), node: s.node, stats, error });
     }
-    out.taken_unix_ms =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    out.taken_unix_ms = odfs_proto::stats::unix_ms();
     out
 }
 
