@@ -5,9 +5,9 @@
 //! when the caches answer, and a lock they both take is a wake-up between them whenever they
 //! meet. Read by `odfs stats` through the mount (`Client::on_stats`).
 
-use odfs_proto::stats::{latency_bucket, MethodStats, StatsSnapshot, LATENCY_BUCKETS};
+use odfs_proto::stats::{latency_bucket, CountingSince, MethodStats, StatsSnapshot, LATENCY_BUCKETS};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Every kind counted: the operation names the adapter runs requests under, and those it
 /// answers without a request.
@@ -56,18 +56,13 @@ struct Slot {
 
 /// The mount's counters.
 pub struct Counts {
-    started: Instant,
-    started_unix_ms: u64,
+    since: CountingSince,
     slots: Vec<Slot>,
 }
 
 impl Default for Counts {
     fn default() -> Self {
-        Counts {
-            started: Instant::now(),
-            started_unix_ms: odfs_proto::stats::unix_ms(),
-            slots: KINDS.iter().map(|_| Slot::default()).collect(),
-        }
+        Counts { since: CountingSince::default(), slots: KINDS.iter().map(|_| Slot::default()).collect() }
     }
 }
 
@@ -107,12 +102,7 @@ impl Counts {
             })
             .collect();
         methods.sort_by(|a, b| a.name.cmp(&b.name));
-        StatsSnapshot {
-            uptime_ms: self.started.elapsed().as_millis() as u64,
-            started_unix_ms: self.started_unix_ms,
-            methods,
-            ..Default::default()
-        }
+        StatsSnapshot { methods, ..self.since.snapshot() }
     }
 }
 

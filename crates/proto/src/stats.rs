@@ -13,6 +13,30 @@ pub fn unix_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+/// When a service (or a mount) started counting: what its snapshots say of it.
+#[derive(Debug, Clone, Copy)]
+pub struct CountingSince {
+    at: std::time::Instant,
+    unix_ms: u64,
+}
+
+impl Default for CountingSince {
+    fn default() -> Self {
+        CountingSince { at: std::time::Instant::now(), unix_ms: unix_ms() }
+    }
+}
+
+impl CountingSince {
+    /// A snapshot with its uptime and start time filled in and nothing counted yet.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        StatsSnapshot {
+            uptime_ms: self.at.elapsed().as_millis() as u64,
+            started_unix_ms: self.unix_ms,
+            ..Default::default()
+        }
+    }
+}
+
 /// What a service has served since it started.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GetStats {}

@@ -6,14 +6,14 @@
 use crate::{Pool, Transport};
 use odfs_proto::mgmt::{ServiceInfo, ServiceKind};
 use odfs_proto::stats::{
-    latency_bucket, ClientStats, FsStats, GetStats, MethodStats, ServiceStats, StatsSnapshot, TargetStats,
-    LATENCY_BUCKETS,
+    latency_bucket, ClientStats, CountingSince, FsStats, GetStats, MethodStats, ServiceStats, StatsSnapshot,
+    TargetStats, LATENCY_BUCKETS,
 };
 use odfs_proto::RequestHeader;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// One served request, as counted.
 pub(crate) struct Served {
@@ -47,18 +47,13 @@ struct Counts {
 
 /// A router's counters.
 pub struct Stats {
-    started: Instant,
-    started_unix_ms: u64,
+    since: CountingSince,
     counts: Mutex<Counts>,
 }
 
 impl Default for Stats {
     fn default() -> Self {
-        Stats {
-            started: Instant::now(),
-            started_unix_ms: odfs_proto::stats::unix_ms(),
-            counts: Mutex::new(Counts::default()),
-        }
+        Stats { since: CountingSince::default(), counts: Mutex::new(Counts::default()) }
     }
 }
 
@@ -121,13 +116,7 @@ impl Stats {
         clients.sort_by_key(|cl| cl.client_id);
         let mut targets: Vec<TargetStats> = c.targets.values().cloned().collect();
         targets.sort_by_key(|t| t.target);
-        StatsSnapshot {
-            uptime_ms: self.started.elapsed().as_millis() as u64,
-            started_unix_ms: self.started_unix_ms,
-            methods,
-            clients,
-            targets,
-        }
+        StatsSnapshot { methods, clients, targets, ..self.since.snapshot() }
     }
 }
 
