@@ -3,7 +3,7 @@
 //! job "hangs" in a metadata storm. Rendering only; the numbers come from the services'
 //! `GetStats` (through the client library, or the mount's `odfs.stats` attribute).
 
-use odfs_proto::stats::{FsStats, MethodStats, StatsSnapshot, TargetStats};
+use odfs_proto::stats::{FsStats, MethodStats, StatsSnapshot};
 use std::collections::HashMap;
 use std::fmt::Write;
 
@@ -21,13 +21,9 @@ pub fn render(now: &FsStats, before: Option<(&FsStats, f64)>) -> String {
     let mut out = String::new();
     let mut rows = Vec::new();
     for (s, st) in now.answered() {
-        let since = before.and_then(|(b, _)| same_run(b, &s.name, st));
+        let span = Span::of(before.map(|(b, _)| b), &s.name, st);
         for m in &st.methods {
-            let rate = match since {
-                Some(then) => m.count.saturating_sub(count_of(then, &m.name)) as f64 / interval_secs(then, st),
-                None => m.count as f64 / uptime_secs(st),
-            };
-            rows.push(Row { service: &s.name, m, rate });
+            rows.push(Row { service: &s.name, m, rate: span.rate(m.count, |then| count_of(then, &m.name)) });
         }
     }
     if before.is_some() {
@@ -74,46 +70,36 @@ pub fn watch_header(now: &FsStats, secs: f64) -> String {
     format!("odfs stats at {h:02}:{m:02}:{s:02}.{ms:03} UTC, rates over the last {secs:.3} s")
 }
 
-/// Requests and bytes per storage target (a hot or idle target shows an unbalanced layout).
+/// Requests and bytes per storage target (a hot or idle target shows an unbalanced layout);
+/// rates only when watching.
 fn render_targets(out: &mut String, now: &FsStats, before: Option<(&FsStats, f64)>) {
-    let targets = |s: &FsStats| -> Vec<(String, TargetStats)> {
-        s.answered().flat_map(|(sv, st)| st.targets.iter().map(move |t| (sv.name.clone(), t.clone()))).collect()
-    };
-    let rows = targets(now);
-    if rows.is_empty() {
+    if now.answered().all(|(_, st)| st.targets.is_empty()) {
         return;
     }
-    // A target's earlier count and its service's interval, when that service ran all along.
-    let earlier: HashMap<u32, (u64, f64)> = match before {
-        Some((b, _)) => now
-            .answered()
-            .filter_map(|(s, st)| same_run(b, &s.name, st).map(|then| (then, interval_secs(then, st))))
-            .flat_map(|(then, secs)| then.targets.iter().map(move |t| (t.target, (t.count, secs))))
-            .collect(),
-        None => HashMap::new(),
-    };
     let _ = writeln!(
         out,
         "\n{:<8} {:<16} {:>10} {:>9} {:>7} {:>10} {:>10}",
         "TARGET", "SERVICE", "REQUESTS", "RATE/s", "ERRORS", "IN", "OUT"
     );
-    for (service, t) in rows {
-        let rate = match (before, earlier.get(&t.target)) {
-            (Some(_), Some((then, secs))) => format!("{:.0}", t.count.saturating_sub(*then) as f64 / secs),
-            (Some((_, secs)), None) => format!("{:.0}", t.count as f64 / secs.max(1e-3)),
-            (None, _) => "-".into(),
-        };
-        let _ = writeln!(
-            out,
-            "{:<8} {:<16} {:>10} {:>9} {:>7} {:>10} {:>10}",
-            t.target,
-            service,
-            t.count,
-            rate,
-            t.errors,
-            bytes(t.bytes_in),
-            bytes(t.bytes_out)
-        );
+    for (s, st) in now.answered() {
+        let span = before.map(|(b, _)| Span::of(Some(b), &s.name, st));
+        for t in &st.targets {
+            let rate = match &span {
+                Some(span) => format!("{:.0}", span.rate(t.count, |then| target_count(then, t.target))),
+                None => "-".into(),
+            };
+            let _ = writeln!(
+                out,
+                "{:<8} {:<16} {:>10} {:>9} {:>7} {:>10} {:>10}",
+                t.target,
+                s.name,
+                t.count,
+                rate,
+                t.errors,
+                bytes(t.bytes_in),
+                bytes(t.bytes_out)
+            );
+        }
     }
 }
 
@@ -156,6 +142,27 @@ fn client_totals(s: &FsStats) -> HashMap<u64, (u64, HashMap<String, u64>)> {
     m
 }
 
+/// What a service's rates are over: its earlier snapshot of the same run and the seconds since
+/// it by the service's own clock (exact whatever the delays in asking it); without one (not
+/// watching, restarted, or no answer before), its counts over its uptime.
+struct Span<'a> {
+    then: Option<&'a StatsSnapshot>,
+    secs: f64,
+}
+
+impl<'a> Span<'a> {
+    fn of(before: Option<&'a FsStats>, service: &str, now: &StatsSnapshot) -> Span<'a> {
+        let then = before.and_then(|b| same_run(b, service, now));
+        let ms = now.uptime_ms.saturating_sub(then.map_or(0, |t| t.uptime_ms));
+        Span { then, secs: (ms as f64 / 1000.0).max(1e-3) }
+    }
+
+    /// Per second: a count now less the same count in the earlier snapshot.
+    fn rate(&self, count: u64, earlier: impl Fn(&StatsSnapshot) -> u64) -> f64 {
+        count.saturating_sub(self.then.map_or(0, earlier)) as f64 / self.secs
+    }
+}
+
 /// `service`'s numbers in an earlier snapshot, if it answered then and has run since: not
 /// restarted (another start time, a shorter uptime, or a count gone down).
 fn same_run<'a>(b: &'a FsStats, service: &str, now: &StatsSnapshot) -> Option<&'a StatsSnapshot> {
@@ -172,16 +179,9 @@ fn count_of(st: &StatsSnapshot, method: &str) -> u64 {
     st.methods.iter().find(|m| m.name == method).map_or(0, |m| m.count)
 }
 
-/// The seconds between two snapshots of one run of a service by its own clock (its uptime),
-/// exact whatever the delays in asking it.
-fn interval_secs(then: &StatsSnapshot, now: &StatsSnapshot) -> f64 {
-    (now.uptime_ms.saturating_sub(then.uptime_ms) as f64 / 1000.0).max(1e-3)
-}
-
-/// A service's uptime in seconds: what its counts are over when it has no earlier snapshot
-/// of the same run (it restarted, or did not answer before).
-fn uptime_secs(st: &StatsSnapshot) -> f64 {
-    (st.uptime_ms as f64 / 1000.0).max(1e-3)
+/// The count of requests to `target` in a service's snapshot (0 if it had none).
+fn target_count(st: &StatsSnapshot, target: u32) -> u64 {
+    st.targets.iter().find(|t| t.target == target).map_or(0, |t| t.count)
 }
 
 /// A bucket's upper bound for people.
