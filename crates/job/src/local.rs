@@ -520,12 +520,8 @@ const RESTART_TIMEOUT: Duration = Duration::from_secs(30);
 /// filesystem that looks up but is not.
 fn wait_restarted(root: &Path, p: &ProcEntry, timeout: Duration) -> Result<()> {
     let cfg = ClientConfig::load(&client_config_path(root))?;
-    let kind = match p.service.as_str() {
-        "metad" => Some(odfs_proto::mgmt::ServiceKind::Meta),
-        "stored" => Some(odfs_proto::mgmt::ServiceKind::Storage),
-        "agent" => Some(odfs_proto::mgmt::ServiceKind::Agent),
-        _ => None,
-    };
+    // mgmtd is not a registered service: for it, answering is enough.
+    let kind = odfs_proto::mgmt::ServiceKind::ALL.into_iter().find(|k| k.name() == p.service);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async {
         let pool = probe_pool(cfg.job.credential()?)?;

@@ -20,12 +20,7 @@ pub fn render(v: &ClusterView) -> Result<String> {
     )?;
     writeln!(s, "\nSERVICE  ID  NODE  HOST        ADDRESS                 STATE    LAST SEEN")?;
     for x in &v.services {
-        let kind = match x.kind {
-            ServiceKind::Meta => "metad",
-            ServiceKind::Storage => "stored",
-            ServiceKind::Client => "client",
-            ServiceKind::Agent => "agent",
-        };
+        let kind = x.kind.name();
         let addr = x.addr.map(|a| a.to_string()).unwrap_or_else(|| "-".into());
         writeln!(
             s,

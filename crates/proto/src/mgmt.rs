@@ -13,6 +13,22 @@ pub enum ServiceKind {
     Agent,
 }
 
+impl ServiceKind {
+    pub const ALL: [ServiceKind; 4] =
+        [ServiceKind::Meta, ServiceKind::Storage, ServiceKind::Client, ServiceKind::Agent];
+
+    /// How people and the process tables name it: its daemon ("metad", "stored", "agent"), or
+    /// "client" (a mount).
+    pub fn name(self) -> &'static str {
+        match self {
+            ServiceKind::Meta => "metad",
+            ServiceKind::Storage => "stored",
+            ServiceKind::Client => "client",
+            ServiceKind::Agent => "agent",
+        }
+    }
+}
+
 /// Filesystem life cycle as mgmtd sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FsState {
