@@ -35,16 +35,6 @@ pub enum ReadBuf {
     Shared(Arc<Vec<u8>>, std::ops::Range<usize>),
 }
 
-impl ReadBuf {
-    /// The bytes as a vector of their own (a copy only for a shared range).
-    pub fn into_vec(self) -> Vec<u8> {
-        match self {
-            ReadBuf::Owned(v) => v,
-            ReadBuf::Shared(w, r) => w[r].to_vec(),
-        }
-    }
-}
-
 impl std::ops::Deref for ReadBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
@@ -52,12 +42,6 @@ impl std::ops::Deref for ReadBuf {
             ReadBuf::Owned(v) => v,
             ReadBuf::Shared(w, r) => &w[r.clone()],
         }
-    }
-}
-
-impl PartialEq<[u8]> for ReadBuf {
-    fn eq(&self, other: &[u8]) -> bool {
-        **self == *other
     }
 }
 
