@@ -71,11 +71,15 @@ fn jobs_share_a_node_and_a_port_clash_is_named() {
     all_ok(&[l.on(0, &["start", "--job-id", "8", "--nodes", &n])], "job 8 beside job 7");
     fs::write(l.mount(0, "7").join("f"), b"seven").unwrap();
     fs::write(l.mount(0, "8").join("f"), b"eight").unwrap();
-    // Job ids 2500 apart share a port range (port_slots = 2500).
-    let out = l.on(0, &["start", "--job-id", "2507", "--nodes", &n]);
+    // Job ids port_slots apart share a port range.
+    let clash = (7 + l.port_slots).to_string();
+    let out = l.on(0, &["start", "--job-id", &clash, "--nodes", &n]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "a clashing job must not start");
-    assert!(err.contains("port") && err.contains("is not free") && err.contains("modulo 2500"), "{err}");
+    assert!(
+        err.contains("port") && err.contains("is not free") && err.contains(&format!("modulo {}", l.port_slots)),
+        "{err}"
+    );
     assert_eq!(l.records(0), ["7", "8"], "the clashing start rolled back: {err}");
     assert_eq!(fs::read(l.mount(0, "7").join("f")).unwrap(), b"seven", "the running jobs are untouched");
     assert_eq!(fs::read(l.mount(0, "8").join("f")).unwrap(), b"eight");

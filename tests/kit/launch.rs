@@ -13,6 +13,48 @@ pub struct Launch {
     pub dir: tempfile::TempDir,
     pub nodes: Vec<String>,
     pub site: PathBuf,
+    /// The site config's `port_slots`: job ids this far apart share a port range.
+    pub port_slots: u16,
+    _ports: PortBlock,
+}
+
+/// Job slots per block of test ports (a job takes 8 ports: the site config's PORTS_PER_JOB).
+const BLOCK_SLOTS: u16 = 50;
+const PORTS_PER_JOB: u16 = 8;
+
+/// The ports a launch's jobs use (its site config's `port_base`): a block that no other test
+/// running on this machine holds and whose every port was free when taken, so tests that run at
+/// once never clash over a job's fixed ports. Block k is held by an flock on a file named after
+/// it, for as long as the launch lives.
+struct PortBlock {
+    base: u16,
+    _lock: fs::File,
+}
+
+impl PortBlock {
+    fn reserve(nodes: &[String]) -> PortBlock {
+        let dir = std::env::temp_dir().join("odfs-test-ports");
+        fs::create_dir_all(&dir).expect("create the test port lock directory");
+        let size = BLOCK_SLOTS * PORTS_PER_JOB;
+        for k in 0..(20_000 / size) {
+            let lock = fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join(k.to_string()));
+            let lock = lock.expect("open a test port lock");
+            // SAFETY: flock(2) on a descriptor this function owns.
+            if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+                continue;
+            }
+            let base = 10_000 + k * size;
+            if (base..base + size).all(|p| nodes.iter().all(|n| port_free(n, p))) {
+                return PortBlock { base, _lock: lock };
+            }
+        }
+        panic!("no block of {size} free ports in 10000-30000 for this test's jobs");
+    }
+}
+
+fn port_free(ip: &str, port: u16) -> bool {
+    let ip: std::net::IpAddr = ip.parse().unwrap();
+    std::net::UdpSocket::bind((ip, port)).is_ok() && std::net::TcpListener::bind((ip, port)).is_ok()
 }
 
 impl Launch {
@@ -30,15 +72,18 @@ impl Launch {
         let key = dir.path().join("site.key");
         crate::odfs_ok(&["keygen", "--out", &key.display().to_string()]);
         let site = dir.path().join("site.toml");
+        let ports = PortBlock::reserve(&nodes);
         fs::write(
             &site,
             format!(
                 "[ondemand]\nsite_key = \"{d}/site.key\"\ndata_paths = [\"{d}/%n/nvme\"]\nstate_dir = \"{d}/%n/state\"\n\
-                 mount = \"{d}/%n/mnt/%j\"\nram_size = \"64M\"\nready_timeout_secs = 20\nstop_grace_secs = 10\n{ondemand}\n"
+                 mount = \"{d}/%n/mnt/%j\"\nram_size = \"64M\"\nready_timeout_secs = 20\nstop_grace_secs = 10\n\
+                 port_base = {}\nport_slots = {BLOCK_SLOTS}\n{ondemand}\n",
+                ports.base
             ),
         )
         .unwrap();
-        Launch { dir, nodes, site }
+        Launch { dir, nodes, site, port_slots: BLOCK_SLOTS, _ports: ports }
     }
 
     fn cmd(&self, args: &[&str]) -> Command {
