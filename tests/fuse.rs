@@ -1151,3 +1151,33 @@ fn stats_watch_rates_agree_with_a_running_workload() {
         assert!(rate >= 0.95 * own_rate, "the mount's requests/s {rate} below its creates/s {own_rate:.0}: {top}");
     }
 }
+
+/// The networked FUSE minimum of `odfs bench --mount` (the bound it sets odfs's default-stripe
+/// reads) serves its files' real bytes: each READ fetched over loopback TCP with sendfile.
+#[test]
+fn the_networked_fuse_minimum_reads_its_files_bytes() {
+    use odfs_client_fuse::minimum::{FileServer, MinimumFs};
+    assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing: this test mounts a FUSE filesystem");
+    let dir = tempfile::tempdir().unwrap();
+    // Two files of the same size (the minimum's large files all have one size), not a whole
+    // number of pages, so the last READ is short.
+    let size = (3 << 20) + 12_345;
+    let data: Vec<Vec<u8>> = (0..2).map(|k| pattern(size, 40 + k)).collect();
+    let files: Vec<_> = (0..2).map(|k| dir.path().join(format!("f{k}"))).collect();
+    for (f, d) in files.iter().zip(&data) {
+        fs::write(f, d).unwrap();
+    }
+    let server = FileServer::start(&files).unwrap();
+    let at = dir.path().join("mnt");
+    fs::create_dir_all(&at).unwrap();
+    let session = MinimumFs::new(0, 0, Vec::new(), false).with_remote_large(&server, size as u64).mount(&at).unwrap();
+    for (k, d) in data.iter().enumerate() {
+        let p = at.join(format!("seq.{k}.0"));
+        assert_bytes(&fs::read(&p).unwrap(), d, "whole file through the minimum");
+        let f = File::open(&p).unwrap();
+        let mut buf = vec![0u8; 70_000];
+        let n = f.read_at(&mut buf, size as u64 - 50_000).unwrap();
+        assert_bytes(&buf[..n], &d[size - 50_000..], "a read across the end");
+    }
+    session.umount_and_join().unwrap();
+}

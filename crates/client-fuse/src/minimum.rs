@@ -10,6 +10,11 @@
 //! and, with [`MinimumFs::with_large`], fio's large files `/seq.{k}.0`, whose bytes are a fixed
 //! pattern replied straight from one buffer (no copy but the kernel's), so that sequential and
 //! 4 KiB random reads on it measure FUSE's own cost per byte and per request.
+//! With [`MinimumFs::with_remote_large`] the large files' bytes are instead fetched for each
+//! READ over loopback TCP from a [`FileServer`] that `sendfile`s them from real files: one
+//! request and one reply per READ, received into a buffer the reply is written from. That is
+//! the least any filesystem whose bytes reach its FUSE daemon over a network can do per READ
+//! (no protocol, no metadata, no daemon between), so it bounds every such read path of odfs.
 //! With `no_open` every OPEN is answered ENOSYS: the kernel then sends no OPEN or RELEASE for
 //! any file again (FUSE's no-open mode, which has no per-open state), which shows what those
 //! two requests cost.
@@ -21,7 +26,14 @@ use fuser::{
     ReplyEntry, ReplyOpen, Request, Session,
 };
 use std::ffi::OsStr;
-use std::path::Path;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, UNIX_EPOCH};
 
 const TTL: Duration = Duration::from_secs(3600);
@@ -36,7 +48,15 @@ pub struct MinimumFs {
     large_size: u64,
     /// The large files' bytes: `LARGE_PERIOD` bytes of pattern, then room for the longest read.
     large_block: Vec<u8>,
+    /// Set when the large files' bytes come over TCP instead (`with_remote_large`).
+    remote: Option<Remote>,
+    /// FUSE reader threads.
+    threads: usize,
 }
+
+/// Reader threads of the networked minimum: each waits out its READ's round trip, so there are
+/// as many as keep the sender busy (odfs-fuse's reads wait on tasks, not on its reader threads).
+const REMOTE_THREADS: usize = 8;
 
 /// The large files repeat a pattern this long (a multiple of every read's alignment).
 const LARGE_PERIOD: usize = 1 << 20;
@@ -54,7 +74,17 @@ enum Node {
 impl MinimumFs {
     /// The small-file tree only.
     pub fn new(files: u64, dirs: u64, template: Vec<u8>, no_open: bool) -> Self {
-        MinimumFs { files, dirs, template, no_open, large: 0, large_size: 0, large_block: Vec::new() }
+        MinimumFs {
+            files,
+            dirs,
+            template,
+            no_open,
+            large: 0,
+            large_size: 0,
+            large_block: Vec::new(),
+            remote: None,
+            threads: SESSION_THREADS,
+        }
     }
 
     /// Adds `count` large files of `size` bytes each (`/seq.{k}.0`).
@@ -65,14 +95,27 @@ impl MinimumFs {
         self
     }
 
+    /// Adds large files `/seq.{k}.0` of `size` bytes each whose bytes are those of `server`'s
+    /// k-th file, fetched for each READ over TCP.
+    pub fn with_remote_large(mut self, server: &FileServer, size: u64) -> Self {
+        self.large = server.addrs.len() as u64;
+        self.large_size = size;
+        self.remote = Some(Remote { idle: server.addrs.iter().map(|a| (*a, Mutex::new(Vec::new()))).collect() });
+        self.threads = REMOTE_THREADS;
+        self
+    }
+
     /// Mounts the tree at `at` (root only: `mount(2)`); unmounted when the session is dropped.
     pub fn mount(self, at: &Path) -> std::io::Result<BackgroundSession> {
         let mut cfg = Config::default();
         cfg.mount_options =
             vec![MountOption::FSName("odfs-minimum".into()), MountOption::RO, MountOption::DefaultPermissions];
-        cfg.n_threads = Some(SESSION_THREADS);
+        cfg.n_threads = Some(self.threads);
         cfg.clone_fd = true;
-        Session::new(self, at, &cfg)?.spawn()
+        let session = Session::new(self, at, &cfg)?.spawn()?;
+        // Read-ahead as odfs-fuse's mount has it (READs of up to 1 MiB, not 128 KiB).
+        crate::mount::tune_readahead(&at.canonicalize()?);
+        Ok(session)
     }
 
     fn node(&self, ino: INodeNo) -> Option<Node> {
@@ -148,6 +191,9 @@ impl Filesystem for MinimumFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // As odfs-fuse asks: an O_DIRECT or AIO reader's requests arrive together.
         let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
+        if let Err(max) = config.set_max_readahead(crate::fs::MAX_READAHEAD) {
+            let _ = config.set_max_readahead(max);
+        }
         Ok(())
     }
 
@@ -185,7 +231,13 @@ impl Filesystem for MinimumFs {
     ) {
         let i = match self.node(ino) {
             Some(Node::File(i)) => i,
-            Some(Node::Large(_)) => return reply.data(self.large_read(offset, size)),
+            Some(Node::Large(k)) => match &self.remote {
+                Some(r) => {
+                    let n = (size as usize).min(LARGE_MAX_READ).min(self.large_size.saturating_sub(offset) as usize);
+                    return r.read(k as usize, offset, n, reply);
+                }
+                None => return reply.data(self.large_read(offset, size)),
+            },
             _ => return reply.error(Errno::EISDIR),
         };
         let len = self.template.len() as u64;
@@ -239,5 +291,110 @@ impl Filesystem for MinimumFs {
             }
         }
         reply.ok();
+    }
+}
+
+/// The client side of the networked minimum: per file, connections to its server not in use
+/// (a READ takes one, or opens one, and puts it back), each with its receive buffer.
+struct Remote {
+    idle: Vec<(SocketAddr, Mutex<Vec<Conn>>)>,
+}
+
+struct Conn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Remote {
+    /// Replies to a READ of `len` bytes at `offset` of file `k` with the server's bytes.
+    fn read(&self, k: usize, offset: u64, len: usize, reply: ReplyData) {
+        let (addr, idle) = &self.idle[k];
+        let conn = idle.lock().expect("connection pool").pop();
+        let conn = match conn {
+            Some(c) => Ok(c),
+            None => TcpStream::connect(addr).and_then(|s| {
+                s.set_nodelay(true)?;
+                Ok(Conn { stream: s, buf: vec![0; LARGE_MAX_READ] })
+            }),
+        };
+        let fetched = conn.and_then(|mut c| {
+            let mut req = [0u8; 16];
+            req[..8].copy_from_slice(&offset.to_le_bytes());
+            req[8..].copy_from_slice(&(len as u64).to_le_bytes());
+            c.stream.write_all(&req)?;
+            c.stream.read_exact(&mut c.buf[..len])?;
+            Ok(c)
+        });
+        match fetched {
+            Ok(c) => {
+                reply.data(&c.buf[..len]);
+                idle.lock().expect("connection pool").push(c);
+            }
+            Err(_) => reply.error(Errno::EIO),
+        }
+    }
+}
+
+/// Serves byte ranges of files over loopback TCP to the networked minimum: a request is the
+/// offset and length (two little-endian u64), the reply those bytes, sent with `sendfile` from
+/// the file (no copy of the server's own). One listener per file, one thread per connection.
+pub struct FileServer {
+    addrs: Vec<SocketAddr>,
+    stop: Arc<AtomicBool>,
+    listeners: Vec<JoinHandle<()>>,
+}
+
+impl FileServer {
+    /// Serves `files`, each on a loopback port of its own.
+    pub fn start(files: &[PathBuf]) -> std::io::Result<FileServer> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (mut addrs, mut listeners) = (Vec::new(), Vec::new());
+        for f in files {
+            let file = Arc::new(File::open(f)?);
+            let listener = TcpListener::bind("127.0.0.1:0")?;
+            addrs.push(listener.local_addr()?);
+            let stop = stop.clone();
+            listeners.push(std::thread::spawn(move || {
+                for conn in listener.incoming() {
+                    if stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let (Ok(conn), file) = (conn, file.clone()) else { continue };
+                    std::thread::spawn(move || serve_ranges(conn, &file));
+                }
+            }));
+        }
+        Ok(FileServer { addrs, stop, listeners })
+    }
+}
+
+impl Drop for FileServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for a in &self.addrs {
+            // Wakes the listener's accept; it sees `stop` and returns.
+            let _ = TcpStream::connect(a);
+        }
+        for l in self.listeners.drain(..) {
+            let _ = l.join();
+        }
+    }
+}
+
+/// Answers one connection's requests until it closes (or a range runs past the file's end).
+fn serve_ranges(mut conn: TcpStream, file: &File) {
+    let _ = conn.set_nodelay(true);
+    let mut req = [0u8; 16];
+    while conn.read_exact(&mut req).is_ok() {
+        let mut off = i64::from_le_bytes(req[..8].try_into().expect("8 bytes"));
+        let mut left = u64::from_le_bytes(req[8..].try_into().expect("8 bytes")) as usize;
+        while left > 0 {
+            // SAFETY: both descriptors are open for the call; `off` is a valid off_t.
+            let n = unsafe { libc::sendfile(conn.as_raw_fd(), file.as_raw_fd(), &mut off, left) };
+            if n <= 0 {
+                return;
+            }
+            left -= n as usize;
+        }
     }
 }

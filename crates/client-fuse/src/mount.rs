@@ -202,7 +202,7 @@ pub fn fuse_minor(mountinfo: &str, path: &Path) -> Option<u32> {
 /// Raises the mount's kernel read-ahead to `MAX_READAHEAD`. The kernel caps what a FUSE
 /// daemon may ask at init to its current default (128 KiB); the per-mount value lives in
 /// sysfs under the mount's backing device "0:<minor>". Needs root; otherwise the default stays.
-fn tune_readahead(mountpoint: &Path) {
+pub(crate) fn tune_readahead(mountpoint: &Path) {
     let Some(minor) = std::fs::read_to_string("/proc/self/mountinfo").ok().and_then(|t| fuse_minor(&t, mountpoint))
     else {
         warn!(mountpoint = %mountpoint.display(), "mount not found in /proc/self/mountinfo; read-ahead left as is");

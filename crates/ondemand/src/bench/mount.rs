@@ -10,7 +10,8 @@
 //! small-file phases are plain file-system calls from worker threads, so on odfs they go through
 //! the kernel and FUSE like any application's. Every phase also runs on a plain FUSE
 //! passthrough of the same disk (bindfs, when installed): the FUSE floor; the sequential read
-//! also runs with only loopback TCP between the disk and the reader (the network minimum). The
+//! also runs with only loopback TCP between the disk and the reader (the network minimum), and
+//! on the FUSE minimum fed over loopback TCP (the FUSE + network minimum). The
 //! requests that reach metad during each odfs phase are counted (metad's `GetStats`), so what
 //! the caches answer shows. The filesystem is started and stopped through [`odfs_job::local`].
 
@@ -440,14 +441,31 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
         randread_iops(fio, fio_common(dir), &reports.join(format!("{side}-randread.json")), o).map(Some)
     })?;
     sides.push("rand read 4k", "IOPS", 0.0, &s);
-    let note = fuse_minimum_large(o, fio, reports, &sides.minimum_dir())?;
+    let fs = MinimumFs::new(0, 0, Vec::new(), false).with_large(o.jobs as u64, o.job_size);
+    let note = fuse_minimum_large(o, fio, reports, &sides.minimum_dir(), fs, "bytes from memory", "FUSE minimum")?;
     sides.notes.push(note);
-    let note = match &sides.plain {
-        Some(plain) => network_minimum(o, &plain.join("fio"))?,
-        None => "network minimum not measured: it reads the plain directory's files".into(),
+    let notes = match &sides.plain {
+        Some(plain) => vec![network_minimum(o, &plain.join("fio"))?, fuse_network_minimum(o, fio, reports, sides)?],
+        None => vec!["network minimum and FUSE + network minimum not measured: they read the plain directory's \
+                      files"
+            .into()],
     };
-    sides.notes.push(note);
+    sides.notes.extend(notes);
     Ok(())
+}
+
+/// The sequential and 4 KiB random reads on the FUSE minimum whose every READ is fetched over
+/// loopback TCP from the plain directory's files (`FileServer`, `sendfile`): what any
+/// filesystem that moves a file's bytes between processes over TCP and serves them through its
+/// FUSE daemon can read at on this machine, and the CPU it must spend (odfs's default-stripe
+/// reads are such reads). One line, or why it was skipped.
+fn fuse_network_minimum(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &Sides) -> Result<String> {
+    let plain = sides.plain.as_ref().context("the plain directory")?.join("fio");
+    let files: Vec<PathBuf> = (0..o.jobs).map(|k| plain.join(SEQ_FILES.replace("$jobnum", &k.to_string()))).collect();
+    let server = odfs_client_fuse::minimum::FileServer::start(&files).context("serving the plain directory's files")?;
+    let fs = MinimumFs::new(0, 0, Vec::new(), false).with_remote_large(&server, o.job_size);
+    let what = "each READ fetched over loopback TCP, sendfile from the plain directory's files";
+    fuse_minimum_large(o, fio, reports, &sides.minimum_dir(), fs, what, "FUSE + network minimum")
 }
 
 /// Runs of the network minimum: it is short and its spread wide, so every run is printed.
@@ -515,14 +533,22 @@ fn send_through_tcp(files: &[PathBuf]) -> Result<u64> {
 /// replied from memory on the reader thread): what FUSE alone allows these reads on this
 /// machine, for any filesystem that serves them through its daemon. One line, or why it was
 /// skipped.
-fn fuse_minimum_large(o: &MountBenchOptions, fio: &Path, reports: &Path, at: &Path) -> Result<String> {
+fn fuse_minimum_large(
+    o: &MountBenchOptions,
+    fio: &Path,
+    reports: &Path,
+    at: &Path,
+    fs: MinimumFs,
+    what: &str,
+    name: &str,
+) -> Result<String> {
     std::fs::create_dir_all(at)?;
-    let fs = MinimumFs::new(0, 0, Vec::new(), false).with_large(o.jobs as u64, o.job_size);
     let session = match fs.mount(at) {
         Ok(s) => s,
-        Err(e) => return Ok(format!("FUSE minimum not measured: cannot mount at {}: {e}", at.display())),
+        Err(e) => return Ok(format!("{name} not measured: cannot mount at {}: {e}", at.display())),
     };
-    eprintln!("bench: FUSE minimum, large files: sequential read, then 4 KiB random read");
+    eprintln!("bench: {name}, large files: sequential read, then 4 KiB random read");
+    let report = name.replace([' ', '+'], "-");
     let mut files = fio_files("seq", at, SEQ_FILES, o);
     files.push("--readonly".into());
     // CPU-s as for every phase: fio's and this process's, where the minimum's threads run.
@@ -531,20 +557,20 @@ fn fuse_minimum_large(o: &MountBenchOptions, fio: &Path, reports: &Path, at: &Pa
         let mut args = files.clone();
         args.extend(["--rw=read", "--bs=1M"].map(String::from));
         let cpu = CpuMeter::start(&[]);
-        let r = run_fio(fio, &args, &reports.join("minimum-seq-read.json"))?;
+        let r = run_fio(fio, &args, &reports.join(format!("{report}-seq-read.json")))?;
         let seq_cpu = cpu.stop();
         r.expect_bytes("read", o.jobs as u64 * o.job_size)?;
         let seq = r.bw_bytes("read")? / MIB;
         drop_caches();
         let cpu = CpuMeter::start(&[]);
-        let iops = randread_iops(fio, files.clone(), &reports.join("minimum-randread.json"), o)?;
+        let iops = randread_iops(fio, files.clone(), &reports.join(format!("{report}-randread.json")), o)?;
         Ok([(seq, seq_cpu), (iops, cpu.stop())])
     })();
-    let unmounted = session.umount_and_join().context("unmounting the FUSE minimum");
-    let [(seq, seq_cpu), (iops, rand_cpu)] = rates.context("reading the FUSE minimum's large files")?;
+    let unmounted = session.umount_and_join().with_context(|| format!("unmounting the {name}"));
+    let [(seq, seq_cpu), (iops, rand_cpu)] = rates.with_context(|| format!("reading the {name}'s large files"))?;
     unmounted?;
     Ok(format!(
-        "FUSE minimum, large files (bytes from memory): seq read {seq:.0} MiB/s ({seq_cpu:.1} CPU-s), \
+        "{name}, large files ({what}): seq read {seq:.0} MiB/s ({seq_cpu:.1} CPU-s), \
          rand read 4k {iops:.0} IOPS ({rand_cpu:.1} CPU-s)"
     ))
 }
