@@ -52,7 +52,23 @@ pub fn spawn_detached(bin: &Path, args: &[&std::ffi::OsStr], log: &Path) -> Resu
         let mut child = child;
         let _ = child.wait();
     });
+    wait_command_line(pid);
     Ok(pid)
+}
+
+/// Waits (at most 2 s) until a just-started process shows its command line. `spawn` returns
+/// once the new program has replaced this one's image, but the kernel fills in the new command
+/// line a moment later; until then /proc/PID/cmdline is empty, and `runs` would take a daemon
+/// that is starting for one that exited (seen as "odfs-fuse exited before ... was mounted" on a
+/// busy machine).
+fn wait_command_line(pid: u32) {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(2) {
+        match std::fs::read(format!("/proc/{pid}/cmdline")) {
+            Ok(c) if c.is_empty() => std::thread::sleep(Duration::from_millis(1)),
+            _ => return,
+        }
+    }
 }
 
 /// True if `pid` is alive, runs one of the odfs binaries, and has `marker` (its config path,
