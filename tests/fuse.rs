@@ -1179,5 +1179,5 @@ fn the_networked_fuse_minimum_reads_its_files_bytes() {
         let n = f.read_at(&mut buf, size as u64 - 50_000).unwrap();
         assert_bytes(&buf[..n], &d[size - 50_000..], "a read across the end");
     }
-    session.umount_and_join().unwrap();
+    MinimumFs::unmount(session).unwrap();
 }

@@ -118,6 +118,16 @@ impl MinimumFs {
         Ok(session)
     }
 
+    /// Unmounts a minimum mounted by [`Self::mount`] and waits for its reader threads. A
+    /// reader thread that finds the connection aborted (ECONNABORTED, which the kernel can
+    /// return to reads racing the unmount) has ended as a clean unmount would.
+    pub fn unmount(session: BackgroundSession) -> std::io::Result<()> {
+        match session.umount_and_join() {
+            Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => Ok(()),
+            r => r,
+        }
+    }
+
     fn node(&self, ino: INodeNo) -> Option<Node> {
         match ino.0 {
             1 => Some(Node::Root),

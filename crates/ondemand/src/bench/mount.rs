@@ -566,7 +566,7 @@ fn fuse_minimum_large(
         let iops = randread_iops(fio, files.clone(), &reports.join(format!("{report}-randread.json")), o)?;
         Ok([(seq, seq_cpu), (iops, cpu.stop())])
     })();
-    let unmounted = session.umount_and_join().with_context(|| format!("unmounting the {name}"));
+    let unmounted = MinimumFs::unmount(session).with_context(|| format!("unmounting the {name}"));
     let [(seq, seq_cpu), (iops, rand_cpu)] = rates.with_context(|| format!("reading the {name}'s large files"))?;
     unmounted?;
     Ok(format!(
@@ -832,7 +832,7 @@ fn fuse_minimum(o: &MountBenchOptions, at: &Path, dropped: &mut bool) -> Result<
             }
             rates.push(o.small_files as f64 / t.elapsed().as_secs_f64());
         }
-        session.umount_and_join().context("unmounting the FUSE minimum")?;
+        MinimumFs::unmount(session).context("unmounting the FUSE minimum")?;
         notes.push(format!(
             "FUSE minimum, {what}: small read cold {:.0} files/s, epoch 2 {:.0}, epoch 3 {:.0}",
             rates[0], rates[1], rates[2]
