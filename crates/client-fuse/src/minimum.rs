@@ -118,14 +118,10 @@ impl MinimumFs {
         Ok(session)
     }
 
-    /// Unmounts a minimum mounted by [`Self::mount`] and waits for its reader threads. A
-    /// reader thread that finds the connection aborted (ECONNABORTED, which the kernel can
-    /// return to reads racing the unmount) has ended as a clean unmount would.
+    /// Unmounts a minimum mounted by [`Self::mount`] and waits for its reader threads (a
+    /// connection the kernel aborted is an end like any: `mount::session_end`).
     pub fn unmount(session: BackgroundSession) -> std::io::Result<()> {
-        match session.umount_and_join() {
-            Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => Ok(()),
-            r => r,
-        }
+        crate::mount::session_end(session.umount_and_join()).map(drop)
     }
 
     fn node(&self, ino: INodeNo) -> Option<Node> {

@@ -131,21 +131,27 @@ pub fn run(args: &MountArgs) -> Result<(), FuseError> {
     tune_readahead(&mountpoint);
     rt.spawn(stop_on_signal(signals, shared.clone(), session.unmount_callable(), mountpoint.clone()));
 
-    let served = match session.run() {
-        // The kernel ended the connection rather than closing it: reading /dev/fuse fails with
-        // ECONNABORTED instead of ENODEV (seen when a lazily detached mount is torn down at its
-        // last close; fuser only takes ENODEV as the end). Either way the mount is gone.
-        Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => {
+    let served = session_end(session.run()).map(|aborted| {
+        if aborted {
             warn!(mountpoint = %mountpoint.display(), "the kernel aborted the FUSE connection");
-            Ok(())
         }
-        other => other,
-    };
+    });
     info!(mountpoint = %mountpoint.display(), "session ended");
     rt.block_on(shared.close_all());
     client.shutdown();
     rt.shutdown_timeout(Duration::from_secs(2));
     served.map_err(FuseError::Session)
+}
+
+/// How a FUSE session ended, from its reader loop's result: `Ok(true)` when the kernel aborted
+/// the connection rather than closing it. Reading /dev/fuse then fails with ECONNABORTED
+/// instead of ENODEV (seen when a lazily detached mount is torn down at its last close, and
+/// in reads racing an unmount; fuser only takes ENODEV as the end). Either way the mount is gone.
+pub(crate) fn session_end(r: std::io::Result<()>) -> std::io::Result<bool> {
+    match r {
+        Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => Ok(true),
+        other => other.map(|()| false),
+    }
 }
 
 /// On SIGTERM or SIGINT: publish open files' data, then unmount. A busy mount (a process still
