@@ -50,8 +50,6 @@ pub struct MinimumFs {
     large_block: Vec<u8>,
     /// Set when the large files' bytes come over TCP instead (`with_remote_large`).
     remote: Option<Remote>,
-    /// FUSE reader threads.
-    threads: usize,
 }
 
 /// Reader threads of the networked minimum: each waits out its READ's round trip, so there are
@@ -74,17 +72,7 @@ enum Node {
 impl MinimumFs {
     /// The small-file tree only.
     pub fn new(files: u64, dirs: u64, template: Vec<u8>, no_open: bool) -> Self {
-        MinimumFs {
-            files,
-            dirs,
-            template,
-            no_open,
-            large: 0,
-            large_size: 0,
-            large_block: Vec::new(),
-            remote: None,
-            threads: SESSION_THREADS,
-        }
+        MinimumFs { files, dirs, template, no_open, large: 0, large_size: 0, large_block: Vec::new(), remote: None }
     }
 
     /// Adds `count` large files of `size` bytes each (`/seq.{k}.0`).
@@ -101,7 +89,6 @@ impl MinimumFs {
         self.large = server.addrs.len() as u64;
         self.large_size = size;
         self.remote = Some(Remote { idle: server.addrs.iter().map(|a| (*a, Mutex::new(Vec::new()))).collect() });
-        self.threads = REMOTE_THREADS;
         self
     }
 
@@ -110,7 +97,7 @@ impl MinimumFs {
         let mut cfg = Config::default();
         cfg.mount_options =
             vec![MountOption::FSName("odfs-minimum".into()), MountOption::RO, MountOption::DefaultPermissions];
-        cfg.n_threads = Some(self.threads);
+        cfg.n_threads = Some(if self.remote.is_some() { REMOTE_THREADS } else { SESSION_THREADS });
         cfg.clone_fd = true;
         let session = Session::new(self, at, &cfg)?.spawn()?;
         // Read-ahead as odfs-fuse's mount has it (READs of up to 1 MiB, not 128 KiB).
@@ -184,10 +171,16 @@ impl MinimumFs {
 }
 
 impl MinimumFs {
+    /// How many bytes a READ of a large file at `offset` gets: up to `size`, the longest read
+    /// and the file's end.
+    fn large_len(&self, offset: u64, size: u32) -> usize {
+        (size as usize).min(LARGE_MAX_READ).min(self.large_size.saturating_sub(offset) as usize)
+    }
+
     /// The bytes of a large file at `offset`, up to `size` and the file's end: a slice of the
     /// pattern block, so the reply is written to the kernel with no copy of ours.
     fn large_read(&self, offset: u64, size: u32) -> &[u8] {
-        let n = (size as usize).min(LARGE_MAX_READ).min(self.large_size.saturating_sub(offset) as usize);
+        let n = self.large_len(offset, size);
         let start = (offset % LARGE_PERIOD as u64) as usize;
         &self.large_block[start..start + n]
     }
@@ -238,10 +231,7 @@ impl Filesystem for MinimumFs {
         let i = match self.node(ino) {
             Some(Node::File(i)) => i,
             Some(Node::Large(k)) => match &self.remote {
-                Some(r) => {
-                    let n = (size as usize).min(LARGE_MAX_READ).min(self.large_size.saturating_sub(offset) as usize);
-                    return r.read(k as usize, offset, n, reply);
-                }
+                Some(r) => return r.read(k as usize, offset, self.large_len(offset, size), reply),
                 None => return reply.data(self.large_read(offset, size)),
             },
             _ => return reply.error(Errno::EISDIR),
