@@ -17,7 +17,7 @@
 
 use super::{close, drop_caches, fill_pattern, parallel, CpuMeter, Phase};
 use anyhow::{bail, Context, Result};
-use odfs_client_fuse::minimum::MinimumFs;
+use odfs_client_fuse::minimum::{FileServer, MinimumFs};
 use odfs_job::launch::mount;
 use odfs_job::local::{self, UpOptions};
 use odfs_rpc::Transport;
@@ -445,7 +445,10 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
     let note = fuse_minimum_large(o, fio, reports, &sides.minimum_dir(), fs, "bytes from memory", "FUSE minimum")?;
     sides.notes.push(note);
     let notes = match &sides.plain {
-        Some(plain) => vec![network_minimum(o, &plain.join("fio"))?, fuse_network_minimum(o, fio, reports, sides)?],
+        Some(plain) => {
+            let files = seq_files(o, &plain.join("fio"));
+            vec![network_minimum(o, &files)?, fuse_network_minimum(o, fio, reports, &files, &sides.minimum_dir())?]
+        }
         None => vec!["network minimum and FUSE + network minimum not measured: they read the plain directory's \
                       files"
             .into()],
@@ -454,18 +457,27 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
     Ok(())
 }
 
+/// The sequential files fio wrote in `dir`.
+fn seq_files(o: &MountBenchOptions, dir: &Path) -> Vec<PathBuf> {
+    (0..o.jobs).map(|k| dir.join(SEQ_FILES.replace("$jobnum", &k.to_string()))).collect()
+}
+
 /// The sequential and 4 KiB random reads on the FUSE minimum whose every READ is fetched over
-/// loopback TCP from the plain directory's files (`FileServer`, `sendfile`): what any
+/// loopback TCP from the plain directory's `files` (`FileServer`, `sendfile`): what any
 /// filesystem that moves a file's bytes between processes over TCP and serves them through its
 /// FUSE daemon can read at on this machine, and the CPU it must spend (odfs's default-stripe
 /// reads are such reads). One line, or why it was skipped.
-fn fuse_network_minimum(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &Sides) -> Result<String> {
-    let plain = sides.plain.as_ref().context("the plain directory")?.join("fio");
-    let files: Vec<PathBuf> = (0..o.jobs).map(|k| plain.join(SEQ_FILES.replace("$jobnum", &k.to_string()))).collect();
-    let server = odfs_client_fuse::minimum::FileServer::start(&files).context("serving the plain directory's files")?;
+fn fuse_network_minimum(
+    o: &MountBenchOptions,
+    fio: &Path,
+    reports: &Path,
+    files: &[PathBuf],
+    at: &Path,
+) -> Result<String> {
+    let server = FileServer::start(files).context("serving the plain directory's files")?;
     let fs = MinimumFs::new(0, 0, Vec::new(), false).with_remote_large(&server, o.job_size);
     let what = "each READ fetched over loopback TCP, sendfile from the plain directory's files";
-    fuse_minimum_large(o, fio, reports, &sides.minimum_dir(), fs, what, "FUSE + network minimum")
+    fuse_minimum_large(o, fio, reports, at, fs, what, "FUSE + network minimum")
 }
 
 /// Runs of the network minimum: it is short and its spread wide, so every run is printed.
@@ -476,15 +488,14 @@ const NETWORK_MINIMUM_RUNS: usize = 3;
 /// the connection, a receiver thread reads them into a buffer. No FUSE, no protocol, no
 /// daemon: what any filesystem that moves file data between processes over TCP can read at on
 /// this machine, and the CPU that moving costs. One line with every run, or why it was skipped.
-fn network_minimum(o: &MountBenchOptions, dir: &Path) -> Result<String> {
-    let files: Vec<PathBuf> = (0..o.jobs).map(|k| dir.join(SEQ_FILES.replace("$jobnum", &k.to_string()))).collect();
+fn network_minimum(o: &MountBenchOptions, files: &[PathBuf]) -> Result<String> {
     eprintln!("bench: network minimum: {} files read cold through loopback TCP", files.len());
     let mut runs = Vec::new();
     for _ in 0..NETWORK_MINIMUM_RUNS {
         drop_caches();
         let cpu = CpuMeter::start(&[]);
         let t = Instant::now();
-        let bytes = send_through_tcp(&files)?;
+        let bytes = send_through_tcp(files)?;
         let (secs, cpu) = (t.elapsed().as_secs_f64(), cpu.stop());
         anyhow::ensure!(bytes == o.jobs as u64 * o.job_size, "network minimum moved {bytes} bytes");
         runs.push(format!("{:.0} MiB/s ({cpu:.1} CPU-s)", bytes as f64 / MIB / secs));
