@@ -4,7 +4,7 @@
 //!
 //! Needs root and /dev/fuse.
 
-use odfs_tests::launch::{all_ok, Launch};
+use odfs_tests::launch::{all_ok, Launch, PORT_SLOTS};
 use odfs_tests::*;
 use std::fs;
 use std::path::Path;
@@ -72,12 +72,12 @@ fn jobs_share_a_node_and_a_port_clash_is_named() {
     fs::write(l.mount(0, "7").join("f"), b"seven").unwrap();
     fs::write(l.mount(0, "8").join("f"), b"eight").unwrap();
     // Job ids port_slots apart share a port range.
-    let clash = (7 + l.port_slots).to_string();
+    let clash = (7 + PORT_SLOTS).to_string();
     let out = l.on(0, &["start", "--job-id", &clash, "--nodes", &n]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "a clashing job must not start");
     assert!(
-        err.contains("port") && err.contains("is not free") && err.contains(&format!("modulo {}", l.port_slots)),
+        err.contains("port") && err.contains("is not free") && err.contains(&format!("modulo {PORT_SLOTS}")),
         "{err}"
     );
     assert_eq!(l.records(0), ["7", "8"], "the clashing start rolled back: {err}");

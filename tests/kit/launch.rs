@@ -13,14 +13,12 @@ pub struct Launch {
     pub dir: tempfile::TempDir,
     pub nodes: Vec<String>,
     pub site: PathBuf,
-    /// The site config's `port_slots`: job ids this far apart share a port range.
-    pub port_slots: u16,
     _ports: PortBlock,
 }
 
-/// Job slots per block of test ports (a job takes 8 ports: the site config's PORTS_PER_JOB).
-const BLOCK_SLOTS: u16 = 50;
-const PORTS_PER_JOB: u16 = 8;
+/// Job slots per block of test ports: every launch's `port_slots` (job ids this far apart
+/// share a port range).
+pub const PORT_SLOTS: u16 = 50;
 
 /// The ports a launch's jobs use (its site config's `port_base`): a block that no other test
 /// running on this machine holds and whose every port was free when taken, so tests that run at
@@ -35,7 +33,7 @@ impl PortBlock {
     fn reserve(nodes: &[String]) -> PortBlock {
         let dir = std::env::temp_dir().join("odfs-test-ports");
         fs::create_dir_all(&dir).expect("create the test port lock directory");
-        let size = BLOCK_SLOTS * PORTS_PER_JOB;
+        let size = PORT_SLOTS * odfs_job::site::PORTS_PER_JOB;
         for k in 0..(20_000 / size) {
             let lock = fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join(k.to_string()));
             let lock = lock.expect("open a test port lock");
@@ -78,12 +76,12 @@ impl Launch {
             format!(
                 "[ondemand]\nsite_key = \"{d}/site.key\"\ndata_paths = [\"{d}/%n/nvme\"]\nstate_dir = \"{d}/%n/state\"\n\
                  mount = \"{d}/%n/mnt/%j\"\nram_size = \"64M\"\nready_timeout_secs = 20\nstop_grace_secs = 10\n\
-                 port_base = {}\nport_slots = {BLOCK_SLOTS}\n{ondemand}\n",
+                 port_base = {}\nport_slots = {PORT_SLOTS}\n{ondemand}\n",
                 ports.base
             ),
         )
         .unwrap();
-        Launch { dir, nodes, site, port_slots: BLOCK_SLOTS, _ports: ports }
+        Launch { dir, nodes, site, _ports: ports }
     }
 
     fn cmd(&self, args: &[&str]) -> Command {
