@@ -132,10 +132,20 @@ where
             warn!("closing stream: peer sent a reply frame");
             break;
         }
-        let fut = router.dispatch(frame.head.call_id, frame.head.method, &frame.body, frame.payload);
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            let _ = tx.send(fut.await);
-        });
+        let mut fut = router.dispatch(frame.head.call_id, frame.head.method, &frame.body, frame.payload);
+        // A request answered without waiting (a metadata change, a read from the page cache) is
+        // answered here: a task of its own would cost a spawn and a wake-up, often of another
+        // thread. One that waits (disk, a recall) goes on in a task, so the stream reads on.
+        match futures::poll!(&mut fut) {
+            std::task::Poll::Ready(reply) => {
+                let _ = tx.send(reply);
+            }
+            std::task::Poll::Pending => {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let _ = tx.send(fut.await);
+                });
+            }
+        }
     }
 }
