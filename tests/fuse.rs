@@ -1152,6 +1152,55 @@ fn stats_watch_rates_agree_with_a_running_workload() {
     }
 }
 
+/// The creating FUSE minimum of `odfs bench --mount` (the bound it sets creates) makes what
+/// an mdtest-style create asks for, each a new inode, from workers making their directories at
+/// once; it remembers directories, not files; and refuses creates when not asked to make them.
+#[test]
+fn the_creating_fuse_minimum_makes_directories_and_files() {
+    use odfs_client_fuse::minimum::MinimumFs;
+    assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing: this test mounts a FUSE filesystem");
+    let dir = tempfile::tempdir().unwrap();
+    let at = dir.path().join("mnt");
+    fs::create_dir_all(&at).unwrap();
+    let session = MinimumFs::new(0, 0, Vec::new(), false).with_creates().mount(&at).unwrap();
+    // As the benchmark's workers do: each makes its own directory under a common one, at once.
+    let inos: Vec<Vec<u64>> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..4)
+            .map(|t| {
+                let d = at.join(format!("md/t{t}"));
+                s.spawn(move || {
+                    fs::create_dir_all(&d).unwrap();
+                    (0..50)
+                        .map(|i| {
+                            let p = d.join(format!("f{t}.{i}"));
+                            drop(OpenOptions::new().write(true).create_new(true).open(&p).unwrap());
+                            let m = fs::metadata(&p).unwrap();
+                            assert!(m.is_file() && m.len() == 0, "{}: {m:?}", p.display());
+                            assert_eq!(fs::read(&p).unwrap(), Vec::<u8>::new());
+                            m.ino()
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    let all: HashSet<u64> = inos.iter().flatten().copied().collect();
+    assert_eq!(all.len(), 200, "every create got an inode of its own");
+    // Directories are remembered by name; files are not, and a listing has none.
+    for t in 0..4 {
+        assert!(fs::metadata(at.join(format!("md/t{t}"))).unwrap().is_dir());
+    }
+    assert_eq!(fs::read_dir(at.join("md/t0")).unwrap().count(), 0);
+    MinimumFs::unmount(session).unwrap();
+
+    // The read-only minimum refuses a create (the kernel's EROFS for a read-only mount).
+    let session = MinimumFs::new(0, 0, Vec::new(), false).mount(&at).unwrap();
+    let err = fs::create_dir(at.join("x")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS));
+    MinimumFs::unmount(session).unwrap();
+}
+
 /// The networked FUSE minimum of `odfs bench --mount` (the bound it sets odfs's default-stripe
 /// reads) serves its files' real bytes: each READ fetched over loopback TCP with sendfile.
 #[test]

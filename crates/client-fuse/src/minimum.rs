@@ -18,12 +18,17 @@
 //! With `no_open` every OPEN is answered ENOSYS: the kernel then sends no OPEN or RELEASE for
 //! any file again (FUSE's no-open mode, which has no per-open state), which shows what those
 //! two requests cost.
+//! With [`MinimumFs::with_creates`] it is mounted read-write and makes directories and empty
+//! files anywhere: each MKDIR or CREATE gets a new inode number and its attributes at once;
+//! directories are remembered by name (a path to them is looked up again), files are not (a
+//! LOOKUP of a file's name is answered "no such name", as an exclusive create's always is). An mdtest-style create through it costs what FUSE's own requests for a
+//! create cost (LOOKUP, CREATE, FLUSH, RELEASE): the bound under any FUSE filesystem's creates.
 
 use crate::mount::SESSION_THREADS;
 use fuser::{
     BackgroundSession, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyOpen, Request, Session,
+    InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyEmpty, ReplyEntry, ReplyOpen, Request, Session,
 };
 use std::ffi::OsStr;
 use std::fs::File;
@@ -31,7 +36,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, UNIX_EPOCH};
@@ -50,6 +55,10 @@ pub struct MinimumFs {
     large_block: Vec<u8>,
     /// Set when the large files' bytes come over TCP instead (`with_remote_large`).
     remote: Option<Remote>,
+    /// Set when MKDIR and CREATE are answered (`with_creates`): how many were.
+    made: Option<AtomicU64>,
+    /// The directories MKDIR made, by parent and name.
+    made_dirs: Mutex<std::collections::HashMap<(u64, std::ffi::OsString), u64>>,
 }
 
 /// Reader threads of the networked minimum: each waits out its READ's round trip, so there are
@@ -61,18 +70,44 @@ const LARGE_PERIOD: usize = 1 << 20;
 /// Longest READ a kernel sends (FUSE's largest `max_pages`, 256 pages, is 1 MiB; kept wide).
 const LARGE_MAX_READ: usize = 4 << 20;
 
+/// Inode numbers of what MKDIR and CREATE made start here: `MADE_BASE + 2 * n`, plus one for a
+/// directory (far above any tree the benchmark asks for).
+const MADE_BASE: u64 = 1 << 40;
+
 /// What an inode number is.
 enum Node {
     Root,
     Dir(u64),
     File(u64),
     Large(u64),
+    /// Made by MKDIR (`dir`) or CREATE: its inode number.
+    Made {
+        ino: u64,
+        dir: bool,
+    },
 }
 
 impl MinimumFs {
     /// The small-file tree only.
     pub fn new(files: u64, dirs: u64, template: Vec<u8>, no_open: bool) -> Self {
-        MinimumFs { files, dirs, template, no_open, large: 0, large_size: 0, large_block: Vec::new(), remote: None }
+        MinimumFs {
+            files,
+            dirs,
+            template,
+            no_open,
+            large: 0,
+            large_size: 0,
+            large_block: Vec::new(),
+            remote: None,
+            made: None,
+            made_dirs: Mutex::default(),
+        }
+    }
+
+    /// Mounted read-write, making directories and empty files (see the module's documentation).
+    pub fn with_creates(mut self) -> Self {
+        self.made = Some(AtomicU64::new(0));
+        self
     }
 
     /// Adds `count` large files of `size` bytes each (`/seq.{k}.0`).
@@ -95,8 +130,8 @@ impl MinimumFs {
     /// Mounts the tree at `at` (root only: `mount(2)`); unmounted when the session is dropped.
     pub fn mount(self, at: &Path) -> std::io::Result<BackgroundSession> {
         let mut cfg = Config::default();
-        cfg.mount_options =
-            vec![MountOption::FSName("odfs-minimum".into()), MountOption::RO, MountOption::DefaultPermissions];
+        let access = if self.made.is_some() { MountOption::RW } else { MountOption::RO };
+        cfg.mount_options = vec![MountOption::FSName("odfs-minimum".into()), access, MountOption::DefaultPermissions];
         cfg.n_threads = Some(if self.remote.is_some() { REMOTE_THREADS } else { SESSION_THREADS });
         cfg.clone_fd = true;
         let session = Session::new(self, at, &cfg)?.spawn()?;
@@ -119,6 +154,7 @@ impl MinimumFs {
             n if n >= self.first_large() && n < self.first_large() + self.large => {
                 Some(Node::Large(n - self.first_large()))
             }
+            n if n >= MADE_BASE && self.made.is_some() => Some(Node::Made { ino: n, dir: n % 2 == 1 }),
             _ => None,
         }
     }
@@ -133,6 +169,8 @@ impl MinimumFs {
             Node::Dir(k) => (2 + k, FileType::Directory, 4096, 0o755),
             Node::File(i) => (2 + self.dirs + i, FileType::RegularFile, self.template.len() as u64, 0o644),
             Node::Large(k) => (self.first_large() + k, FileType::RegularFile, self.large_size, 0o644),
+            Node::Made { ino, dir: true } => (ino, FileType::Directory, 4096, 0o777),
+            Node::Made { ino, dir: false } => (ino, FileType::RegularFile, 0, 0o666),
         };
         FileAttr {
             ino: INodeNo(ino),
@@ -165,7 +203,21 @@ impl MinimumFs {
             Node::Dir(k) => {
                 name.strip_prefix('s')?.parse().ok().filter(|&i| i < self.files && i % self.dirs == k).map(Node::File)
             }
-            Node::File(_) | Node::Large(_) => None,
+            Node::File(_) | Node::Large(_) | Node::Made { .. } => None,
+        }
+    }
+
+    /// A new directory's or file's inode, if this minimum makes them and `parent` is a
+    /// directory.
+    fn make(&self, parent: INodeNo, dir: bool) -> Result<Node, Errno> {
+        let made = self.made.as_ref().ok_or(Errno::EROFS)?;
+        match self.node(parent) {
+            Some(Node::Root | Node::Dir(_) | Node::Made { dir: true, .. }) => {
+                let n = made.fetch_add(1, Ordering::Relaxed);
+                Ok(Node::Made { ino: MADE_BASE + 2 * n + dir as u64, dir })
+            }
+            Some(_) => Err(Errno::ENOTDIR),
+            None => Err(Errno::ENOENT),
         }
     }
 }
@@ -197,9 +249,41 @@ impl Filesystem for MinimumFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.node(parent).and_then(|p| self.child(&p, name)) {
+        let made_dir = || {
+            let dirs = self.made_dirs.lock().expect("made_dirs lock");
+            dirs.get(&(parent.0, name.to_os_string())).map(|&ino| Node::Made { ino, dir: true })
+        };
+        match self.node(parent).and_then(|p| self.child(&p, name)).or_else(made_dir) {
             Some(n) => reply.entry(&TTL, &self.attr(&n), Generation(0)),
             None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn mkdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, _mode: u32, _umask: u32, reply: ReplyEntry) {
+        match self.make(parent, true) {
+            Ok(n) => {
+                if let Node::Made { ino, .. } = n {
+                    self.made_dirs.lock().expect("made_dirs lock").insert((parent.0, name.to_os_string()), ino);
+                }
+                reply.entry(&TTL, &self.attr(&n), Generation(0))
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        match self.make(parent, false) {
+            Ok(n) => reply.created(&TTL, &self.attr(&n), Generation(0), FileHandle(0), FopenFlags::empty()),
+            Err(e) => reply.error(e),
         }
     }
 
@@ -234,6 +318,7 @@ impl Filesystem for MinimumFs {
                 Some(r) => return r.read(k as usize, offset, self.large_len(offset, size), reply),
                 None => return reply.data(self.large_read(offset, size)),
             },
+            Some(Node::Made { dir: false, .. }) => return reply.data(&[]),
             _ => return reply.error(Errno::EISDIR),
         };
         let len = self.template.len() as u64;
@@ -278,6 +363,8 @@ impl Filesystem for MinimumFs {
             Some(Node::Dir(k)) => {
                 Box::new((k..self.files).step_by(self.dirs as usize).map(|i| (Node::File(i), format!("s{i}"))))
             }
+            // Nothing made is kept: a made directory lists empty.
+            Some(Node::Made { dir: true, .. }) => Box::new(std::iter::empty()),
             _ => return reply.error(Errno::ENOTDIR),
         };
         for (n, (node, name)) in children.enumerate().skip(offset as usize) {

@@ -737,6 +737,10 @@ fn md_phases(o: &MountBenchOptions, sides: &mut Sides) -> Result<()> {
                 .map(|()| None)
         })?;
         sides.push(name, "ops/s", md_ops, &s);
+        if let Md::Create = op {
+            let note = fuse_minimum_creates(o, &sides.minimum_dir())?;
+            sides.notes.push(note);
+        }
         if let Md::Unlink = op {
             settle_deletes(o.settle);
         }
@@ -762,6 +766,30 @@ fn md_phases(o: &MountBenchOptions, sides: &mut Sides) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The creates above on the FUSE minimum that makes files (`MinimumFs::with_creates`: each
+/// answered at once, nothing kept): what FUSE's own requests for a create cost here, the bound
+/// under any FUSE filesystem's creates. One line, or why it was skipped.
+fn fuse_minimum_creates(o: &MountBenchOptions, at: &Path) -> Result<String> {
+    let name = "FUSE minimum, creates (answered at once, nothing kept)";
+    std::fs::create_dir_all(at)?;
+    let session = match MinimumFs::new(0, 0, Vec::new(), false).with_creates().mount(at) {
+        Ok(s) => s,
+        Err(e) => return Ok(format!("{name} not measured: cannot mount at {}: {e}", at.display())),
+    };
+    eprintln!("bench: {name}, {} workers x {} files", o.threads, o.files_per_thread);
+    // CPU-s: this process's, where both the workers and the minimum's threads run.
+    let cpu = CpuMeter::start(&[]);
+    let t = Instant::now();
+    let shape = MdShape { threads: o.threads, files: o.files_per_thread, size: 0, shared: false };
+    let made = md(&at.join("md"), shape, Md::Create);
+    let (secs, cpu) = (t.elapsed().as_secs_f64(), cpu.stop());
+    let unmounted = MinimumFs::unmount(session).context("unmounting the FUSE minimum");
+    made.context("creating files on the FUSE minimum")?;
+    unmounted?;
+    let rate = (o.threads * o.files_per_thread) as f64 / secs;
+    Ok(format!("{name}: md create {rate:.0} ops/s ({cpu:.1} CPU-s)"))
 }
 
 /// Waits, after an unlink phase, until the disk's file system has stopped avoiding the inodes it
