@@ -46,6 +46,24 @@ fn getdents(dir: &Path, bufsize: usize) -> Vec<(String, u64)> {
     }
 }
 
+/// The fusectl directory of the FUSE connection of the mount with device minor `minor`;
+/// fusectl is mounted at /sys/fs/fuse/connections first if it is not.
+fn fuse_connection(minor: u32) -> std::path::PathBuf {
+    let top = Path::new("/sys/fs/fuse/connections");
+    let mounted =
+        fs::read_to_string("/proc/self/mounts").unwrap().lines().any(|l| l.split(' ').nth(2) == Some("fusectl"));
+    if !mounted {
+        let out = std::process::Command::new("mount").args(["-t", "fusectl", "fusectl"]).arg(top).output().unwrap();
+        assert!(
+            out.status.success(),
+            "cannot mount fusectl at {}: {}",
+            top.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    top.join(minor.to_string())
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
 }
@@ -72,6 +90,13 @@ fn mount_shows_as_fuse_odfs_and_data_round_trips() {
     assert!(!line.options.contains("allow_other"), "allow_other without --allow-other: {}", line.options);
     let ra = fs::read_to_string(format!("/sys/class/bdi/0:{}/read_ahead_kb", line.minor)).expect("bdi read-ahead");
     assert_eq!(ra.trim(), "1024");
+    // Background requests in flight (async direct I/O, read-ahead): the connection's settings
+    // in fusectl (mounted here if the machine has not).
+    let conn = fuse_connection(line.minor);
+    for (file, want) in [("max_background", "64"), ("congestion_threshold", "48")] {
+        let got = fs::read_to_string(conn.join(file)).unwrap_or_else(|e| panic!("{}: {e}", conn.join(file).display()));
+        assert_eq!(got.trim(), want, "{file}");
+    }
 
     // 8 MiB across 128 chunks of 64 KiB, in and back out, and at odfs through the library.
     let big = pattern(8 << 20, 1);

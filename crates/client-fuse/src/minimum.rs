@@ -240,8 +240,10 @@ impl MinimumFs {
 
 impl Filesystem for MinimumFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // As odfs-fuse asks: an O_DIRECT or AIO reader's requests arrive together.
+        // As odfs-fuse asks: an O_DIRECT or AIO reader's requests arrive together, as many
+        // background requests in flight.
         let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
+        crate::fs::ask_background(config);
         if let Err(max) = config.set_max_readahead(crate::fs::MAX_READAHEAD) {
             let _ = config.set_max_readahead(max);
         }
