@@ -27,10 +27,14 @@ struct Server {
 }
 
 async fn start(cred: &JobCredential) -> Server {
+    start_with(cred, router()).await
+}
+
+/// A server of `r` on both transports.
+async fn start_with(cred: &JobCredential, r: Arc<Router>) -> Server {
     let (stop, rx) = tokio::sync::watch::channel(false);
     let ep = QuicEndpoint::server(cred, "127.0.0.1:0".parse().unwrap()).unwrap();
     let quic = ep.local_addr().unwrap();
-    let r = router();
     tokio::spawn({
         let r = r.clone();
         let rx = rx.clone();
@@ -165,4 +169,44 @@ fn a_lane_calls_over_its_own_connection() {
         stuck[0]
     );
     drop(srv);
+}
+
+/// A request whose handler waits does not hold back the stream it came on: the server reads
+/// and answers the next request meanwhile (here the one that ends the wait), on either
+/// transport. Answered-at-once and waiting handlers share the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_handler_does_not_hold_back_its_stream() {
+    let site = SiteKey::from_bytes([1; 32]);
+    let cred = JobCredential::derive(&site, "job-1").unwrap();
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let mut r = Router::new();
+    let g = gate.clone();
+    r.add::<StatTarget, _, _>(move |_h: RequestHeader, req: StatTarget| {
+        let g = g.clone();
+        async move {
+            match req.target {
+                1 => g.notified().await,
+                2 => g.notify_one(),
+                _ => {}
+            }
+            Ok(TargetSpace { capacity: req.target as u64, free: 0, inodes_total: 0, inodes_free: 0, device: 0 })
+        }
+    });
+    let srv = start_with(&cred, Arc::new(r)).await;
+    // One connection per peer: every call below shares one stream.
+    let pool = Arc::new(Pool::new(cred, quick()).unwrap());
+    for (addr, t) in [(srv.quic, Transport::Quic), (srv.tcp, Transport::Tcp)] {
+        let call = |target: u32| {
+            let pool = pool.clone();
+            async move { pool.call(addr, t, &RequestHeader::default(), &StatTarget { target }).await }
+        };
+        let waiting = tokio::spawn(call(1));
+        // The waiting request is in its handler before the others are sent.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!waiting.is_finished(), "{t:?}: the waiting handler answered before it was released");
+        assert_eq!(call(3).await.unwrap().capacity, 3, "{t:?}: a request behind a waiting one");
+        assert_eq!(call(2).await.unwrap().capacity, 2, "{t:?}: the request that ends the wait");
+        let done = tokio::time::timeout(Duration::from_secs(5), waiting).await;
+        assert_eq!(done.expect("the waiting call never finished").unwrap().unwrap().capacity, 1, "{t:?}");
+    }
 }
