@@ -49,15 +49,6 @@ pub const MAX_READAHEAD: u32 = 1 << 20;
 /// average; docs/architecture.md, "FUSE mount"). The kernel caps it for a mount made without
 /// CAP_SYS_ADMIN (`fs.fuse.max_user_bgreq`).
 pub const MAX_BACKGROUND: u16 = 64;
-
-/// Asks the kernel for `MAX_BACKGROUND` background requests, congested at three quarters of
-/// them (as the kernel's own default ratio).
-pub(crate) fn ask_background(config: &mut KernelConfig) {
-    if let Err(nearest) = config.set_max_background(MAX_BACKGROUND) {
-        let _ = config.set_max_background(nearest);
-    }
-    let _ = config.set_congestion_threshold(MAX_BACKGROUND / 4 * 3);
-}
 /// Entries asked of metad per readdir request. fuser does not pass the kernel's buffer size
 /// to the callback; glibc sizes its buffer from the directory's `st_blksize` (1 MiB here) and
 /// the kernel then asks for up to 1 MiB, room for thousands of entries. Entries that do not
@@ -513,19 +504,29 @@ async fn getattr_any(s: &Shared, ctx: &Ctx, i: InodeId, fh: Option<u64>) -> OpRe
     }
 }
 
+/// What reads need of the kernel, asked at init (the FUSE minimum asks the same):
+/// `MAX_BACKGROUND` background requests in flight, congested at three quarters of them (the
+/// kernel's own default ratio), and `MAX_READAHEAD` of read-ahead.
+pub(crate) fn ask_io(config: &mut KernelConfig) {
+    if let Err(nearest) = config.set_max_background(MAX_BACKGROUND) {
+        let _ = config.set_max_background(nearest);
+    }
+    let _ = config.set_congestion_threshold(MAX_BACKGROUND / 4 * 3);
+    if let Err(max) = config.set_max_readahead(MAX_READAHEAD) {
+        // The kernel offers its current read-ahead as the maximum (128 KiB by default); the
+        // mount runner raises it through sysfs after mounting.
+        debug!(asked = MAX_READAHEAD, max, "kernel caps read-ahead at init");
+        let _ = config.set_max_readahead(max);
+    }
+}
+
 impl Filesystem for OdfsFuse {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         if let Err(max) = config.set_max_write(MAX_WRITE) {
             warn!(asked = MAX_WRITE, max, "kernel caps the write size");
             let _ = config.set_max_write(max);
         }
-        ask_background(config);
-        if let Err(max) = config.set_max_readahead(MAX_READAHEAD) {
-            // The kernel offers its current read-ahead as the maximum (128 KiB by default);
-            // the mount runner raises it through sysfs after mounting.
-            debug!(asked = MAX_READAHEAD, max, "kernel caps read-ahead at init");
-            let _ = config.set_max_readahead(max);
-        }
+        ask_io(config);
         // Readdirplus: the kernel chooses per directory (AUTO) between plain listings and
         // listings with attributes, saving a lookup per entry for `ls -l`-style walks.
         // Atomic O_TRUNC: open(O_TRUNC) arrives as one open request instead of open + setattr.

@@ -21,14 +21,17 @@
 //! With [`MinimumFs::with_creates`] it is mounted read-write and makes directories and empty
 //! files anywhere: each MKDIR or CREATE gets a new inode number and its attributes at once;
 //! directories are remembered by name (a path to them is looked up again), files are not (a
-//! LOOKUP of a file's name is answered "no such name", as an exclusive create's always is). An mdtest-style create through it costs what FUSE's own requests for a
-//! create cost (LOOKUP, CREATE, FLUSH, RELEASE): the bound under any FUSE filesystem's creates.
+//! LOOKUP of a file's name is answered "no such name", as an exclusive create's always is).
+//! An mdtest-style create through it costs what FUSE's own requests for a create cost
+//! (LOOKUP, CREATE, FLUSH, RELEASE): the bound under any FUSE filesystem's creates.
 
 use crate::mount::SESSION_THREADS;
+/// A mounted minimum (what [`MinimumFs::mount`] returns).
+pub use fuser::BackgroundSession;
 use fuser::{
-    BackgroundSession, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyOpen, Request, Session,
+    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, Request, Session,
 };
 use std::ffi::OsStr;
 use std::fs::File;
@@ -55,10 +58,15 @@ pub struct MinimumFs {
     large_block: Vec<u8>,
     /// Set when the large files' bytes come over TCP instead (`with_remote_large`).
     remote: Option<Remote>,
-    /// Set when MKDIR and CREATE are answered (`with_creates`): how many were.
-    made: Option<AtomicU64>,
-    /// The directories MKDIR made, by parent and name.
-    made_dirs: Mutex<std::collections::HashMap<(u64, std::ffi::OsString), u64>>,
+    /// Set when MKDIR and CREATE are answered (`with_creates`).
+    made: Option<Made>,
+}
+
+/// What MKDIR and CREATE made: how many inodes, and the directories by parent and name.
+#[derive(Default)]
+struct Made {
+    count: AtomicU64,
+    dirs: Mutex<std::collections::HashMap<(u64, std::ffi::OsString), u64>>,
 }
 
 /// Reader threads of the networked minimum: each waits out its READ's round trip, so there are
@@ -100,13 +108,12 @@ impl MinimumFs {
             large_block: Vec::new(),
             remote: None,
             made: None,
-            made_dirs: Mutex::default(),
         }
     }
 
     /// Mounted read-write, making directories and empty files (see the module's documentation).
     pub fn with_creates(mut self) -> Self {
-        self.made = Some(AtomicU64::new(0));
+        self.made = Some(Made::default());
         self
     }
 
@@ -207,14 +214,17 @@ impl MinimumFs {
         }
     }
 
-    /// A new directory's or file's inode, if this minimum makes them and `parent` is a
-    /// directory.
-    fn make(&self, parent: INodeNo, dir: bool) -> Result<Node, Errno> {
+    /// A new directory's or file's inode number, if this minimum makes them and `parent` is a
+    /// directory; a directory is remembered under `name`.
+    fn make(&self, parent: INodeNo, name: &OsStr, dir: bool) -> Result<Node, Errno> {
         let made = self.made.as_ref().ok_or(Errno::EROFS)?;
         match self.node(parent) {
             Some(Node::Root | Node::Dir(_) | Node::Made { dir: true, .. }) => {
-                let n = made.fetch_add(1, Ordering::Relaxed);
-                Ok(Node::Made { ino: MADE_BASE + 2 * n + dir as u64, dir })
+                let ino = MADE_BASE + 2 * made.count.fetch_add(1, Ordering::Relaxed) + dir as u64;
+                if dir {
+                    made.dirs.lock().expect("made dirs lock").insert((parent.0, name.to_os_string()), ino);
+                }
+                Ok(Node::Made { ino, dir })
             }
             Some(_) => Err(Errno::ENOTDIR),
             None => Err(Errno::ENOENT),
@@ -241,18 +251,15 @@ impl MinimumFs {
 impl Filesystem for MinimumFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // As odfs-fuse asks: an O_DIRECT or AIO reader's requests arrive together, as many
-        // background requests in flight.
+        // background requests in flight, the same read-ahead.
         let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
-        crate::fs::ask_background(config);
-        if let Err(max) = config.set_max_readahead(crate::fs::MAX_READAHEAD) {
-            let _ = config.set_max_readahead(max);
-        }
+        crate::fs::ask_io(config);
         Ok(())
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let made_dir = || {
-            let dirs = self.made_dirs.lock().expect("made_dirs lock");
+            let dirs = self.made.as_ref()?.dirs.lock().expect("made dirs lock");
             dirs.get(&(parent.0, name.to_os_string())).map(|&ino| Node::Made { ino, dir: true })
         };
         match self.node(parent).and_then(|p| self.child(&p, name)).or_else(made_dir) {
@@ -262,13 +269,8 @@ impl Filesystem for MinimumFs {
     }
 
     fn mkdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, _mode: u32, _umask: u32, reply: ReplyEntry) {
-        match self.make(parent, true) {
-            Ok(n) => {
-                if let Node::Made { ino, .. } = n {
-                    self.made_dirs.lock().expect("made_dirs lock").insert((parent.0, name.to_os_string()), ino);
-                }
-                reply.entry(&TTL, &self.attr(&n), Generation(0))
-            }
+        match self.make(parent, name, true) {
+            Ok(n) => reply.entry(&TTL, &self.attr(&n), Generation(0)),
             Err(e) => reply.error(e),
         }
     }
@@ -277,13 +279,13 @@ impl Filesystem for MinimumFs {
         &self,
         _req: &Request,
         parent: INodeNo,
-        _name: &OsStr,
+        name: &OsStr,
         _mode: u32,
         _umask: u32,
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        match self.make(parent, false) {
+        match self.make(parent, name, false) {
             Ok(n) => reply.created(&TTL, &self.attr(&n), Generation(0), FileHandle(0), FopenFlags::empty()),
             Err(e) => reply.error(e),
         }
