@@ -17,7 +17,7 @@
 
 use super::{close, drop_caches, fill_pattern, parallel, CpuMeter, Phase};
 use anyhow::{bail, Context, Result};
-use odfs_client_fuse::minimum::{FileServer, MinimumFs};
+use odfs_client_fuse::minimum::{BackgroundSession, FileServer, MinimumFs};
 use odfs_job::launch::mount;
 use odfs_job::local::{self, UpOptions};
 use odfs_rpc::Transport;
@@ -540,6 +540,13 @@ fn send_through_tcp(files: &[PathBuf]) -> Result<u64> {
     })
 }
 
+/// Mounts a FUSE minimum at `at` (made if missing); `Err` inside is the note saying that
+/// `name` was not measured because it could not be mounted.
+fn mount_minimum(fs: MinimumFs, at: &Path, name: &str) -> Result<std::result::Result<BackgroundSession, String>> {
+    std::fs::create_dir_all(at)?;
+    Ok(fs.mount(at).map_err(|e| format!("{name} not measured: cannot mount at {}: {e}", at.display())))
+}
+
 /// The sequential and 4 KiB random reads above, on the FUSE minimum's large files (bytes
 /// replied from memory on the reader thread): what FUSE alone allows these reads on this
 /// machine, for any filesystem that serves them through its daemon. One line, or why it was
@@ -553,10 +560,9 @@ fn fuse_minimum_large(
     what: &str,
     name: &str,
 ) -> Result<String> {
-    std::fs::create_dir_all(at)?;
-    let session = match fs.mount(at) {
+    let session = match mount_minimum(fs, at, name)? {
         Ok(s) => s,
-        Err(e) => return Ok(format!("{name} not measured: cannot mount at {}: {e}", at.display())),
+        Err(skipped) => return Ok(skipped),
     };
     eprintln!("bench: {name}, large files: sequential read, then 4 KiB random read");
     let report = name.replace([' ', '+'], "-");
@@ -773,10 +779,9 @@ fn md_phases(o: &MountBenchOptions, sides: &mut Sides) -> Result<()> {
 /// under any FUSE filesystem's creates. One line, or why it was skipped.
 fn fuse_minimum_creates(o: &MountBenchOptions, at: &Path) -> Result<String> {
     let name = "FUSE minimum, creates (answered at once, nothing kept)";
-    std::fs::create_dir_all(at)?;
-    let session = match MinimumFs::new(0, 0, Vec::new(), false).with_creates().mount(at) {
+    let session = match mount_minimum(MinimumFs::new(0, 0, Vec::new(), false).with_creates(), at, name)? {
         Ok(s) => s,
-        Err(e) => return Ok(format!("{name} not measured: cannot mount at {}: {e}", at.display())),
+        Err(skipped) => return Ok(skipped),
     };
     eprintln!("bench: {name}, {} workers x {} files", o.threads, o.files_per_thread);
     // CPU-s: this process's, where both the workers and the minimum's threads run.
@@ -848,12 +853,11 @@ fn fuse_minimum(o: &MountBenchOptions, at: &Path, dropped: &mut bool) -> Result<
     fill_pattern(&mut template, 5);
     let mut notes = Vec::new();
     for (no_open, what) in [(false, "with opens"), (true, "no-open mode (no OPEN or RELEASE)")] {
-        std::fs::create_dir_all(at)?;
         let fs = MinimumFs::new(o.small_files as u64, o.small_dirs as u64, template.clone(), no_open);
-        let session = match fs.mount(at) {
+        let session = match mount_minimum(fs, at, "FUSE minimum")? {
             Ok(s) => s,
-            Err(e) => {
-                notes.push(format!("FUSE minimum not measured: cannot mount at {}: {e}", at.display()));
+            Err(skipped) => {
+                notes.push(skipped);
                 break;
             }
         };
