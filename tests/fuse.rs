@@ -50,9 +50,7 @@ fn getdents(dir: &Path, bufsize: usize) -> Vec<(String, u64)> {
 /// fusectl is mounted at /sys/fs/fuse/connections first if it is not.
 fn fuse_connection(minor: u32) -> std::path::PathBuf {
     let top = Path::new("/sys/fs/fuse/connections");
-    let mounted =
-        fs::read_to_string("/proc/self/mounts").unwrap().lines().any(|l| l.split(' ').nth(2) == Some("fusectl"));
-    if !mounted {
+    if mount_line(top).is_none() {
         let out = std::process::Command::new("mount").args(["-t", "fusectl", "fusectl"]).arg(top).output().unwrap();
         assert!(
             out.status.success(),
