@@ -89,6 +89,11 @@ pub enum MetaOp {
         reply: Option<Box<MetaReply>>,
     },
     SetSealed(SetSealed),
+    /// Reserves the next `count` inode ids of this shard for a client's create delegation:
+    /// logged, so that a restarted shard never gives them out again.
+    ReserveInodes {
+        count: u32,
+    },
 }
 
 /// The successful reply of a [`MetaOp`]. Stored in snapshots: add variants at the end only.
@@ -106,6 +111,8 @@ pub enum MetaReply {
     /// `DropOrphan`: the removed orphan's attributes (its chunks go next), if it was removed.
     Orphan(Option<Attr>),
     Step(StepReply),
+    /// `ReserveInodes`: the first id reserved (the others follow it).
+    Reserved(InodeId),
 }
 
 fn wrong_reply(want: &str, got: &MetaReply) -> RemoteError {
@@ -209,29 +216,7 @@ pub(crate) fn spans_shards(ino: InodeId) -> RemoteError {
     RemoteError::new(ErrorCode::SpansShards, format!("inode {ino} lives on metadata shard {}", ino.shard()))
 }
 
-/// Checks one directory entry name: not empty, not "." or "..", no '/' or NUL, at most
-/// `NAME_MAX` bytes.
-pub fn check_name(name: &[u8]) -> RpcResult<()> {
-    if name.is_empty() {
-        return Err(RemoteError::new(ErrorCode::Invalid, "name is empty"));
-    }
-    if name.len() > NAME_MAX {
-        return Err(RemoteError::new(
-            ErrorCode::NameTooLong,
-            format!("name is {} bytes; the limit is {NAME_MAX}", name.len()),
-        ));
-    }
-    if name == b"." || name == b".." {
-        return Err(RemoteError::new(ErrorCode::Invalid, format!("name \"{}\" is reserved", show(name))));
-    }
-    if name.contains(&b'/') {
-        return Err(RemoteError::new(ErrorCode::Invalid, format!("name \"{}\" contains '/'", show(name))));
-    }
-    if name.contains(&0) {
-        return Err(RemoteError::new(ErrorCode::Invalid, "name contains a NUL byte"));
-    }
-    Ok(())
-}
+pub use odfs_proto::meta::check_name;
 
 /// Extended attribute names: not empty, at most `NAME_MAX` bytes (Linux answers `ERANGE`).
 pub(crate) fn check_xattr_name(name: &[u8]) -> RpcResult<()> {
@@ -412,6 +397,22 @@ impl Namespace {
         let ino = InodeId::new(self.shard, self.next_local);
         self.next_local += 1;
         Ok(ino)
+    }
+
+    /// Reserves the next `count` inode ids (a create delegation's); returns the first.
+    pub(crate) fn reserve(&mut self, count: u32) -> RpcResult<Applied> {
+        let end = self.next_local + count as u64;
+        if end > MAX_LOCAL + 1 {
+            return Err(RemoteError::new(ErrorCode::NoSpace, "this shard has used every inode id"));
+        }
+        let first = InodeId::new(self.shard, self.next_local);
+        self.next_local = end;
+        Applied::changed(MetaReply::Reserved(first))
+    }
+
+    /// Whether `ino` is an id of this shard given out already (to an inode or a reservation).
+    pub(crate) fn allocated(&self, ino: InodeId) -> bool {
+        ino.shard() == self.shard && ino.local() < self.next_local
     }
 
     /// Whether `ancestor` is `dir` or one of the directories above it.
@@ -607,6 +608,7 @@ impl Namespace {
             MetaOp::SetDirStripes { ino, stripes } => self.set_dir_stripes(now, *ino, stripes),
             MetaOp::SetRootOwner { uid, gid, mode } => self.set_root_owner(now, *uid, *gid, *mode),
             MetaOp::SetSealed(r) => self.set_sealed(h, now, r),
+            MetaOp::ReserveInodes { count } => self.reserve(*count),
         }
     }
 

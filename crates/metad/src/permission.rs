@@ -81,20 +81,7 @@ pub(crate) fn require_sticky_owner(h: &RequestHeader, dir: &Inode, victim_uid: u
     ))
 }
 
-/// Group and mode of a new inode in `parent`: a set-group-id directory passes on its group,
-/// and to subdirectories its set-group-id bit. A new file keeps set-group-id only if its
-/// creator belongs to the inherited group (Linux `mode_strip_sgid`).
+/// Group and mode of a new inode in `parent` (see [`odfs_proto::meta::new_owner`]).
 pub(crate) fn new_owner(h: &RequestHeader, parent: &Inode, mode: u32, is_dir: bool) -> (u32, u32) {
-    if parent.mode & S_ISGID == 0 {
-        return (h.gid, mode);
-    }
-    let gid = parent.gid;
-    let mode = if is_dir {
-        mode | S_ISGID
-    } else if mode & (S_ISGID | 0o010) == (S_ISGID | 0o010) && !h.is_root() && !h.in_group(gid) {
-        mode & !S_ISGID
-    } else {
-        mode
-    };
-    (gid, mode)
+    odfs_proto::meta::new_owner(h, parent.mode, parent.gid, mode, is_dir)
 }

@@ -15,6 +15,7 @@ use odfs_rpc::quic::QuicEndpoint;
 use odfs_rpc::{Router, Shutdown, Transport};
 use odfs_service::{announce, Daemon};
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tracing::warn;
@@ -39,6 +40,7 @@ impl Routes {
         self.r.add::<R, _, _>(move |h: RequestHeader, q: R| {
             let (recalls, f) = (recalls.clone(), f.clone());
             async move {
+                recalls.delegations_before(&h, &q).await;
                 let out = f(h.clone(), q).await;
                 recalls.wait(&h).await;
                 out
@@ -48,17 +50,47 @@ impl Routes {
     }
 }
 
-/// The replies to changes, held until the recalls the changes caused are acknowledged.
+/// The replies to changes, held until the recalls the changes caused are acknowledged; and
+/// requests about a directory another client holds a create delegation on, held until it has
+/// been recalled.
 pub(crate) struct Recalls {
     store: Shared,
     pending: PendingReplies,
     lease: Duration,
+    delegations: Arc<AtomicUsize>,
 }
 
 impl Recalls {
     pub(crate) fn new(store: &Shared) -> Recalls {
         let s = store.lock().expect("store lock");
-        Recalls { store: store.clone(), pending: s.pending_replies(), lease: s.lease_time() }
+        Recalls {
+            store: store.clone(),
+            pending: s.pending_replies(),
+            lease: s.lease_time(),
+            delegations: s.delegation_count(),
+        }
+    }
+
+    /// Before request `q` is answered: recalls the create delegations another client holds on
+    /// what it names (or on child directories of it) and waits until the holder has sent its
+    /// deferred creates and acknowledged, or its session has ended. The answer then includes
+    /// every create the holder answered.
+    pub(crate) async fn delegations_before<R: Rpc>(&self, h: &RequestHeader, q: &R) {
+        if self.delegations.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let inos = q.inodes();
+        if inos.is_empty() {
+            return;
+        }
+        // Until none is left: the holder may have been granted one again meanwhile.
+        loop {
+            let waits = self.store.lock().expect("store lock").recall_delegations(h, &inos);
+            if waits.is_empty() {
+                return;
+            }
+            self.wait_all(waits).await;
+        }
     }
 
     /// Waits until every client that cached what request `h` changed has dropped it, or until
@@ -70,8 +102,17 @@ impl Recalls {
         if let Some(t) = pending.grace {
             tokio::time::sleep_until(t.into()).await;
         }
+        self.wait_all(pending.waits).await;
+    }
+
+    /// Waits for each client's acknowledgement, at most a lease: a client that does not answer
+    /// in time loses its session (and its leases and delegations).
+    async fn wait_all(&self, waits: Vec<crate::sessions::Wait>) {
+        if waits.is_empty() {
+            return;
+        }
         let lease = self.lease;
-        let waits = pending.waits.into_iter().map(|mut w| async move {
+        let waits = waits.into_iter().map(|mut w| async move {
             let acked = tokio::time::timeout(lease, w.acked.wait_for(|&a| a >= w.seq)).await;
             // Err(Elapsed): no answer within the lease. Ok(Err): the session ended meanwhile.
             acked.is_err().then_some(w.client)
@@ -142,6 +183,7 @@ async fn mutate_fresh(
 pub fn router(store: Shared, coord: Coordinator) -> Router {
     let mut r = Routes { r: Router::new(), recalls: coord.recalls.clone() };
     add_placing(&mut r, &coord);
+    add_delegations(&mut r, &coord);
     add_coordinated(&mut r, &coord);
     add_reads(&mut r, &coord);
     add_plain(&mut r, &store);
@@ -200,6 +242,55 @@ fn add_placing(r: &mut Routes, coord: &Coordinator) {
                 MetaReply::Attr(a) => Ok(a),
                 other => Err(unexpected(other)),
             }
+        }
+    });
+}
+
+/// Create delegations: granted, and the deferred changes of their holders applied.
+fn add_delegations(r: &mut Routes, coord: &Coordinator) {
+    let stats = r.r.stats();
+    let s = coord.clone();
+    r.add::<DelegateCreates, _, _>(move |h: RequestHeader, q: DelegateCreates| {
+        let s = s.clone();
+        async move {
+            // Layouts are chosen here, as a create chooses them: from every target.
+            if !s.ready.load(std::sync::atomic::Ordering::Acquire) {
+                if let Err(err) = s.refresh().await {
+                    warn!(error = %err, "cannot refresh targets from mgmtd");
+                }
+            }
+            s.store.lock().expect("store lock").delegate_creates(&h, &q)
+        }
+    });
+    let s = coord.clone();
+    r.add::<CreateBatch, _, _>(move |h: RequestHeader, q: CreateBatch| {
+        let (s, stats) = (s.clone(), stats.clone());
+        async move {
+            let mut failed = Vec::new();
+            let mut applied = Vec::with_capacity(q.entries.len());
+            {
+                let mut st = s.store.lock().expect("store lock");
+                for (i, e) in q.entries.iter().enumerate() {
+                    let t = std::time::Instant::now();
+                    let r = st.apply_deferred(&h, e);
+                    // Counted as the operations they are (odfs stats: creates by client).
+                    match e {
+                        Deferred::Create { .. } => stats.record_carried::<Create>(h.client_id, t.elapsed(), r.is_err()),
+                        Deferred::Size { .. } => {
+                            stats.record_carried::<ExtendSize>(h.client_id, t.elapsed(), r.is_err())
+                        }
+                    }
+                    match r {
+                        Ok(entry) => applied.push(entry),
+                        Err(err) => failed.push((i as u32, err)),
+                    }
+                }
+            }
+            // Each entry is a change of its own: the batch's answer waits for their recalls.
+            for entry in &applied {
+                s.recalls.wait(entry).await;
+            }
+            Ok(BatchReply { failed })
         }
     });
 }

@@ -13,6 +13,11 @@
 //! session and registers its open files again (`Reopen`), and until one lease has passed, no
 //! inode is taken for unheld.
 //!
+//! A create delegation (docs/architecture.md, "Create delegations") lets one caching client
+//! answer creates in a directory itself. It is held while no other client asks about the
+//! directory or changes a name of its parent: any such request recalls it first, and waits for
+//! the holder's acknowledgement, which the holder sends after its deferred creates.
+//!
 //! Registrations carry the client's sequence number of the open: a release only undoes a
 //! registration as old as itself, so a release that overtakes a later open of the same file
 //! (both in flight at once) leaves that open registered.
@@ -20,6 +25,7 @@
 use odfs_proto::meta::Recall;
 use odfs_proto::InodeId;
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify};
@@ -133,6 +139,11 @@ pub(crate) struct Sessions {
     queues: HashMap<u64, Queue>,
     /// Clients that cache, and so take leases (they said so in their polls).
     caching: HashSet<u64>,
+    /// Create delegations: directory → (holder, the directory's parent when granted).
+    delegated: HashMap<InodeId, (u64, InodeId)>,
+    /// How many delegations are held (read without the store lock: most requests need not
+    /// look for one).
+    delegations: Arc<AtomicUsize>,
 }
 
 impl Sessions {
@@ -147,7 +158,69 @@ impl Sessions {
             names: LeaseTable::default(),
             queues: HashMap::new(),
             caching: HashSet::new(),
+            delegated: HashMap::new(),
+            delegations: Arc::new(AtomicUsize::new(0)),
         }
+    }
+
+    /// How many create delegations are held, readable without the store's lock.
+    pub fn delegation_count(&self) -> Arc<AtomicUsize> {
+        self.delegations.clone()
+    }
+
+    /// Whether `client` may be given a create delegation on `dir`: it caches, has a session,
+    /// and no other client holds a lease on the directory's names or attributes or a
+    /// delegation on it.
+    pub fn may_delegate(&self, client: u64, dir: InodeId) -> bool {
+        self.caching.contains(&client)
+            && self.clients.contains_key(&client)
+            && self.names.holders(dir).all(|c| c == client)
+            && self.attrs.holders(dir).all(|c| c == client)
+            && self.delegated.get(&dir).is_none_or(|&(c, _)| c == client)
+    }
+
+    /// `client` holds a create delegation on `dir`, a child of `parent`.
+    pub fn delegate(&mut self, client: u64, dir: InodeId, parent: InodeId) {
+        self.delegated.insert(dir, (client, parent));
+        self.delegations.store(self.delegated.len(), Ordering::Relaxed);
+    }
+
+    /// Directory `dir` may have moved (a change by its holder touched it): its parent is now
+    /// `parent`.
+    pub fn delegated_moved(&mut self, dir: InodeId, parent: InodeId) {
+        if let Some(d) = self.delegated.get_mut(&dir) {
+            d.1 = parent;
+        }
+    }
+
+    /// Ends every create delegation of another client than `except` on one of `inos` or on a
+    /// child directory of one of them (its name may be what the request changes); queues the
+    /// recalls and returns what to wait for.
+    pub fn recall_delegations(&mut self, except: u64, inos: &[InodeId]) -> Vec<Wait> {
+        self.recall_delegations_where(except, |dir, parent| inos.contains(&dir) || inos.contains(&parent))
+    }
+
+    /// Ends the delegations of other clients than `except` on the directories (child of a
+    /// parent) that `ends` picks.
+    fn recall_delegations_where(&mut self, except: u64, ends: impl Fn(InodeId, InodeId) -> bool) -> Vec<Wait> {
+        let ended: Vec<(InodeId, u64)> = self
+            .delegated
+            .iter()
+            .filter(|(dir, (c, parent))| *c != except && ends(**dir, *parent))
+            .map(|(dir, (c, _))| (*dir, *c))
+            .collect();
+        let mut per_client: HashMap<u64, Recall> = HashMap::new();
+        for (dir, client) in ended {
+            self.delegated.remove(&dir);
+            per_client.entry(client).or_default().dirs.push(dir);
+        }
+        self.delegations.store(self.delegated.len(), Ordering::Relaxed);
+        self.queue(per_client)
+    }
+
+    fn drop_delegations(&mut self, client: u64) {
+        self.delegated.retain(|_, (c, _)| *c != client);
+        self.delegations.store(self.delegated.len(), Ordering::Relaxed);
     }
 
     pub fn lease(&self) -> Duration {
@@ -177,13 +250,24 @@ impl Sessions {
             return;
         }
         for ino in inos {
+            self.end_other_delegation(ino, client);
             self.attrs.grant(client, ino);
+        }
+    }
+
+    /// A lease on `dir` goes to `client`: another client's create delegation on it ends (it
+    /// is recalled without waiting). Only a request that raced the grant gets here; every
+    /// other request about the directory recalled the delegation before it was answered.
+    fn end_other_delegation(&mut self, dir: InodeId, client: u64) {
+        if self.delegated.get(&dir).is_some_and(|&(c, _)| c != client) {
+            self.recall_delegations_where(client, |d, _| d == dir);
         }
     }
 
     /// `client` may cache names of directory `dir`, and their absence.
     pub fn grant_names(&mut self, client: u64, dir: InodeId) {
         if self.caching.contains(&client) && self.clients.contains_key(&client) {
+            self.end_other_delegation(dir, client);
             self.names.grant(client, dir);
         }
     }
@@ -206,7 +290,7 @@ impl Sessions {
     /// wait for.
     pub fn recall(&mut self, except: u64, inos: &[InodeId], names: &[(InodeId, Vec<u8>)]) -> Vec<Wait> {
         fn of(m: &mut HashMap<u64, Recall>, c: u64) -> &mut Recall {
-            m.entry(c).or_insert_with(|| Recall { seq: 0, inos: vec![], names: vec![] })
+            m.entry(c).or_default()
         }
         let mut per_client: HashMap<u64, Recall> = HashMap::new();
         for (dir, name) in names {
@@ -219,6 +303,11 @@ impl Sessions {
                 of(&mut per_client, c).inos.push(ino);
             }
         }
+        self.queue(per_client)
+    }
+
+    /// Queues one recall for each client; returns what to wait for.
+    fn queue(&mut self, per_client: HashMap<u64, Recall>) -> Vec<Wait> {
         let mut waits = Vec::with_capacity(per_client.len());
         for (client, mut r) in per_client {
             let q = self.queues.entry(client).or_insert_with(Queue::new);
@@ -282,6 +371,7 @@ impl Sessions {
     fn drop_leases(&mut self, client: u64) {
         self.attrs.drop_client(client);
         self.names.drop_client(client);
+        self.drop_delegations(client);
         // Waiters see the sender go (the session ended): they stop waiting.
         self.queues.remove(&client);
     }

@@ -9,6 +9,7 @@
 use crate::inode::IdHasher;
 use crate::namespace::{Changes, Choice, Intent, IntentKind, Namespace};
 pub use crate::namespace::{Found, MetaOp, MetaReply};
+use crate::permission;
 use crate::sessions::{Sessions, Wait};
 use crate::wal::{self, Wal, LOG_FILE};
 use crate::{snapshot, MetaError};
@@ -739,6 +740,12 @@ impl MetaStore {
     /// redriven to its end) gets `Busy`, so the client asks again until that reply is recorded.
     /// A failed mutation changes nothing.
     pub fn mutate(&mut self, h: &RequestHeader, op: MetaOp) -> RpcResult<MetaReply> {
+        self.mutate_as(h, op, Choice::default(), Timespec::now())
+    }
+
+    /// `mutate` with choices made already and the time given: a client's deferred change,
+    /// made under a create delegation (see `apply_deferred`).
+    fn mutate_as(&mut self, h: &RequestHeader, op: MetaOp, mut choice: Choice, now: Timespec) -> RpcResult<MetaReply> {
         let key = (h.client_id, h.request_id);
         if h.request_id != 0 {
             if let Some(reply) = self.dedup.get(key) {
@@ -767,7 +774,6 @@ impl MetaStore {
             }
             _ => {}
         }
-        let now = Timespec::now();
         let placement = &mut self.placement;
         let sessions = &self.sessions;
         // A step of an operation spanning shards is the asking client's change, not the
@@ -778,8 +784,7 @@ impl MetaStore {
             _ => h.client_id,
         };
         let held = |i| sessions.held(i) || sessions.leased_by_other(i, requester);
-        let applied =
-            self.ns.apply(h, now, &op, &mut Choice::default(), &mut |dl, node| placement.choose(dl, node), &held)?;
+        let applied = self.ns.apply(h, now, &op, &mut choice, &mut |dl, node| placement.choose(dl, node), &held)?;
         if !applied.changed {
             return Ok(applied.reply);
         }
@@ -806,6 +811,94 @@ impl MetaStore {
             }
         }
         Ok(applied.reply)
+    }
+
+    /// Grants the caller's client a create delegation on `q.dir` (see `DelegateCreates`): ids
+    /// reserved (logged) and a layout chosen for each. `InUse` when another client caches the
+    /// directory; the client then creates as usual.
+    pub fn delegate_creates(&mut self, h: &RequestHeader, q: &DelegateCreates) -> RpcResult<CreateDelegation> {
+        const MAX_DELEGATED: u32 = 4096;
+        let busy = |why: &str| Err(RemoteError::new(ErrorCode::InUse, why.to_string()));
+        if !self.sessions.may_delegate(h.client_id, q.dir) {
+            return busy("another client caches this directory, or this client has no caching session");
+        }
+        let (node, dir) = self.ns.dir_node(q.dir)?;
+        if node.sealed {
+            return Err(RemoteError::new(ErrorCode::ReadOnly, format!("directory {} is sealed", q.dir)));
+        }
+        if dir.stripes.len() > 1 || dir.closing {
+            return busy("the directory is striped over metadata shards");
+        }
+        permission::require(h, node, q.dir, permission::MAY_WRITE | permission::MAY_EXEC)?;
+        let (parent, dir_layout, attr) = (dir.parent, dir.layout.clone(), node.attr(q.dir));
+        let count = q.count.clamp(1, MAX_DELEGATED);
+        let layouts = (0..count).map(|_| self.placement.choose(&dir_layout, q.node)).collect::<RpcResult<Vec<_>>>()?;
+        let first = match self.mutate(h, MetaOp::ReserveInodes { count })? {
+            MetaReply::Reserved(first) => first,
+            other => return Err(crate::service::unexpected(other)),
+        };
+        self.sessions.delegate(h.client_id, q.dir, parent);
+        let inos = layouts
+            .into_iter()
+            .enumerate()
+            .map(|(i, l)| (InodeId::new(first.shard(), first.local() + i as u64), l))
+            .collect();
+        Ok(CreateDelegation { inos, dir: attr })
+    }
+
+    /// Applies one deferred change of a client's `CreateBatch` as its own request: a create
+    /// with the id and layout the client took from its reservation, at the client's time, or
+    /// a size published at close. Its header is the entry's caller with the batch's client.
+    pub fn apply_deferred(&mut self, batch: &RequestHeader, e: &Deferred) -> RpcResult<RequestHeader> {
+        let request_id = match e {
+            Deferred::Create { caller, .. } => caller.request_id,
+            Deferred::Size { request_id, .. } => *request_id,
+        };
+        // Applied already (the batch was sent again after its answer was lost).
+        let h = RequestHeader { client_id: batch.client_id, request_id, ..RequestHeader::default() };
+        if self.dedup.get((h.client_id, h.request_id)).is_some() {
+            return Ok(h);
+        }
+        let (h, op, choice, now) = match e {
+            Deferred::Create { caller, parent, name, mode, ino, layout, now } => {
+                if !self.ns.allocated(*ino) || self.ns.node(*ino).is_ok() {
+                    return Err(RemoteError::new(
+                        ErrorCode::Invalid,
+                        format!("inode {ino} of \"{}\" is not an unused reserved id", String::from_utf8_lossy(name)),
+                    ));
+                }
+                let create = Create {
+                    parent: *parent,
+                    name: name.clone(),
+                    mode: *mode,
+                    exclusive: true,
+                    layout: None,
+                    register: false,
+                    node: None,
+                };
+                let choice = Choice { ino: Some(*ino), layout: Some(layout.clone()) };
+                (caller.clone(), MetaOp::Create(create), choice, *now)
+            }
+            Deferred::Size { request_id, ino, size, mtime } => {
+                let h = RequestHeader { request_id: *request_id, ..RequestHeader::default() };
+                (h, MetaOp::ExtendSize(ExtendSize { ino: *ino, size: *size, mtime: *mtime }), Choice::default(), *mtime)
+            }
+        };
+        let h = RequestHeader { client_id: batch.client_id, ..h };
+        self.mutate_as(&h, op, choice, now)?;
+        Ok(h)
+    }
+
+    /// How many create delegations this shard has granted and not recalled (shared: the
+    /// service reads it without the store's lock).
+    pub(crate) fn delegation_count(&self) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+        self.sessions.delegation_count()
+    }
+
+    /// Ends the create delegations of other clients than the caller's on `inos` or their
+    /// child directories (see `Sessions::recall_delegations`); returns what to wait for.
+    pub(crate) fn recall_delegations(&mut self, h: &RequestHeader, inos: &[InodeId]) -> Vec<Wait> {
+        self.sessions.recall_delegations(h.client_id, inos)
     }
 
     /// Recalls every other client's lease on `ino` without changing it: a client that holds
@@ -853,6 +946,10 @@ impl MetaStore {
                 Ok(n) if n.is_dir() => {
                     self.sessions.grant(requester, [ino]);
                     self.sessions.grant_names(requester, ino);
+                    if let Some(d) = n.dir() {
+                        // Its holder may have moved a delegated directory.
+                        self.sessions.delegated_moved(ino, d.parent);
+                    }
                 }
                 Ok(n) if n.nlink > 0 => self.sessions.grant(requester, [ino]),
                 // Gone, or an orphan: nothing to cache.

@@ -326,3 +326,87 @@ fn steps_and_intents_of_operations_spanning_shards_survive_a_crash() {
     assert_eq!(s.mutate(&req(5, 6), end).unwrap(), reply);
     assert_eq!(s.mutate(&req(5, 6), MetaOp::Unlink(Unlink { parent: ROOT, name: b"zz".to_vec() })).unwrap(), reply);
 }
+
+/// A client with a caching session (a create delegation needs one).
+fn caching_client(s: &mut MetaStore, client_id: u64) -> RequestHeader {
+    let h = RequestHeader { client_id, request_id: 1, ..root() };
+    s.session_poll(&h, &SessionPoll { wait_ms: 0, acked: 0, open: Vec::new(), caching: true });
+    h
+}
+
+#[test]
+fn reserved_inode_ids_survive_a_restart_and_deferred_creates_apply_after_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut s = open(tmp.path());
+    s.set_root_owner(0, 0, 0o777).unwrap();
+    let holder = caching_client(&mut s, 77);
+    let d = s.mkdir(&RequestHeader { request_id: 2, ..holder.clone() }, ROOT, b"d", 0o777).unwrap().ino;
+
+    // Another client caching the directory's names: no delegation (the holder creates as usual).
+    let other = caching_client(&mut s, 88);
+    s.lease_names(&other, d);
+    let ask = DelegateCreates { dir: d, count: 8, node: None };
+    let refused = s.delegate_creates(&RequestHeader { request_id: 3, ..holder.clone() }, &ask).unwrap_err();
+    assert_eq!(refused.code, ErrorCode::InUse, "{refused}");
+    s.end_session(88);
+
+    let grant = s.delegate_creates(&RequestHeader { request_id: 4, ..holder.clone() }, &ask).unwrap();
+    assert_eq!(grant.inos.len(), 8);
+    assert_eq!(grant.dir.ino, d);
+    let last_reserved = grant.inos.last().unwrap().0;
+    drop(s); // as if killed: the reservation is in the log only
+
+    let mut s = open(tmp.path());
+    let n = s.create(&root(), ROOT, b"other", 0o644).unwrap();
+    assert!(n.ino.0 > last_reserved.0, "a restarted shard gave out reserved id {} again", n.ino);
+
+    // The holder's deferred create, sent after the restart: applied with its own id, layout,
+    // time and caller, exactly once however often it is sent.
+    let batch = RequestHeader { client_id: 77, request_id: 100, ..root() };
+    let (ino, layout) = grant.inos[0].clone();
+    let now = Timespec { sec: 1_700_000_000, nsec: 5 };
+    let caller = RequestHeader { request_id: 101, client_id: 0, uid: 1000, gid: 1000, groups: vec![] };
+    let create = Deferred::Create {
+        caller: caller.clone(),
+        parent: d,
+        name: b"f".to_vec(),
+        mode: 0o640,
+        ino,
+        layout: layout.clone(),
+        now,
+    };
+    s.apply_deferred(&batch, &create).unwrap();
+    s.apply_deferred(&batch, &create).unwrap();
+    let f = s.find(&root(), d, b"f").unwrap();
+    assert_eq!((f.ino, f.layout.as_ref(), f.mtime, f.uid, f.gid, f.mode), (ino, Some(&layout), now, 1000, 1000, 0o640));
+    assert_eq!(list(&s, d, 100).len(), 1, "one file, however often its create was sent");
+
+    // Its size, published at close and logged after the create.
+    let mtime = Timespec { sec: 1_700_000_001, nsec: 0 };
+    s.apply_deferred(&batch, &Deferred::Size { request_id: 102, ino, size: 3901, mtime }).unwrap();
+    assert_eq!(s.find(&root(), d, b"f").unwrap().size, 3901);
+
+    // Refused: an id that is not an unused reserved one, and a name taken meanwhile.
+    let with = |name: &[u8], ino: InodeId, request_id: u64| Deferred::Create {
+        caller: RequestHeader { request_id, ..caller.clone() },
+        parent: d,
+        name: name.to_vec(),
+        mode: 0o644,
+        ino,
+        layout: layout.clone(),
+        now,
+    };
+    let used = s.apply_deferred(&batch, &with(b"g", n.ino, 103)).unwrap_err();
+    assert_eq!(used.code, ErrorCode::Invalid, "{used}");
+    let unreserved = InodeId::new(0, last_reserved.local() + 1_000_000);
+    assert_eq!(s.apply_deferred(&batch, &with(b"g", unreserved, 104)).unwrap_err().code, ErrorCode::Invalid);
+    s.create(&root(), d, b"taken", 0o644).unwrap();
+    let taken = s.apply_deferred(&batch, &with(b"taken", grant.inos[1].0, 105)).unwrap_err();
+    assert_eq!(taken.code, ErrorCode::Exists, "{taken}");
+
+    // Logged as creates: all of it survives the next restart.
+    let before = dump(&s);
+    drop(s);
+    let s = open(tmp.path());
+    assert_eq!(dump(&s), before);
+}

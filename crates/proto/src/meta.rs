@@ -238,6 +238,58 @@ pub fn setid_dropped(mode: u32, caller_root: bool, caller_in_group: bool) -> u32
     (mode & 0o4000) | if sgid { 0o2000 } else { 0 }
 }
 
+/// Checks one directory entry name: not empty, not "." or "..", no '/' or NUL, at most
+/// `NAME_MAX` bytes. metad checks every new name; a client answering a create itself does too.
+pub fn check_name(name: &[u8]) -> Result<(), crate::RemoteError> {
+    use crate::{ErrorCode, RemoteError, NAME_MAX};
+    let show = || String::from_utf8_lossy(name);
+    if name.is_empty() {
+        return Err(RemoteError::new(ErrorCode::Invalid, "name is empty"));
+    }
+    if name.len() > NAME_MAX {
+        return Err(RemoteError::new(
+            ErrorCode::NameTooLong,
+            format!("name is {} bytes; the limit is {NAME_MAX}", name.len()),
+        ));
+    }
+    if name == b"." || name == b".." {
+        return Err(RemoteError::new(ErrorCode::Invalid, format!("name \"{}\" is reserved", show())));
+    }
+    if name.contains(&b'/') {
+        return Err(RemoteError::new(ErrorCode::Invalid, format!("name \"{}\" contains '/'", show())));
+    }
+    if name.contains(&0) {
+        return Err(RemoteError::new(ErrorCode::Invalid, "name contains a NUL byte"));
+    }
+    Ok(())
+}
+
+/// Group and mode of a new inode made by `caller` in a directory of mode `parent_mode` and
+/// group `parent_gid`: a set-group-id directory passes on its group, and to subdirectories its
+/// set-group-id bit. A new file keeps set-group-id only if its creator belongs to the inherited
+/// group (Linux `mode_strip_sgid`). metad applies it to every new inode; a client answering a
+/// create under a delegation applies it too, so both build the same attributes.
+pub fn new_owner(
+    caller: &crate::RequestHeader,
+    parent_mode: u32,
+    parent_gid: u32,
+    mode: u32,
+    is_dir: bool,
+) -> (u32, u32) {
+    const S_ISGID: u32 = 0o2000;
+    if parent_mode & S_ISGID == 0 {
+        return (caller.gid, mode);
+    }
+    let mode = if is_dir {
+        mode | S_ISGID
+    } else if mode & (S_ISGID | 0o010) == (S_ISGID | 0o010) && !caller.is_root() && !caller.in_group(parent_gid) {
+        mode & !S_ISGID
+    } else {
+        mode
+    };
+    (parent_gid, mode)
+}
+
 impl Default for InodeId {
     fn default() -> Self {
         InodeId::ROOT
@@ -479,11 +531,14 @@ pub struct SessionPoll {
 
 /// What a client must stop caching: attributes (and, for files, data) of `inos`, and the
 /// names `names` (directory, name), positive or negative.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Recall {
     pub seq: u64,
     pub inos: Vec<InodeId>,
     pub names: Vec<(InodeId, Vec<u8>)>,
+    /// Directories whose create delegation ends: the client stops answering creates there,
+    /// sends its deferred changes (`CreateBatch`) and only then acknowledges.
+    pub dirs: Vec<InodeId>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -686,44 +741,112 @@ pub struct UnlinkIdle {
     pub mtime: Timespec,
 }
 
+/// A caching client asks to answer creates in directory `dir` itself, for `count` new files (a
+/// create delegation; docs/architecture.md, "Create delegations"). Granted on a directory of
+/// this shard that is not striped or sealed, where the caller may create, and whose names and
+/// attributes no other client caches; refused with `InUse` otherwise. Any other client's request
+/// about the directory recalls the delegation first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DelegateCreates {
+    pub dir: InodeId,
+    pub count: u32,
+    /// The asking client's node, for local placement.
+    pub node: Option<NodeIndex>,
+}
+
+/// A create delegation: inode ids reserved for the client (logged: never given out again),
+/// each with the layout a create would have chosen, and the directory's attributes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateDelegation {
+    pub inos: Vec<(InodeId, Layout)>,
+    pub dir: Attr,
+}
+
+/// A client's deferred changes, applied in order, each as its own request would be (logged,
+/// deduplicated by its own request id, checked: a name taken meanwhile fails that create).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateBatch {
+    pub entries: Vec<Deferred>,
+}
+
+/// One deferred change of a client holding a create delegation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Deferred {
+    /// A create answered by the client: the new file `ino` (one of its reserved ids) with
+    /// `layout`, made at `now` by `caller` (its uid, gid and groups; `request_id` is the
+    /// entry's own) with `mode` as asked.
+    Create {
+        caller: crate::RequestHeader,
+        parent: InodeId,
+        #[serde(with = "serde_bytes")]
+        name: Vec<u8>,
+        mode: u32,
+        ino: InodeId,
+        layout: Layout,
+        now: Timespec,
+    },
+    /// The size and mtime published at the close of a file created in the same log (as
+    /// `ExtendSize`).
+    Size { request_id: u64, ino: InodeId, size: u64, mtime: Timespec },
+}
+
+/// The entries of a batch that failed (index in the batch, why); the rest were applied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct BatchReply {
+    pub failed: Vec<(u32, crate::RemoteError)>,
+}
+
 crate::rpc! {
-    Lookup = 100 => Attr,
-    GetAttr = 101 => Attr,
-    SetAttr = 102 => Attr,
-    Create = 103 => CreateReply,
-    Mkdir = 104 => Attr,
-    Unlink = 105 => UnlinkReply,
-    Rmdir = 106 => (),
-    Rename = 107 => RenameReply,
-    Symlink = 108 => Attr,
+    Lookup = 100 => Attr { fn inodes(&self) -> Vec<InodeId> { vec![self.parent] } },
+    GetAttr = 101 => Attr { fn inodes(&self) -> Vec<InodeId> { vec![self.ino] } },
+    SetAttr = 102 => Attr { fn inodes(&self) -> Vec<InodeId> { vec![self.ino] } },
+    Create = 103 => CreateReply { fn inodes(&self) -> Vec<InodeId> { vec![self.parent] } },
+    Mkdir = 104 => Attr { fn inodes(&self) -> Vec<InodeId> { vec![self.parent] } },
+    Unlink = 105 => UnlinkReply { fn inodes(&self) -> Vec<InodeId> { vec![self.parent] } },
+    Rmdir = 106 => () { fn inodes(&self) -> Vec<InodeId> { vec![self.parent] } },
+    Rename = 107 => RenameReply { fn inodes(&self) -> Vec<InodeId> { vec![self.parent, self.new_parent] } },
+    Symlink = 108 => Attr { fn inodes(&self) -> Vec<InodeId> { vec![self.parent] } },
     Readlink = 109 => Vec<u8>,
-    Link = 110 => Attr,
-    ReadDir = 111 => ReadDirReply,
-    SetXattr = 112 => (),
-    GetXattr = 113 => Vec<u8>,
-    ListXattr = 114 => Vec<Vec<u8>>,
-    RemoveXattr = 115 => (),
+    Link = 110 => Attr { fn inodes(&self) -> Vec<InodeId> { vec![self.ino, self.new_parent] } },
+    ReadDir = 111 => ReadDirReply { fn inodes(&self) -> Vec<InodeId> { vec![self.ino] } },
+    SetXattr = 112 => () { fn inodes(&self) -> Vec<InodeId> { vec![self.ino] } },
+    GetXattr = 113 => Vec<u8> { fn inodes(&self) -> Vec<InodeId> { vec![self.ino] } },
+    ListXattr = 114 => Vec<Vec<u8>> { fn inodes(&self) -> Vec<InodeId> { vec![self.ino] } },
+    RemoveXattr = 115 => () { fn inodes(&self) -> Vec<InodeId> { vec![self.ino] } },
     StatFs = 116 => StatFsReply,
     ExtendSize = 117 => Attr,
-    Open = 118 => Attr,
-    Access = 119 => (),
-    SetDirLayout = 120 => (),
-    GetDirLayout = 121 => DirLayout,
+    Open = 118 => Attr { fn inodes(&self) -> Vec<InodeId> { vec![self.ino] } },
+    Access = 119 => () { fn inodes(&self) -> Vec<InodeId> { vec![self.ino] } },
+    SetDirLayout = 120 => () { fn inodes(&self) -> Vec<InodeId> { vec![self.ino] } },
+    GetDirLayout = 121 => DirLayout { fn inodes(&self) -> Vec<InodeId> { vec![self.ino] } },
     SetFileLayout = 122 => Attr,
-    StripeDir = 123 => Attr,
+    StripeDir = 123 => Attr { fn inodes(&self) -> Vec<InodeId> { vec![self.ino] } },
     CreateShadow = 124 => (),
     SyncShadow = 125 => (),
     SealShadow = 126 => (),
     DropShadow = 127 => (),
-    CountEntries = 128 => u64,
-    Mknod = 129 => Attr,
+    CountEntries = 128 => u64 { fn inodes(&self) -> Vec<InodeId> { vec![self.ino] } },
+    Mknod = 129 => Attr { fn inodes(&self) -> Vec<InodeId> { vec![self.parent] } },
     Release = 130 => ReleaseReply,
     SessionPoll = 131 => SessionReply,
     Reopen = 132 => u64,
-    Step = 133 => StepReply,
+    Step = 133 => StepReply { fn inodes(&self) -> Vec<InodeId> { self.change.inodes() } },
     ParentOf = 134 => InodeId,
     RenameLock = 135 => (),
     // 136 retired (OpCounts: every service's GetStats counts requests by kind).
-    SetSealed = 137 => Attr,
-    UnlinkIdle = 138 => UnlinkReply,
+    SetSealed = 137 => Attr { fn inodes(&self) -> Vec<InodeId> { vec![self.ino] } },
+    UnlinkIdle = 138 => UnlinkReply { fn inodes(&self) -> Vec<InodeId> { vec![self.parent] } },
+    DelegateCreates = 139 => CreateDelegation { fn inodes(&self) -> Vec<InodeId> { vec![self.dir] } },
+    CreateBatch = 140 => BatchReply,
+}
+
+impl StepChange {
+    /// The inodes a step reads or changes by id (see [`crate::Rpc::inodes`]).
+    fn inodes(&self) -> Vec<InodeId> {
+        match self {
+            StepChange::RemoveName { parent, .. } | StepChange::SetName { parent, .. } => vec![*parent],
+            StepChange::AddLink { ino } | StepChange::DropLink { ino } | StepChange::DropDir { ino } => vec![*ino],
+            StepChange::Reparent { ino, to } => vec![*ino, *to],
+        }
+    }
 }

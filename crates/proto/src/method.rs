@@ -36,6 +36,14 @@ pub trait Rpc: Serialize + DeserializeOwned + Send + Sync + 'static {
     fn stats_target(&self) -> Option<crate::TargetId> {
         None
     }
+
+    /// The inodes a metadata request reads or changes by id, the directories it names a child
+    /// of included: metad recalls another client's create delegation on any of them before it
+    /// answers (docs/architecture.md, "Create delegations"). Requests about a file by id alone
+    /// (sizes, layouts) name none: only the delegation's holder knows a file it has not sent.
+    fn inodes(&self) -> Vec<crate::InodeId> {
+        Vec::new()
+    }
 }
 
 /// Declares the method id and reply type of request types; a `{ ... }` after the reply type

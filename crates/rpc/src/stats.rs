@@ -58,6 +58,22 @@ impl Default for Stats {
 }
 
 impl Stats {
+    /// Counts one operation carried inside another request (an entry of metad's `CreateBatch`)
+    /// as a request of its own kind `R` from `client`, so that the counts by kind stay the
+    /// operations done, however they arrived.
+    pub fn record_carried<R: odfs_proto::Rpc>(&self, client: u64, took: Duration, error: bool) {
+        self.record(Served {
+            method: R::METHOD,
+            name: R::NAME,
+            client,
+            target: None,
+            took,
+            error,
+            bytes_in: 0,
+            bytes_out: 0,
+        });
+    }
+
     pub(crate) fn record(&self, s: Served) {
         let bucket = latency_bucket(s.took.as_micros() as u64);
         let mut c = self.counts.lock().expect("stats lock");
