@@ -446,3 +446,69 @@ fn a_sealed_tree_refuses_every_change_is_served_from_caches_and_unseals_everywhe
     assert_eq!(a.ok(&format!("cat {d}/f")), "again");
     assert_eq!(a.ok(&format!("getfattr --only-values -n odfs.sealed {d}")), "0");
 }
+
+#[test]
+fn creates_a_node_answers_itself_are_seen_by_the_very_next_call_on_the_other() {
+    let (net, fs, a, b) = two_nodes();
+    let mnt = a.mnt.display().to_string();
+    let scratch = tempfile::tempdir().unwrap();
+
+    // A made the directory and is alone in it: it answers creates there itself (a create
+    // delegation) and sends them to metad in batches, where each counts as the create it is.
+    let d = format!("{mnt}/made");
+    a.ok(&format!("mkdir {d}"));
+    let before = meta_requests(&net, &fs);
+    a.ok(&format!("for i in $(seq 1 100); do : > {d}/e$i; done; printf 'small file' > {d}/w"));
+    let after = meta_requests(&net, &fs);
+    let delta = |k: &str| after.get(k).copied().unwrap_or(0) - before.get(k).copied().unwrap_or(0);
+    assert_eq!(delta("DelegateCreates"), 1, "{after:?}");
+    assert!(delta("CreateBatch") >= 1, "no batch of deferred creates reached metad: {after:?}");
+    assert_eq!(delta("Create"), 101, "each create counted once at metad, batched or not: {after:?}");
+    // B's very first look sees all of them, with the size published at close.
+    assert_eq!(b.ok(&format!("ls {d} | wc -l")).trim(), "101");
+    assert_eq!(b.ok(&format!("cat {d}/w")), "small file");
+    assert_eq!(b.ok(&format!("stat -c %s {d}/e77 {d}/w | tr '\\n' ' '")), "0 10 ");
+
+    // A creating while B looks: every create A has returned from is there for B's next lookup.
+    let d2 = format!("{mnt}/made2");
+    let progress = scratch.path().join("progress");
+    a.ok(&format!("mkdir {d2} && echo 0 > {p}", p = progress.display()));
+    a.ok(&format!(
+        "(for i in $(seq 1 1500); do : > {d2}/f$i; echo $i > {p}.new; mv {p}.new {p}; done) >/dev/null 2>&1 &",
+        p = progress.display()
+    ));
+    let (mut seen, t) = (0, Instant::now());
+    while seen < 1500 {
+        assert!(t.elapsed() < Duration::from_secs(300), "A's creates stopped at {seen}");
+        let n: u32 = fs::read_to_string(&progress).unwrap().trim().parse().unwrap();
+        if n > 0 {
+            b.ok(&format!("test -e {d2}/f{n}"));
+        }
+        seen = n;
+    }
+    assert_eq!(b.ok(&format!("ls {d2} | wc -l")).trim(), "1500");
+
+    // Names still in A's log unlinked, renamed and changed: metad gets them in order.
+    let d3 = format!("{mnt}/made3");
+    a.ok(&format!(
+        "mkdir {d3} && : > {d3}/u && rm {d3}/u && : > {d3}/r && mv {d3}/r {d3}/r2 && printf x > {d3}/s && \
+         chmod 600 {d3}/s"
+    ));
+    assert_eq!(b.ok(&format!("ls {d3} | tr '\\n' ' '")), "r2 s ");
+    assert_eq!(b.ok(&format!("stat -c %a {d3}/s")).trim(), "600");
+
+    // An fsync of the directory sends A's log; frozen, A still holds the delegation: B's look
+    // waits for it at most the lease, then sees what A had sent, and A, thawed, goes on.
+    let d4 = format!("{mnt}/made4");
+    a.ok(&format!("mkdir {d4} && : > {d4}/held && sync {d4}"));
+    signal(&a, libc::SIGSTOP);
+    let t = Instant::now();
+    let listing = b.ok(&format!("ls {d4}"));
+    let waited = t.elapsed();
+    signal(&a, libc::SIGCONT);
+    assert_eq!(listing, "held\n");
+    // Liveness, not speed: the lease is 30 s; a look that waited for ever would hang here.
+    assert!(waited < Duration::from_secs(90), "a frozen holder held B's listing for {waited:?}");
+    a.ok(&format!(": > {d4}/after"));
+    b.ok(&format!("test -e {d4}/after && test -e {d4}/held"));
+}

@@ -35,6 +35,7 @@ const KINDS: &[&str] = &[
     "readdirplus",
     "access",
     "fsync",
+    "fsyncdir",
     "fallocate",
     "link",
     "symlink",

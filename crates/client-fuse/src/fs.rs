@@ -156,6 +156,7 @@ impl Shared {
         if n > 0 {
             info!(files = n, "flushed open files");
         }
+        self.client.sync_deferred().await;
     }
 
     /// Closes every file still open (the session ended without releasing them).
@@ -1125,8 +1126,18 @@ impl Filesystem for OdfsFuse {
     }
 
     fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        // metad logs every namespace change before acknowledging it: nothing is pending.
-        reply.ok();
+        // metad logs every namespace change before acknowledging it; what is pending is the
+        // creates this node answered under its delegations, sent now.
+        let s = self.shared.clone();
+        self.spawn(
+            "fsyncdir",
+            reply,
+            async move {
+                s.client.sync_deferred().await;
+                Ok(())
+            },
+            |reply, ()| reply.ok(),
+        );
     }
 
     fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

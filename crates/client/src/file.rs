@@ -11,7 +11,7 @@ use crate::fs::Truncate;
 use crate::{Client, ClientError, Ctx, Result};
 use futures::future::{BoxFuture, FutureExt, Shared};
 use odfs_proto::codec::MAX_IO;
-use odfs_proto::meta::{Attr, ExtendSize};
+use odfs_proto::meta::Attr;
 use odfs_proto::storage::{PunchChunk, ReadChunk, SyncChunk, WriteChunk, Written};
 use odfs_proto::{InodeId, Layout, Timespec};
 use std::collections::{BTreeMap, BTreeSet};
@@ -388,6 +388,8 @@ impl InodeData {
         self.drain(client).await?;
         let mut ws = self.ws.lock().await;
         if sync {
+            // Durable: the file's create first, if it is still in this client's log.
+            client.sync_deferred().await;
             let touched = std::mem::take(&mut ws.touched);
             let futs = touched.iter().map(|&i| {
                 let t = self.layout.targets[i];
@@ -400,12 +402,7 @@ impl InodeData {
             }
         }
         if ws.size_dirty {
-            let req = ExtendSize { ino: self.ino, size: ws.size, mtime: ws.mtime };
-            let t = client.ticket();
-            client.invalidate(self.ino);
-            // An unlinked file open here is an orphan at metad: its size is published as any.
-            let attr = client.meta(ctx, self.ino.shard(), &req).await?;
-            client.changed_attr(&attr, t);
+            client.publish_size(ctx, self.ino, ws.size, ws.mtime).await?;
             ws.size_dirty = false;
             *self.size_hint.lock().expect("size lock") = (ws.size, false);
         }

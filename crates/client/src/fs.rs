@@ -2,6 +2,7 @@
 
 use crate::attr_cache::{AttrCache, Cached, Ticket};
 use crate::cluster::Cluster;
+use crate::delegation::{Delegations, Take};
 use crate::file::{FileHandle, InodeData};
 use crate::{ClientConfig, ClientError, Result};
 use odfs_proto::meta::*;
@@ -78,6 +79,8 @@ pub(crate) struct Inner {
     /// What the program on top counted of its own operations (a mount: every FUSE request,
     /// those answered from the caches included), shown by `fs_stats` beside the services'.
     ops: std::sync::OnceLock<OpStats>,
+    /// The directories this client answers creates in, and its log of deferred changes.
+    delegations: Arc<Delegations>,
 }
 
 /// Reads what the program on top of a client counted of its own operations (see
@@ -117,6 +120,31 @@ pub type RecallHook = Arc<dyn Fn(&Recall) + Send + Sync>;
 /// hold.
 const HOOK_WAIT: Duration = Duration::from_millis(20);
 
+/// Sends the changes this client deferred under its create delegations, a batch at a time:
+/// woken when the log grows, it sends all of it, and again what came meanwhile.
+async fn send_deferred(weak: std::sync::Weak<Inner>, dels: Arc<Delegations>, mut stop: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = dels.kick.notified() => {}
+            _ = stop.changed() => return,
+        }
+        loop {
+            let batch = dels.next_batch();
+            if batch.is_empty() {
+                break;
+            }
+            let Some(inner) = weak.upgrade() else { return };
+            let sent = Client { inner }.send_batch(batch).await;
+            if !sent {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = stop.changed() => return,
+                }
+            }
+        }
+    }
+}
+
 /// One shard's session: polls, applies the recalls each answer brings, and acknowledges them
 /// with the next poll. Trust in the shard's leases is renewed by every answer: until the
 /// poll's send time plus nine tenths of the lease, before the shard could end the session.
@@ -138,6 +166,7 @@ async fn keep_session(weak: std::sync::Weak<Inner>, shard: u16, mut stop: watch:
             Ok(reply) => {
                 if reply.new_session {
                     client.inner.cache.drop_shard(shard);
+                    client.inner.delegations.drop_shard(shard);
                     acked = 0;
                     client.reopen(shard).await;
                 }
@@ -205,9 +234,11 @@ impl Client {
             stripes: Mutex::new(HashMap::new()),
             removed: Mutex::new(HashMap::new()),
             ops: std::sync::OnceLock::new(),
+            delegations: Arc::new(Delegations::new()),
         });
         let client = Client { inner };
         client.keep_sessions(&stop_rx);
+        tokio::spawn(send_deferred(Arc::downgrade(&client.inner), client.inner.delegations.clone(), stop_rx.clone()));
         client.spawn_background(stop_rx);
         Ok(client)
     }
@@ -232,6 +263,15 @@ impl Client {
     /// this client holds open without having registered them (the acknowledgement names them,
     /// so they outlive their last name while open here).
     async fn apply_recall(&self, r: &Recall) -> Registering {
+        if !r.dirs.is_empty() {
+            // Another client asks about these directories: what was answered here goes first.
+            self.inner.delegations.end(&r.dirs);
+            self.inner.delegations.settle().await;
+            if r.inos.is_empty() && r.names.is_empty() {
+                // Nothing cached changed.
+                return Registering::default();
+            }
+        }
         self.inner.cache.apply(r);
         {
             let mut stripes = self.inner.stripes.lock().expect("stripes lock");
@@ -383,8 +423,17 @@ impl Client {
         self.meta_as(&self.header(ctx), shard, req).await
     }
 
-    /// `meta` with a given header.
+    /// `meta` with a given header. Every request but the session's poll first waits until
+    /// metad has applied the changes this client deferred before it (see `delegation`).
     async fn meta_as<R: Rpc>(&self, h: &RequestHeader, shard: u16, req: &R) -> Result<R::Reply> {
+        if R::METHOD != SessionPoll::METHOD {
+            self.inner.delegations.settle().await;
+        }
+        self.meta_now(h, shard, req).await
+    }
+
+    /// Calls metad without waiting for deferred changes (the session's poll, the batches).
+    async fn meta_now<R: Rpc>(&self, h: &RequestHeader, shard: u16, req: &R) -> Result<R::Reply> {
         let want = self.inner.cfg.meta_transport;
         self.call_fresh(h, req, |c| c.meta_addr(shard, want)).await
     }
@@ -790,6 +839,11 @@ impl Client {
         exclusive: bool,
         layout: Option<DirLayout>,
     ) -> Result<CreateReply> {
+        if layout.is_none() {
+            if let Some(r) = self.create_delegated(ctx, parent, name, mode).await {
+                return Ok(r);
+            }
+        }
         let t = self.inner.cache.ticket();
         let req =
             Create { parent, name: name.to_vec(), mode, exclusive, layout, register: false, node: Some(self.node()) };
@@ -798,6 +852,157 @@ impl Client {
         self.made_entry(ctx, parent, name, &r.attr, t);
         self.cache_parent(r.parent.as_ref(), t);
         Ok(r)
+    }
+
+    /// A create answered here, under a delegation on `parent` (see `delegation`): when this
+    /// client caches, the name is known not to exist, the directory's attributes are cached
+    /// and let the caller create, and a reserved id is at hand (asked for when none is). The
+    /// new file is built as metad builds it, logged, and cached; metad applies it with the
+    /// next batch. None: the create goes to metad as usual.
+    async fn create_delegated(&self, ctx: &Ctx, parent: InodeId, name: &[u8], mode: u32) -> Option<CreateReply> {
+        if !self.caching() || odfs_proto::meta::check_name(name).is_err() {
+            return None;
+        }
+        let absent = || matches!(self.inner.cache.lookup(parent, name, (ctx.uid, ctx.gid)), Some(Cached::Absent));
+        let dir = self.inner.cache.attr(parent)?;
+        if !absent() || dir.sealed || !may_create_in(ctx, &dir) {
+            return None;
+        }
+        let (ino, layout) = match self.inner.delegations.take(parent) {
+            Take::Got(ino, layout) => (ino, layout),
+            Take::No => return None,
+            Take::Ask => {
+                self.ask_delegation(ctx, parent).await;
+                match self.inner.delegations.take(parent) {
+                    Take::Got(ino, layout) => (ino, layout),
+                    _ => return None,
+                }
+            }
+        };
+        let t = self.inner.cache.ticket();
+        let caller = self.header(ctx);
+        let now = odfs_proto::Timespec::now();
+        let (gid, file_mode) = odfs_proto::meta::new_owner(&caller, dir.mode, dir.gid, mode & 0o7777, false);
+        let attr = Attr {
+            ino,
+            kind: FileKind::File,
+            mode: file_mode,
+            nlink: 1,
+            uid: ctx.uid,
+            gid,
+            size: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            layout: Some(layout.clone()),
+            dir_stripes: Vec::new(),
+            rdev: 0,
+            sealed: false,
+        };
+        let entry = Deferred::Create { caller, parent, name: name.to_vec(), mode, ino, layout, now };
+        // Logged before it is cached: a request that finds the name waits for the log.
+        self.inner.delegations.log_create(entry, ino, parent);
+        let dir = Attr { mtime: now, ctime: now, ..dir };
+        self.made_entry(ctx, parent, name, &attr, t);
+        self.cache_parent(Some(&dir), t);
+        Some(CreateReply { attr, created: true, parent: Some(dir) })
+    }
+
+    /// Asks metad for a create delegation on `dir`; records the answer (a refusal too).
+    async fn ask_delegation(&self, ctx: &Ctx, dir: InodeId) {
+        let req = DelegateCreates { dir, count: crate::delegation::BATCH_IDS, node: Some(self.node()) };
+        let t = self.inner.cache.ticket();
+        match self.meta(ctx, dir.shard(), &req).await {
+            Ok(d) => {
+                self.cache_parent(Some(&d.dir), t);
+                self.inner.delegations.granted(dir, Some(d.inos));
+            }
+            Err(e) => {
+                debug!(%dir, error = %e, "no create delegation");
+                self.inner.delegations.granted(dir, None);
+            }
+        }
+    }
+
+    /// Publishes the size and mtime written to `ino` through this client (at close): logged
+    /// with the file's create when that is still in the log, sent to metad otherwise. Returns
+    /// the attributes as they are now.
+    pub(crate) async fn publish_size(
+        &self,
+        ctx: &Ctx,
+        ino: InodeId,
+        size: u64,
+        mtime: odfs_proto::Timespec,
+    ) -> Result<Attr> {
+        let t = self.ticket();
+        let cached = self.inner.cache.attr(ino);
+        if let Some(a) = cached {
+            let request_id = self.header(ctx).request_id;
+            if self.inner.delegations.log_size(ino, || Deferred::Size { request_id, ino, size, mtime }) {
+                let a = Attr { size: a.size.max(size), mtime, ctime: mtime, ..a };
+                self.changed_attr(&a, t);
+                return Ok(a);
+            }
+        }
+        self.invalidate(ino);
+        // An unlinked file open here is an orphan at metad: its size is published as any.
+        let a = self.meta(ctx, ino.shard(), &ExtendSize { ino, size, mtime }).await?;
+        self.changed_attr(&a, t);
+        Ok(a)
+    }
+
+    /// Waits until metad has applied every change this client answered itself (an fsync of a
+    /// directory, an unmount).
+    pub async fn sync_deferred(&self) {
+        self.inner.delegations.settle().await;
+    }
+
+    /// Sends one batch of deferred changes, per shard; false when it could not be sent (it
+    /// went back to the log). Creates metad refused (a name taken by another client while
+    /// this one was cut off) are reported and dropped from the caches.
+    async fn send_batch(&self, batch: Vec<(u64, Deferred)>) -> bool {
+        let Some(&(last, _)) = batch.last() else { return true };
+        let mut by_shard: std::collections::BTreeMap<u16, Vec<Deferred>> = std::collections::BTreeMap::new();
+        for (_, e) in &batch {
+            let shard = match e {
+                Deferred::Create { parent, .. } => parent.shard(),
+                Deferred::Size { ino, .. } => ino.shard(),
+            };
+            by_shard.entry(shard).or_default().push(e.clone());
+        }
+        let root = Ctx::root();
+        let calls = by_shard.into_iter().map(|(shard, entries)| {
+            let h = self.header(&root);
+            async move {
+                let req = CreateBatch { entries };
+                let r = self.meta_now(&h, shard, &req).await;
+                (req.entries, r)
+            }
+        });
+        let results = futures::future::join_all(calls).await;
+        if let Some(e) = results.iter().find_map(|(_, r)| r.as_ref().err()) {
+            warn!(error = %e, "cannot send deferred creates to metad; trying again");
+            self.inner.delegations.unsent(batch);
+            return false;
+        }
+        let mut done = Vec::new();
+        for (entries, r) in results {
+            let failed = r.map(|b| b.failed).unwrap_or_default();
+            for (i, err) in failed {
+                if let Some(Deferred::Create { parent, name, ino, .. }) = entries.get(i as usize) {
+                    warn!(%parent, name = %String::from_utf8_lossy(name), error = %err,
+                        "metad refused a create this node had answered: the file is gone");
+                    self.inner.cache.forget_entry(*parent, name);
+                    self.invalidate(*ino);
+                }
+            }
+            done.extend(entries.iter().filter_map(|e| match e {
+                Deferred::Create { ino, .. } => Some(*ino),
+                Deferred::Size { .. } => None,
+            }));
+        }
+        self.inner.delegations.applied(done, last);
+        true
     }
 
     pub async fn mkdir(&self, ctx: &Ctx, parent: InodeId, name: &[u8], mode: u32) -> Result<Attr> {
@@ -1169,6 +1374,12 @@ impl Client {
         exclusive: bool,
         layout: Option<DirLayout>,
     ) -> Result<(CreateReply, FileHandle)> {
+        if layout.is_none() {
+            if let Some(r) = self.create_delegated(ctx, parent, name, mode).await {
+                let handle = self.handle_for(ctx, r.attr.clone(), true, true, 0)?;
+                return Ok((r, handle));
+            }
+        }
         let t = self.inner.cache.ticket();
         let h = self.header(ctx);
         // A caching client does not register: the new file is leased to it, and it registers
@@ -1310,6 +1521,20 @@ impl Client {
         let _ = self.inner.stop.send(true);
         self.inner.pool.close_all();
     }
+}
+
+/// Whether the mode bits let `ctx` add a name to directory `dir` (write and search; root may).
+fn may_create_in(ctx: &Ctx, dir: &Attr) -> bool {
+    let bits = if ctx.uid == 0 {
+        return true;
+    } else if ctx.uid == dir.uid {
+        dir.mode >> 6
+    } else if ctx.gid == dir.gid || ctx.groups.contains(&dir.gid) {
+        dir.mode >> 3
+    } else {
+        dir.mode
+    };
+    bits & 0o3 == 0o3
 }
 
 /// Whether the mode bits let `ctx` read a file (root reads anything).

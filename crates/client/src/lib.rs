@@ -10,6 +10,7 @@
 mod attr_cache;
 pub mod cluster;
 pub mod config;
+mod delegation;
 pub mod error;
 pub mod file;
 pub mod fs;
