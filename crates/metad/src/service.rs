@@ -83,6 +83,10 @@ impl Recalls {
         if inos.is_empty() {
             return;
         }
+        if odfs_proto::meta::ends_delegation(R::METHOD) {
+            // The holder's own change of the directory: its client ended the delegation.
+            self.store.lock().expect("store lock").end_own_delegations(h, &inos);
+        }
         // Until none is left: the holder may have been granted one again meanwhile.
         loop {
             let waits = self.store.lock().expect("store lock").recall_delegations(h, &inos);
@@ -270,6 +274,8 @@ fn add_delegations(r: &mut Routes, coord: &Coordinator) {
             let mut applied = Vec::with_capacity(q.entries.len());
             {
                 let mut st = s.store.lock().expect("store lock");
+                // One log write for the batch: its entries are answered together.
+                st.begin_log_group();
                 for (i, e) in q.entries.iter().enumerate() {
                     let t = std::time::Instant::now();
                     let r = st.apply_deferred(&h, e);
@@ -285,6 +291,7 @@ fn add_delegations(r: &mut Routes, coord: &Coordinator) {
                         Err(err) => failed.push((i as u32, err)),
                     }
                 }
+                st.end_log_group()?;
             }
             // Each entry is a change of its own: the batch's answer waits for their recalls.
             for entry in &applied {

@@ -889,6 +889,23 @@ impl MetaStore {
         Ok(h)
     }
 
+    /// Starts writing log records as one group (see `Wal::begin_group`): for a batch of
+    /// deferred changes, whose answer goes out after `end_log_group`.
+    pub fn begin_log_group(&mut self) {
+        self.wal.begin_group();
+    }
+
+    /// Writes the group's log records. On failure memory is ahead of the log: changes are
+    /// refused from now on, as after any failed append.
+    pub fn end_log_group(&mut self) -> RpcResult<()> {
+        self.wal.end_group().map_err(|e| {
+            let why = e.to_string();
+            tracing::error!(error = %why, "write-ahead log append failed; refusing changes");
+            self.failed = Some(why.clone());
+            RemoteError::new(ErrorCode::Io, why)
+        })
+    }
+
     /// How many create delegations this shard has granted and not recalled (shared: the
     /// service reads it without the store's lock).
     pub(crate) fn delegation_count(&self) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
@@ -899,6 +916,11 @@ impl MetaStore {
     /// child directories (see `Sessions::recall_delegations`); returns what to wait for.
     pub(crate) fn recall_delegations(&mut self, h: &RequestHeader, inos: &[InodeId]) -> Vec<Wait> {
         self.sessions.recall_delegations(h.client_id, inos)
+    }
+
+    /// Ends the caller's own create delegations on `inos` (it changes what they rely on).
+    pub(crate) fn end_own_delegations(&mut self, h: &RequestHeader, inos: &[InodeId]) {
+        self.sessions.end_delegations_of(h.client_id, inos);
     }
 
     /// Recalls every other client's lease on `ino` without changing it: a client that holds
@@ -952,8 +974,11 @@ impl MetaStore {
                     }
                 }
                 Ok(n) if n.nlink > 0 => self.sessions.grant(requester, [ino]),
-                // Gone, or an orphan: nothing to cache.
-                _ => self.sessions.end_lease(requester, ino),
+                // Gone, or an orphan: nothing to cache (nor to create in).
+                _ => {
+                    self.sessions.end_lease(requester, ino);
+                    self.sessions.end_delegations_of(requester, &[ino]);
+                }
             }
         }
         let grace = self.sessions.grace_end();

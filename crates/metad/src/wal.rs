@@ -88,6 +88,8 @@ pub(crate) struct Wal {
     sync: bool,
     /// Reused frame buffer: no allocation per record once warm.
     buf: Vec<u8>,
+    /// Records of an open group (`begin_group`), written together when it ends.
+    group: Option<Vec<u8>>,
 }
 
 impl Wal {
@@ -113,7 +115,25 @@ impl Wal {
                 .and_then(|_| file.sync_all())
                 .map_err(|e| MetaError::io("cut the torn tail of", path, e))?;
         }
-        Ok(Wal { file, path: path.to_owned(), len: valid_len, sync, buf: Vec::with_capacity(4096) })
+        Ok(Wal { file, path: path.to_owned(), len: valid_len, sync, buf: Vec::with_capacity(4096), group: None })
+    }
+
+    /// Starts a group: records appended until `end_group` are written in one write (the
+    /// entries of a client's `CreateBatch`, all answered together).
+    pub fn begin_group(&mut self) {
+        self.group = Some(Vec::new());
+    }
+
+    /// Writes the group's records (and an fdatasync when so configured).
+    pub fn end_group(&mut self) -> Result<(), MetaError> {
+        let Some(g) = self.group.take() else { return Ok(()) };
+        if g.is_empty() {
+            return Ok(());
+        }
+        let r = self.file.write_all(&g).and_then(|_| if self.sync { self.file.sync_data() } else { Ok(()) });
+        r.map_err(|e| MetaError::io("append to", &self.path, e))?;
+        self.len += g.len() as u64;
+        Ok(())
     }
 
     /// Bytes in the log.
@@ -143,6 +163,11 @@ impl Wal {
         buf[0..4].copy_from_slice(&(payload as u32).to_le_bytes());
         let crc = crc32c(crc32c(0, &buf[0..4]), &buf[FRAME_HEADER..]);
         buf[4..8].copy_from_slice(&crc.to_le_bytes());
+        if let Some(g) = &mut self.group {
+            g.extend_from_slice(&buf);
+            self.buf = buf;
+            return Ok(());
+        }
         let r = self.file.write_all(&buf).and_then(|_| if self.sync { self.file.sync_data() } else { Ok(()) });
         let n = buf.len() as u64;
         self.buf = buf;
