@@ -494,7 +494,12 @@ fn creates_a_node_answers_itself_are_seen_by_the_very_next_call_on_the_other() {
         "mkdir {d3} && : > {d3}/u && rm {d3}/u && : > {d3}/r && mv {d3}/r {d3}/r2 && printf x > {d3}/s && \
          chmod 600 {d3}/s"
     ));
-    assert_eq!(b.ok(&format!("ls {d3} | tr '\\n' ' '")), "r2 s ");
+    // A file made under the delegation, linked while open into a directory B uses (so B's
+    // look there recalls nothing of A's): its size at close is published, not left in A's log.
+    b.ok(&format!("mkdir {mnt}/bdir && ls {mnt}/bdir"));
+    a.ok(&format!("exec 3>{d3}/h && ln {d3}/h {mnt}/bdir/linked && printf abc >&3 && exec 3>&-"));
+    assert_eq!(b.ok(&format!("cat {mnt}/bdir/linked")), "abc");
+    assert_eq!(b.ok(&format!("ls {d3} | tr '\\n' ' '")), "h r2 s ");
     assert_eq!(b.ok(&format!("stat -c %a {d3}/s")).trim(), "600");
 
     // An fsync of the directory sends A's log; frozen, A still holds the delegation: B's look

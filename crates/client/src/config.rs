@@ -24,6 +24,10 @@ pub struct ClientConfig {
     /// value caches them for as long as this client's leases last (metad recalls them before
     /// any change; see docs/architecture.md, "Coherent caching"). Default 1000.
     pub attr_cache_ms: u64,
+    /// A caching client answers creates itself in a directory no other client uses, and sends
+    /// them to metad in batches (a create delegation, docs/architecture.md "Create
+    /// delegations"); false sends every create to metad. Default true.
+    pub create_delegations: bool,
     /// Chunks read ahead of a sequential reader.
     pub readahead_chunks: u32,
     /// Through the mount, a read-only open of a file of at most this many bytes fetches the
@@ -51,6 +55,7 @@ impl Default for ClientConfig {
             meta_transport: Transport::Tcp,
             write_behind_bytes: 64 << 20,
             attr_cache_ms: 1000,
+            create_delegations: true,
             readahead_chunks: 4,
             fill_at_open_bytes: 1 << 20,
             bulk_connections: 2,

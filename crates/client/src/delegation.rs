@@ -1,8 +1,8 @@
 //! Create delegations, the client's side (docs/architecture.md, "Create delegations"): the
 //! directories this client answers creates in itself, the inode ids and layouts metad reserved
 //! for each, and the log of deferred changes (those creates, and the sizes published at the
-//! close of files created in the log) that goes to metad in batches, one batch in flight at a
-//! time. Every other request to metad waits until what was logged before it is applied
+//! close of files made under a delegation still held) that goes to metad in batches, one
+//! batch in flight at a time. Every other request to metad waits until what was logged before it is applied
 //! (`settle`), so metad sees this client's changes in the order its callers made them.
 
 use odfs_proto::meta::Deferred;
@@ -20,28 +20,50 @@ const QUIET: Duration = Duration::from_secs(1);
 /// Inode ids asked for at once.
 pub(crate) const BATCH_IDS: u32 = 1024;
 
+/// Reserved ids older than this are dropped and new ones asked for: their layouts were chosen
+/// from the targets of that time.
+const IDS_FOR: Duration = Duration::from_secs(10);
+
+/// Entries sent in one `CreateBatch` at most (a log grown while metad was away goes in several).
+const MAX_BATCH: usize = 512;
+
+/// Files remembered as made under a delegation, at most (beyond, their sizes go to metad as
+/// usual).
+const MAX_MADE: usize = 1 << 16;
+
 /// What a create in a directory may do now.
 pub(crate) enum Take {
-    /// Answer it here, as this new file (id and layout).
+    /// Answered here: the new file's id and layout (its entry is logged).
     Got(InodeId, Layout),
-    /// Ask metad for a delegation first (this caller is the one asking).
-    Ask,
+    /// Ask metad for a delegation first (this caller is the one asking), with this ticket.
+    Ask(u64),
     /// Send it to metad as usual.
     No,
+}
+
+/// Reserved ids of one delegated directory.
+struct Grant {
+    ids: VecDeque<(InodeId, Layout)>,
+    at: Instant,
 }
 
 #[derive(Default)]
 struct State {
     /// Directory → the reserved ids (with layouts) not used yet.
-    dirs: HashMap<InodeId, VecDeque<(InodeId, Layout)>>,
+    dirs: HashMap<InodeId, Grant>,
+    /// Counts delegations ended (recalls, lost sessions): a grant asked for before one ended
+    /// may have been recalled before its answer arrived, and is not used.
+    ended: u64,
     /// Directories not asked about again before the instant.
     quiet: HashMap<InodeId, Instant>,
     /// Directories a delegation is being asked for.
     asking: HashSet<InodeId>,
     /// Deferred changes not sent yet, each with its sequence number.
     log: Vec<(u64, Deferred)>,
-    /// Files whose create is logged and not yet applied, with their directories.
-    unapplied: HashMap<InodeId, InodeId>,
+    /// Files created here under a delegation still held, with their directories: no other
+    /// client can know them yet (any request about the directory ends the delegation), so
+    /// their sizes may join the log too.
+    made: HashMap<InodeId, InodeId>,
 }
 
 pub(crate) struct Delegations {
@@ -68,11 +90,22 @@ impl Delegations {
         self.st.lock().expect("delegations lock")
     }
 
-    /// A reserved id for a new file in `dir`, or whether to ask for a delegation.
-    pub fn take(&self, dir: InodeId) -> Take {
+    /// A create of a new file in `dir`: answered here if a reserved id is at hand (`entry`
+    /// builds its log entry from the id and layout; taken and logged under one lock, so a
+    /// recall either finds the entry logged or the id not taken), else whether to ask for a
+    /// delegation.
+    pub fn create(&self, dir: InodeId, entry: impl FnOnce(InodeId, &Layout) -> Deferred) -> Take {
         let mut st = self.state();
-        if let Some(ids) = st.dirs.get_mut(&dir) {
-            if let Some((ino, layout)) = ids.pop_front() {
+        if let Some(g) = st.dirs.get_mut(&dir) {
+            if g.at.elapsed() > IDS_FOR {
+                st.dirs.remove(&dir);
+            } else if let Some((ino, layout)) = g.ids.pop_front() {
+                let e = entry(ino, &layout);
+                if st.made.len() >= MAX_MADE {
+                    st.made.clear();
+                }
+                st.made.insert(ino, dir);
+                self.append(&mut st, e);
                 return Take::Got(ino, layout);
             }
         }
@@ -80,57 +113,64 @@ impl Delegations {
             return Take::No;
         }
         st.asking.insert(dir);
-        Take::Ask
+        Take::Ask(st.ended)
     }
 
-    /// metad's answer to this client's ask for `dir`: the ids reserved, or a refusal.
-    pub fn granted(&self, dir: InodeId, ids: Option<Vec<(InodeId, Layout)>>) {
+    /// metad's answer to this client's ask for `dir` (made with `ticket`): the ids reserved,
+    /// or a refusal. A grant that a recall may have crossed is not used.
+    pub fn granted(&self, dir: InodeId, ticket: u64, ids: Option<Vec<(InodeId, Layout)>>) {
         let mut st = self.state();
         st.asking.remove(&dir);
         match ids {
-            Some(ids) => {
+            Some(ids) if st.ended == ticket => {
                 st.quiet.remove(&dir);
-                st.dirs.entry(dir).or_default().extend(ids);
+                st.dirs.insert(dir, Grant { ids: ids.into(), at: Instant::now() });
             }
-            None => {
+            _ => {
                 st.quiet.insert(dir, Instant::now() + QUIET);
             }
         }
     }
 
-    /// The delegations on `dirs` end (recalled): their unused ids are dropped.
+    /// The delegations on `dirs` end (recalled, or changed by this client): their unused ids
+    /// are dropped.
     pub fn end(&self, dirs: &[InodeId]) {
         let mut st = self.state();
+        st.ended += 1;
         let until = Instant::now() + QUIET;
         for d in dirs {
             st.dirs.remove(d);
             st.quiet.insert(*d, until);
         }
+        st.made.retain(|_, d| !dirs.contains(d));
     }
 
-    /// Every delegation of shard `shard` ends (its session was lost: it knows none of them).
+    /// Every delegation of shard `shard` ends (its session was lost or it could not be
+    /// reached: it may have restarted and know none of them).
     pub fn drop_shard(&self, shard: u16) {
-        self.state().dirs.retain(|d, _| d.shard() != shard);
-    }
-
-    /// Logs a create answered here (file `ino` in `dir`); sent with the next batch.
-    pub fn log_create(&self, entry: Deferred, ino: InodeId, dir: InodeId) {
         let mut st = self.state();
-        st.unapplied.insert(ino, dir);
-        self.append(&mut st, entry);
+        st.ended += 1;
+        st.dirs.retain(|d, _| d.shard() != shard);
+        st.made.retain(|_, d| d.shard() != shard);
     }
 
-    /// Logs the size published at the close of `ino` if its create is in the log and its
-    /// directory still delegated (no other client can have seen the file yet); false if the
-    /// size must go to metad as usual.
+    /// Logs the size published at the close of `ino` if the file was made here under its
+    /// directory's delegation, still held (no other client can have seen the file yet); false
+    /// if the size must go to metad as usual.
     pub fn log_size(&self, ino: InodeId, entry: impl FnOnce() -> Deferred) -> bool {
         let mut st = self.state();
-        let held = st.unapplied.get(&ino).is_some_and(|dir| st.dirs.contains_key(dir));
+        let held = st.made.get(&ino).is_some_and(|dir| st.dirs.contains_key(dir));
         if held {
             let e = entry();
             self.append(&mut st, e);
         }
         held
+    }
+
+    /// A file may get a name outside its directory (this client's rename or link): sizes go
+    /// to metad as usual from now on, for every file made so far.
+    pub fn forget_made(&self) {
+        self.state().made.clear();
     }
 
     fn append(&self, st: &mut State, entry: Deferred) {
@@ -139,9 +179,11 @@ impl Delegations {
         self.kick.notify_one();
     }
 
-    /// The changes to send next: all of the log, each with its sequence number.
+    /// The changes to send next, oldest first, each with its sequence number.
     pub fn next_batch(&self) -> Vec<(u64, Deferred)> {
-        std::mem::take(&mut self.state().log)
+        let mut st = self.state();
+        let n = st.log.len().min(MAX_BATCH);
+        st.log.drain(..n).collect()
     }
 
     /// A batch could not be sent: its changes go back to the front of the log.
@@ -149,14 +191,8 @@ impl Delegations {
         self.state().log.splice(0..0, batch);
     }
 
-    /// metad applied the log up to `last` (the files of `done` are created).
-    pub fn applied(&self, done: impl IntoIterator<Item = InodeId>, last: u64) {
-        {
-            let mut st = self.state();
-            for ino in done {
-                st.unapplied.remove(&ino);
-            }
-        }
+    /// metad applied the log up to `last`.
+    pub fn applied(&self, last: u64) {
         self.applied.send_if_modified(|a| {
             let newer = last > *a;
             *a = (*a).max(last);

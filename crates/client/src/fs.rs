@@ -182,6 +182,8 @@ async fn keep_session(weak: std::sync::Weak<Inner>, shard: u16, mut stop: watch:
             }
             Err(e) => {
                 debug!(shard, error = %e, "session poll failed");
+                // The shard may have restarted, knowing no delegation: creates go to it again.
+                client.inner.delegations.drop_shard(shard);
                 drop(client);
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -426,6 +428,14 @@ impl Client {
     /// `meta` with a given header. Every request but the session's poll first waits until
     /// metad has applied the changes this client deferred before it (see `delegation`).
     async fn meta_as<R: Rpc>(&self, h: &RequestHeader, shard: u16, req: &R) -> Result<R::Reply> {
+        if odfs_proto::meta::ends_delegation(R::METHOD) {
+            // The reserved ids' layouts, or the directory's striping or seal, change.
+            self.inner.delegations.end(&req.inodes());
+        }
+        if R::METHOD == Rename::METHOD || R::METHOD == Link::METHOD {
+            // Another client may find a file made here through its new name.
+            self.inner.delegations.forget_made();
+        }
         if R::METHOD != SessionPoll::METHOD {
             self.inner.delegations.settle().await;
         }
@@ -860,28 +870,42 @@ impl Client {
     /// new file is built as metad builds it, logged, and cached; metad applies it with the
     /// next batch. None: the create goes to metad as usual.
     async fn create_delegated(&self, ctx: &Ctx, parent: InodeId, name: &[u8], mode: u32) -> Option<CreateReply> {
-        if !self.caching() || odfs_proto::meta::check_name(name).is_err() {
+        if !self.caching() || !self.inner.cfg.create_delegations || odfs_proto::meta::check_name(name).is_err() {
             return None;
         }
         let absent = || matches!(self.inner.cache.lookup(parent, name, (ctx.uid, ctx.gid)), Some(Cached::Absent));
         let dir = self.inner.cache.attr(parent)?;
-        if !absent() || dir.sealed || !may_create_in(ctx, &dir) {
+        if !absent() || dir.sealed || dir.dir_stripes.len() > 1 || !may_create_in(ctx, &dir) {
             return None;
         }
-        let (ino, layout) = match self.inner.delegations.take(parent) {
-            Take::Got(ino, layout) => (ino, layout),
-            Take::No => return None,
-            Take::Ask => {
-                self.ask_delegation(ctx, parent).await;
-                match self.inner.delegations.take(parent) {
-                    Take::Got(ino, layout) => (ino, layout),
-                    _ => return None,
-                }
-            }
-        };
         let t = self.inner.cache.ticket();
         let caller = self.header(ctx);
         let now = odfs_proto::Timespec::now();
+        // Logged as it is taken: a request that finds the name once cached waits for the log.
+        let entry = |ino, layout: &Layout| Deferred::Create {
+            caller: caller.clone(),
+            parent,
+            name: name.to_vec(),
+            mode,
+            ino,
+            layout: layout.clone(),
+            now,
+        };
+        let (ino, layout) = match self.inner.delegations.create(parent, entry) {
+            Take::Got(ino, layout) => (ino, layout),
+            Take::No => return None,
+            Take::Ask(ticket) => {
+                self.ask_delegation(ctx, parent, ticket).await;
+                match self.inner.delegations.create(parent, entry) {
+                    Take::Got(ino, layout) => (ino, layout),
+                    Take::Ask(_) => {
+                        self.inner.delegations.granted(parent, 0, None);
+                        return None;
+                    }
+                    Take::No => return None,
+                }
+            }
+        };
         let (gid, file_mode) = odfs_proto::meta::new_owner(&caller, dir.mode, dir.gid, mode & 0o7777, false);
         let attr = Attr {
             ino,
@@ -894,14 +918,11 @@ impl Client {
             atime: now,
             mtime: now,
             ctime: now,
-            layout: Some(layout.clone()),
+            layout: Some(layout),
             dir_stripes: Vec::new(),
             rdev: 0,
             sealed: false,
         };
-        let entry = Deferred::Create { caller, parent, name: name.to_vec(), mode, ino, layout, now };
-        // Logged before it is cached: a request that finds the name waits for the log.
-        self.inner.delegations.log_create(entry, ino, parent);
         let dir = Attr { mtime: now, ctime: now, ..dir };
         self.made_entry(ctx, parent, name, &attr, t);
         self.cache_parent(Some(&dir), t);
@@ -909,23 +930,23 @@ impl Client {
     }
 
     /// Asks metad for a create delegation on `dir`; records the answer (a refusal too).
-    async fn ask_delegation(&self, ctx: &Ctx, dir: InodeId) {
+    async fn ask_delegation(&self, ctx: &Ctx, dir: InodeId, ticket: u64) {
         let req = DelegateCreates { dir, count: crate::delegation::BATCH_IDS, node: Some(self.node()) };
         let t = self.inner.cache.ticket();
         match self.meta(ctx, dir.shard(), &req).await {
             Ok(d) => {
                 self.cache_parent(Some(&d.dir), t);
-                self.inner.delegations.granted(dir, Some(d.inos));
+                self.inner.delegations.granted(dir, ticket, Some(d.inos));
             }
             Err(e) => {
                 debug!(%dir, error = %e, "no create delegation");
-                self.inner.delegations.granted(dir, None);
+                self.inner.delegations.granted(dir, ticket, None);
             }
         }
     }
 
     /// Publishes the size and mtime written to `ino` through this client (at close): logged
-    /// with the file's create when that is still in the log, sent to metad otherwise. Returns
+    /// when the file was made here under a delegation still held, sent to metad otherwise. Returns
     /// the attributes as they are now.
     pub(crate) async fn publish_size(
         &self,
@@ -949,6 +970,17 @@ impl Client {
         let a = self.meta(ctx, ino.shard(), &ExtendSize { ino, size, mtime }).await?;
         self.changed_attr(&a, t);
         Ok(a)
+    }
+
+    /// Drops a refused create from this client's caches and, through the recall hook, the
+    /// kernel's.
+    fn forget_refused(&self, parent: InodeId, name: &[u8], ino: InodeId) {
+        self.inner.cache.forget_entry(parent, name);
+        self.invalidate(ino);
+        if let Some(hook) = self.inner.recall_hook.get().cloned() {
+            let r = Recall { inos: vec![ino, parent], names: vec![(parent, name.to_vec())], ..Recall::default() };
+            self.inner.runtime.spawn_blocking(move || hook(&r));
+        }
     }
 
     /// Waits until metad has applied every change this client answered itself (an fsync of a
@@ -980,28 +1012,32 @@ impl Client {
             }
         });
         let results = futures::future::join_all(calls).await;
-        if let Some(e) = results.iter().find_map(|(_, r)| r.as_ref().err()) {
-            warn!(error = %e, "cannot send deferred creates to metad; trying again");
+        // Sent again (entries applied already are answered from metad's dedup table) when a
+        // shard could not be reached or failed for a reason that may pass (a full disk, a
+        // store refusing changes until its restart).
+        let transient = |e: &odfs_proto::RemoteError| {
+            matches!(e.code, ErrorCode::Io | ErrorCode::NoSpace | ErrorCode::Busy | ErrorCode::Unavailable)
+        };
+        let again = results.iter().find_map(|(_, r)| match r {
+            Err(e) => Some(e.to_string()),
+            Ok(b) => b.failed.iter().find(|(_, e)| transient(e)).map(|(_, e)| e.to_string()),
+        });
+        if let Some(e) = again {
+            warn!(error = %e, "cannot apply deferred creates at metad; trying again");
             self.inner.delegations.unsent(batch);
             return false;
         }
-        let mut done = Vec::new();
         for (entries, r) in results {
             let failed = r.map(|b| b.failed).unwrap_or_default();
             for (i, err) in failed {
                 if let Some(Deferred::Create { parent, name, ino, .. }) = entries.get(i as usize) {
                     warn!(%parent, name = %String::from_utf8_lossy(name), error = %err,
                         "metad refused a create this node had answered: the file is gone");
-                    self.inner.cache.forget_entry(*parent, name);
-                    self.invalidate(*ino);
+                    self.forget_refused(*parent, name, *ino);
                 }
             }
-            done.extend(entries.iter().filter_map(|e| match e {
-                Deferred::Create { ino, .. } => Some(*ino),
-                Deferred::Size { .. } => None,
-            }));
         }
-        self.inner.delegations.applied(done, last);
+        self.inner.delegations.applied(last);
         true
     }
 

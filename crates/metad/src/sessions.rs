@@ -218,6 +218,12 @@ impl Sessions {
         self.queue(per_client)
     }
 
+    /// Ends `client`'s own delegations on `dirs` (no recall: it asked, or they are gone).
+    pub fn end_delegations_of(&mut self, client: u64, dirs: &[InodeId]) {
+        self.delegated.retain(|d, (c, _)| *c != client || !dirs.contains(d));
+        self.delegations.store(self.delegated.len(), Ordering::Relaxed);
+    }
+
     fn drop_delegations(&mut self, client: u64) {
         self.delegated.retain(|_, (c, _)| *c != client);
         self.delegations.store(self.delegated.len(), Ordering::Relaxed);

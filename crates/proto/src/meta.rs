@@ -840,6 +840,14 @@ crate::rpc! {
     CreateBatch = 140 => BatchReply,
 }
 
+/// Whether a request of method `method` changes what a create delegation on the directory it
+/// names relies on (its default layout, striping, seal): its holder's delegation ends when it
+/// sends one, at the client and at metad.
+pub fn ends_delegation(method: u16) -> bool {
+    use crate::Rpc;
+    [SetDirLayout::METHOD, StripeDir::METHOD, SetSealed::METHOD].contains(&method)
+}
+
 impl StepChange {
     /// The inodes a step reads or changes by id (see [`crate::Rpc::inodes`]).
     fn inodes(&self) -> Vec<InodeId> {

@@ -245,6 +245,9 @@ impl Agent {
             run.items_done.fetch_add(1, Ordering::Relaxed);
             run.results.lock().expect("results lock").push(res);
         }
+        // The share is done once metad holds every file it created (creates this agent answered
+        // under a delegation included).
+        env.client.sync_deferred().await;
         let c = run.counters();
         info!(run = req.run, items = c.items_done, bytes = c.bytes, errors = c.errors, "stage share finished");
         run.finished.store(true, Ordering::Release);
