@@ -1559,30 +1559,28 @@ impl Client {
     }
 }
 
-/// Whether the mode bits let `ctx` add a name to directory `dir` (write and search; root may).
-fn may_create_in(ctx: &Ctx, dir: &Attr) -> bool {
-    let bits = if ctx.uid == 0 {
-        return true;
-    } else if ctx.uid == dir.uid {
-        dir.mode >> 6
-    } else if ctx.gid == dir.gid || ctx.groups.contains(&dir.gid) {
-        dir.mode >> 3
-    } else {
-        dir.mode
-    };
-    bits & 0o3 == 0o3
-}
-
-/// Whether the mode bits let `ctx` read a file (root reads anything).
-fn may_read(ctx: &Ctx, a: &Attr) -> bool {
-    let bits = if ctx.uid == 0 {
-        return true;
-    } else if ctx.uid == a.uid {
+/// The permission bits of `a` that apply to `ctx` (owner's, group's or others'); None for
+/// root, whom they do not limit here.
+fn bits_for(ctx: &Ctx, a: &Attr) -> Option<u32> {
+    if ctx.uid == 0 {
+        return None;
+    }
+    let bits = if ctx.uid == a.uid {
         a.mode >> 6
     } else if ctx.gid == a.gid || ctx.groups.contains(&a.gid) {
         a.mode >> 3
     } else {
         a.mode
     };
-    bits & 0o4 != 0
+    Some(bits & 7)
+}
+
+/// Whether the mode bits let `ctx` add a name to directory `dir` (write and search).
+fn may_create_in(ctx: &Ctx, dir: &Attr) -> bool {
+    bits_for(ctx, dir).is_none_or(|b| b & 0o3 == 0o3)
+}
+
+/// Whether the mode bits let `ctx` read a file (root reads anything).
+fn may_read(ctx: &Ctx, a: &Attr) -> bool {
+    bits_for(ctx, a).is_none_or(|b| b & 0o4 != 0)
 }
