@@ -211,3 +211,106 @@ impl Delegations {
         let _ = rx.wait_for(|&a| a >= target).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use odfs_proto::{RequestHeader, Timespec};
+
+    fn layout() -> Layout {
+        Layout { chunk_size: 1 << 20, pool: "default".into(), targets: vec![1] }
+    }
+
+    fn ids(first: u64, n: u64) -> Vec<(InodeId, Layout)> {
+        (first..first + n).map(|i| (InodeId::new(0, i), layout())).collect()
+    }
+
+    fn create_entry(ino: InodeId, l: &Layout) -> Deferred {
+        Deferred::Create {
+            caller: RequestHeader::default(),
+            parent: InodeId(7),
+            name: b"f".to_vec(),
+            mode: 0o644,
+            ino,
+            layout: l.clone(),
+            now: Timespec::default(),
+        }
+    }
+
+    fn size_entry() -> Deferred {
+        Deferred::Size { request_id: 1, ino: InodeId::new(0, 100), size: 1, mtime: Timespec::default() }
+    }
+
+    #[test]
+    fn a_create_takes_the_next_reserved_id_and_is_logged_with_it() {
+        let d = Delegations::new();
+        let dir = InodeId(7);
+        let Take::Ask(ticket) = d.create(dir, create_entry) else { panic!("no delegation yet: ask") };
+        assert!(matches!(d.create(dir, create_entry), Take::No), "one ask at a time per directory");
+        d.granted(dir, ticket, Some(ids(100, 2)));
+        for want in [100, 101] {
+            match d.create(dir, create_entry) {
+                Take::Got(ino, _) => assert_eq!(ino, InodeId::new(0, want)),
+                _ => panic!("a reserved id was at hand"),
+            }
+        }
+        let batch = d.next_batch();
+        let logged: Vec<_> = batch.iter().map(|(seq, e)| (*seq, e.clone())).collect();
+        assert_eq!(logged.len(), 2);
+        assert!(matches!(&logged[0].1, Deferred::Create { ino, .. } if *ino == InodeId::new(0, 100)));
+        assert!(logged[0].0 < logged[1].0, "sequence numbers follow the log's order");
+        // Used up: ask again.
+        assert!(matches!(d.create(dir, create_entry), Take::Ask(_)));
+    }
+
+    #[test]
+    fn a_grant_crossed_by_a_recall_is_not_used() {
+        let d = Delegations::new();
+        let dir = InodeId(7);
+        let Take::Ask(ticket) = d.create(dir, create_entry) else { panic!("ask") };
+        // The recall of the delegation arrives before the grant's answer is handled.
+        d.end(&[dir]);
+        d.granted(dir, ticket, Some(ids(100, 4)));
+        assert!(matches!(d.create(dir, create_entry), Take::No), "the crossed grant answered a create");
+        assert!(d.next_batch().is_empty());
+    }
+
+    #[test]
+    fn sizes_join_the_log_only_for_files_made_under_a_delegation_still_held() {
+        let d = Delegations::new();
+        let dir = InodeId(7);
+        let Take::Ask(ticket) = d.create(dir, create_entry) else { panic!("ask") };
+        d.granted(dir, ticket, Some(ids(100, 4)));
+        let Take::Got(made, _) = d.create(dir, create_entry) else { panic!("got") };
+        assert!(d.log_size(made, size_entry), "made here, delegation held");
+        assert!(!d.log_size(InodeId::new(0, 5), size_entry), "a file made elsewhere");
+        d.forget_made();
+        assert!(!d.log_size(made, size_entry), "after a rename or link by this client");
+        let Take::Got(other, _) = d.create(dir, create_entry) else { panic!("got") };
+        d.end(&[dir]);
+        assert!(!d.log_size(other, size_entry), "after the delegation was recalled");
+    }
+
+    #[tokio::test]
+    async fn settle_waits_for_what_was_logged_before_it() {
+        let d = std::sync::Arc::new(Delegations::new());
+        let dir = InodeId(7);
+        let Take::Ask(ticket) = d.create(dir, create_entry) else { panic!("ask") };
+        d.granted(dir, ticket, Some(ids(100, 4)));
+        d.settle().await; // nothing logged: at once
+        let _ = d.create(dir, create_entry);
+        let waiter = tokio::spawn({
+            let d = d.clone();
+            async move { d.settle().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "settled before the log was applied");
+        let batch = d.next_batch();
+        d.unsent(batch); // not sent: back in the log, still waited for
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        let batch = d.next_batch();
+        d.applied(batch.last().unwrap().0);
+        tokio::time::timeout(Duration::from_secs(5), waiter).await.expect("settled").unwrap();
+    }
+}
