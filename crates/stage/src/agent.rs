@@ -246,8 +246,17 @@ impl Agent {
             run.results.lock().expect("results lock").push(res);
         }
         // The share is done once metad holds every file it created (creates this agent answered
-        // under a delegation included).
-        env.client.sync_deferred().await;
+        // under a delegation included); if it does not take them in time, no item counts as done.
+        let wait = Duration::from_secs(env.client.config().retry_secs.max(1));
+        if tokio::time::timeout(wait, env.client.sync_deferred()).await.is_err() {
+            let why = format!("the metadata service did not take this share's new files within {} s", wait.as_secs());
+            warn!(run = req.run, "{why}");
+            let mut results = run.results.lock().expect("results lock");
+            for r in results.iter_mut().filter(|r| r.error.is_none()) {
+                r.error = Some(why.clone());
+                run.errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         let c = run.counters();
         info!(run = req.run, items = c.items_done, bytes = c.bytes, errors = c.errors, "stage share finished");
         run.finished.store(true, Ordering::Release);
