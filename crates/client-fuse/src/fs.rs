@@ -156,7 +156,6 @@ impl Shared {
         if n > 0 {
             info!(files = n, "flushed open files");
         }
-        self.client.sync_deferred().await;
     }
 
     /// Closes every file still open (the session ended without releasing them).

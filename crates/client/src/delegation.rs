@@ -2,8 +2,9 @@
 //! directories this client answers creates in itself, the inode ids and layouts metad reserved
 //! for each, and the log of deferred changes (those creates, and the sizes published at the
 //! close of files made under a delegation still held) that goes to metad in batches, one
-//! batch in flight at a time. Every other request to metad waits until what was logged before it is applied
-//! (`settle`), so metad sees this client's changes in the order its callers made them.
+//! batch in flight at a time. Every other request to metad waits until what was logged before
+//! it is applied (`settle`), so metad sees this client's changes in the order its callers made
+//! them.
 
 use odfs_proto::meta::Deferred;
 use odfs_proto::{InodeId, Layout};
@@ -96,24 +97,46 @@ impl Delegations {
     /// delegation.
     pub fn create(&self, dir: InodeId, entry: impl FnOnce(InodeId, &Layout) -> Deferred) -> Take {
         let mut st = self.state();
-        if let Some(g) = st.dirs.get_mut(&dir) {
-            if g.at.elapsed() > IDS_FOR {
-                st.dirs.remove(&dir);
-            } else if let Some((ino, layout)) = g.ids.pop_front() {
-                let e = entry(ino, &layout);
-                if st.made.len() >= MAX_MADE {
-                    st.made.clear();
-                }
-                st.made.insert(ino, dir);
-                self.append(&mut st, e);
-                return Take::Got(ino, layout);
-            }
+        if let Some((ino, layout)) = self.take_logged(&mut st, dir, entry) {
+            return Take::Got(ino, layout);
         }
         if st.asking.contains(&dir) || st.quiet.get(&dir).is_some_and(|t| Instant::now() < *t) {
             return Take::No;
         }
         st.asking.insert(dir);
         Take::Ask(st.ended)
+    }
+
+    /// The same once this caller's ask was answered: a reserved id, or None (refused, or
+    /// crossed by a recall) and the create goes to metad.
+    pub fn create_granted(
+        &self,
+        dir: InodeId,
+        entry: impl FnOnce(InodeId, &Layout) -> Deferred,
+    ) -> Option<(InodeId, Layout)> {
+        self.take_logged(&mut self.state(), dir, entry)
+    }
+
+    /// Takes the next reserved id of `dir` (ids too old are dropped) and logs its entry.
+    fn take_logged(
+        &self,
+        st: &mut State,
+        dir: InodeId,
+        entry: impl FnOnce(InodeId, &Layout) -> Deferred,
+    ) -> Option<(InodeId, Layout)> {
+        let g = st.dirs.get_mut(&dir)?;
+        if g.at.elapsed() > IDS_FOR {
+            st.dirs.remove(&dir);
+            return None;
+        }
+        let (ino, layout) = g.ids.pop_front()?;
+        let e = entry(ino, &layout);
+        if st.made.len() >= MAX_MADE {
+            st.made.clear();
+        }
+        st.made.insert(ino, dir);
+        self.append(st, e);
+        Some((ino, layout))
     }
 
     /// metad's answer to this client's ask for `dir` (made with `ticket`): the ids reserved,

@@ -298,7 +298,7 @@ impl Client {
         let map = self.inner.inodes.lock().expect("inodes lock");
         let mut out = Registering::default();
         for d in map.values().filter(|d| d.registered() == 0 && pick(d)) {
-            let seq = self.inner.next_request.fetch_add(1, Ordering::Relaxed);
+            let seq = self.next_request_id();
             d.mark_registered(seq);
             out.files.push((d.ino, seq));
             out.guards.extend(d.registering.clone().try_lock_owned().ok());
@@ -410,9 +410,14 @@ impl Client {
         &self.inner.cluster
     }
 
+    /// A request id of this client's, never used before.
+    fn next_request_id(&self) -> u64 {
+        self.inner.next_request.fetch_add(1, Ordering::Relaxed)
+    }
+
     pub(crate) fn header(&self, ctx: &Ctx) -> RequestHeader {
         RequestHeader {
-            request_id: self.inner.next_request.fetch_add(1, Ordering::Relaxed),
+            request_id: self.next_request_id(),
             client_id: self.inner.client_id,
             uid: ctx.uid,
             gid: ctx.gid,
@@ -896,14 +901,7 @@ impl Client {
             Take::No => return None,
             Take::Ask(ticket) => {
                 self.ask_delegation(ctx, parent, ticket).await;
-                match self.inner.delegations.create(parent, entry) {
-                    Take::Got(ino, layout) => (ino, layout),
-                    Take::Ask(_) => {
-                        self.inner.delegations.granted(parent, 0, None);
-                        return None;
-                    }
-                    Take::No => return None,
-                }
+                self.inner.delegations.create_granted(parent, entry)?
             }
         };
         let (gid, file_mode) = odfs_proto::meta::new_owner(&caller, dir.mode, dir.gid, mode & 0o7777, false);
@@ -946,30 +944,27 @@ impl Client {
     }
 
     /// Publishes the size and mtime written to `ino` through this client (at close): logged
-    /// when the file was made here under a delegation still held, sent to metad otherwise. Returns
-    /// the attributes as they are now.
+    /// when the file was made here under a delegation still held, sent to metad otherwise.
     pub(crate) async fn publish_size(
         &self,
         ctx: &Ctx,
         ino: InodeId,
         size: u64,
         mtime: odfs_proto::Timespec,
-    ) -> Result<Attr> {
+    ) -> Result<()> {
         let t = self.ticket();
-        let cached = self.inner.cache.attr(ino);
-        if let Some(a) = cached {
-            let request_id = self.header(ctx).request_id;
-            if self.inner.delegations.log_size(ino, || Deferred::Size { request_id, ino, size, mtime }) {
-                let a = Attr { size: a.size.max(size), mtime, ctime: mtime, ..a };
-                self.changed_attr(&a, t);
-                return Ok(a);
+        if let Some(a) = self.inner.cache.attr(ino) {
+            let size_entry = || Deferred::Size { request_id: self.next_request_id(), ino, size, mtime };
+            if self.inner.delegations.log_size(ino, size_entry) {
+                self.changed_attr(&Attr { size: a.size.max(size), mtime, ctime: mtime, ..a }, t);
+                return Ok(());
             }
         }
         self.invalidate(ino);
         // An unlinked file open here is an orphan at metad: its size is published as any.
         let a = self.meta(ctx, ino.shard(), &ExtendSize { ino, size, mtime }).await?;
         self.changed_attr(&a, t);
-        Ok(a)
+        Ok(())
     }
 
     /// Drops a refused create from this client's caches and, through the recall hook, the

@@ -182,7 +182,7 @@ impl Sessions {
     /// `client` holds a create delegation on `dir`, a child of `parent`.
     pub fn delegate(&mut self, client: u64, dir: InodeId, parent: InodeId) {
         self.delegated.insert(dir, (client, parent));
-        self.delegations.store(self.delegated.len(), Ordering::Relaxed);
+        self.delegations_changed();
     }
 
     /// Directory `dir` may have moved (a change by its holder touched it): its parent is now
@@ -214,19 +214,24 @@ impl Sessions {
             self.delegated.remove(&dir);
             per_client.entry(client).or_default().dirs.push(dir);
         }
-        self.delegations.store(self.delegated.len(), Ordering::Relaxed);
+        self.delegations_changed();
         self.queue(per_client)
     }
 
     /// Ends `client`'s own delegations on `dirs` (no recall: it asked, or they are gone).
     pub fn end_delegations_of(&mut self, client: u64, dirs: &[InodeId]) {
         self.delegated.retain(|d, (c, _)| *c != client || !dirs.contains(d));
+        self.delegations_changed();
+    }
+
+    /// Publishes how many delegations are held (see `delegation_count`).
+    fn delegations_changed(&self) {
         self.delegations.store(self.delegated.len(), Ordering::Relaxed);
     }
 
     fn drop_delegations(&mut self, client: u64) {
         self.delegated.retain(|_, (c, _)| *c != client);
-        self.delegations.store(self.delegated.len(), Ordering::Relaxed);
+        self.delegations_changed();
     }
 
     pub fn lease(&self) -> Duration {

@@ -792,12 +792,7 @@ impl MetaStore {
         let record =
             RecordRef { seq: self.seq + 1, header: h, now, op: OpRef::Meta(&op), ino, layout, kept: &applied.kept };
         if let Err(e) = self.wal.append(&record) {
-            // Memory is now ahead of the log: refuse further changes until a restart
-            // recovers from the log.
-            let why = e.to_string();
-            tracing::error!(error = %why, "write-ahead log append failed; refusing changes");
-            self.failed = Some(why.clone());
-            return Err(RemoteError::new(ErrorCode::Io, why));
+            return Err(self.log_failed(e));
         }
         self.seq += 1;
         if h.request_id != 0 {
@@ -850,17 +845,18 @@ impl MetaStore {
     /// with the id and layout the client took from its reservation, at the client's time, or
     /// a size published at close. Its header is the entry's caller with the batch's client.
     pub fn apply_deferred(&mut self, batch: &RequestHeader, e: &Deferred) -> RpcResult<RequestHeader> {
-        let request_id = match e {
-            Deferred::Create { caller, .. } => caller.request_id,
-            Deferred::Size { request_id, .. } => *request_id,
+        let h = match e {
+            Deferred::Create { caller, .. } => RequestHeader { client_id: batch.client_id, ..caller.clone() },
+            Deferred::Size { request_id, .. } => {
+                RequestHeader { client_id: batch.client_id, request_id: *request_id, ..RequestHeader::default() }
+            }
         };
         // Applied already (the batch was sent again after its answer was lost).
-        let h = RequestHeader { client_id: batch.client_id, request_id, ..RequestHeader::default() };
         if self.dedup.get((h.client_id, h.request_id)).is_some() {
             return Ok(h);
         }
-        let (h, op, choice, now) = match e {
-            Deferred::Create { caller, parent, name, mode, ino, layout, now } => {
+        let (op, choice, now) = match e {
+            Deferred::Create { parent, name, mode, ino, layout, now, .. } => {
                 if !self.ns.allocated(*ino) || self.ns.node(*ino).is_ok() {
                     return Err(RemoteError::new(
                         ErrorCode::Invalid,
@@ -877,14 +873,12 @@ impl MetaStore {
                     node: None,
                 };
                 let choice = Choice { ino: Some(*ino), layout: Some(layout.clone()) };
-                (caller.clone(), MetaOp::Create(create), choice, *now)
+                (MetaOp::Create(create), choice, *now)
             }
-            Deferred::Size { request_id, ino, size, mtime } => {
-                let h = RequestHeader { request_id: *request_id, ..RequestHeader::default() };
-                (h, MetaOp::ExtendSize(ExtendSize { ino: *ino, size: *size, mtime: *mtime }), Choice::default(), *mtime)
+            Deferred::Size { ino, size, mtime, .. } => {
+                (MetaOp::ExtendSize(ExtendSize { ino: *ino, size: *size, mtime: *mtime }), Choice::default(), *mtime)
             }
         };
-        let h = RequestHeader { client_id: batch.client_id, ..h };
         self.mutate_as(&h, op, choice, now)?;
         Ok(h)
     }
@@ -898,12 +892,16 @@ impl MetaStore {
     /// Writes the group's log records. On failure memory is ahead of the log: changes are
     /// refused from now on, as after any failed append.
     pub fn end_log_group(&mut self) -> RpcResult<()> {
-        self.wal.end_group().map_err(|e| {
-            let why = e.to_string();
-            tracing::error!(error = %why, "write-ahead log append failed; refusing changes");
-            self.failed = Some(why.clone());
-            RemoteError::new(ErrorCode::Io, why)
-        })
+        self.wal.end_group().map_err(|e| self.log_failed(e))
+    }
+
+    /// A log write failed: memory is now ahead of the log, so further changes are refused
+    /// until a restart recovers from the log. Returns the error to answer with.
+    fn log_failed(&mut self, e: MetaError) -> RemoteError {
+        let why = e.to_string();
+        tracing::error!(error = %why, "write-ahead log append failed; refusing changes");
+        self.failed = Some(why.clone());
+        RemoteError::new(ErrorCode::Io, why)
     }
 
     /// How many create delegations this shard has granted and not recalled (shared: the

@@ -126,13 +126,17 @@ impl Wal {
 
     /// Writes the group's records (and an fdatasync when so configured).
     pub fn end_group(&mut self) -> Result<(), MetaError> {
-        let Some(g) = self.group.take() else { return Ok(()) };
-        if g.is_empty() {
-            return Ok(());
+        match self.group.take() {
+            Some(g) if !g.is_empty() => self.write(&g),
+            _ => Ok(()),
         }
-        let r = self.file.write_all(&g).and_then(|_| if self.sync { self.file.sync_data() } else { Ok(()) });
+    }
+
+    /// Writes whole frames at the end of the log (and an fdatasync when so configured).
+    fn write(&mut self, frames: &[u8]) -> Result<(), MetaError> {
+        let r = self.file.write_all(frames).and_then(|_| if self.sync { self.file.sync_data() } else { Ok(()) });
         r.map_err(|e| MetaError::io("append to", &self.path, e))?;
-        self.len += g.len() as u64;
+        self.len += frames.len() as u64;
         Ok(())
     }
 
@@ -168,12 +172,9 @@ impl Wal {
             self.buf = buf;
             return Ok(());
         }
-        let r = self.file.write_all(&buf).and_then(|_| if self.sync { self.file.sync_data() } else { Ok(()) });
-        let n = buf.len() as u64;
+        let r = self.write(&buf);
         self.buf = buf;
-        r.map_err(|e| MetaError::io("append to", &self.path, e))?;
-        self.len += n;
-        Ok(())
+        r
     }
 }
 

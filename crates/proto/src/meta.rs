@@ -785,8 +785,8 @@ pub enum Deferred {
         layout: Layout,
         now: Timespec,
     },
-    /// The size and mtime published at the close of a file created in the same log (as
-    /// `ExtendSize`).
+    /// The size and mtime published at the close of a file made under a delegation still held
+    /// (as `ExtendSize`).
     Size { request_id: u64, ino: InodeId, size: u64, mtime: Timespec },
 }
 
