@@ -279,6 +279,16 @@ fn small_files_are_in_the_page_cache_from_their_open_and_filled_again_after_a_ch
 
 /// Requests the metadata services have served by kind (every shard), less session
 /// keep-alives and the counting itself, read from inside the server namespace.
+/// The chunk files of inode `ino` on every target of `fs`.
+fn chunk_files(fs: &LocalFs, ino: u64) -> Vec<PathBuf> {
+    let name = Path::new(&format!("{:02x}", ino & 0xff)).join(format!("{ino:016x}"));
+    (0..fs.nodes)
+        .flat_map(|k| fs::read_dir(fs.node_dir(k)).into_iter().flatten().flatten())
+        .map(|e| e.path().join("chunks").join(&name))
+        .filter(|p| p.exists())
+        .collect()
+}
+
 fn meta_requests(net: &Net, fs: &LocalFs) -> std::collections::BTreeMap<String, u64> {
     let out = Command::new("ip")
         .args(["netns", "exec", &net.server])
@@ -501,6 +511,34 @@ fn creates_a_node_answers_itself_are_seen_by_the_very_next_call_on_the_other() {
     assert_eq!(b.ok(&format!("cat {mnt}/bdir/linked")), "abc");
     assert_eq!(b.ok(&format!("ls {d3} | tr '\\n' ' '")), "h r2 s ");
     assert_eq!(b.ok(&format!("stat -c %a {d3}/s")).trim(), "600");
+
+    // Unlinks A answers itself too, of files it made there and holds open nowhere: each
+    // counts at metad as the unlink it is, B's next look finds them gone, and their chunk files
+    // go. One that A holds open goes through metad and stays readable through A's descriptor.
+    let d5 = format!("{mnt}/made5");
+    a.ok(&format!("mkdir {d5} && for i in $(seq 1 30); do printf data$i > {d5}/g$i; done && sync {d5}"));
+    let inos: Vec<u64> =
+        a.ok(&format!("stat -c %i {d5}/g1 {d5}/g2 {d5}/g20")).lines().map(|l| l.trim().parse().unwrap()).collect();
+    assert!(inos.iter().all(|&i| !chunk_files(&fs, i).is_empty()), "a written file has no chunk file");
+    let before = meta_requests(&net, &fs);
+    a.ok(&format!("for i in $(seq 1 20); do rm {d5}/g$i; done"));
+    a.ok(&format!("exec 3<{d5}/g21 && rm {d5}/g21 && test \"$(cat <&3)\" = data21"));
+    assert_eq!(b.ok(&format!("ls {d5} | wc -l")).trim(), "9");
+    b.ok(&format!(
+        "! test -e {d5}/g1 && ! test -e {d5}/g20 && ! test -e {d5}/g21 && test \"$(cat {d5}/g22)\" = data22"
+    ));
+    let after = meta_requests(&net, &fs);
+    let delta = |k: &str| after.get(k).copied().unwrap_or(0) - before.get(k).copied().unwrap_or(0);
+    assert_eq!(delta("Unlink"), 21, "each unlink counted once at metad, batched or not: {after:?}");
+    // The creates were applied before (sync): a batch now carried unlinks A had answered.
+    assert!(delta("CreateBatch") >= 1, "no unlink went in a batch: {after:?}");
+    assert!(
+        wait_until(Duration::from_secs(30), || inos.iter().all(|&i| chunk_files(&fs, i).is_empty())),
+        "the chunk files of files A unlinked are still there"
+    );
+    // The same names made again, on A: new files.
+    a.ok(&format!("printf new > {d5}/g1"));
+    assert_eq!(b.ok(&format!("cat {d5}/g1")), "new");
 
     // An fsync of the directory sends A's log; frozen, A still holds the delegation: B's look
     // waits for it at most the lease, then sees what A had sent, and A, thawed, goes on.

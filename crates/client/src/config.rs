@@ -24,9 +24,10 @@ pub struct ClientConfig {
     /// value caches them for as long as this client's leases last (metad recalls them before
     /// any change; see docs/architecture.md, "Coherent caching"). Default 1000.
     pub attr_cache_ms: u64,
-    /// A caching client answers creates itself in a directory no other client uses, and sends
-    /// them to metad in batches (a create delegation, docs/architecture.md "Create
-    /// delegations"); false sends every create to metad. Default true.
+    /// A caching client answers creates itself in a directory no other client uses (and
+    /// unlinks of the files it made there), and sends them to metad in batches (a create
+    /// delegation, docs/architecture.md "Create delegations"); false sends every create and
+    /// unlink to metad. Default true.
     pub create_delegations: bool,
     /// Chunks read ahead of a sequential reader.
     pub readahead_chunks: u32,

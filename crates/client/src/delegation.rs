@@ -1,7 +1,7 @@
 //! Create delegations, the client's side (docs/architecture.md, "Create delegations"): the
 //! directories this client answers creates in itself, the inode ids and layouts metad reserved
 //! for each, and the log of deferred changes (those creates, and the sizes published at the
-//! close of files made under a delegation still held) that goes to metad in batches, one
+//! close and the unlinks of files made under a delegation still held) that goes to metad in batches, one
 //! batch in flight at a time. Every other request to metad waits until what was logged before
 //! it is applied (`settle`), so metad sees this client's changes in the order its callers made
 //! them.
@@ -28,9 +28,10 @@ const IDS_FOR: Duration = Duration::from_secs(10);
 /// Entries sent in one `CreateBatch` at most (a log grown while metad was away goes in several).
 const MAX_BATCH: usize = 512;
 
-/// Files remembered as made under a delegation, at most (beyond, their sizes go to metad as
-/// usual).
-const MAX_MADE: usize = 1 << 16;
+/// Files remembered as made under a delegation, at most, as many as the attribute cache holds
+/// (beyond, all are forgotten: their sizes and unlinks go to metad as usual). About 40 MiB
+/// when full.
+const MAX_MADE: usize = 1 << 20;
 
 /// What a create in a directory may do now.
 pub(crate) enum Take {
@@ -126,7 +127,8 @@ impl Delegations {
     ) -> Option<(InodeId, Layout)> {
         let g = st.dirs.get_mut(&dir)?;
         if g.at.elapsed() > IDS_FOR {
-            st.dirs.remove(&dir);
+            // The delegation is still held; new ids (and layouts) are asked for.
+            g.ids.clear();
             return None;
         }
         let (ino, layout) = g.ids.pop_front()?;
@@ -149,7 +151,13 @@ impl Delegations {
                 st.quiet.remove(&dir);
                 st.dirs.insert(dir, Grant { ids: ids.into(), at: Instant::now() });
             }
-            _ => {
+            Some(_) => {
+                st.quiet.insert(dir, Instant::now() + QUIET);
+            }
+            None => {
+                // Refused: whatever was held of `dir` is not counted on.
+                st.dirs.remove(&dir);
+                st.made.retain(|_, d| *d != dir);
                 st.quiet.insert(dir, Instant::now() + QUIET);
             }
         }
@@ -184,6 +192,20 @@ impl Delegations {
         let mut st = self.state();
         let held = st.made.get(&ino).is_some_and(|dir| st.dirs.contains_key(dir));
         if held {
+            let e = entry();
+            self.append(&mut st, e);
+        }
+        held
+    }
+
+    /// Logs the unlink of `ino`, named in `dir`, if the file was made here under the
+    /// directory's delegation, still held: no other client can know it, so none can hold it
+    /// open or cache it. False if the unlink must go to metad as usual.
+    pub fn log_unlink(&self, dir: InodeId, ino: InodeId, entry: impl FnOnce() -> Deferred) -> bool {
+        let mut st = self.state();
+        let held = st.made.get(&ino) == Some(&dir) && st.dirs.contains_key(&dir);
+        if held {
+            st.made.remove(&ino);
             let e = entry();
             self.append(&mut st, e);
         }
@@ -312,6 +334,48 @@ mod tests {
         let Take::Got(other, _) = d.create(dir, create_entry) else { panic!("got") };
         d.end(&[dir]);
         assert!(!d.log_size(other, size_entry), "after the delegation was recalled");
+    }
+
+    fn unlink_entry() -> Deferred {
+        Deferred::Unlink {
+            caller: RequestHeader::default(),
+            parent: InodeId(7),
+            name: b"f".to_vec(),
+            ino: InodeId::new(0, 100),
+            now: Timespec::default(),
+        }
+    }
+
+    #[test]
+    fn unlinks_join_the_log_only_for_files_made_in_that_directory_under_a_delegation_still_held() {
+        let d = Delegations::new();
+        let (dir, elsewhere) = (InodeId(7), InodeId(8));
+        let Take::Ask(ticket) = d.create(dir, create_entry) else { panic!("ask") };
+        d.granted(dir, ticket, Some(ids(100, 1)));
+        let Take::Got(made, _) = d.create(dir, create_entry) else { panic!("got") };
+        let Take::Got(second, _) = d.create(dir, create_entry).or_granted(&d, dir, ids(200, 2)) else { panic!("got") };
+        assert!(!d.log_unlink(elsewhere, made, unlink_entry), "named in another directory");
+        assert!(!d.log_unlink(dir, InodeId::new(0, 5), unlink_entry), "a file made elsewhere");
+        // Its ids used up (a new grant came), the delegation is still held.
+        assert!(d.log_unlink(dir, made, unlink_entry), "made here, delegation held");
+        assert!(!d.log_unlink(dir, made, unlink_entry), "gone: a second unlink is metad's to refuse");
+        let logged: Vec<_> = d.next_batch().into_iter().map(|(_, e)| e).collect();
+        assert!(matches!(logged.last(), Some(Deferred::Unlink { .. })), "{logged:?}");
+        d.end(&[dir]);
+        assert!(!d.log_unlink(dir, second, unlink_entry), "after the delegation was recalled");
+    }
+
+    impl Take {
+        /// This take, or, when it is an ask, the create after `ids` were granted for it.
+        fn or_granted(self, d: &Delegations, dir: InodeId, ids: Vec<(InodeId, Layout)>) -> Take {
+            match self {
+                Take::Ask(ticket) => {
+                    d.granted(dir, ticket, Some(ids));
+                    d.create(dir, create_entry)
+                }
+                other => other,
+            }
+        }
     }
 
     #[tokio::test]

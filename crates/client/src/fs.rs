@@ -927,6 +927,41 @@ impl Client {
         Some(CreateReply { attr, created: true, parent: Some(dir) })
     }
 
+    /// An unlink answered here, under the delegation on `parent` (see `delegation`): the name
+    /// is cached and names a file made here under the delegation, still held, with no other
+    /// name, open nowhere here, which the caller may remove. Logged and dropped from the
+    /// caches; metad applies it with the next batch and says whether its chunks go. False: the
+    /// unlink goes to metad as usual.
+    fn unlink_delegated(&self, ctx: &Ctx, parent: InodeId, name: &[u8]) -> bool {
+        if !self.caching() || !self.inner.cfg.create_delegations {
+            return false;
+        }
+        let Some(Cached::Found(file)) = self.inner.cache.lookup(parent, name, (ctx.uid, ctx.gid)) else {
+            return false;
+        };
+        let Some(dir) = self.inner.cache.attr(parent) else { return false };
+        let sticky_forbids = dir.mode & 0o1000 != 0 && ctx.uid != 0 && ctx.uid != file.uid && ctx.uid != dir.uid;
+        if file.kind != FileKind::File || file.nlink != 1 || !may_create_in(ctx, &dir) || sticky_forbids {
+            return false;
+        }
+        // Open here: it stays an orphan at metad until its last close, as any.
+        if self.inner.inodes.lock().expect("inodes lock").contains_key(&file.ino) {
+            return false;
+        }
+        let t = self.inner.cache.ticket();
+        let now = odfs_proto::Timespec::now();
+        let entry = || Deferred::Unlink { caller: self.header(ctx), parent, name: name.to_vec(), ino: file.ino, now };
+        if !self.inner.delegations.log_unlink(parent, file.ino, entry) {
+            return false;
+        }
+        self.inner.cache.forget_entry(parent, name);
+        self.invalidate(file.ino);
+        self.invalidate(parent);
+        self.cache_entry(ctx, parent, name, None, self.ticket_after(t));
+        self.cache_parent(Some(&Attr { mtime: now, ctime: now, ..dir }), t);
+        true
+    }
+
     /// Asks metad for a create delegation on `dir`; records the answer (a refusal too).
     async fn ask_delegation(&self, ctx: &Ctx, dir: InodeId, ticket: u64) {
         let req = DelegateCreates { dir, count: crate::delegation::BATCH_IDS, node: Some(self.node()) };
@@ -967,7 +1002,7 @@ impl Client {
         Ok(())
     }
 
-    /// Drops a refused create from this client's caches and, through the recall hook, the
+    /// Drops a refused create or unlink from this client's caches and, through the recall hook, the
     /// kernel's.
     fn forget_refused(&self, parent: InodeId, name: &[u8], ino: InodeId) {
         self.inner.cache.forget_entry(parent, name);
@@ -991,11 +1026,7 @@ impl Client {
         let Some(&(last, _)) = batch.last() else { return true };
         let mut by_shard: std::collections::BTreeMap<u16, Vec<Deferred>> = std::collections::BTreeMap::new();
         for (_, e) in &batch {
-            let shard = match e {
-                Deferred::Create { parent, .. } => parent.shard(),
-                Deferred::Size { ino, .. } => ino.shard(),
-            };
-            by_shard.entry(shard).or_default().push(e.clone());
+            by_shard.entry(e.shard()).or_default().push(e.clone());
         }
         let root = Ctx::root();
         let calls = by_shard.into_iter().map(|(shard, entries)| {
@@ -1022,17 +1053,31 @@ impl Client {
             self.inner.delegations.unsent(batch);
             return false;
         }
+        let mut removed = Vec::new();
         for (entries, r) in results {
-            let failed = r.map(|b| b.failed).unwrap_or_default();
-            for (i, err) in failed {
-                if let Some(Deferred::Create { parent, name, ino, .. }) = entries.get(i as usize) {
-                    warn!(%parent, name = %String::from_utf8_lossy(name), error = %err,
-                        "metad refused a create this node had answered: the file is gone");
-                    self.forget_refused(*parent, name, *ino);
+            let Ok(r) = r else { continue };
+            removed.extend(r.removed);
+            for (i, err) in r.failed {
+                match entries.get(i as usize) {
+                    Some(Deferred::Create { parent, name, ino, .. }) => {
+                        warn!(%parent, name = %String::from_utf8_lossy(name), error = %err,
+                            "metad refused a create this node had answered: the file is gone");
+                        self.forget_refused(*parent, name, *ino);
+                    }
+                    Some(Deferred::Unlink { parent, name, ino, .. }) => {
+                        warn!(%parent, name = %String::from_utf8_lossy(name), error = %err,
+                            "metad refused an unlink this node had answered: the name stays");
+                        self.forget_refused(*parent, name, *ino);
+                    }
+                    _ => {}
                 }
             }
         }
         self.inner.delegations.applied(last);
+        // The files the batch's unlinks removed: their chunks go now, as after any unlink.
+        for attr in removed {
+            self.reclaim(Some(attr)).await;
+        }
         true
     }
 
@@ -1049,6 +1094,9 @@ impl Client {
     }
 
     pub async fn unlink(&self, ctx: &Ctx, parent: InodeId, name: &[u8]) -> Result<()> {
+        if self.unlink_delegated(ctx, parent, name) {
+            return Ok(());
+        }
         self.register_local_opens().await;
         self.remove_name(ctx, parent, name, &Unlink { parent, name: name.to_vec() }).await
     }

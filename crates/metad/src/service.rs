@@ -270,7 +270,7 @@ fn add_delegations(r: &mut Routes, coord: &Coordinator) {
     r.add::<CreateBatch, _, _>(move |h: RequestHeader, q: CreateBatch| {
         let (s, stats) = (s.clone(), stats.clone());
         async move {
-            let mut failed = Vec::new();
+            let mut reply = BatchReply::default();
             let mut applied = Vec::with_capacity(q.entries.len());
             {
                 let mut st = s.store.lock().expect("store lock");
@@ -280,15 +280,20 @@ fn add_delegations(r: &mut Routes, coord: &Coordinator) {
                     let t = std::time::Instant::now();
                     let r = st.apply_deferred(&h, e);
                     // Counted as the operations they are (odfs stats: creates by client).
+                    let (took, failed) = (t.elapsed(), r.is_err());
                     match e {
-                        Deferred::Create { .. } => stats.record_carried::<Create>(h.client_id, t.elapsed(), r.is_err()),
-                        Deferred::Size { .. } => {
-                            stats.record_carried::<ExtendSize>(h.client_id, t.elapsed(), r.is_err())
-                        }
+                        Deferred::Create { .. } => stats.record_carried::<Create>(h.client_id, took, failed),
+                        Deferred::Size { .. } => stats.record_carried::<ExtendSize>(h.client_id, took, failed),
+                        Deferred::Unlink { .. } => stats.record_carried::<Unlink>(h.client_id, took, failed),
                     }
                     match r {
-                        Ok(entry) => applied.push(entry),
-                        Err(err) => failed.push((i as u32, err)),
+                        Ok((entry, done)) => {
+                            if let MetaReply::Unlink(UnlinkReply { removed: Some(gone), .. }) = done {
+                                reply.removed.push(gone);
+                            }
+                            applied.push(entry);
+                        }
+                        Err(err) => reply.failed.push((i as u32, err)),
                     }
                 }
                 st.end_log_group()?;
@@ -297,7 +302,7 @@ fn add_delegations(r: &mut Routes, coord: &Coordinator) {
             for entry in &applied {
                 s.recalls.wait(entry).await;
             }
-            Ok(BatchReply { failed })
+            Ok(reply)
         }
     });
 }

@@ -842,18 +842,22 @@ impl MetaStore {
     }
 
     /// Applies one deferred change of a client's `CreateBatch` as its own request: a create
-    /// with the id and layout the client took from its reservation, at the client's time, or
-    /// a size published at close. Its header is the entry's caller with the batch's client.
-    pub fn apply_deferred(&mut self, batch: &RequestHeader, e: &Deferred) -> RpcResult<RequestHeader> {
+    /// with the id and layout the client took from its reservation, at the client's time, a
+    /// size published at close, or an unlink of a file made under the delegation. Its header
+    /// is the entry's caller with the batch's client; returned with the change's reply.
+    pub fn apply_deferred(&mut self, batch: &RequestHeader, e: &Deferred) -> RpcResult<(RequestHeader, MetaReply)> {
         let h = match e {
-            Deferred::Create { caller, .. } => RequestHeader { client_id: batch.client_id, ..caller.clone() },
+            Deferred::Create { caller, .. } | Deferred::Unlink { caller, .. } => {
+                RequestHeader { client_id: batch.client_id, ..caller.clone() }
+            }
             Deferred::Size { request_id, .. } => {
                 RequestHeader { client_id: batch.client_id, request_id: *request_id, ..RequestHeader::default() }
             }
         };
-        // Applied already (the batch was sent again after its answer was lost).
-        if self.dedup.get((h.client_id, h.request_id)).is_some() {
-            return Ok(h);
+        // Applied already (the batch was sent again after its answer was lost): the reply
+        // recorded then.
+        if let Some(reply) = self.dedup.get((h.client_id, h.request_id)) {
+            return Ok((h, reply.clone()));
         }
         let (op, choice, now) = match e {
             Deferred::Create { parent, name, mode, ino, layout, now, .. } => {
@@ -878,9 +882,20 @@ impl MetaStore {
             Deferred::Size { ino, size, mtime, .. } => {
                 (MetaOp::ExtendSize(ExtendSize { ino: *ino, size: *size, mtime: *mtime }), Choice::default(), *mtime)
             }
+            Deferred::Unlink { parent, name, ino, now, .. } => {
+                let named = self.ns.dir_node(*parent).ok().and_then(|(_, d)| d.get(name));
+                if named != Some(*ino) {
+                    return Err(RemoteError::new(
+                        ErrorCode::NotFound,
+                        format!("\"{}\" no longer names inode {ino}", String::from_utf8_lossy(name)),
+                    ));
+                }
+                let unlink = Unlink { parent: *parent, name: name.clone() };
+                (MetaOp::Unlink(unlink), Choice::default(), *now)
+            }
         };
-        self.mutate_as(&h, op, choice, now)?;
-        Ok(h)
+        let reply = self.mutate_as(&h, op, choice, now)?;
+        Ok((h, reply))
     }
 
     /// Starts writing log records as one group (see `Wal::begin_group`): for a batch of

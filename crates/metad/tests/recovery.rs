@@ -404,9 +404,81 @@ fn reserved_inode_ids_survive_a_restart_and_deferred_creates_apply_after_it() {
     let taken = s.apply_deferred(&batch, &with(b"taken", grant.inos[1].0, 105)).unwrap_err();
     assert_eq!(taken.code, ErrorCode::Exists, "{taken}");
 
-    // Logged as creates: all of it survives the next restart.
+    // A deferred unlink in the restarted shard's grace (it cannot yet know which clients hold
+    // files open): the name goes, the file stays an orphan until the orphans are collected.
+    let (h_ino, _) = grant.inos[2].clone();
+    s.apply_deferred(&batch, &with(b"h", h_ino, 106)).unwrap();
+    let unlink = Deferred::Unlink {
+        caller: RequestHeader { request_id: 107, ..caller.clone() },
+        parent: d,
+        name: b"h".to_vec(),
+        ino: h_ino,
+        now: mtime,
+    };
+    let (_, reply) = s.apply_deferred(&batch, &unlink).unwrap();
+    assert!(matches!(reply, MetaReply::Unlink(UnlinkReply { removed: None, .. })), "{reply:?}");
+    assert_eq!(s.find(&root(), d, b"h").unwrap_err(), ErrorCode::NotFound);
+
+    // Logged as the requests they are: all of it survives the next restart.
     let before = dump(&s);
     drop(s);
     let s = open(tmp.path());
     assert_eq!(dump(&s), before);
+}
+
+#[test]
+fn a_deferred_unlink_removes_the_file_it_named_and_returns_it_for_its_chunks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut s = open(tmp.path());
+    s.set_root_owner(0, 0, 0o777).unwrap();
+    let holder = caching_client(&mut s, 77);
+    let d = s.mkdir(&RequestHeader { request_id: 2, ..holder.clone() }, ROOT, b"d", 0o777).unwrap().ino;
+    let ask = DelegateCreates { dir: d, count: 2, node: None };
+    let grant = s.delegate_creates(&RequestHeader { request_id: 3, ..holder.clone() }, &ask).unwrap();
+    let batch = RequestHeader { client_id: 77, request_id: 100, ..root() };
+    let caller = RequestHeader { request_id: 0, client_id: 0, uid: 1000, gid: 1000, groups: vec![] };
+    let now = Timespec { sec: 1_700_000_000, nsec: 0 };
+    let create = |name: &[u8], i: usize, request_id: u64| Deferred::Create {
+        caller: RequestHeader { request_id, ..caller.clone() },
+        parent: d,
+        name: name.to_vec(),
+        mode: 0o644,
+        ino: grant.inos[i].0,
+        layout: grant.inos[i].1.clone(),
+        now,
+    };
+    let unlink = |name: &[u8], i: usize, request_id: u64| Deferred::Unlink {
+        caller: RequestHeader { request_id, ..caller.clone() },
+        parent: d,
+        name: name.to_vec(),
+        ino: grant.inos[i].0,
+        now: Timespec { sec: 1_700_000_002, nsec: 0 },
+    };
+    s.apply_deferred(&batch, &create(b"f", 0, 101)).unwrap();
+    s.apply_deferred(&batch, &create(b"g", 1, 102)).unwrap();
+    let f = grant.inos[0].0;
+    s.apply_deferred(&batch, &Deferred::Size { request_id: 103, ino: f, size: 3901, mtime: now }).unwrap();
+
+    // Refused: a name that names another file by now. Nothing changes.
+    let other = s.apply_deferred(&batch, &unlink(b"g", 0, 104)).unwrap_err();
+    assert_eq!(other.code, ErrorCode::NotFound, "{other}");
+    assert_eq!(s.find(&root(), d, b"g").unwrap().ino, grant.inos[1].0);
+
+    // Applied: the file is gone, its attributes come back for its chunks, the directory's
+    // times are the client's; the same reply when the batch is sent again.
+    for _ in 0..2 {
+        let (_, reply) = s.apply_deferred(&batch, &unlink(b"f", 0, 105)).unwrap();
+        let MetaReply::Unlink(UnlinkReply { removed: Some(gone), parent: Some(dir) }) = reply else {
+            panic!("a deferred unlink of a file's last name answered {reply:?}")
+        };
+        assert_eq!((gone.ino, gone.size, gone.layout.as_ref()), (f, 3901, Some(&grant.inos[0].1)));
+        assert_eq!(dir.mtime, Timespec { sec: 1_700_000_002, nsec: 0 });
+    }
+    assert_eq!(s.find(&root(), d, b"f").unwrap_err(), ErrorCode::NotFound);
+    assert_eq!(list(&s, d, 100).len(), 1);
+
+    // Logged as the unlink it is: the same after a restart.
+    let before = dump(&s);
+    drop(s);
+    assert_eq!(dump(&open(tmp.path())), before);
 }

@@ -788,12 +788,35 @@ pub enum Deferred {
     /// The size and mtime published at the close of a file made under a delegation still held
     /// (as `ExtendSize`).
     Size { request_id: u64, ino: InodeId, size: u64, mtime: Timespec },
+    /// An unlink answered by the client, at `now`, of name `name` of `parent`, which named
+    /// file `ino`: one made under the delegation still held, with no other name, open nowhere.
+    /// Refused if the name no longer names `ino`.
+    Unlink {
+        caller: crate::RequestHeader,
+        parent: InodeId,
+        #[serde(with = "serde_bytes")]
+        name: Vec<u8>,
+        ino: InodeId,
+        now: Timespec,
+    },
 }
 
-/// The entries of a batch that failed (index in the batch, why); the rest were applied.
+impl Deferred {
+    /// The shard that applies the entry.
+    pub fn shard(&self) -> u16 {
+        match self {
+            Deferred::Create { parent, .. } | Deferred::Unlink { parent, .. } => parent.shard(),
+            Deferred::Size { ino, .. } => ino.shard(),
+        }
+    }
+}
+
+/// The entries of a batch that failed (index in the batch, why); the rest were applied. The
+/// files its unlinks removed, whose chunks are the client's to remove.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct BatchReply {
     pub failed: Vec<(u32, crate::RemoteError)>,
+    pub removed: Vec<Attr>,
 }
 
 crate::rpc! {
