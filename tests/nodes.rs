@@ -277,8 +277,6 @@ fn small_files_are_in_the_page_cache_from_their_open_and_filled_again_after_a_ch
     a.ok(&format!("cmp {src}/changed {mnt}/s"));
 }
 
-/// Requests the metadata services have served by kind (every shard), less session
-/// keep-alives and the counting itself, read from inside the server namespace.
 /// The chunk files of inode `ino` on every target of `fs`.
 fn chunk_files(fs: &LocalFs, ino: u64) -> Vec<PathBuf> {
     let name = Path::new(&format!("{:02x}", ino & 0xff)).join(format!("{ino:016x}"));
@@ -289,6 +287,8 @@ fn chunk_files(fs: &LocalFs, ino: u64) -> Vec<PathBuf> {
         .collect()
 }
 
+/// Requests the metadata services have served by kind (every shard), less session
+/// keep-alives and the counting itself, read from inside the server namespace.
 fn meta_requests(net: &Net, fs: &LocalFs) -> std::collections::BTreeMap<String, u64> {
     let out = Command::new("ip")
         .args(["netns", "exec", &net.server])
@@ -517,8 +517,11 @@ fn creates_a_node_answers_itself_are_seen_by_the_very_next_call_on_the_other() {
     // go. One that A holds open goes through metad and stays readable through A's descriptor.
     let d5 = format!("{mnt}/made5");
     a.ok(&format!("mkdir {d5} && for i in $(seq 1 30); do printf data$i > {d5}/g$i; done && sync {d5}"));
-    let inos: Vec<u64> =
-        a.ok(&format!("stat -c %i {d5}/g1 {d5}/g2 {d5}/g20")).lines().map(|l| l.trim().parse().unwrap()).collect();
+    let inos: Vec<u64> = a
+        .ok(&format!("stat -c %i {d5}/g1 {d5}/g2 {d5}/g20 {d5}/g21"))
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
     assert!(inos.iter().all(|&i| !chunk_files(&fs, i).is_empty()), "a written file has no chunk file");
     let before = meta_requests(&net, &fs);
     a.ok(&format!("for i in $(seq 1 20); do rm {d5}/g$i; done"));
@@ -534,11 +537,22 @@ fn creates_a_node_answers_itself_are_seen_by_the_very_next_call_on_the_other() {
     assert!(delta("CreateBatch") >= 1, "no unlink went in a batch: {after:?}");
     assert!(
         wait_until(Duration::from_secs(30), || inos.iter().all(|&i| chunk_files(&fs, i).is_empty())),
-        "the chunk files of files A unlinked are still there"
+        "the chunk files of files A unlinked are still there (g21's once its descriptor closed)"
     );
     // The same names made again, on A: new files.
     a.ok(&format!("printf new > {d5}/g1"));
     assert_eq!(b.ok(&format!("cat {d5}/g1")), "new");
+    // A file A made under a delegation (in a directory B has not seen) and then sealed through
+    // its own mount: its unlink is metad's to refuse, and the caller sees EROFS, not a success
+    // undone later.
+    let d6 = format!("{mnt}/made6");
+    // (The pause lets the kernel's RELEASE of printf's descriptor, sent after close returns,
+    // arrive: a file still open here is unlinked through metad in any case.)
+    a.ok(&format!("mkdir {d6} && printf x > {d6}/sealed && sleep 1 && setfattr -n odfs.sealed -v 1 {d6}/sealed"));
+    let out = a.sh(&format!("rm {d6}/sealed"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("Read-only file system"), "rm of a sealed file: {err}");
+    b.ok(&format!("test -e {d6}/sealed"));
 
     // An fsync of the directory sends A's log; frozen, A still holds the delegation: B's look
     // waits for it at most the lease, then sees what A had sent, and A, thawed, goes on.

@@ -342,6 +342,7 @@ mod tests {
             parent: InodeId(7),
             name: b"f".to_vec(),
             ino: InodeId::new(0, 100),
+            ctime: Timespec::default(),
             now: Timespec::default(),
         }
     }

@@ -941,7 +941,13 @@ impl Client {
         };
         let Some(dir) = self.inner.cache.attr(parent) else { return false };
         let sticky_forbids = dir.mode & 0o1000 != 0 && ctx.uid != 0 && ctx.uid != file.uid && ctx.uid != dir.uid;
-        if file.kind != FileKind::File || file.nlink != 1 || !may_create_in(ctx, &dir) || sticky_forbids {
+        if file.kind != FileKind::File
+            || file.nlink != 1
+            || file.sealed
+            || dir.sealed
+            || !may_create_in(ctx, &dir)
+            || sticky_forbids
+        {
             return false;
         }
         // Open here: it stays an orphan at metad until its last close, as any.
@@ -950,7 +956,14 @@ impl Client {
         }
         let t = self.inner.cache.ticket();
         let now = odfs_proto::Timespec::now();
-        let entry = || Deferred::Unlink { caller: self.header(ctx), parent, name: name.to_vec(), ino: file.ino, now };
+        let entry = || Deferred::Unlink {
+            caller: self.header(ctx),
+            parent,
+            name: name.to_vec(),
+            ino: file.ino,
+            ctime: file.ctime,
+            now,
+        };
         if !self.inner.delegations.log_unlink(parent, file.ino, entry) {
             return false;
         }
@@ -1006,6 +1019,8 @@ impl Client {
     /// kernel's.
     fn forget_refused(&self, parent: InodeId, name: &[u8], ino: InodeId) {
         self.inner.cache.forget_entry(parent, name);
+        // Its names are no longer all known here: a refused unlink's name exists.
+        self.inner.cache.incomplete(parent);
         self.invalidate(ino);
         if let Some(hook) = self.inner.recall_hook.get().cloned() {
             let r = Recall { inos: vec![ino, parent], names: vec![(parent, name.to_vec())], ..Recall::default() };
@@ -1066,18 +1081,19 @@ impl Client {
                     }
                     Some(Deferred::Unlink { parent, name, ino, .. }) => {
                         warn!(%parent, name = %String::from_utf8_lossy(name), error = %err,
-                            "metad refused an unlink this node had answered: the name stays");
+                            "metad refused an unlink this node had answered: the file is kept");
                         self.forget_refused(*parent, name, *ino);
                     }
                     _ => {}
                 }
             }
         }
-        self.inner.delegations.applied(last);
-        // The files the batch's unlinks removed: their chunks go now, as after any unlink.
+        // The files the batch's unlinks removed: their chunks go now, as after any unlink
+        // (known as removed before a request waiting for the batch can ask about them).
         for attr in removed {
             self.reclaim(Some(attr)).await;
         }
+        self.inner.delegations.applied(last);
         true
     }
 

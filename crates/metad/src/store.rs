@@ -882,12 +882,21 @@ impl MetaStore {
             Deferred::Size { ino, size, mtime, .. } => {
                 (MetaOp::ExtendSize(ExtendSize { ino: *ino, size: *size, mtime: *mtime }), Choice::default(), *mtime)
             }
-            Deferred::Unlink { parent, name, ino, now, .. } => {
+            Deferred::Unlink { parent, name, ino, ctime, now, .. } => {
+                let shown = String::from_utf8_lossy(name);
                 let named = self.ns.dir_node(*parent).ok().and_then(|(_, d)| d.get(name));
                 if named != Some(*ino) {
                     return Err(RemoteError::new(
                         ErrorCode::NotFound,
-                        format!("\"{}\" no longer names inode {ino}", String::from_utf8_lossy(name)),
+                        format!("\"{shown}\" no longer names inode {ino}"),
+                    ));
+                }
+                // As a create that conflicts is refused: the file changed since the client saw
+                // it (another client wrote, chmod'ed or linked it while this one was cut off).
+                if self.ns.node(*ino).is_ok_and(|n| n.ctime != *ctime || n.nlink != 1) {
+                    return Err(RemoteError::new(
+                        ErrorCode::InUse,
+                        format!("\"{shown}\" changed since it was unlinked"),
                     ));
                 }
                 let unlink = Unlink { parent: *parent, name: name.clone() };

@@ -413,6 +413,7 @@ fn reserved_inode_ids_survive_a_restart_and_deferred_creates_apply_after_it() {
         parent: d,
         name: b"h".to_vec(),
         ino: h_ino,
+        ctime: now,
         now: mtime,
     };
     let (_, reply) = s.apply_deferred(&batch, &unlink).unwrap();
@@ -452,6 +453,7 @@ fn a_deferred_unlink_removes_the_file_it_named_and_returns_it_for_its_chunks() {
         parent: d,
         name: name.to_vec(),
         ino: grant.inos[i].0,
+        ctime: now,
         now: Timespec { sec: 1_700_000_002, nsec: 0 },
     };
     s.apply_deferred(&batch, &create(b"f", 0, 101)).unwrap();
@@ -463,6 +465,14 @@ fn a_deferred_unlink_removes_the_file_it_named_and_returns_it_for_its_chunks() {
     let other = s.apply_deferred(&batch, &unlink(b"g", 0, 104)).unwrap_err();
     assert_eq!(other.code, ErrorCode::NotFound, "{other}");
     assert_eq!(s.find(&root(), d, b"g").unwrap().ino, grant.inos[1].0);
+    // Refused: a file changed since the client saw it (another client wrote it while this one
+    // was cut off; here its size published later). It is kept.
+    let later = Timespec { sec: 1_700_000_001, nsec: 0 };
+    let g = grant.inos[1].0;
+    s.mutate(&root(), MetaOp::ExtendSize(ExtendSize { ino: g, size: 10, mtime: later })).unwrap();
+    let changed = s.apply_deferred(&batch, &unlink(b"g", 1, 106)).unwrap_err();
+    assert_eq!(changed.code, ErrorCode::InUse, "{changed}");
+    assert_eq!(s.find(&root(), d, b"g").unwrap().size, 10);
 
     // Applied: the file is gone, its attributes come back for its chunks, the directory's
     // times are the client's; the same reply when the batch is sent again.

@@ -789,14 +789,16 @@ pub enum Deferred {
     /// (as `ExtendSize`).
     Size { request_id: u64, ino: InodeId, size: u64, mtime: Timespec },
     /// An unlink answered by the client, at `now`, of name `name` of `parent`, which named
-    /// file `ino`: one made under the delegation still held, with no other name, open nowhere.
-    /// Refused if the name no longer names `ino`.
+    /// file `ino` with change time `ctime`: one made under the delegation still held, with no
+    /// other name, open nowhere. Refused if the name no longer names `ino` or the file changed
+    /// since (another client got to it while this one was cut off).
     Unlink {
         caller: crate::RequestHeader,
         parent: InodeId,
         #[serde(with = "serde_bytes")]
         name: Vec<u8>,
         ino: InodeId,
+        ctime: Timespec,
         now: Timespec,
     },
 }
