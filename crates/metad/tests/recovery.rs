@@ -334,13 +334,19 @@ fn caching_client(s: &mut MetaStore, client_id: u64) -> RequestHeader {
     h
 }
 
-#[test]
-fn reserved_inode_ids_survive_a_restart_and_deferred_creates_apply_after_it() {
-    let tmp = tempfile::tempdir().unwrap();
-    let mut s = open(tmp.path());
+/// A shard in `dir` with client 77 caching and a directory `d` it made under the root.
+fn holder_and_dir(dir: &Path) -> (MetaStore, RequestHeader, InodeId) {
+    let mut s = open(dir);
     s.set_root_owner(0, 0, 0o777).unwrap();
     let holder = caching_client(&mut s, 77);
     let d = s.mkdir(&RequestHeader { request_id: 2, ..holder.clone() }, ROOT, b"d", 0o777).unwrap().ino;
+    (s, holder, d)
+}
+
+#[test]
+fn reserved_inode_ids_survive_a_restart_and_deferred_creates_apply_after_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut s, holder, d) = holder_and_dir(tmp.path());
 
     // Another client caching the directory's names: no delegation (the holder creates as usual).
     let other = caching_client(&mut s, 88);
@@ -430,10 +436,7 @@ fn reserved_inode_ids_survive_a_restart_and_deferred_creates_apply_after_it() {
 #[test]
 fn a_deferred_unlink_removes_the_file_it_named_and_returns_it_for_its_chunks() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut s = open(tmp.path());
-    s.set_root_owner(0, 0, 0o777).unwrap();
-    let holder = caching_client(&mut s, 77);
-    let d = s.mkdir(&RequestHeader { request_id: 2, ..holder.clone() }, ROOT, b"d", 0o777).unwrap().ino;
+    let (mut s, holder, d) = holder_and_dir(tmp.path());
     let ask = DelegateCreates { dir: d, count: 2, node: None };
     let grant = s.delegate_creates(&RequestHeader { request_id: 3, ..holder.clone() }, &ask).unwrap();
     let batch = RequestHeader { client_id: 77, request_id: 100, ..root() };
