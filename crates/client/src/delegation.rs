@@ -1,10 +1,10 @@
 //! Create delegations, the client's side (docs/architecture.md, "Create delegations"): the
 //! directories this client answers creates in itself, the inode ids and layouts metad reserved
 //! for each, and the log of deferred changes (those creates, and the sizes published at the
-//! close and the unlinks of files made under a delegation still held) that goes to metad in batches, one
-//! batch in flight at a time. Every other request to metad waits until what was logged before
-//! it is applied (`settle`), so metad sees this client's changes in the order its callers made
-//! them.
+//! close and the unlinks of files made under a delegation still held) that goes to metad in
+//! batches, one batch in flight at a time. Every other request to metad waits until what was
+//! logged before it is applied (`settle`), so metad sees this client's changes in the order its
+//! callers made them.
 
 use odfs_proto::meta::Deferred;
 use odfs_proto::{InodeId, Layout};

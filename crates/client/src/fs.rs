@@ -595,13 +595,13 @@ impl Client {
         self.inner.cache.forget(ino);
     }
 
-    /// This client made entry `name` of `parent` (sent with ticket `t`): the change is marked
-    /// done (replies that crossed it are not cached), the parent's times changed, and the new
-    /// entry is cached.
-    fn made_entry(&self, ctx: &Ctx, parent: InodeId, name: &[u8], a: &Attr, t: Ticket) {
+    /// This client made entry `name` of `parent` (`None`: removed it; sent with ticket `t`):
+    /// the change is marked done (replies that crossed it are not cached), the parent's times
+    /// changed, and the new entry (or the name's absence) is cached.
+    fn made_entry(&self, ctx: &Ctx, parent: InodeId, name: &[u8], a: Option<&Attr>, t: Ticket) {
         self.inner.cache.forget_entry(parent, name);
         self.invalidate(parent);
-        self.cache_entry(ctx, parent, name, Some(a), self.ticket_after(t));
+        self.cache_entry(ctx, parent, name, a, self.ticket_after(t));
     }
 
     /// The attributes of a directory this client just changed, as its shard returned them
@@ -864,7 +864,7 @@ impl Client {
             Create { parent, name: name.to_vec(), mode, exclusive, layout, register: false, node: Some(self.node()) };
         self.inner.cache.forget_entry(parent, name);
         let r = self.entry_call(ctx, parent, name, &req).await?;
-        self.made_entry(ctx, parent, name, &r.attr, t);
+        self.made_entry(ctx, parent, name, Some(&r.attr), t);
         self.cache_parent(r.parent.as_ref(), t);
         Ok(r)
     }
@@ -922,7 +922,7 @@ impl Client {
             sealed: false,
         };
         let dir = Attr { mtime: now, ctime: now, ..dir };
-        self.made_entry(ctx, parent, name, &attr, t);
+        self.made_entry(ctx, parent, name, Some(&attr), t);
         self.cache_parent(Some(&dir), t);
         Some(CreateReply { attr, created: true, parent: Some(dir) })
     }
@@ -967,10 +967,8 @@ impl Client {
         if !self.inner.delegations.log_unlink(parent, file.ino, entry) {
             return false;
         }
-        self.inner.cache.forget_entry(parent, name);
+        self.made_entry(ctx, parent, name, None, t);
         self.invalidate(file.ino);
-        self.invalidate(parent);
-        self.cache_entry(ctx, parent, name, None, self.ticket_after(t));
         self.cache_parent(Some(&Attr { mtime: now, ctime: now, ..dir }), t);
         true
     }
@@ -1015,8 +1013,8 @@ impl Client {
         Ok(())
     }
 
-    /// Drops a refused create or unlink from this client's caches and, through the recall hook, the
-    /// kernel's.
+    /// Drops a refused create or unlink from this client's caches and, through the recall
+    /// hook, the kernel's.
     fn forget_refused(&self, parent: InodeId, name: &[u8], ino: InodeId) {
         self.inner.cache.forget_entry(parent, name);
         // Its names are no longer all known here: a refused unlink's name exists.
@@ -1073,19 +1071,14 @@ impl Client {
             let Ok(r) = r else { continue };
             removed.extend(r.removed);
             for (i, err) in r.failed {
-                match entries.get(i as usize) {
-                    Some(Deferred::Create { parent, name, ino, .. }) => {
-                        warn!(%parent, name = %String::from_utf8_lossy(name), error = %err,
-                            "metad refused a create this node had answered: the file is gone");
-                        self.forget_refused(*parent, name, *ino);
-                    }
-                    Some(Deferred::Unlink { parent, name, ino, .. }) => {
-                        warn!(%parent, name = %String::from_utf8_lossy(name), error = %err,
-                            "metad refused an unlink this node had answered: the file is kept");
-                        self.forget_refused(*parent, name, *ino);
-                    }
-                    _ => {}
-                }
+                let (parent, name, ino, what) = match entries.get(i as usize) {
+                    Some(Deferred::Create { parent, name, ino, .. }) => (parent, name, ino, "create: the file is gone"),
+                    Some(Deferred::Unlink { parent, name, ino, .. }) => (parent, name, ino, "unlink: the file is kept"),
+                    _ => continue,
+                };
+                warn!(%parent, name = %String::from_utf8_lossy(name), error = %err, change = what,
+                    "metad refused a change this node had answered");
+                self.forget_refused(*parent, name, *ino);
             }
         }
         // The files the batch's unlinks removed: their chunks go now, as after any unlink
@@ -1101,7 +1094,7 @@ impl Client {
         let t = self.inner.cache.ticket();
         self.inner.cache.forget_entry(parent, name);
         let a = self.entry_call(ctx, parent, name, &Mkdir { parent, name: name.to_vec(), mode }).await?;
-        self.made_entry(ctx, parent, name, &a, t);
+        self.made_entry(ctx, parent, name, Some(&a), t);
         self.note_stripes(&a);
         if a.dir_stripes.len() <= 1 {
             self.inner.cache.made_dir(a.ino, self.ticket_after(t));
@@ -1193,7 +1186,7 @@ impl Client {
         let req = Mknod { parent, name: name.to_vec(), kind, mode, rdev };
         self.inner.cache.forget_entry(parent, name);
         let a = self.entry_call(ctx, parent, name, &req).await?;
-        self.made_entry(ctx, parent, name, &a, t);
+        self.made_entry(ctx, parent, name, Some(&a), t);
         Ok(a)
     }
 
@@ -1202,7 +1195,7 @@ impl Client {
         let req = Symlink { parent, name: name.to_vec(), target: target.to_vec() };
         self.inner.cache.forget_entry(parent, name);
         let a = self.entry_call(ctx, parent, name, &req).await?;
-        self.made_entry(ctx, parent, name, &a, t);
+        self.made_entry(ctx, parent, name, Some(&a), t);
         Ok(a)
     }
 
@@ -1218,7 +1211,7 @@ impl Client {
         self.invalidate(ino);
         let a = self.entry_call(ctx, new_parent, new_name, &req).await?;
         self.invalidate(ino);
-        self.made_entry(ctx, new_parent, new_name, &a, t);
+        self.made_entry(ctx, new_parent, new_name, Some(&a), t);
         Ok(self.merge_local(a))
     }
 
@@ -1484,7 +1477,7 @@ impl Client {
         let req = Create { parent, name: name.to_vec(), mode, exclusive, layout, register, node: Some(self.node()) };
         self.inner.cache.forget_entry(parent, name);
         let r = self.entry_call_as(ctx, &h, parent, name, &req).await?;
-        self.made_entry(ctx, parent, name, &r.attr, t);
+        self.made_entry(ctx, parent, name, Some(&r.attr), t);
         self.cache_parent(r.parent.as_ref(), t);
         let handle = self.handle_for(ctx, r.attr.clone(), true, true, registered)?;
         Ok((r, handle))
