@@ -138,16 +138,20 @@ pub fn run(args: &MountArgs) -> Result<(), FuseError> {
     });
     info!(mountpoint = %mountpoint.display(), "session ended");
     rt.block_on(shared.close_all());
-    // Creates this node answered itself reach metad before the connections go.
+    // Creates and unlinks this node answered itself reach metad before the connections go.
     if rt.block_on(async { tokio::time::timeout(DEFERRED_WAIT, client.sync_deferred()).await }).is_err() {
-        warn!("metad did not take this node's last creates within {} s; they are lost", DEFERRED_WAIT.as_secs());
+        warn!(
+            "metad did not take this node's last creates and unlinks within {} s; they are lost",
+            DEFERRED_WAIT.as_secs()
+        );
     }
     client.shutdown();
     rt.shutdown_timeout(Duration::from_secs(2));
     served.map_err(FuseError::Session)
 }
 
-/// How long an unmount waits for metad to apply the creates this node answered itself.
+/// How long an unmount waits for metad to apply the creates and unlinks this node answered
+/// itself.
 const DEFERRED_WAIT: Duration = Duration::from_secs(30);
 
 /// How a FUSE session ended, from its reader loop's result: `Ok(true)` when the kernel aborted

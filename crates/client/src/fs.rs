@@ -940,13 +940,12 @@ impl Client {
             return false;
         };
         let Some(dir) = self.inner.cache.attr(parent) else { return false };
-        let sticky_forbids = dir.mode & 0o1000 != 0 && ctx.uid != 0 && ctx.uid != file.uid && ctx.uid != dir.uid;
         if file.kind != FileKind::File
             || file.nlink != 1
             || file.sealed
             || dir.sealed
             || !may_create_in(ctx, &dir)
-            || sticky_forbids
+            || !odfs_proto::meta::sticky_allows(ctx.uid, dir.mode, dir.uid, file.uid)
         {
             return false;
         }
@@ -1062,7 +1061,7 @@ impl Client {
             Ok(b) => b.failed.iter().find(|(_, e)| transient(e)).map(|(_, e)| e.to_string()),
         });
         if let Some(e) = again {
-            warn!(error = %e, "cannot apply deferred creates at metad; trying again");
+            warn!(error = %e, "cannot apply deferred changes at metad; trying again");
             self.inner.delegations.unsent(batch);
             return false;
         }

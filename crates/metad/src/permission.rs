@@ -72,7 +72,7 @@ pub(crate) fn require_sticky(h: &RequestHeader, dir: &Inode, victim: &Inode, nam
 
 /// `require_sticky` for a victim known by its owner only (an inode of another shard).
 pub(crate) fn require_sticky_owner(h: &RequestHeader, dir: &Inode, victim_uid: u32, name: &[u8]) -> RpcResult<()> {
-    if dir.mode & S_ISVTX == 0 || h.is_root() || h.uid == victim_uid || h.uid == dir.uid {
+    if odfs_proto::meta::sticky_allows(h.uid, dir.mode, dir.uid, victim_uid) {
         return Ok(());
     }
     Err(RemoteError::new(

@@ -264,6 +264,14 @@ pub fn check_name(name: &[u8]) -> Result<(), crate::RemoteError> {
     Ok(())
 }
 
+/// Whether the sticky bit lets user `uid` remove a name of a directory of mode `dir_mode` owned
+/// by `dir_uid` that names an inode owned by `victim_uid`: always in a directory without it,
+/// else only for root and the owners of the directory or the inode. metad applies it to every
+/// removal; a client answering an unlink under a delegation applies it too.
+pub fn sticky_allows(uid: u32, dir_mode: u32, dir_uid: u32, victim_uid: u32) -> bool {
+    dir_mode & 0o1000 == 0 || uid == 0 || uid == victim_uid || uid == dir_uid
+}
+
 /// Group and mode of a new inode made by `caller` in a directory of mode `parent_mode` and
 /// group `parent_gid`: a set-group-id directory passes on its group, and to subdirectories its
 /// set-group-id bit. A new file keeps set-group-id only if its creator belongs to the inherited
