@@ -277,6 +277,73 @@ fn small_files_are_in_the_page_cache_from_their_open_and_filled_again_after_a_ch
     a.ok(&format!("cmp {src}/changed {mnt}/s"));
 }
 
+/// What a node's own mount counted, by kind (`odfs stats` through the mount, as the job's
+/// user runs it).
+fn mount_counts(node: &Node) -> std::collections::BTreeMap<String, u64> {
+    let odfs = bin_dir().join("odfs");
+    let out = node.ok(&format!("cd / && ODFS_MOUNT={} {} stats --json", node.mnt.display(), odfs.display()));
+    let st: odfs_proto::stats::FsStats = serde_json::from_str(&out).expect("odfs stats --json through the mount");
+    let mounts = st.services.iter().filter(|s| s.kind == Some(odfs_proto::mgmt::ServiceKind::Client));
+    mounts.filter_map(|s| s.stats.as_ref()).flat_map(|s| &s.methods).map(|m| (m.name.clone(), m.count)).collect()
+}
+
+#[test]
+fn a_directory_s_small_files_are_read_ahead_at_a_first_open_and_a_change_is_never_served_stale() {
+    const FILES: usize = 120;
+    let (_net, _fs, a, b) = two_nodes();
+    let mnt = a.mnt.display().to_string();
+    // Small files of many sizes (this filesystem's chunks are 64 KiB: each file is one chunk
+    // file), written on B.
+    let scratch = tempfile::tempdir().unwrap();
+    let src = scratch.path().display().to_string();
+    let size = |i: usize| 1 + (i * 7_919) % 60_000;
+    let mut want = std::collections::BTreeMap::new();
+    for i in 0..FILES {
+        let data = pattern(size(i), 100 + i as u64);
+        fs::write(scratch.path().join(format!("f{i}")), &data).unwrap();
+        want.insert(format!("f{i}"), sha256(&data));
+    }
+    b.ok(&format!("mkdir {mnt}/d && cp {src}/f* {mnt}/d/"));
+    // A lists the directory, as a loader building its file list does: names and attributes
+    // cached under leases, no file read yet.
+    a.ok(&format!("ls -l {mnt}/d > /dev/null"));
+    let read_ahead = |n: &std::collections::BTreeMap<String, u64>| n.get("prefetch (files read ahead)").copied();
+    assert_eq!(read_ahead(&mount_counts(&a)), None, "nothing is read ahead before a file is opened");
+    // The first open of one of them reads the others ahead.
+    assert_eq!(a.sha256_of("d/f0"), want["f0"]);
+    let t = Instant::now();
+    while read_ahead(&mount_counts(&a)).unwrap_or(0) < FILES as u64 - 1 {
+        assert!(t.elapsed() < Duration::from_secs(10), "read ahead: {:?}", mount_counts(&a));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // B changes two of them after A read them ahead: one rewritten with other bytes of the
+    // same size, one cut short. A must read what B wrote, never what it holds.
+    let (same_size, shorter) = (pattern(size(7), 7_777), pattern(size(8) / 2, 8_888));
+    fs::write(scratch.path().join("c7"), &same_size).unwrap();
+    fs::write(scratch.path().join("c8"), &shorter).unwrap();
+    b.ok(&format!("cp {src}/c7 {mnt}/d/f7 && cp {src}/c8 {mnt}/d/f8"));
+    want.insert("f7".into(), sha256(&same_size));
+    want.insert("f8".into(), sha256(&shorter));
+    let used_before = mount_counts(&a).get("prefetch (files used)").copied().unwrap_or(0);
+    let out = a.ok(&format!("cd {mnt}/d && sha256sum f*"));
+    let got: std::collections::BTreeMap<String, String> = out
+        .lines()
+        .map(|l| {
+            let (sum, name) = l.split_once("  ").expect("sha256sum line");
+            (name.to_string(), sum.to_string())
+        })
+        .collect();
+    assert_eq!(got.len(), FILES);
+    for (name, sum) in &want {
+        assert_eq!(&got[name], sum, "{name} read on A: not the bytes B wrote last");
+    }
+    // Every file but the first (filled at its open) and the two changed came from what was
+    // read ahead, and B's bytes match on B too.
+    let used = mount_counts(&a).get("prefetch (files used)").copied().unwrap_or(0) - used_before;
+    assert_eq!(used, FILES as u64 - 3, "opens served from the read-ahead: {:?}", mount_counts(&a));
+    assert_eq!(b.sha256_of("d/f7"), want["f7"]);
+}
+
 /// The chunk files of inode `ino` on every target of `fs`.
 fn chunk_files(fs: &LocalFs, ino: u64) -> Vec<PathBuf> {
     let name = Path::new(&format!("{:02x}", ino & 0xff)).join(format!("{ino:016x}"));

@@ -15,6 +15,7 @@ const KINDS: &[&str] = &[
     "lookup (no request)",
     "getattr (no request)",
     "open (no request)",
+    "open (prefetched)",
     "flush (no request)",
     "release (no request)",
     "write (no request)",
@@ -104,6 +105,26 @@ impl Counts {
             .collect();
         methods.sort_by(|a, b| a.name.cmp(&b.name));
         StatsSnapshot { methods, ..self.since.snapshot() }
+    }
+
+    /// The same, with what the client's prefetch did: `prefetch (files read ahead)` counts
+    /// files read into its buffer, `prefetch (files used)` opens served from it.
+    pub fn snapshot_with(&self, p: odfs_client::PrefetchCounts) -> StatsSnapshot {
+        let mut s = self.snapshot();
+        for (name, count) in [("prefetch (files read ahead)", p.fetched), ("prefetch (files used)", p.used)] {
+            if count > 0 {
+                s.methods.push(MethodStats {
+                    name: name.into(),
+                    count,
+                    errors: 0,
+                    bytes_in: 0,
+                    bytes_out: 0,
+                    latency_us: Vec::new(),
+                });
+            }
+        }
+        s.methods.sort_by(|a, b| a.name.cmp(&b.name));
+        s
     }
 }
 

@@ -2,19 +2,19 @@
 //! "Small files filled at open").
 //!
 //! Owns the hint of which inodes' pages odfs-fuse gave the kernel, and the fill itself: the
-//! whole file fetched through the open handle and stored with `Notifier::store`, checked
-//! against recalls that crossed it. The hint is only a hint: the kernel may evict pages
+//! whole file — from what a prefetch read ahead (`Client::prefetched`), else through the open
+//! handle — stored with `Notifier::store`, checked against recalls that crossed it. The hint is only a hint: the kernel may evict pages
 //! without saying so, and then READs them as usual; all a wrong hint costs is that READ.
 
 use fuser::{INodeNo, Notifier};
 use odfs_client::{Client, FileHandle, Ticket};
+use odfs_proto::meta::Attr;
+use odfs_proto::InodeId;
 use std::collections::HashSet;
 use std::sync::Mutex;
 use tracing::debug;
 
-/// Largest file filled at open whatever `fill_at_open_bytes` says: a fill holds the whole file
-/// in memory until the kernel has it.
-pub const FILL_MAX: u64 = 16 << 20;
+pub use odfs_client::config::FILL_MAX;
 
 /// The size limit of fills: the client config's, capped at `FILL_MAX`.
 fn limit(client: &Client) -> u64 {
@@ -44,15 +44,33 @@ impl Filled {
         self.lock().remove(&ino);
     }
 
-    /// Fetches the whole file behind `handle` and stores it in the kernel's page cache. True
-    /// when the kernel may keep it (`FOPEN_KEEP_CACHE`): no recall crossed the fetch since
-    /// `ticket`. Otherwise the stored pages are dropped again, and a failed fetch stores nothing
-    /// (the kernel's READ meets the error instead).
-    pub async fn fill(&self, client: &Client, notifier: &Notifier, handle: &FileHandle, ticket: Ticket) -> bool {
+    /// Whether the kernel holds `ino`'s pages as far as this mount knows.
+    pub fn has(&self, ino: u64) -> bool {
+        self.lock().contains(&ino)
+    }
+
+    /// Fetches the whole file behind `handle` (`attr` describes it) and stores it in the
+    /// kernel's page cache: from what a prefetch holds, else from stored. True when the
+    /// kernel may keep it (`FOPEN_KEEP_CACHE`): no recall crossed the fetch since `ticket`.
+    /// Otherwise the stored pages are dropped again, and a failed fetch stores nothing (the
+    /// kernel's READ meets the error instead).
+    pub async fn fill(
+        &self,
+        client: &Client,
+        notifier: &Notifier,
+        handle: &FileHandle,
+        attr: &Attr,
+        ticket: Ticket,
+    ) -> bool {
         let ino = handle.ino();
         let size = handle.size().await;
         if size == 0 || size > limit(client) {
             return false;
+        }
+        if size == attr.size {
+            if let Some(data) = client.prefetched(attr).await {
+                return self.store(client, notifier, ino, &data, ticket);
+            }
         }
         let data = match handle.read(0, size as u32).await {
             Ok(d) => d,
@@ -61,7 +79,13 @@ impl Filled {
                 return false;
             }
         };
-        if let Err(e) = notifier.store(INodeNo(ino.0), 0, &data) {
+        self.store(client, notifier, ino, &data, ticket)
+    }
+
+    /// Hands a file's whole bytes to the kernel's page cache, and records it; false (and
+    /// nothing kept) when a recall crossed their fetch since `ticket`.
+    pub fn store(&self, client: &Client, notifier: &Notifier, ino: InodeId, data: &[u8], ticket: Ticket) -> bool {
+        if let Err(e) = notifier.store(INodeNo(ino.0), 0, data) {
             debug!(%ino, error = %e, "fill at open: store not delivered");
             return false;
         }

@@ -97,6 +97,8 @@ impl Shared {
     pub fn set_notifier(&self, n: Notifier) {
         let _ = self.notifier.set(n.clone());
         let filled = self.filled.clone();
+        let held = self.filled.clone();
+        self.client.set_prefetch_skip(Arc::new(move |i| held.has(i.0)));
         self.client.on_recall(Arc::new(move |r| {
             for i in &r.inos {
                 filled.forget(i.0);
@@ -118,7 +120,16 @@ impl Shared {
                 debug!(ino = %i, error = %e, "invalidation before a fill not delivered");
             }
         }
-        self.filled.fill(&self.client, n, &file.handle, ticket).await
+        self.filled.fill(&self.client, n, &file.handle, &file.attr, ticket).await
+    }
+
+    /// For a read-only open answered from the caches: hands the kernel the file's bytes on
+    /// this thread when a prefetch holds them. None when none does (the open then fills from
+    /// stored), else whether the kernel may keep the pages.
+    fn fill_now(&self, file: &OpenFile, ticket: Ticket) -> Option<bool> {
+        let n = self.notifier.get()?;
+        let data = self.client.prefetched_now(&file.attr)?;
+        Some(self.filled.store(&self.client, n, file.handle.ino(), &data, ticket))
     }
 
     /// Whether a read-only open of `file` should fill the kernel's page cache first.
@@ -375,8 +386,8 @@ impl OdfsFuse {
     /// A filesystem over `client`, running its requests on `rt`.
     pub fn new(client: Client, rt: tokio::runtime::Handle) -> OdfsFuse {
         let counts = Arc::new(Counts::default());
-        let c = counts.clone();
-        client.on_stats(Box::new(move || c.snapshot()));
+        let (c, prefetch) = (counts.clone(), client.prefetch_counts_reader());
+        client.on_stats(Box::new(move || c.snapshot_with(prefetch())));
         OdfsFuse {
             shared: Arc::new(Shared {
                 client,
@@ -830,7 +841,14 @@ impl Filesystem for OdfsFuse {
                     return s.count("open (no request)", t0, false);
                 }
                 // A small file whose pages the kernel lacks: they are handed over first, so
-                // no READ follows.
+                // no READ follows; from what a prefetch read ahead on this thread, else from
+                // stored in a task.
+                let t0 = Instant::now();
+                if let Some(kept) = s.fill_now(&file, ticket) {
+                    let flags = if kept { keep } else { FopenFlags::FOPEN_NOFLUSH };
+                    opened(&s, reply, file, candidate, flags);
+                    return s.count("open (prefetched)", t0, false);
+                }
                 return self.spawn(
                     "open",
                     reply,

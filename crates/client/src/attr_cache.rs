@@ -11,7 +11,7 @@
 //! served to the uid/gid that looked it up, so a lookup never skips another caller's
 //! permission check.
 
-use odfs_proto::meta::{Attr, Recall};
+use odfs_proto::meta::{Attr, FileKind, Recall};
 use odfs_proto::{InodeId, Timespec};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -68,6 +68,8 @@ struct Maps {
     /// Directories whose every name is cached (this client made them and its name lease has
     /// held since): a name not cached there does not exist.
     complete: std::collections::HashSet<InodeId>,
+    /// The directory each regular file was last cached under (where a prefetch for it looks).
+    parents: HashMap<InodeId, InodeId>,
 }
 
 impl Maps {
@@ -214,6 +216,30 @@ impl AttrCache {
         (e.ctime == ctime && e.who == who).then(|| e.value.clone())
     }
 
+    /// The directory regular file `ino` was last cached under.
+    pub fn parent(&self, ino: InodeId) -> Option<InodeId> {
+        self.maps.lock().expect("cache lock").parents.get(&ino).copied()
+    }
+
+    /// Attributes of the regular files of `dir` whose names and attributes are cached under
+    /// leases still held, in name order, at most `max`. Whoever looked them up: what is read
+    /// with this list is handed only to opens that pass their own permission checks.
+    pub fn dir_files(&self, dir: InodeId, max: usize) -> Vec<Attr> {
+        if !self.on {
+            return Vec::new();
+        }
+        let m = self.maps.lock().expect("cache lock");
+        m.names
+            .range((dir, Vec::new())..)
+            .take_while(|((d, _), _)| *d == dir)
+            .filter(|(_, e)| self.trusted(e.shard))
+            .filter_map(|(_, e)| e.ino.filter(|i| self.trusted(i.shard())).and_then(|i| m.attrs.get(&i)))
+            .filter(|a| a.kind == FileKind::File)
+            .take(max)
+            .cloned()
+            .collect()
+    }
+
     /// Caches an extended attribute (`None`: absent) from a reply to a request sent with
     /// `ticket`, under the attributes cached for `ino` (none cached: nothing is).
     pub fn put_xattr(&self, ino: InodeId, name: &[u8], value: Option<&[u8]>, who: (u32, u32), ticket: Ticket) {
@@ -288,9 +314,13 @@ impl AttrCache {
             m.names.clear();
             m.attrs.clear();
             m.complete.clear();
+            m.parents.clear();
         }
         m.names.insert((parent, name.to_vec()), NameEntry { ino: attr.map(|a| a.ino), who, shard });
         if let Some(a) = attr {
+            if a.kind == FileKind::File {
+                m.parents.insert(a.ino, parent);
+            }
             m.attrs.insert(a.ino, a.clone());
         }
     }

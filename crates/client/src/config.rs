@@ -7,6 +7,10 @@ use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::Path;
 
+/// Largest file filled at open whatever `fill_at_open_bytes` says: a fill holds the whole file
+/// in memory until the kernel has it.
+pub const FILL_MAX: u64 = 16 << 20;
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClientConfig {
@@ -37,6 +41,13 @@ pub struct ClientConfig {
     /// values above 16 MiB count as 16 MiB (a fill holds the whole file in memory). Default
     /// 1 MiB.
     pub fill_at_open_bytes: u64,
+    /// Bytes of small files this client may hold read ahead of their opens: when an open
+    /// through the mount finds a small file (see `fill_at_open_bytes`) neither in the page
+    /// cache nor read ahead, the other small files of its directory that this client knows
+    /// are read from stored in batches and held here until opened, for at most a minute
+    /// (docs/architecture.md, "Cold small files: batched prefetch by directory"). 0: never.
+    /// Default 1 GiB.
+    pub prefetch_bytes: u64,
     /// Connections per stored for chunk data.
     pub bulk_connections: usize,
     /// Seconds to wait for one reply.
@@ -59,6 +70,7 @@ impl Default for ClientConfig {
             create_delegations: true,
             readahead_chunks: 4,
             fill_at_open_bytes: 1 << 20,
+            prefetch_bytes: 1 << 30,
             bulk_connections: 2,
             call_timeout_secs: 60,
             retry_secs: 30,

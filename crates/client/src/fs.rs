@@ -81,6 +81,8 @@ pub(crate) struct Inner {
     ops: std::sync::OnceLock<OpStats>,
     /// The directories this client answers creates in, and its log of deferred changes.
     delegations: Arc<Delegations>,
+    /// Small files read ahead of their opens.
+    pub prefetch: crate::prefetch::Prefetch,
 }
 
 /// Reads what the program on top of a client counted of its own operations (see
@@ -221,6 +223,8 @@ impl Client {
         }
         let (stop, stop_rx) = watch::channel(false);
         let budget_units = (cfg.write_behind_bytes / 4096).max(256) as usize;
+        // A prefetch reads what leases cover: a client that caches nothing prefetches nothing.
+        let prefetch_limit = if cfg.attr_cache_ms > 0 { cfg.prefetch_bytes } else { 0 };
         let inner = Arc::new(Inner {
             client_id: rand::random::<u64>() | 1,
             next_request: AtomicU64::new(1),
@@ -237,6 +241,7 @@ impl Client {
             removed: Mutex::new(HashMap::new()),
             ops: std::sync::OnceLock::new(),
             delegations: Arc::new(Delegations::new()),
+            prefetch: crate::prefetch::Prefetch::new(prefetch_limit),
         });
         let client = Client { inner };
         client.keep_sessions(&stop_rx);
@@ -275,6 +280,7 @@ impl Client {
             }
         }
         self.inner.cache.apply(r);
+        self.inner.prefetch.recalled(&r.inos);
         {
             let mut stripes = self.inner.stripes.lock().expect("stripes lock");
             for ino in &r.inos {

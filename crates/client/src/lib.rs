@@ -15,6 +15,7 @@ pub mod error;
 pub mod file;
 pub mod fs;
 pub mod path;
+mod prefetch;
 mod seal;
 pub mod vxattr;
 
@@ -25,5 +26,6 @@ pub use file::{FileHandle, ReadBuf};
 pub use fs::{Client, Ctx, OpStats, RecallHook, Truncate};
 /// Lets a thread with a runtime of its own call over connections of its own (odfs-fuse's reader threads).
 pub use odfs_rpc::own_lane;
+pub use prefetch::{PrefetchCounts, PrefetchSkip};
 
 pub type Result<T, E = ClientError> = std::result::Result<T, E>;

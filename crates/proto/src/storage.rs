@@ -47,6 +47,37 @@ pub struct ChunkData {
     pub data: Vec<u8>,
 }
 
+/// Reads several chunk files' ranges in one request (a directory's small files fetched ahead of
+/// their opens): at most `READ_MANY_ITEMS` ranges of `READ_MANY_BYTES` in all.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadChunks {
+    pub target: TargetId,
+    pub items: Vec<ChunkRange>,
+}
+
+/// One range of a `ReadChunks`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkRange {
+    pub ino: InodeId,
+    pub offset: u64,
+    pub len: u32,
+}
+
+/// Most ranges in one `ReadChunks`.
+pub const READ_MANY_ITEMS: usize = 256;
+/// Most bytes one `ReadChunks` may ask for (the reply's frame stays under `MAX_FRAME`).
+pub const READ_MANY_BYTES: u64 = 8 << 20;
+
+/// What a `ReadChunks` read: range i's bytes are the `lens[i]` bytes after those of the ranges
+/// before it in `data` (short or empty as for `ReadChunk`; `None`: that range failed, the
+/// others stand). `data` travels as the frame's payload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunksData {
+    pub lens: Vec<Option<u32>>,
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+}
+
 /// Deallocate `[offset, offset + len)` of a chunk file, keeping its size: the range reads as
 /// zeros (`fallocate(FALLOC_FL_PUNCH_HOLE)`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -126,4 +157,12 @@ crate::rpc! {
     PunchChunk = 207 => () { fn stats_target(&self) -> Option<crate::TargetId> {
             Some(self.target)
         } },
+    ReadChunks = 208 => ChunksData {
+        fn reply_payload(reply: &mut ChunksData) -> Option<&mut Vec<u8>> {
+            Some(&mut reply.data)
+        }
+        fn stats_target(&self) -> Option<crate::TargetId> {
+            Some(self.target)
+        }
+    },
 }

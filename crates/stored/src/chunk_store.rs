@@ -26,6 +26,7 @@ use crate::recycle::Recycler;
 use crate::syscall::{self, blocking};
 use crate::uring::{self, Ring};
 use odfs_proto::mgmt::TargetSpace;
+use odfs_proto::storage::{ChunkRange, READ_MANY_BYTES, READ_MANY_ITEMS};
 use odfs_proto::{InodeId, TargetId};
 use serde::{Deserialize, Serialize};
 use std::fs::{self, File, OpenOptions};
@@ -331,6 +332,31 @@ impl ChunkStore {
         t.read(file, offset, len).await.map_err(|e| t.err("read", ino, e))
     }
 
+    /// Reads several chunk files' ranges of one target in a single blocking call, one after
+    /// the other (a directory's small files fetched ahead of their opens: one hand-off and one
+    /// reply for the batch instead of one each). Each range reads as `read` would: short where
+    /// its file ends, empty when the file is missing; one that fails is `None` and the others
+    /// stand. Returns the ranges' lengths and their bytes back to back.
+    pub async fn read_many(
+        &self,
+        target: TargetId,
+        items: Vec<ChunkRange>,
+    ) -> Result<(Vec<Option<u32>>, Vec<u8>), StoreError> {
+        let t = self.target_busy(target)?;
+        check_many(&items)?;
+        let Some(first) = items.first().map(|r| r.ino) else { return Ok((Vec::new(), Vec::new())) };
+        // Chunk files open already are read through their descriptors; the others are opened
+        // for this read only (a prefetched file is seldom read again).
+        let open: Vec<Option<Arc<File>>> = items.iter().map(|r| self.inner.fds.get((t.id, r.ino)).ok()).collect();
+        let root = t.root.clone();
+        let read_all = move || {
+            let mut data = Vec::with_capacity(items.iter().map(|r| r.len as usize).sum());
+            let lens = items.iter().zip(open).map(|(r, f)| read_range_into(&root, r, f, &mut data)).collect();
+            Ok((lens, data))
+        };
+        blocking(read_all).await.map_err(|e| t.err("read", first, e))
+    }
+
     /// The part of a read that needs no waiting, done on this worker: `None` when the chunk file
     /// is neither cached nor openable from the dentry cache (or the read is large), else the open
     /// file and what the page cache held of the range.
@@ -534,6 +560,53 @@ fn check_range(what: &'static str, offset: u64, len: usize) -> Result<(), StoreE
             "{what} of {len} bytes at offset {offset} ends past the largest file offset"
         ))),
     }
+}
+
+/// Rejects a `read_many` larger than `READ_MANY_ITEMS` ranges or `READ_MANY_BYTES` bytes, or
+/// with a range `check_range` rejects.
+fn check_many(items: &[ChunkRange]) -> Result<(), StoreError> {
+    if items.len() > READ_MANY_ITEMS {
+        return Err(StoreError::Invalid(format!(
+            "a read of {} ranges at once: at most {READ_MANY_ITEMS} are served",
+            items.len()
+        )));
+    }
+    let total: u64 = items.iter().map(|r| r.len as u64).sum();
+    if total > READ_MANY_BYTES {
+        return Err(StoreError::TooLarge { what: "read of many ranges", len: total, max: READ_MANY_BYTES });
+    }
+    items.iter().try_for_each(|r| check_range("read", r.offset, r.len as usize))
+}
+
+/// Appends range `r` of its chunk file under `root` to `data` (through `open` when given, else
+/// opened read-only here); its length, zero for a missing file, or `None` when it failed (the
+/// bytes appended so far are taken back).
+fn read_range_into(root: &Path, r: &ChunkRange, open: Option<Arc<File>>, data: &mut Vec<u8>) -> Option<u32> {
+    use std::os::unix::fs::FileExt;
+    let file = match open {
+        Some(f) => f,
+        None => match File::open(odfs_proto::layout::chunk_path(root, r.ino)) {
+            Ok(f) => Arc::new(f),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Some(0),
+            Err(_) => return None,
+        },
+    };
+    let start = data.len();
+    data.resize(start + r.len as usize, 0);
+    let mut filled = 0;
+    while filled < r.len as usize {
+        match file.read_at(&mut data[start + filled..], r.offset + filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => {
+                data.truncate(start);
+                return None;
+            }
+        }
+    }
+    data.truncate(start + filled);
+    Some(filled as u32)
 }
 
 /// Opens a chunk file read-write; `None` when it is missing and there is no `create` pool. A

@@ -41,6 +41,14 @@ pub fn router(store: ChunkStore) -> Router {
         }
     });
     let s = store.clone();
+    r.add::<ReadChunks, _, _>(move |_h, q: ReadChunks| {
+        let s = s.clone();
+        async move {
+            let (lens, data) = s.read_many(q.target, q.items).await.map_err(RemoteError::from)?;
+            Ok(ChunksData { lens, data })
+        }
+    });
+    let s = store.clone();
     r.add::<TruncateChunk, _, _>(move |_h, q: TruncateChunk| {
         let s = s.clone();
         async move { s.truncate(q.target, q.ino, q.len).await.map_err(RemoteError::from) }

@@ -91,6 +91,7 @@ both_backends!(
     reads_partly_in_the_page_cache_are_whole,
     new_chunks_take_precreated_files,
     concurrent_first_writes_to_a_pooled_chunk_all_land,
+    many_ranges_read_at_once,
 );
 
 async fn round_trip_odd_offsets(backend: IoBackend) {
@@ -205,6 +206,44 @@ async fn holes_read_as_zeros_or_short(backend: IoBackend) {
     // The hole takes no space on disk.
     let meta = std::fs::metadata(store.chunk_path(T, ino).unwrap()).unwrap();
     assert!(meta.blocks() * 512 < 64 << 10, "sparse: {} blocks", meta.blocks());
+}
+
+async fn many_ranges_read_at_once(backend: IoBackend) {
+    use odfs_proto::storage::{ChunkRange, READ_MANY_BYTES, READ_MANY_ITEMS};
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir, backend);
+    // Files of many sizes, one read through a cached descriptor (written just now), one
+    // missing, one shorter than asked, one read from an offset.
+    let files: Vec<(InodeId, Vec<u8>)> =
+        (1..=40u64).map(|i| (InodeId(i), pattern(i, (i as usize * 1_337) % 70_000))).collect();
+    for (ino, data) in &files {
+        store.write(T, *ino, 0, data.clone(), false).await.unwrap();
+    }
+    let mut items: Vec<ChunkRange> =
+        files.iter().map(|(ino, d)| ChunkRange { ino: *ino, offset: 0, len: d.len() as u32 }).collect();
+    items.push(ChunkRange { ino: InodeId(999), offset: 0, len: 4096 });
+    items.push(ChunkRange { ino: InodeId(7), offset: 0, len: 1 << 20 });
+    items.push(ChunkRange { ino: InodeId(9), offset: 100, len: 50 });
+    let (lens, data) = store.read_many(T, items.clone()).await.unwrap();
+    assert_eq!(lens.len(), items.len());
+    let mut want = Vec::new();
+    for (_, d) in &files {
+        want.extend_from_slice(d);
+    }
+    want.extend_from_slice(&files[6].1);
+    want.extend_from_slice(&files[8].1[100..150]);
+    let mut want_lens: Vec<Option<u32>> = files.iter().map(|(_, d)| Some(d.len() as u32)).collect();
+    want_lens.extend([Some(0), Some(files[6].1.len() as u32), Some(50)]);
+    assert_eq!(lens, want_lens);
+    assert!(data == want, "the ranges' bytes back to back");
+    assert!(!store.chunk_path(T, InodeId(999)).unwrap().exists(), "reads create nothing");
+    // Too many ranges, or too many bytes, are refused as a whole with what is wrong.
+    let many = vec![ChunkRange { ino: InodeId(1), offset: 0, len: 1 }; READ_MANY_ITEMS + 1];
+    let e = store.read_many(T, many).await.unwrap_err();
+    assert!(e.to_string().contains("ranges"), "{e}");
+    let big = vec![ChunkRange { ino: InodeId(1), offset: 0, len: (READ_MANY_BYTES / 2) as u32 + 1 }; 2];
+    assert!(matches!(store.read_many(T, big).await, Err(StoreError::TooLarge { .. })));
+    assert!(matches!(store.read_many(99, vec![]).await, Err(StoreError::UnknownTarget(99))));
 }
 
 async fn truncate_up_and_down(backend: IoBackend) {
