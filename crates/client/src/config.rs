@@ -46,8 +46,10 @@ pub struct ClientConfig {
     /// cache nor read ahead, the other small files of its directory that this client knows
     /// are read from stored in batches and held here until opened, for at most a minute
     /// (docs/architecture.md, "Cold small files: batched prefetch by directory"). 0: never.
-    /// Default 1 GiB.
-    pub prefetch_bytes: u64,
+    /// Default (unset): one eighth of the node's memory, at most 8 GiB (the bytes are held only
+    /// until their opens hand them to the page cache, which would hold them anyway).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefetch_bytes: Option<u64>,
     /// Connections per stored for chunk data.
     pub bulk_connections: usize,
     /// Seconds to wait for one reply.
@@ -70,7 +72,7 @@ impl Default for ClientConfig {
             create_delegations: true,
             readahead_chunks: 4,
             fill_at_open_bytes: 1 << 20,
-            prefetch_bytes: 1 << 30,
+            prefetch_bytes: None,
             bulk_connections: 2,
             call_timeout_secs: 60,
             retry_secs: 30,
@@ -80,6 +82,18 @@ impl Default for ClientConfig {
 }
 
 impl ClientConfig {
+    /// The prefetch buffer's bound: `prefetch_bytes`, or one eighth of the node's memory
+    /// (`/proc/meminfo`), at most 8 GiB; 1 GiB where the memory cannot be read.
+    pub fn prefetch_limit(&self) -> u64 {
+        self.prefetch_bytes.unwrap_or_else(|| {
+            let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+                let line = m.lines().find(|l| l.starts_with("MemTotal:"))?.to_owned();
+                line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib << 10)
+            });
+            total.map_or(1 << 30, |t| (t / 8).min(8 << 30))
+        })
+    }
+
     pub fn load(path: &Path) -> Result<ClientConfig, crate::ClientError> {
         odfs_service::load_config(Some(path)).map_err(|e| crate::ClientError::Config(e.to_string()))
     }
@@ -101,5 +115,26 @@ mod tests {
         let text = toml::to_string_pretty(&ClientConfig::default()).unwrap();
         assert_eq!(toml::from_str::<ClientConfig>(&text).unwrap(), ClientConfig::default());
         assert!(toml::from_str::<ClientConfig>("bulk_transport = \"carrier-pigeon\"").is_err());
+    }
+
+    #[test]
+    fn the_prefetch_bound_is_the_setting_or_an_eighth_of_memory_up_to_8_gib() {
+        let off: ClientConfig = toml::from_str("prefetch_bytes = 0").unwrap();
+        assert_eq!(off.prefetch_limit(), 0);
+        let set: ClientConfig = toml::from_str("prefetch_bytes = 12345").unwrap();
+        assert_eq!(set.prefetch_limit(), 12345);
+        let auto = ClientConfig::default().prefetch_limit();
+        assert!(auto > 0 && auto <= 8 << 30, "{auto}");
+        let mem = std::fs::read_to_string("/proc/meminfo").unwrap();
+        let kib: u64 = mem
+            .lines()
+            .find(|l| l.starts_with("MemTotal:"))
+            .unwrap()
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(auto, ((kib << 10) / 8).min(8 << 30));
     }
 }

@@ -224,7 +224,7 @@ impl Client {
         let (stop, stop_rx) = watch::channel(false);
         let budget_units = (cfg.write_behind_bytes / 4096).max(256) as usize;
         // A prefetch reads what leases cover: a client that caches nothing prefetches nothing.
-        let prefetch_limit = if cfg.attr_cache_ms > 0 { cfg.prefetch_bytes } else { 0 };
+        let prefetch_limit = if cfg.attr_cache_ms > 0 { cfg.prefetch_limit() } else { 0 };
         let inner = Arc::new(Inner {
             client_id: rand::random::<u64>() | 1,
             next_request: AtomicU64::new(1),

@@ -66,6 +66,8 @@ struct State {
     bytes: u64,
     /// Files in batches in flight: an open of one waits for its batch.
     pending: HashMap<InodeId, watch::Receiver<bool>>,
+    /// Files in batches not sent yet, and how to hurry their batch (an open missed one).
+    queued: HashMap<InodeId, Arc<Notify>>,
     /// Directories prefetched, and when.
     dirs: HashMap<InodeId, Instant>,
 }
@@ -147,6 +149,46 @@ impl Prefetch {
         self.lock().pending.get(&ino).cloned()
     }
 
+    /// Files of a batch made now: those neither held nor in another batch are entered as
+    /// queued in it.
+    fn queue(&self, items: Vec<Item>, urgent: &Arc<Notify>) -> Vec<Item> {
+        let mut s = self.lock();
+        let mine: Vec<Item> = items
+            .into_iter()
+            .filter(|i| {
+                let ino = &i.attr.ino;
+                !s.files.contains_key(ino) && !s.pending.contains_key(ino) && !s.queued.contains_key(ino)
+            })
+            .collect();
+        for i in &mine {
+            s.queued.insert(i.attr.ino, urgent.clone());
+        }
+        mine
+    }
+
+    /// The batch `items` were queued in is sent (or given up): they are queued no more.
+    fn unqueue(&self, items: &[Item], urgent: &Arc<Notify>) {
+        let mut s = self.lock();
+        for i in items {
+            if s.queued.get(&i.attr.ino).is_some_and(|u| Arc::ptr_eq(u, urgent)) {
+                s.queued.remove(&i.attr.ino);
+            }
+        }
+    }
+
+    /// An open missed `ino`: hurries the batch it is queued in, if any; whether there was one.
+    fn hurry(&self, ino: InodeId) -> bool {
+        let Some(u) = self.lock().queued.get(&ino).cloned() else { return false };
+        u.notify_one();
+        true
+    }
+
+    /// Lets go of files that waited too long for their opens.
+    fn drop_aged(&self) {
+        self.lock().drop_aged(Instant::now());
+        self.room.notify_waiters();
+    }
+
     /// Drops what a recall names.
     pub fn recalled(&self, inos: &[InodeId]) {
         let mut s = self.lock();
@@ -175,8 +217,13 @@ impl Prefetch {
     }
 
     /// Waits until `bytes` more fit in the buffer and reserves them; false when no room
-    /// came within `AGE`.
-    async fn reserve(&self, bytes: u64) -> bool {
+    /// came within `AGE`. A hurried batch (`hurried`, or `urgent` signalled meanwhile) may go
+    /// a quarter over the bound: an open is waiting for one of its files.
+    async fn reserve(&self, bytes: u64, mut hurried: bool, urgent: &Notify) -> bool {
+        if bytes > self.limit {
+            // Would never fit (a buffer set smaller than a batch).
+            return false;
+        }
         let deadline = tokio::time::Instant::now() + AGE;
         loop {
             let notified = self.room.notified();
@@ -185,17 +232,21 @@ impl Prefetch {
             {
                 let mut s = self.lock();
                 s.drop_aged(Instant::now());
-                if s.bytes + bytes <= self.limit {
+                let bound = if hurried { self.limit + self.limit / 4 } else { self.limit };
+                if s.bytes + bytes <= bound {
                     s.bytes += bytes;
                     return true;
                 }
             }
             // Aged files leave without a signal: look again at least every second.
             let wait = tokio::time::Instant::now() + Duration::from_secs(1);
-            if tokio::time::timeout_at(wait.min(deadline), notified).await.is_err()
-                && tokio::time::Instant::now() >= deadline
-            {
-                return false;
+            tokio::select! {
+                r = tokio::time::timeout_at(wait.min(deadline), notified) => {
+                    if r.is_err() && tokio::time::Instant::now() >= deadline {
+                        return false;
+                    }
+                }
+                _ = urgent.notified(), if !hurried => hurried = true,
             }
         }
     }
@@ -285,7 +336,8 @@ impl Client {
 
     /// The bytes of the file `attr` describes (a small file about to be filled at its open),
     /// if a prefetch holds them, without waiting. When none does and no batch in flight has
-    /// the file, its directory is prefetched (once per `AGE`).
+    /// the file, the batch it is queued in is sent next (with the file read alone meanwhile,
+    /// the batch brings the others), or else its directory is prefetched (once per `AGE`).
     pub fn prefetched_now(&self, attr: &Attr) -> Option<Vec<u8>> {
         let p = &self.inner.prefetch;
         if p.limit == 0 {
@@ -294,7 +346,7 @@ impl Client {
         if let Some(d) = p.take(attr) {
             return Some(d);
         }
-        if p.pending(attr.ino).is_none() {
+        if p.pending(attr.ino).is_none() && !p.hurry(attr.ino) {
             self.prefetch_parent(attr.ino);
         }
         None
@@ -355,14 +407,20 @@ impl Client {
         batches
     }
 
-    /// Reads one batch into the buffer.
-    async fn prefetch_batch(&self, target: TargetId, items: Vec<Item>) {
+    /// Reads one batch into the buffer: when one of the client's slots is free, or at once
+    /// when an open missed one of its files (`urgent`).
+    async fn prefetch_batch(&self, target: TargetId, items: Vec<Item>, urgent: Arc<Notify>) {
         let p = &self.inner.prefetch;
-        let Ok(_slot) = p.slots.clone().acquire_owned().await else { return };
+        let (_slot, hurried) = tokio::select! {
+            slot = p.slots.clone().acquire_owned() => (slot.ok(), false),
+            _ = urgent.notified() => (None, true),
+        };
         // Room first, then the files: an open waits for a batch that holds its file, so a
         // batch marks its files only once it can be sent.
         let reserved: u64 = items.iter().map(|i| i.attr.size).sum();
-        if !p.reserve(reserved).await {
+        let room = p.reserve(reserved, hurried, &urgent).await;
+        p.unqueue(&items, &urgent);
+        if !room {
             return;
         }
         let (tx, rx) = watch::channel(false);
@@ -408,9 +466,25 @@ fn split(lens: Vec<Option<u32>>, data: Vec<u8>, want: usize) -> Vec<Option<Vec<u
 async fn prefetch_dir(inner: Weak<Inner>, dir: InodeId) {
     let Some(inner) = inner.upgrade() else { return };
     let client = Client { inner };
-    let batches = client.prefetch_batches(dir);
+    let p = &client.inner.prefetch;
+    let batches: Vec<_> = client
+        .prefetch_batches(dir)
+        .into_iter()
+        .map(|(t, items)| {
+            let urgent = Arc::new(Notify::new());
+            (t, p.queue(items, &urgent), urgent)
+        })
+        .filter(|(_, items, _)| !items.is_empty())
+        .collect();
     debug!(%dir, batches = batches.len(), "prefetching a directory's small files");
-    futures::future::join_all(batches.into_iter().map(|(t, items)| client.prefetch_batch(t, items))).await;
+    futures::future::join_all(batches.into_iter().map(|(t, items, u)| client.prefetch_batch(t, items, u))).await;
+    // What no open took within `AGE` is let go of then, whether or not more prefetches come.
+    let inner = Arc::downgrade(&client.inner);
+    drop(client);
+    tokio::time::sleep(AGE + Duration::from_secs(1)).await;
+    if let Some(inner) = inner.upgrade() {
+        inner.prefetch.drop_aged();
+    }
 }
 
 #[cfg(test)]
@@ -481,10 +555,12 @@ mod tests {
     #[tokio::test]
     async fn the_buffer_bound_holds_and_room_is_waited_for() {
         let p = Arc::new(Prefetch::new(10));
-        assert!(p.reserve(8).await);
+        let calm = Notify::new();
+        assert!(p.reserve(8, false, &calm).await);
+        assert!(!p.reserve(11, true, &calm).await, "larger than the whole buffer");
         let waiting = tokio::spawn({
             let p = p.clone();
-            async move { p.reserve(5).await }
+            async move { p.reserve(5, false, &Notify::new()).await }
         });
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!waiting.is_finished(), "no room yet");
@@ -495,6 +571,28 @@ mod tests {
         p.settle(&items, vec![Some(b"abc".to_vec())], 8, |_| true);
         assert!(waiting.await.unwrap());
         assert_eq!(p.lock().bytes, 8);
+    }
+
+    #[tokio::test]
+    async fn a_missed_file_hurries_its_queued_batch_a_quarter_over_the_bound() {
+        let p = Arc::new(Prefetch::new(8));
+        let (a, b) = (attr(1, 2, 10), attr(2, 2, 10));
+        let urgent = Arc::new(Notify::new());
+        assert_eq!(p.queue(vec![item(&a), item(&b)], &urgent).len(), 2);
+        assert!(p.queue(vec![item(&a)], &Arc::new(Notify::new())).is_empty(), "queued once");
+        assert!(p.reserve(8, false, &Notify::new()).await, "the buffer is full");
+        let batch = tokio::spawn({
+            let (p, urgent) = (p.clone(), urgent.clone());
+            async move { p.reserve(2, false, &urgent).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!batch.is_finished(), "no room");
+        assert!(p.hurry(b.ino), "b's batch is queued");
+        assert!(batch.await.unwrap(), "hurried: 8 + 2 bytes fit a quarter over the bound of 8");
+        p.unqueue(&[item(&a), item(&b)], &urgent);
+        assert!(!p.hurry(a.ino), "sent: queued no more");
+        // A hurried batch that would go further over waits like any.
+        assert!(tokio::time::timeout(Duration::from_millis(50), p.reserve(1, true, &urgent)).await.is_err());
     }
 
     #[test]
