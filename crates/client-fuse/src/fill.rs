@@ -3,8 +3,9 @@
 //!
 //! Owns the hint of which inodes' pages odfs-fuse gave the kernel, and the fill itself: the
 //! whole file — from what a prefetch read ahead (`Client::prefetched`), else through the open
-//! handle — stored with `Notifier::store`, checked against recalls that crossed it. The hint is only a hint: the kernel may evict pages
-//! without saying so, and then READs them as usual; all a wrong hint costs is that READ.
+//! handle — stored with `Notifier::store`, checked against recalls that crossed it. The hint
+//! is only a hint: the kernel may evict pages without saying so, and then READs them as
+//! usual; all a wrong hint costs is that READ.
 
 use fuser::{INodeNo, Notifier};
 use odfs_client::{Client, FileHandle, Ticket};
