@@ -15,11 +15,9 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 use tracing::debug;
 
-pub use odfs_client::config::FILL_MAX;
-
-/// The size limit of fills: the client config's, capped at `FILL_MAX`.
+/// The size limit of fills (`ClientConfig::fill_limit`).
 fn limit(client: &Client) -> u64 {
-    client.config().fill_at_open_bytes.min(FILL_MAX)
+    client.config().fill_limit()
 }
 
 /// Inodes whose whole content this mount stored in the kernel's page cache under a lease

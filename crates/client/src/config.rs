@@ -82,6 +82,12 @@ impl Default for ClientConfig {
 }
 
 impl ClientConfig {
+    /// The size up to which a file is filled at open (and read ahead): `fill_at_open_bytes`,
+    /// capped at `FILL_MAX`.
+    pub fn fill_limit(&self) -> u64 {
+        self.fill_at_open_bytes.min(FILL_MAX)
+    }
+
     /// The prefetch buffer's bound: `prefetch_bytes`, or one eighth of the node's memory
     /// (`/proc/meminfo`), at most 8 GiB; 1 GiB where the memory cannot be read.
     pub fn prefetch_limit(&self) -> u64 {

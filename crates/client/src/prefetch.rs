@@ -13,7 +13,7 @@
 use crate::attr_cache::Ticket;
 use crate::fs::{Client, Inner};
 use odfs_proto::layout::Segment;
-use odfs_proto::meta::{Attr, FileKind};
+use odfs_proto::meta::Attr;
 use odfs_proto::storage::{ChunkRange, ReadChunks, READ_MANY_BYTES, READ_MANY_ITEMS};
 use odfs_proto::{InodeId, TargetId, Timespec};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -108,7 +108,7 @@ pub(crate) struct Prefetch {
     state: Mutex<State>,
     /// Signalled when bytes leave the buffer.
     room: Notify,
-    slots: Arc<Semaphore>,
+    slots: Semaphore,
     skip: OnceLock<PrefetchSkip>,
     fetched: AtomicU64,
     used: AtomicU64,
@@ -121,7 +121,7 @@ impl Prefetch {
             limit,
             state: Mutex::default(),
             room: Notify::new(),
-            slots: Arc::new(Semaphore::new(IN_FLIGHT)),
+            slots: Semaphore::new(IN_FLIGHT),
             skip: OnceLock::new(),
             fetched: AtomicU64::new(0),
             used: AtomicU64::new(0),
@@ -377,11 +377,12 @@ impl Client {
 
     /// The files of `dir` worth prefetching, by target, in batches.
     fn prefetch_batches(&self, dir: InodeId) -> Vec<(TargetId, Vec<Item>)> {
-        let limit = self.inner.cfg.fill_at_open_bytes.min(crate::config::FILL_MAX);
+        let limit = self.inner.cfg.fill_limit();
         let p = &self.inner.prefetch;
         let mut by_target: BTreeMap<TargetId, Vec<Item>> = BTreeMap::new();
+        // Regular files only (`dir_files`).
         for attr in self.inner.cache.dir_files(dir, DIR_FILES) {
-            if attr.kind != FileKind::File || attr.size == 0 || attr.size > limit || p.skipped(attr.ino) {
+            if attr.size == 0 || attr.size > limit || p.skipped(attr.ino) {
                 continue;
             }
             if let Some((target, range)) = whole_file(&attr) {
@@ -412,7 +413,7 @@ impl Client {
     async fn prefetch_batch(&self, target: TargetId, items: Vec<Item>, urgent: Arc<Notify>) {
         let p = &self.inner.prefetch;
         let (_slot, hurried) = tokio::select! {
-            slot = p.slots.clone().acquire_owned() => (slot.ok(), false),
+            slot = p.slots.acquire() => (slot.ok(), false),
             _ = urgent.notified() => (None, true),
         };
         // Room first, then the files: an open waits for a batch that holds its file, so a
@@ -490,6 +491,7 @@ async fn prefetch_dir(inner: Weak<Inner>, dir: InodeId) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use odfs_proto::meta::FileKind;
 
     fn attr(ino: u64, size: u64, ctime: i64) -> Attr {
         let t = Timespec { sec: ctime, nsec: 0 };

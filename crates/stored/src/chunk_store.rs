@@ -582,7 +582,6 @@ fn check_many(items: &[ChunkRange]) -> Result<(), StoreError> {
 /// opened read-only here); its length, zero for a missing file, or `None` when it failed (the
 /// bytes appended so far are taken back).
 fn read_range_into(root: &Path, r: &ChunkRange, open: Option<Arc<File>>, data: &mut Vec<u8>) -> Option<u32> {
-    use std::os::unix::fs::FileExt;
     let file = match open {
         Some(f) => f,
         None => match File::open(odfs_proto::layout::chunk_path(root, r.ino)) {
@@ -591,22 +590,7 @@ fn read_range_into(root: &Path, r: &ChunkRange, open: Option<Arc<File>>, data: &
             Err(_) => return None,
         },
     };
-    let start = data.len();
-    data.resize(start + r.len as usize, 0);
-    let mut filled = 0;
-    while filled < r.len as usize {
-        match file.read_at(&mut data[start + filled..], r.offset + filled as u64) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => {
-                data.truncate(start);
-                return None;
-            }
-        }
-    }
-    data.truncate(start + filled);
-    Some(filled as u32)
+    syscall::read_append(&file, r.offset, r.len as usize, data).ok().map(|n| n as u32)
 }
 
 /// Opens a chunk file read-write; `None` when it is missing and there is no `create` pool. A

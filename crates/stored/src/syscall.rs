@@ -52,18 +52,30 @@ pub(crate) fn write_at(file: &File, offset: u64, data: &[u8], sync: bool) -> io:
 
 /// [`read`] on the calling thread.
 pub(crate) fn read_at(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; len];
+    let mut buf = Vec::new();
+    read_append(file, offset, len, &mut buf)?;
+    Ok(buf)
+}
+
+/// Appends up to `len` bytes at `offset` to `buf` (fewer where the file ends), looping over
+/// short reads and EINTR; returns how many. On an error `buf` is as it was.
+pub(crate) fn read_append(file: &File, offset: u64, len: usize, buf: &mut Vec<u8>) -> io::Result<usize> {
+    let start = buf.len();
+    buf.resize(start + len, 0);
     let mut filled = 0;
     while filled < len {
-        match file.read_at(&mut buf[filled..], offset + filled as u64) {
+        match file.read_at(&mut buf[start + filled..], offset + filled as u64) {
             Ok(0) => break,
             Ok(n) => filled += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+            Err(e) => {
+                buf.truncate(start);
+                return Err(e);
+            }
         }
     }
-    buf.truncate(filled);
-    Ok(buf)
+    buf.truncate(start + filled);
+    Ok(filled)
 }
 
 /// fdatasync.
