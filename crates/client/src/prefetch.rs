@@ -36,6 +36,8 @@ const IN_FLIGHT: usize = 8;
 const AGE: Duration = Duration::from_secs(60);
 /// Most files of one directory prefetched at once.
 const DIR_FILES: usize = 1 << 16;
+/// Directories remembered as prefetched before those older than `AGE` are swept.
+const DIRS_SWEPT_AT: usize = 1 << 16;
 
 const _: () = assert!(BATCH_FILES <= READ_MANY_ITEMS && BATCH_BYTES <= READ_MANY_BYTES);
 
@@ -209,7 +211,7 @@ impl Prefetch {
         if s.dirs.get(&dir).is_some_and(|t| now.duration_since(*t) < AGE) {
             return false;
         }
-        if s.dirs.len() >= DIR_FILES {
+        if s.dirs.len() >= DIRS_SWEPT_AT {
             s.dirs.retain(|_, t| now.duration_since(*t) < AGE);
         }
         s.dirs.insert(dir, now);
