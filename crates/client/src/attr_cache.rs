@@ -391,11 +391,12 @@ impl AttrCache {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn file(ino: u64) -> Attr {
-        let t = Timespec { sec: 1, nsec: 0 };
+    /// A regular file's attributes for tests: `size` bytes, every time `ctime` s, no layout.
+    pub(crate) fn file_attr(ino: u64, size: u64, ctime: i64) -> Attr {
+        let t = Timespec { sec: ctime, nsec: 0 };
         Attr {
             ino: InodeId(ino),
             kind: FileKind::File,
@@ -403,7 +404,7 @@ mod tests {
             nlink: 1,
             uid: 0,
             gid: 0,
-            size: 1,
+            size,
             atime: t,
             mtime: t,
             ctime: t,
@@ -420,7 +421,7 @@ mod tests {
         let dir = InodeId(1);
         for i in 0..MAX_ENTRIES as u64 + 2 {
             let name = i.to_le_bytes();
-            c.put_entry(dir, &name, Some(&file(i + 2)), (0, 0), 0, c.ticket());
+            c.put_entry(dir, &name, Some(&file_attr(i + 2, 1, 1)), (0, 0), 0, c.ticket());
             c.forget_entry(dir, &name);
         }
         let m = c.maps.lock().unwrap();

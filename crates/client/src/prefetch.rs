@@ -493,26 +493,9 @@ async fn prefetch_dir(inner: Weak<Inner>, dir: InodeId) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use odfs_proto::meta::FileKind;
 
     fn attr(ino: u64, size: u64, ctime: i64) -> Attr {
-        let t = Timespec { sec: ctime, nsec: 0 };
-        Attr {
-            ino: InodeId(ino),
-            kind: FileKind::File,
-            mode: 0o644,
-            nlink: 1,
-            uid: 0,
-            gid: 0,
-            size,
-            atime: t,
-            mtime: t,
-            ctime: t,
-            layout: None,
-            dir_stripes: Vec::new(),
-            rdev: 0,
-            sealed: false,
-        }
+        crate::attr_cache::tests::file_attr(ino, size, ctime)
     }
 
     fn item(a: &Attr) -> Item {
