@@ -15,11 +15,6 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 use tracing::debug;
 
-/// The size limit of fills (`ClientConfig::fill_limit`).
-fn limit(client: &Client) -> u64 {
-    client.config().fill_limit()
-}
-
 /// Inodes whose whole content this mount stored in the kernel's page cache under a lease
 /// still held.
 #[derive(Default)]
@@ -35,7 +30,7 @@ impl Filled {
     /// Whether an open of a `size`-byte file should fill the kernel's cache first: small
     /// enough, not empty, and not filled already.
     pub fn wanted(&self, client: &Client, ino: u64, size: u64) -> bool {
-        size > 0 && size <= limit(client) && !self.lock().contains(&ino)
+        size > 0 && size <= client.config().fill_limit() && !self.lock().contains(&ino)
     }
 
     /// The kernel's pages of `ino` are gone or stale (recalled, forgotten, dropped).
@@ -63,7 +58,7 @@ impl Filled {
     ) -> bool {
         let ino = handle.ino();
         let size = handle.size().await;
-        if size == 0 || size > limit(client) {
+        if size == 0 || size > client.config().fill_limit() {
             return false;
         }
         if size == attr.size {
