@@ -25,6 +25,13 @@ pub(crate) const BATCH_IDS: u32 = 1024;
 /// from the targets of that time.
 const IDS_FOR: Duration = Duration::from_secs(10);
 
+/// While changes keep coming, a batch is sent at most this long after the last one began, so
+/// that it carries what arrived meanwhile (sent as they came, creates in a tight loop made
+/// batches of two or three, each a round trip's sends, receives and wake-ups at both ends).
+/// A change logged after a quiet spell goes at once, and so does the log whenever a caller
+/// waits for it (`settle`: another request, an fsync, a recall).
+pub(crate) const GATHER: Duration = Duration::from_millis(1);
+
 /// Entries sent in one `CreateBatch` at most (a log grown while metad was away goes in several).
 const MAX_BATCH: usize = 512;
 
@@ -76,6 +83,10 @@ pub(crate) struct Delegations {
     applied: watch::Sender<u64>,
     /// Wakes the sender.
     pub(crate) kick: Notify,
+    /// Sequence number up to which a caller waits for the log to be applied.
+    wanted: AtomicU64,
+    /// Wakes a sender gathering a batch: a caller waits for the log.
+    pub(crate) hurry: Notify,
 }
 
 impl Delegations {
@@ -85,6 +96,8 @@ impl Delegations {
             logged: AtomicU64::new(0),
             applied: watch::channel(0).0,
             kick: Notify::new(),
+            wanted: AtomicU64::new(0),
+            hurry: Notify::new(),
         }
     }
 
@@ -245,12 +258,20 @@ impl Delegations {
         });
     }
 
+    /// Whether a caller waits for changes metad has not applied yet (the sender stops
+    /// gathering).
+    pub fn hurried(&self) -> bool {
+        self.wanted.load(Ordering::Acquire) > *self.applied.borrow()
+    }
+
     /// Waits until metad has applied every change logged so far.
     pub async fn settle(&self) {
         let target = self.logged.load(Ordering::Acquire);
         if *self.applied.borrow() >= target {
             return;
         }
+        self.wanted.fetch_max(target, Ordering::AcqRel);
+        self.hurry.notify_one();
         self.kick.notify_one();
         let mut rx = self.applied.subscribe();
         let _ = rx.wait_for(|&a| a >= target).await;
@@ -393,6 +414,7 @@ mod tests {
         });
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished(), "settled before the log was applied");
+        assert!(d.hurried(), "a caller waits: the sender must not gather");
         let batch = d.next_batch();
         d.unsent(batch); // not sent: back in the log, still waited for
         tokio::task::yield_now().await;
@@ -400,5 +422,8 @@ mod tests {
         let batch = d.next_batch();
         d.applied(batch.last().unwrap().0);
         tokio::time::timeout(Duration::from_secs(5), waiter).await.expect("settled").unwrap();
+        assert!(!d.hurried(), "nobody waits once the log is applied");
+        let _ = d.create(dir, create_entry);
+        assert!(!d.hurried(), "a create alone does not hurry the sender");
     }
 }

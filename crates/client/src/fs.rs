@@ -2,7 +2,7 @@
 
 use crate::attr_cache::{AttrCache, Cached, Ticket};
 use crate::cluster::Cluster;
-use crate::delegation::{Delegations, Take};
+use crate::delegation::{Delegations, Take, GATHER};
 use crate::file::{FileHandle, InodeData};
 use crate::{ClientConfig, ClientError, Result};
 use odfs_proto::meta::*;
@@ -123,18 +123,29 @@ pub type RecallHook = Arc<dyn Fn(&Recall) + Send + Sync>;
 const HOOK_WAIT: Duration = Duration::from_millis(20);
 
 /// Sends the changes this client deferred under its create delegations, a batch at a time:
-/// woken when the log grows, it sends all of it, and again what came meanwhile.
+/// woken when the log grows, it sends all of it, and again what came meanwhile, gathered for
+/// up to `GATHER` from the last send unless a caller waits for the log.
 async fn send_deferred(weak: std::sync::Weak<Inner>, dels: Arc<Delegations>, mut stop: watch::Receiver<bool>) {
+    let mut last_send: Option<std::time::Instant> = None;
     loop {
         tokio::select! {
             _ = dels.kick.notified() => {}
             _ = stop.changed() => return,
         }
         loop {
+            let left = last_send.map_or(Duration::ZERO, |at| GATHER.saturating_sub(at.elapsed()));
+            if !left.is_zero() && !dels.hurried() {
+                tokio::select! {
+                    _ = tokio::time::sleep(left) => {}
+                    _ = dels.hurry.notified() => {}
+                    _ = stop.changed() => return,
+                }
+            }
             let batch = dels.next_batch();
             if batch.is_empty() {
                 break;
             }
+            last_send = Some(std::time::Instant::now());
             let Some(inner) = weak.upgrade() else { return };
             let sent = Client { inner }.send_batch(batch).await;
             if !sent {
