@@ -9,6 +9,7 @@
 //! here: the result rows, CPU accounting, the data pattern, dropping the page cache and the
 //! small file-I/O helpers the demo uses too.
 
+pub mod minimum;
 pub mod mount;
 pub mod shards;
 pub mod stage;

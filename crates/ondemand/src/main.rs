@@ -95,6 +95,10 @@ enum Cmd {
     /// What every service has served since it started: requests by kind with rates, latency
     /// percentiles, errors and bytes, and by client (with --fs, or in the mount's job).
     Stats(StatsArgs),
+    /// Serve a FUSE minimum of `odfs bench --mount` until standard input ends (the benchmark
+    /// runs it in a session of its own, as FUSE daemons run).
+    #[command(hide = true)]
+    FuseMinimum(bench::minimum::MinimumSpec),
 }
 
 impl Cmd {
@@ -125,6 +129,7 @@ impl Cmd {
             Cmd::CheckScript(a) => a.run(),
             Cmd::TaskEnv(a) => a.task_env(),
             Cmd::Stats(a) => a.run(fs),
+            Cmd::FuseMinimum(spec) => bench::minimum::serve(&spec),
         }
     }
 }

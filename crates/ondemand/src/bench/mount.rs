@@ -15,6 +15,7 @@
 //! requests that reach metad during each odfs phase are counted (metad's `GetStats`), so what
 //! the caches answer shows. The filesystem is started and stopped through [`odfs_job::local`].
 
+use super::minimum::{Minimum, MinimumSpec};
 use super::{close, drop_caches, fill_pattern, parallel, CpuMeter, Phase};
 use anyhow::{bail, Context, Result};
 use odfs_client_fuse::minimum::{BackgroundSession, FileServer, MinimumFs};
@@ -744,8 +745,9 @@ fn md_phases(o: &MountBenchOptions, sides: &mut Sides) -> Result<()> {
         })?;
         sides.push(name, "ops/s", md_ops, &s);
         if let Md::Create = op {
-            let note = fuse_minimum_creates(o, &sides.minimum_dir())?;
-            sides.notes.push(note);
+            let shape = MdShape { threads: o.threads, files: o.files_per_thread, size: 0, shared: false };
+            let notes = fuse_minimum_creates(&sides.minimum_dir(), "md create", shape)?;
+            sides.notes.extend(notes);
         }
         if let Md::Unlink = op {
             settle_deletes(o.settle);
@@ -767,6 +769,10 @@ fn md_phases(o: &MountBenchOptions, sides: &mut Sides) -> Result<()> {
         );
         let s = sides.run(false, |dir, _| md(&dir.join("shared"), shape, op).map(|()| None))?;
         sides.push(name, "ops/s", shared_ops, &s);
+        if let Md::Create = op {
+            let notes = fuse_minimum_creates(&sides.minimum_dir(), "shared create", shape)?;
+            sides.notes.extend(notes);
+        }
         if let Md::Unlink = op {
             settle_deletes(o.settle);
         }
@@ -774,27 +780,38 @@ fn md_phases(o: &MountBenchOptions, sides: &mut Sides) -> Result<()> {
     Ok(())
 }
 
-/// The creates above on the FUSE minimum that makes files (`MinimumFs::with_creates`: each
-/// answered at once, nothing kept): what FUSE's own requests for a create cost here, the bound
-/// under any FUSE filesystem's creates. One line, or why it was skipped.
-fn fuse_minimum_creates(o: &MountBenchOptions, at: &Path) -> Result<String> {
-    let name = "FUSE minimum, creates (answered at once, nothing kept)";
-    let session = match mount_minimum(MinimumFs::new(0, 0, Vec::new(), false).with_creates(), at, name)? {
-        Ok(s) => s,
-        Err(skipped) => return Ok(skipped),
-    };
-    eprintln!("bench: {name}, {} workers x {} files", o.threads, o.files_per_thread);
-    // CPU-s: this process's, where both the workers and the minimum's threads run.
-    let cpu = CpuMeter::start(&[]);
-    let t = Instant::now();
-    let shape = MdShape { threads: o.threads, files: o.files_per_thread, size: 0, shared: false };
-    let made = md(&at.join("md"), shape, Md::Create);
-    let (secs, cpu) = (t.elapsed().as_secs_f64(), cpu.stop());
-    let unmounted = MinimumFs::unmount(session).context("unmounting the FUSE minimum");
-    made.context("creating files on the FUSE minimum")?;
-    unmounted?;
-    let rate = (o.threads * o.files_per_thread) as f64 / secs;
-    Ok(format!("{name}: md create {rate:.0} ops/s ({cpu:.1} CPU-s)"))
+/// The creates of `shape` on the FUSE minimum that makes files (`MinimumFs::with_creates`:
+/// each request answered at once, nothing kept): what FUSE's own requests for them cost here,
+/// the bound under any FUSE filesystem's creates. Once served from this process (the workers'
+/// scheduling group), once from a process of its own session as every FUSE daemon runs
+/// (`super::minimum`). One line each, or why it was skipped.
+fn fuse_minimum_creates(at: &Path, phase: &str, shape: MdShape) -> Result<Vec<String>> {
+    let spec = MinimumSpec { at: at.to_path_buf(), creates: true, ..MinimumSpec::default() };
+    let mut notes = Vec::new();
+    for (apart, name) in [
+        (false, "FUSE minimum, creates (answered at once, nothing kept)"),
+        (true, "FUSE minimum in its own session, creates (answered at once, nothing kept)"),
+    ] {
+        let minimum = match Minimum::mount(&spec, apart, name)? {
+            Ok(m) => m,
+            Err(skipped) => {
+                notes.push(skipped);
+                continue;
+            }
+        };
+        eprintln!("bench: {name}, {phase}: {} workers x {} files", shape.threads, shape.files);
+        // CPU-s: this process's, where the workers run, and the serving process's.
+        let cpu = CpuMeter::start(&minimum.pid().into_iter().collect::<Vec<_>>());
+        let t = Instant::now();
+        let made = md(&at.join(phase.replace(' ', "-")), shape, Md::Create);
+        let (secs, cpu) = (t.elapsed().as_secs_f64(), cpu.stop());
+        let unmounted = minimum.unmount();
+        made.context("creating files on the FUSE minimum")?;
+        unmounted?;
+        let rate = (shape.threads * shape.files) as f64 / secs;
+        notes.push(format!("{name}: {phase} {rate:.0} ops/s ({cpu:.1} CPU-s)"));
+    }
+    Ok(notes)
 }
 
 /// Waits, after an unlink phase, until the disk's file system has stopped avoiding the inodes it
@@ -845,23 +862,33 @@ fn small_phases(o: &MountBenchOptions, sides: &mut Sides) -> Result<()> {
 
 /// The same three reads on the FUSE minimum (`odfs_client_fuse::minimum`): a synthetic
 /// filesystem answering every request on its reader thread, with no I/O and the longest
-/// caching FUSE allows — what FUSE alone costs here — once as any FUSE filesystem with opens
-/// must run, once in FUSE's no-open mode. One line each, or why it was skipped; `dropped`
-/// is cleared when the page cache could not be dropped before a cold read.
+/// caching FUSE allows — what FUSE alone costs here — as any FUSE filesystem with opens must
+/// run, served from this process and from a process of its own session (as every FUSE daemon
+/// runs: `super::minimum`), and in FUSE's no-open mode. One line each, or why it was skipped;
+/// `dropped` is cleared when the page cache could not be dropped before a cold read.
 fn fuse_minimum(o: &MountBenchOptions, at: &Path, dropped: &mut bool) -> Result<Vec<String>> {
-    let mut template = vec![0u8; o.small_file_size];
-    fill_pattern(&mut template, 5);
+    let tree = MinimumSpec {
+        at: at.to_path_buf(),
+        small_files: o.small_files as u64,
+        small_dirs: o.small_dirs as u64,
+        small_size: o.small_file_size,
+        ..MinimumSpec::default()
+    };
     let mut notes = Vec::new();
-    for (no_open, what) in [(false, "with opens"), (true, "no-open mode (no OPEN or RELEASE)")] {
-        let fs = MinimumFs::new(o.small_files as u64, o.small_dirs as u64, template.clone(), no_open);
-        let session = match mount_minimum(fs, at, "FUSE minimum")? {
-            Ok(s) => s,
+    for (no_open, apart, what) in [
+        (false, false, "FUSE minimum, with opens"),
+        (false, true, "FUSE minimum in its own session, with opens"),
+        (true, false, "FUSE minimum, no-open mode (no OPEN or RELEASE)"),
+    ] {
+        let spec = MinimumSpec { no_open, ..tree.clone() };
+        let minimum = match Minimum::mount(&spec, apart, what)? {
+            Ok(m) => m,
             Err(skipped) => {
                 notes.push(skipped);
-                break;
+                continue;
             }
         };
-        eprintln!("bench: FUSE minimum, {what}: small read cold, then epochs 2 and 3");
+        eprintln!("bench: {what}: small read cold, then epochs 2 and 3");
         let mut rates = Vec::new();
         for epoch in 0..3u64 {
             if epoch == 0 {
@@ -870,14 +897,14 @@ fn fuse_minimum(o: &MountBenchOptions, at: &Path, dropped: &mut bool) -> Result<
             let t = Instant::now();
             let r = small_read(at, o, epoch);
             if let Err(e) = r {
-                drop(session);
+                let _ = minimum.unmount();
                 return Err(e.context("reading the FUSE minimum"));
             }
             rates.push(o.small_files as f64 / t.elapsed().as_secs_f64());
         }
-        MinimumFs::unmount(session).context("unmounting the FUSE minimum")?;
+        minimum.unmount()?;
         notes.push(format!(
-            "FUSE minimum, {what}: small read cold {:.0} files/s, epoch 2 {:.0}, epoch 3 {:.0}",
+            "{what}: small read cold {:.0} files/s, epoch 2 {:.0}, epoch 3 {:.0}",
             rates[0], rates[1], rates[2]
         ));
     }

@@ -1,0 +1,164 @@
+//! The FUSE minima of `odfs bench --mount` for creates and small files, mounted either in the
+//! benchmark's own process or served by a process of its own session (`odfs fuse-minimum`).
+//!
+//! Why two: the kernel here schedules CPU time by session (autogroup), and with cgroups by
+//! cgroup, so a FUSE daemon that runs as daemons do (odfs-fuse started by `odfs local up` or
+//! the Slurm prolog, bindfs) is scheduled apart from the job that calls it, and every request
+//! wakes a thread of another group. A minimum in the benchmark's process shares the workers'
+//! group: the bound under any FUSE filesystem. A minimum in its own session pays what every
+//! deployed FUSE daemon pays: the bound under any FUSE filesystem run apart from its callers.
+
+use super::fill_pattern;
+use anyhow::{Context, Result};
+use odfs_client_fuse::minimum::{BackgroundSession, MinimumFs};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+
+/// Which minimum to serve: its mount point and tree (`odfs fuse-minimum`'s arguments).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct MinimumSpec {
+    /// Where to mount it (made if missing).
+    #[arg(long)]
+    pub at: PathBuf,
+    /// Mounted read-write, answering MKDIR, CREATE and WRITE at once.
+    #[arg(long)]
+    pub creates: bool,
+    /// Small files of the benchmark's tree (`/d{k}/s{i}`).
+    #[arg(long, default_value_t = 0)]
+    pub small_files: u64,
+    /// Directories the small files are spread over.
+    #[arg(long, default_value_t = 0)]
+    pub small_dirs: u64,
+    /// Size of each small file in bytes.
+    #[arg(long, default_value_t = 0)]
+    pub small_size: usize,
+    /// Every OPEN answered ENOSYS: FUSE's no-open mode (no OPEN or RELEASE sent).
+    #[arg(long)]
+    pub no_open: bool,
+}
+
+impl MinimumSpec {
+    fn fs(&self) -> MinimumFs {
+        let mut template = vec![0u8; self.small_size];
+        fill_pattern(&mut template, 5);
+        let fs = MinimumFs::new(self.small_files, self.small_dirs, template, self.no_open);
+        if self.creates {
+            fs.with_creates()
+        } else {
+            fs
+        }
+    }
+
+    fn args(&self) -> Vec<String> {
+        let mut a = vec![
+            "fuse-minimum".to_string(),
+            "--at".into(),
+            self.at.display().to_string(),
+            format!("--small-files={}", self.small_files),
+            format!("--small-dirs={}", self.small_dirs),
+            format!("--small-size={}", self.small_size),
+        ];
+        if self.creates {
+            a.push("--creates".into());
+        }
+        if self.no_open {
+            a.push("--no-open".into());
+        }
+        a
+    }
+}
+
+/// What the serving process prints once its mount is up.
+const READY: &str = "mounted";
+
+/// `odfs fuse-minimum`: mounts the minimum, says so on standard output, serves it until
+/// standard input ends (the benchmark closes it, or dies), then unmounts.
+pub fn serve(spec: &MinimumSpec) -> Result<()> {
+    std::fs::create_dir_all(&spec.at).with_context(|| format!("cannot create {}", spec.at.display()))?;
+    let session = spec.fs().mount(&spec.at).with_context(|| format!("cannot mount at {}", spec.at.display()))?;
+    println!("{READY}");
+    std::io::stdout().flush()?;
+    let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+    MinimumFs::unmount(session).context("unmounting the FUSE minimum")
+}
+
+/// A mounted minimum.
+pub enum Minimum {
+    /// Served by reader threads of this process.
+    Here(BackgroundSession),
+    /// Served by `odfs fuse-minimum` in a session of its own; closing `stdin` ends it.
+    Apart { child: Child, stdin: ChildStdin },
+}
+
+impl Minimum {
+    /// Mounts `spec` here or (`apart`) in a new process of its own session. `Err` inside is
+    /// the note saying `name` was not measured because the minimum could not be mounted.
+    pub fn mount(spec: &MinimumSpec, apart: bool, name: &str) -> Result<std::result::Result<Minimum, String>> {
+        std::fs::create_dir_all(&spec.at)?;
+        let skipped =
+            |e: &dyn std::fmt::Display| format!("{name} not measured: cannot mount at {}: {e}", spec.at.display());
+        if !apart {
+            return Ok(spec.fs().mount(&spec.at).map(Minimum::Here).map_err(|e| skipped(&e)));
+        }
+        let mut child = spawn_apart(spec)?;
+        let (stdin, stdout) = (child.stdin.take(), child.stdout.take());
+        let mut line = String::new();
+        if let Some(out) = stdout {
+            BufReader::new(out).read_line(&mut line)?;
+        }
+        match stdin {
+            Some(stdin) if line.trim() == READY => Ok(Ok(Minimum::Apart { child, stdin })),
+            _ => {
+                let mut err = String::new();
+                if let Some(mut e) = child.stderr.take() {
+                    let _ = e.read_to_string(&mut err);
+                }
+                let _ = child.wait();
+                Ok(Err(skipped(&err.trim())))
+            }
+        }
+    }
+
+    /// The serving process, whose CPU time is the minimum's.
+    pub fn pid(&self) -> Option<u32> {
+        match self {
+            Minimum::Here(_) => None,
+            Minimum::Apart { child, .. } => Some(child.id()),
+        }
+    }
+
+    /// Unmounts and waits for the reader threads or the serving process.
+    pub fn unmount(self) -> Result<()> {
+        match self {
+            Minimum::Here(session) => MinimumFs::unmount(session).context("unmounting the FUSE minimum"),
+            Minimum::Apart { child, stdin } => {
+                drop(stdin);
+                let out = child.wait_with_output().context("waiting for odfs fuse-minimum")?;
+                anyhow::ensure!(
+                    out.status.success(),
+                    "odfs fuse-minimum failed ({}): {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Starts `odfs fuse-minimum` for `spec` in a new session, as daemons are started.
+fn spawn_apart(spec: &MinimumSpec) -> Result<Child> {
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe().context("cannot find this executable")?;
+    let mut cmd = Command::new(&exe);
+    cmd.args(spec.args()).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    // SAFETY: setsid is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    cmd.spawn().with_context(|| format!("cannot start {} fuse-minimum", exe.display()))
+}
