@@ -11,7 +11,7 @@
 use super::fill_pattern;
 use anyhow::{Context, Result};
 use odfs_client_fuse::minimum::{BackgroundSession, MinimumFs};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 
@@ -110,12 +110,8 @@ impl Minimum {
         match stdin {
             Some(stdin) if line.trim() == READY => Ok(Ok(Minimum::Apart { child, stdin })),
             _ => {
-                let mut err = String::new();
-                if let Some(mut e) = child.stderr.take() {
-                    let _ = e.read_to_string(&mut err);
-                }
-                let _ = child.wait();
-                Ok(Err(skipped(&err.trim())))
+                let status = child.wait()?;
+                Ok(Err(skipped(&format!("odfs fuse-minimum ended ({status}); its error is printed above"))))
             }
         }
     }
@@ -132,15 +128,10 @@ impl Minimum {
     pub fn unmount(self) -> Result<()> {
         match self {
             Minimum::Here(session) => MinimumFs::unmount(session).context("unmounting the FUSE minimum"),
-            Minimum::Apart { child, stdin } => {
+            Minimum::Apart { mut child, stdin } => {
                 drop(stdin);
-                let out = child.wait_with_output().context("waiting for odfs fuse-minimum")?;
-                anyhow::ensure!(
-                    out.status.success(),
-                    "odfs fuse-minimum failed ({}): {}",
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr).trim()
-                );
+                let status = child.wait().context("waiting for odfs fuse-minimum")?;
+                anyhow::ensure!(status.success(), "odfs fuse-minimum failed ({status}); its error is printed above");
                 Ok(())
             }
         }
@@ -152,7 +143,9 @@ fn spawn_apart(spec: &MinimumSpec) -> Result<Child> {
     use std::os::unix::process::CommandExt;
     let exe = std::env::current_exe().context("cannot find this executable")?;
     let mut cmd = Command::new(&exe);
-    cmd.args(spec.args()).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    // Its errors go where the benchmark's progress goes (a pipe nobody reads while it serves
+    // could fill and stall it).
+    cmd.args(spec.args()).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
     // SAFETY: setsid is async-signal-safe.
     unsafe {
         cmd.pre_exec(|| {

@@ -11,7 +11,9 @@
 //! the kernel and FUSE like any application's. Every phase also runs on a plain FUSE
 //! passthrough of the same disk (bindfs, when installed): the FUSE floor; the sequential read
 //! also runs with only loopback TCP between the disk and the reader (the network minimum), and
-//! on the FUSE minimum fed over loopback TCP (the FUSE + network minimum). The
+//! on the FUSE minimum fed over loopback TCP (the FUSE + network minimum); the creates and the
+//! small reads also run on the FUSE minimum, served from this process and from a process of
+//! its own session (`super::minimum`). The
 //! requests that reach metad during each odfs phase are counted (metad's `GetStats`), so what
 //! the caches answer shows. The filesystem is started and stopped through [`odfs_job::local`].
 
