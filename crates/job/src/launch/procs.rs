@@ -29,7 +29,6 @@ pub fn spawn_daemon(bin: &Path, cfg: &Path, log: &Path) -> Result<u32> {
 
 /// Starts `bin args…` in its own session, output appended to `log`. Returns its pid.
 pub fn spawn_detached(bin: &Path, args: &[&std::ffi::OsStr], log: &Path) -> Result<u32> {
-    use std::os::unix::process::CommandExt;
     let out = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -38,13 +37,8 @@ pub fn spawn_detached(bin: &Path, args: &[&std::ffi::OsStr], log: &Path) -> Resu
     let err = out.try_clone()?;
     let mut cmd = Command::new(bin);
     cmd.args(args).stdin(Stdio::null()).stdout(out).stderr(err);
-    // SAFETY: setsid is async-signal-safe; the daemon must not die with this tool's terminal.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        });
-    }
+    // The daemon must not die with this tool's terminal.
+    in_new_session(&mut cmd);
     let child = cmd.spawn().with_context(|| format!("cannot start {}", bin.display()))?;
     let pid = child.id();
     // The child is reaped by a thread so it never lingers as a zombie while this tool runs.
@@ -54,6 +48,20 @@ pub fn spawn_detached(bin: &Path, args: &[&std::ffi::OsStr], log: &Path) -> Resu
     });
     wait_command_line(pid);
     Ok(pid)
+}
+
+/// Makes `cmd` start its process in a session of its own (`setsid`), as a daemon runs: apart
+/// from this tool's terminal and, where the kernel groups CPU time by session (autogroup),
+/// scheduled apart from it.
+pub fn in_new_session(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setsid is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
 }
 
 /// Waits (at most 2 s) until a just-started process shows its command line. `spawn` returns

@@ -11,6 +11,7 @@
 use super::fill_pattern;
 use anyhow::{Context, Result};
 use odfs_client_fuse::minimum::{BackgroundSession, MinimumFs};
+use odfs_job::launch::procs;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -140,18 +141,11 @@ impl Minimum {
 
 /// Starts `odfs fuse-minimum` for `spec` in a new session, as daemons are started.
 fn spawn_apart(spec: &MinimumSpec) -> Result<Child> {
-    use std::os::unix::process::CommandExt;
     let exe = std::env::current_exe().context("cannot find this executable")?;
     let mut cmd = Command::new(&exe);
     // Its errors go where the benchmark's progress goes (a pipe nobody reads while it serves
     // could fill and stall it).
     cmd.args(spec.args()).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
-    // SAFETY: setsid is async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        });
-    }
+    procs::in_new_session(&mut cmd);
     cmd.spawn().with_context(|| format!("cannot start {} fuse-minimum", exe.display()))
 }
