@@ -12,8 +12,9 @@ use super::fill_pattern;
 use anyhow::{Context, Result};
 use odfs_client_fuse::minimum::{BackgroundSession, MinimumFs};
 use odfs_job::launch::procs;
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 
 /// Which minimum to serve: its mount point and tree (`odfs fuse-minimum`'s arguments).
@@ -51,14 +52,14 @@ impl MinimumSpec {
         }
     }
 
-    fn args(&self) -> Vec<String> {
-        let mut a = vec![
-            "fuse-minimum".to_string(),
+    fn args(&self) -> Vec<OsString> {
+        let mut a: Vec<OsString> = vec![
+            "fuse-minimum".into(),
             "--at".into(),
-            self.at.display().to_string(),
-            format!("--small-files={}", self.small_files),
-            format!("--small-dirs={}", self.small_dirs),
-            format!("--small-size={}", self.small_size),
+            self.at.clone().into(),
+            format!("--small-files={}", self.small_files).into(),
+            format!("--small-dirs={}", self.small_dirs).into(),
+            format!("--small-size={}", self.small_size).into(),
         ];
         if self.creates {
             a.push("--creates".into());
@@ -96,12 +97,10 @@ impl Minimum {
     /// Mounts `spec` here or (`apart`) in a new process of its own session. `Err` inside is
     /// the note saying `name` was not measured because the minimum could not be mounted.
     pub fn mount(spec: &MinimumSpec, apart: bool, name: &str) -> Result<std::result::Result<Minimum, String>> {
-        std::fs::create_dir_all(&spec.at)?;
-        let skipped =
-            |e: &dyn std::fmt::Display| format!("{name} not measured: cannot mount at {}: {e}", spec.at.display());
         if !apart {
-            return Ok(spec.fs().mount(&spec.at).map(Minimum::Here).map_err(|e| skipped(&e)));
+            return Ok(mount_here(spec.fs(), &spec.at, name)?.map(Minimum::Here));
         }
+        std::fs::create_dir_all(&spec.at)?;
         let mut child = spawn_apart(spec)?;
         let (stdin, stdout) = (child.stdin.take(), child.stdout.take());
         let mut line = String::new();
@@ -112,7 +111,8 @@ impl Minimum {
             Some(stdin) if line.trim() == READY => Ok(Ok(Minimum::Apart { child, stdin })),
             _ => {
                 let status = child.wait()?;
-                Ok(Err(skipped(&format!("odfs fuse-minimum ended ({status}); its error is printed above"))))
+                let e = format!("odfs fuse-minimum ended ({status}); its error is printed above");
+                Ok(Err(not_measured(name, &spec.at, &e)))
             }
         }
     }
@@ -137,6 +137,18 @@ impl Minimum {
             }
         }
     }
+}
+
+/// Mounts `fs` at `at` (made if missing), served by reader threads of this process; `Err`
+/// inside is the note saying that `name` was not measured because it could not be mounted.
+pub fn mount_here(fs: MinimumFs, at: &Path, name: &str) -> Result<std::result::Result<BackgroundSession, String>> {
+    std::fs::create_dir_all(at)?;
+    Ok(fs.mount(at).map_err(|e| not_measured(name, at, &e)))
+}
+
+/// The note for a minimum that could not be mounted.
+fn not_measured(name: &str, at: &Path, e: &dyn std::fmt::Display) -> String {
+    format!("{name} not measured: cannot mount at {}: {e}", at.display())
 }
 
 /// Starts `odfs fuse-minimum` for `spec` in a new session, as daemons are started.

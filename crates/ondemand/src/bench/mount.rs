@@ -17,10 +17,10 @@
 //! requests that reach metad during each odfs phase are counted (metad's `GetStats`), so what
 //! the caches answer shows. The filesystem is started and stopped through [`odfs_job::local`].
 
-use super::minimum::{Minimum, MinimumSpec};
+use super::minimum::{self, Minimum, MinimumSpec};
 use super::{close, drop_caches, fill_pattern, parallel, CpuMeter, Phase};
 use anyhow::{bail, Context, Result};
-use odfs_client_fuse::minimum::{BackgroundSession, FileServer, MinimumFs};
+use odfs_client_fuse::minimum::{FileServer, MinimumFs};
 use odfs_job::launch::mount;
 use odfs_job::local::{self, UpOptions};
 use odfs_rpc::Transport;
@@ -543,13 +543,6 @@ fn send_through_tcp(files: &[PathBuf]) -> Result<u64> {
     })
 }
 
-/// Mounts a FUSE minimum at `at` (made if missing); `Err` inside is the note saying that
-/// `name` was not measured because it could not be mounted.
-fn mount_minimum(fs: MinimumFs, at: &Path, name: &str) -> Result<std::result::Result<BackgroundSession, String>> {
-    std::fs::create_dir_all(at)?;
-    Ok(fs.mount(at).map_err(|e| format!("{name} not measured: cannot mount at {}: {e}", at.display())))
-}
-
 /// The sequential and 4 KiB random reads above, on the FUSE minimum's large files (bytes
 /// replied from memory on the reader thread): what FUSE alone allows these reads on this
 /// machine, for any filesystem that serves them through its daemon. One line, or why it was
@@ -563,7 +556,7 @@ fn fuse_minimum_large(
     what: &str,
     name: &str,
 ) -> Result<String> {
-    let session = match mount_minimum(fs, at, name)? {
+    let session = match minimum::mount_here(fs, at, name)? {
         Ok(s) => s,
         Err(skipped) => return Ok(skipped),
     };
