@@ -93,7 +93,12 @@ impl Ring {
     /// Reads up to `len` bytes at `offset`; fewer only where the file ends.
     pub(crate) async fn read(&self, file: Arc<File>, offset: u64, len: usize) -> io::Result<Vec<u8>> {
         let (reply, rx) = oneshot::channel();
-        self.send(Op { file, offset, retries: 0, work: Work::Read { buf: vec![0u8; len], filled: 0, reply } })?;
+        self.send(Op {
+            file,
+            offset,
+            retries: 0,
+            work: Work::Read { buf: Vec::with_capacity(len), want: len, reply },
+        })?;
         rx.await.map_err(|_| stopped())?
     }
 
@@ -177,8 +182,10 @@ enum Work {
         reply: oneshot::Sender<io::Result<usize>>,
     },
     Read {
+        /// Filled so far (its length); the kernel writes the rest into its spare capacity, so
+        /// megabytes are not zeroed first only to be overwritten.
         buf: Vec<u8>,
-        filled: usize,
+        want: usize,
         reply: oneshot::Sender<io::Result<Vec<u8>>>,
     },
     Fsync {
@@ -197,7 +204,7 @@ impl Op {
     fn bytes(&self) -> usize {
         match &self.work {
             Work::Write { data, .. } => data.len(),
-            Work::Read { buf, .. } => buf.len(),
+            Work::Read { want, .. } => *want,
             Work::Fsync { .. } => 0,
         }
     }
@@ -214,9 +221,14 @@ impl Op {
             Work::Write { syncing: true, .. } | Work::Fsync { .. } => {
                 opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build()
             }
-            Work::Read { buf, filled, .. } => {
-                let rest = &mut buf[*filled..];
-                opcode::Read::new(fd, rest.as_mut_ptr(), rest.len() as u32).offset(self.offset + *filled as u64).build()
+            Work::Read { buf, want, .. } => {
+                let have = buf.len();
+                let rest = &mut buf.spare_capacity_mut()[..*want - have];
+                // The pointer stays valid until the completion: the buffer is neither moved nor
+                // resized while the operation is in flight (the slot owns it).
+                opcode::Read::new(fd, rest.as_mut_ptr().cast(), rest.len() as u32)
+                    .offset(self.offset + have as u64)
+                    .build()
             }
         };
         e.user_data(user_data)
@@ -252,9 +264,12 @@ impl Op {
                     Step::Done(Ok(()))
                 }
             }
-            Work::Read { buf, filled, .. } => {
-                *filled += n;
-                if n == 0 || *filled >= buf.len() {
+            Work::Read { buf, want, .. } => {
+                let filled = buf.len() + n.min(*want - buf.len());
+                // SAFETY: the kernel wrote these `n` bytes of the spare capacity (a read
+                // returns at most the length it was given).
+                unsafe { buf.set_len(filled) };
+                if n == 0 || filled >= *want {
                     Step::Done(Ok(()))
                 } else {
                     Step::Again
@@ -274,8 +289,7 @@ impl Op {
             Work::Write { data, reply, .. } => {
                 let _ = reply.send(r.map(|()| data.len()));
             }
-            Work::Read { mut buf, filled, reply } => {
-                buf.truncate(filled);
+            Work::Read { buf, reply, .. } => {
                 let _ = reply.send(r.map(|()| buf));
             }
             Work::Fsync { reply } => {
