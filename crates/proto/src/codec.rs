@@ -15,10 +15,16 @@
 //! the reply). It is written after the body as a buffer of its own, and the receiver reads it
 //! into a buffer of its own that becomes the decoded message's. A megabyte is then copied from
 //! the socket once, not into a frame, out of it and out of postcard again.
+//!
+//! A reply's payload may also be spans of files (`Rpc::reply_spans`, stored's chunk reads):
+//! the sender's transport sends those bytes straight from the file (sendfile on TCP), after
+//! the payload bytes, and the receiver reads them as any payload.
 
 use crate::{ProtoError, RemoteError, RequestHeader, Rpc};
 use bytes::Bytes;
 use serde::Serialize;
+use std::fs::File;
+use std::sync::Arc;
 
 pub const KIND_REQUEST: u8 = 0;
 pub const KIND_REPLY_OK: u8 = 1;
@@ -66,12 +72,43 @@ impl FrameHead {
     }
 }
 
+/// `len` bytes of a file at `offset`, sent as part of a frame's payload by the sender's
+/// transport without passing through a buffer of its own (sendfile on TCP). Where the file
+/// ends before `len` (it shrank after the length was taken), the rest is sent as zeros so the
+/// stream stays framed.
+#[derive(Debug, Clone)]
+pub struct FileSpan {
+    pub file: Arc<File>,
+    pub offset: u64,
+    pub len: u32,
+}
+
+impl PartialEq for FileSpan {
+    fn eq(&self, o: &FileSpan) -> bool {
+        Arc::ptr_eq(&self.file, &o.file) && self.offset == o.offset && self.len == o.len
+    }
+}
+
+impl Eq for FileSpan {}
+
 /// An encoded frame: length prefix, fixed part and body in `head`, then `payload` (often
-/// empty), written after it as it is.
+/// empty), written after it as it is, then the bytes of `spans`, if any.
 #[derive(Debug)]
 pub struct Frame {
     pub head: Vec<u8>,
     pub payload: Bytes,
+    pub spans: Vec<FileSpan>,
+}
+
+impl Frame {
+    /// Bytes after the body: the payload and the spans.
+    pub fn payload_len(&self) -> usize {
+        self.payload.len() + spans_len(&self.spans)
+    }
+}
+
+fn spans_len(spans: &[FileSpan]) -> usize {
+    spans.iter().map(|s| s.len as usize).sum()
 }
 
 fn start_frame(kind: u8, call_id: u64, method: u16, body_hint: usize) -> Vec<u8> {
@@ -84,14 +121,15 @@ fn start_frame(kind: u8, call_id: u64, method: u16, body_hint: usize) -> Vec<u8>
     buf
 }
 
-fn finish_frame(mut head: Vec<u8>, payload: Bytes) -> Result<Frame, ProtoError> {
-    let len = head.len() - 4 + payload.len();
+fn finish_frame(mut head: Vec<u8>, payload: Bytes, spans: Vec<FileSpan>) -> Result<Frame, ProtoError> {
+    let after = payload.len() + spans_len(&spans);
+    let len = head.len() - 4 + after;
     if len > MAX_FRAME {
         return Err(ProtoError::FrameTooLarge(len, MAX_FRAME));
     }
     head[..4].copy_from_slice(&(len as u32).to_le_bytes());
-    head[4 + 11..4 + FRAME_FIXED].copy_from_slice(&(payload.len() as u32).to_le_bytes());
-    Ok(Frame { head, payload })
+    head[4 + 11..4 + FRAME_FIXED].copy_from_slice(&(after as u32).to_le_bytes());
+    Ok(Frame { head, payload, spans })
 }
 
 fn append<T: Serialize>(buf: Vec<u8>, value: &T) -> Result<Vec<u8>, ProtoError> {
@@ -103,7 +141,7 @@ fn append<T: Serialize>(buf: Vec<u8>, value: &T) -> Result<Vec<u8>, ProtoError> 
 pub fn encode_request<R: Rpc>(call_id: u64, header: &RequestHeader, req: &R) -> Result<Frame, ProtoError> {
     let buf = start_frame(KIND_REQUEST, call_id, R::METHOD, 64);
     let buf = append(buf, header)?;
-    finish_frame(append(buf, req)?, req.payload().cloned().unwrap_or_default())
+    finish_frame(append(buf, req)?, req.payload().cloned().unwrap_or_default(), Vec::new())
 }
 
 /// Encodes the reply frame of request type `R`: the reply's payload moves into the frame's,
@@ -112,9 +150,10 @@ pub fn encode_reply<R: Rpc>(call_id: u64, result: Result<R::Reply, RemoteError>)
     match result {
         Ok(mut v) => {
             let payload = R::reply_payload(&mut v).map(std::mem::take).unwrap_or_default().into();
+            let spans = R::reply_spans(&mut v).map(std::mem::take).unwrap_or_default();
             match postcard::to_extend(&v, start_frame(KIND_REPLY_OK, call_id, R::METHOD, 64))
                 .map_err(ProtoError::from)
-                .and_then(|head| finish_frame(head, payload))
+                .and_then(|head| finish_frame(head, payload, spans))
             {
                 Ok(f) => f,
                 Err(e) => encode_error(call_id, R::METHOD, &e.into()),
@@ -136,7 +175,7 @@ pub fn encode_error(call_id: u64, method: u16, e: &RemoteError) -> Frame {
     }
     let buf = postcard::to_extend(&e, start_frame(KIND_REPLY_ERR, call_id, method, 64))
         .expect("serialising into a Vec cannot fail");
-    finish_frame(buf, Bytes::new()).expect("an error frame is far below the frame limit")
+    finish_frame(buf, Bytes::new(), Vec::new()).expect("an error frame is far below the frame limit")
 }
 
 /// Decodes a request frame's body and payload into its header and request.
@@ -240,19 +279,42 @@ mod tests {
     #[test]
     fn chunk_data_travels_as_the_payload() {
         let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
-        let frame = encode_reply::<ReadChunk>(6, Ok(ChunkData { data: data.clone() }));
+        let frame = encode_reply::<ReadChunk>(6, Ok(ChunkData { data: data.clone(), ..Default::default() }));
         assert_eq!(frame.payload, data, "the data is the frame's payload");
         assert!(frame.head.len() < 64, "and not in its body ({} bytes)", frame.head.len());
         let (head, body, payload) = receive(&frame);
         assert_eq!(decode_reply::<ReadChunk>(head.kind, &body, payload).unwrap().data, data);
         // An empty read has no payload and decodes to no data.
-        let (head, body, payload) = receive(&encode_reply::<ReadChunk>(7, Ok(ChunkData { data: Vec::new() })));
+        let (head, body, payload) = receive(&encode_reply::<ReadChunk>(7, Ok(ChunkData::default())));
         assert_eq!(decode_reply::<ReadChunk>(head.kind, &body, payload).unwrap().data, Vec::<u8>::new());
         // A payload on a reply that has no place for one is refused, not dropped.
         let (head, body, _) = receive(&encode_reply::<StatChunk>(8, Ok(Some(5))));
         let e = decode_reply::<StatChunk>(head.kind, &body, vec![1, 2, 3]).unwrap_err();
         assert_eq!(e.code, ErrorCode::BadMessage);
         assert!(e.message.contains("payload"), "{}", e.message);
+    }
+
+    #[test]
+    fn file_spans_count_in_the_payload_length() {
+        let file = Arc::new(File::open("/dev/null").unwrap());
+        let span = |offset, len| FileSpan { file: file.clone(), offset, len };
+        let reply = crate::storage::ChunksData {
+            lens: vec![Some(10), Some(0), Some(5)],
+            spans: vec![span(0, 10), span(4096, 5)],
+            ..Default::default()
+        };
+        let frame = encode_reply::<crate::storage::ReadChunks>(9, Ok(reply));
+        assert!(frame.payload.is_empty());
+        assert_eq!(frame.payload_len(), 15);
+        assert_eq!(frame.spans, vec![span(0, 10), span(4096, 5)], "sent as they are, in order");
+        let len = u32::from_le_bytes(frame.head[..4].try_into().unwrap()) as usize;
+        assert_eq!(len, frame.head.len() - 4 + 15, "the length prefix counts the spans' bytes");
+        let head = FrameHead::parse(&frame.head[4..4 + FRAME_FIXED], len).unwrap();
+        assert_eq!(head.payload, 15);
+        // The body is what it would be with the bytes in `data`: the receiver decodes the lens.
+        let body = &frame.head[4 + FRAME_FIXED..];
+        let got = decode_reply::<crate::storage::ReadChunks>(head.kind, body, vec![7; 15]).unwrap();
+        assert_eq!((got.lens, got.data.len()), (vec![Some(10), Some(0), Some(5)], 15));
     }
 
     #[test]

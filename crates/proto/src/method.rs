@@ -31,6 +31,13 @@ pub trait Rpc: Serialize + DeserializeOwned + Send + Sync + 'static {
         None
     }
 
+    /// The reply's bulk bytes still in files (a chunk read's), sent after `reply_payload`'s
+    /// by the transport straight from the files (see `codec::FileSpan`); the receiver gets
+    /// them in `reply_payload`'s buffer. Send side only.
+    fn reply_spans(_reply: &mut Self::Reply) -> Option<&mut Vec<crate::codec::FileSpan>> {
+        None
+    }
+
     /// The storage target a request is for, if any: `GetStats` also counts requests and bytes
     /// per target.
     fn stats_target(&self) -> Option<crate::TargetId> {

@@ -3,6 +3,7 @@
 //! A file has one chunk file per target of its layout; offsets here are offsets within that chunk
 //! file (see `layout`).
 
+use crate::codec::FileSpan;
 use crate::mgmt::TargetSpace;
 use crate::{InodeId, TargetId};
 use bytes::Bytes;
@@ -40,11 +41,14 @@ pub struct ReadChunk {
 }
 
 /// Bytes read; shorter than asked where the chunk file ends (a hole or the end of the file).
-/// `data` travels as the frame's payload, not in its body.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// `data` travels as the frame's payload, not in its body; stored may send it from the chunk
+/// file instead (`spans`), and the receiver finds it in `data` all the same.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct ChunkData {
     #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
+    #[serde(skip)]
+    pub spans: Vec<FileSpan>,
 }
 
 /// Reads several chunk files' ranges in one request (a directory's small files fetched ahead of
@@ -70,12 +74,15 @@ pub const READ_MANY_BYTES: u64 = 8 << 20;
 
 /// What a `ReadChunks` read: range i's bytes are the `lens[i]` bytes after those of the ranges
 /// before it in `data` (short or empty as for `ReadChunk`; `None`: that range failed, the
-/// others stand). `data` travels as the frame's payload.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// others stand). `data` travels as the frame's payload; stored sends it from the chunk files
+/// (`spans`, one per range that read bytes, in order).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct ChunksData {
     pub lens: Vec<Option<u32>>,
     #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
+    #[serde(skip)]
+    pub spans: Vec<FileSpan>,
 }
 
 /// Deallocate `[offset, offset + len)` of a chunk file, keeping its size: the range reads as
@@ -135,6 +142,9 @@ crate::rpc! {
         fn reply_payload(reply: &mut ChunkData) -> Option<&mut Vec<u8>> {
             Some(&mut reply.data)
         }
+        fn reply_spans(reply: &mut ChunkData) -> Option<&mut Vec<FileSpan>> {
+            Some(&mut reply.spans)
+        }
         fn stats_target(&self) -> Option<crate::TargetId> {
             Some(self.target)
         }
@@ -160,6 +170,9 @@ crate::rpc! {
     ReadChunks = 208 => ChunksData {
         fn reply_payload(reply: &mut ChunksData) -> Option<&mut Vec<u8>> {
             Some(&mut reply.data)
+        }
+        fn reply_spans(reply: &mut ChunksData) -> Option<&mut Vec<FileSpan>> {
+            Some(&mut reply.spans)
         }
         fn stats_target(&self) -> Option<crate::TargetId> {
             Some(self.target)

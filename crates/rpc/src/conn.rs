@@ -1,6 +1,7 @@
 //! One multiplexed connection: many requests in flight over a single byte stream (a QUIC
 //! bidirectional stream or a TCP connection), replies paired to callers by call id.
 
+use crate::spans::{self, FrameSink};
 use crate::RpcError;
 use odfs_proto::codec::{self, Frame, FrameHead, FRAME_FIXED, KIND_REQUEST, MAX_FRAME};
 use odfs_proto::{RequestHeader, Rpc};
@@ -9,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{mpsc, oneshot};
 
 type Waiter = oneshot::Sender<Result<Received, RpcError>>;
@@ -90,8 +91,9 @@ async fn read_vec<R: AsyncRead + Unpin>(r: &mut R, len: usize) -> std::io::Resul
 }
 
 /// Spawns the task that writes frames to `w`, coalescing small frames into one flush; a large
-/// payload is written from its own buffer (the buffered writer passes it through).
-pub(crate) fn spawn_writer<W: AsyncWrite + Unpin + Send + 'static>(
+/// payload is written from its own buffer (the buffered writer passes it through), file spans
+/// by `spans::send`.
+pub(crate) fn spawn_writer<W: FrameSink>(
     w: W,
     on_error: impl FnOnce(String) + Send + 'static,
 ) -> mpsc::UnboundedSender<Frame> {
@@ -116,10 +118,14 @@ pub(crate) fn spawn_writer<W: AsyncWrite + Unpin + Send + 'static>(
     tx
 }
 
-async fn write_frame<W: AsyncWrite + Unpin>(w: &mut BufWriter<W>, frame: &Frame) -> std::io::Result<()> {
+async fn write_frame<W: FrameSink>(w: &mut BufWriter<W>, frame: &Frame) -> std::io::Result<()> {
     w.write_all(&frame.head).await?;
     if !frame.payload.is_empty() {
         w.write_all(&frame.payload).await?;
+    }
+    if !frame.spans.is_empty() {
+        w.flush().await?;
+        spans::send(w.get_mut(), &frame.spans).await?;
     }
     Ok(())
 }
@@ -129,7 +135,7 @@ impl Conn {
     pub fn new<R, W>(reader: R, writer: W, label: String) -> Conn
     where
         R: AsyncRead + Unpin + Send + 'static,
-        W: AsyncWrite + Unpin + Send + 'static,
+        W: FrameSink,
     {
         let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| {
             let w = weak.clone();

@@ -2,6 +2,7 @@
 //! Every request a router serves is counted (`stats`); every router answers `GetStats`.
 
 use crate::conn::{buffered, read_frame, spawn_writer};
+use crate::spans::FrameSink;
 use crate::stats::{Served, Stats};
 use futures::future::BoxFuture;
 use odfs_proto::codec::{self, Frame, KIND_REQUEST};
@@ -12,7 +13,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::AsyncRead;
 use tracing::{debug, warn, Instrument};
 
 /// Decodes a request body, runs the handler and returns the whole reply frame.
@@ -89,7 +90,7 @@ impl Router {
                     took: start.elapsed(),
                     error,
                     bytes_in,
-                    bytes_out: frame.payload.len() as u64,
+                    bytes_out: frame.payload_len() as u64,
                 });
                 frame
             })
@@ -115,7 +116,7 @@ impl Router {
 pub async fn serve_stream<R, W>(router: Arc<Router>, reader: R, writer: W)
 where
     R: AsyncRead + Unpin + Send + 'static,
-    W: AsyncWrite + Unpin + Send + 'static,
+    W: FrameSink,
 {
     let tx = spawn_writer(writer, |why| debug!(error = %why, "reply stream failed"));
     let mut reader = buffered(reader);

@@ -25,6 +25,7 @@ use crate::precreate;
 use crate::recycle::Recycler;
 use crate::syscall::{self, blocking};
 use crate::uring::{self, Ring};
+use odfs_proto::codec::FileSpan;
 use odfs_proto::mgmt::TargetSpace;
 use odfs_proto::storage::{ChunkRange, READ_MANY_BYTES, READ_MANY_ITEMS};
 use odfs_proto::{InodeId, TargetId};
@@ -332,16 +333,39 @@ impl ChunkStore {
         t.read(file, offset, len).await.map_err(|e| t.err("read", ino, e))
     }
 
-    /// Reads several chunk files' ranges of one target in a single blocking call, one after
-    /// the other (a directory's small files fetched ahead of their opens: one hand-off and one
-    /// reply for the batch instead of one each). Each range reads as `read` would: short where
-    /// its file ends, empty when the file is missing; one that fails is `None` and the others
-    /// stand. Returns the ranges' lengths and their bytes back to back.
+    /// Where the bytes of a read of up to `len` bytes at `offset` are, for the transport to
+    /// send from the chunk file itself (`FileSpan`: sendfile on TCP) instead of through a
+    /// buffer: shorter than asked where the file ends, `None` when there are no bytes (a missing
+    /// file, or past its end). Holes read as zeros, as for `read`. The span's pages are asked of
+    /// the disk now (`POSIX_FADV_WILLNEED`), so the reads of the spans in flight overlap on the
+    /// disk while the stream sends them one after another.
+    pub async fn read_span(
+        &self,
+        target: TargetId,
+        ino: InodeId,
+        offset: u64,
+        len: u32,
+    ) -> Result<Option<FileSpan>, StoreError> {
+        let t = self.target_busy(target)?;
+        check_range("read", offset, len as usize)?;
+        if len == 0 {
+            return Ok(None);
+        }
+        let Some(file) = self.file(t, ino, false).await? else { return Ok(None) };
+        span_of(file, offset, len).map_err(|e| t.err("read", ino, e))
+    }
+
+    /// The spans of several chunk files' ranges of one target, found in a single blocking call
+    /// (a directory's small files fetched ahead of their opens: one hand-off and one reply for
+    /// the batch instead of one each). Each range is as `read_span` gives it: its length is
+    /// `Some(0)` (and it has no span) for a missing file or one that ends before it, `None`
+    /// when it failed (the others stand). Returns every range's length, and the spans of those
+    /// with bytes, in order.
     pub async fn read_many(
         &self,
         target: TargetId,
         items: Vec<ChunkRange>,
-    ) -> Result<(Vec<Option<u32>>, Vec<u8>), StoreError> {
+    ) -> Result<(Vec<Option<u32>>, Vec<FileSpan>), StoreError> {
         let t = self.target_busy(target)?;
         check_many(&items)?;
         let Some(first) = items.first().map(|r| r.ino) else { return Ok((Vec::new(), Vec::new())) };
@@ -349,12 +373,22 @@ impl ChunkStore {
         // for this read only (a prefetched file is seldom read again).
         let open: Vec<Option<Arc<File>>> = items.iter().map(|r| self.inner.fds.get((t.id, r.ino)).ok()).collect();
         let root = t.root.clone();
-        let read_all = move || {
-            let mut data = Vec::with_capacity(items.iter().map(|r| r.len as usize).sum());
-            let lens = items.iter().zip(open).map(|(r, f)| read_range_into(&root, r, f, &mut data)).collect();
-            Ok((lens, data))
+        let spans_of = move || {
+            let mut lens = Vec::with_capacity(items.len());
+            let mut spans = Vec::with_capacity(items.len());
+            for (r, f) in items.iter().zip(open) {
+                match range_span(&root, r, f) {
+                    Ok(Some(s)) => {
+                        lens.push(Some(s.len));
+                        spans.push(s);
+                    }
+                    Ok(None) => lens.push(Some(0)),
+                    Err(_) => lens.push(None),
+                }
+            }
+            Ok((lens, spans))
         };
-        blocking(read_all).await.map_err(|e| t.err("read", first, e))
+        blocking(spans_of).await.map_err(|e| t.err("read", first, e))
     }
 
     /// The part of a read that needs no waiting, done on this worker: `None` when the chunk file
@@ -578,19 +612,30 @@ fn check_many(items: &[ChunkRange]) -> Result<(), StoreError> {
     items.iter().try_for_each(|r| check_range("read", r.offset, r.len as usize))
 }
 
-/// Appends range `r` of its chunk file under `root` to `data` (through `open` when given, else
-/// opened read-only here); its length, zero for a missing file, or `None` when it failed (the
-/// bytes appended so far are taken back).
-fn read_range_into(root: &Path, r: &ChunkRange, open: Option<Arc<File>>, data: &mut Vec<u8>) -> Option<u32> {
+/// Range `r` of its chunk file under `root` as a span (`ChunkStore::read_span`), through
+/// `open` when given, else opened read-only here (a missing file has no bytes).
+fn range_span(root: &Path, r: &ChunkRange, open: Option<Arc<File>>) -> io::Result<Option<FileSpan>> {
     let file = match open {
         Some(f) => f,
         None => match File::open(odfs_proto::layout::chunk_path(root, r.ino)) {
             Ok(f) => Arc::new(f),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Some(0),
-            Err(_) => return None,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
         },
     };
-    syscall::read_append(&file, r.offset, r.len as usize, data).ok().map(|n| n as u32)
+    span_of(file, r.offset, r.len)
+}
+
+/// The span of up to `len` bytes of `file` at `offset` (`None`: none there), its pages asked
+/// of the disk now.
+fn span_of(file: Arc<File>, offset: u64, len: u32) -> io::Result<Option<FileSpan>> {
+    let size = file.metadata()?.len();
+    let n = size.saturating_sub(offset).min(len as u64) as u32;
+    if n == 0 {
+        return Ok(None);
+    }
+    syscall::will_need(&file, offset, n as u64);
+    Ok(Some(FileSpan { file, offset, len: n }))
 }
 
 /// Opens a chunk file read-write; `None` when it is missing and there is no `create` pool. A

@@ -14,6 +14,12 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::info;
 
+/// Reads of at least this many bytes are sent from the chunk file (`ChunkStore::read_span`:
+/// sendfile on TCP, no copy into and out of a buffer of stored's); smaller ones are read into
+/// a buffer, most often from the page cache without waiting (`ChunkStore::read`), which costs
+/// less than the hand-off to a thread that a send from the file takes.
+pub const SPAN_MIN: u32 = 64 << 10;
+
 /// Maps stored's requests to the chunk store.
 pub fn router(store: ChunkStore) -> Router {
     let mut r = Router::new();
@@ -32,20 +38,20 @@ pub fn router(store: ChunkStore) -> Router {
     r.add::<ReadChunk, _, _>(move |_h, q: ReadChunk| {
         let s = s.clone();
         async move {
-            Ok(ChunkData {
-                data: s
-                    .read(q.target, q.ino, q.offset, q.len)
-                    .await
-                    .map_err(RemoteError::from)?,
-            })
+            if q.len < SPAN_MIN {
+                let data = s.read(q.target, q.ino, q.offset, q.len).await.map_err(RemoteError::from)?;
+                return Ok(ChunkData { data, ..Default::default() });
+            }
+            let span = s.read_span(q.target, q.ino, q.offset, q.len).await.map_err(RemoteError::from)?;
+            Ok(ChunkData { spans: span.into_iter().collect(), ..Default::default() })
         }
     });
     let s = store.clone();
     r.add::<ReadChunks, _, _>(move |_h, q: ReadChunks| {
         let s = s.clone();
         async move {
-            let (lens, data) = s.read_many(q.target, q.items).await.map_err(RemoteError::from)?;
-            Ok(ChunksData { lens, data })
+            let (lens, spans) = s.read_many(q.target, q.items).await.map_err(RemoteError::from)?;
+            Ok(ChunksData { lens, spans, ..Default::default() })
         }
     });
     let s = store.clone();

@@ -59,7 +59,7 @@ pub(crate) fn read_at(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8
 
 /// Appends up to `len` bytes at `offset` to `buf` (fewer where the file ends), looping over
 /// short reads and EINTR; returns how many. On an error `buf` is as it was.
-pub(crate) fn read_append(file: &File, offset: u64, len: usize, buf: &mut Vec<u8>) -> io::Result<usize> {
+fn read_append(file: &File, offset: u64, len: usize, buf: &mut Vec<u8>) -> io::Result<usize> {
     let start = buf.len();
     // Read into the spare capacity: zeroing megabytes first only to overwrite them costs a
     // memset per read.
@@ -84,6 +84,16 @@ pub(crate) fn read_append(file: &File, offset: u64, len: usize, buf: &mut Vec<u8
         }
     }
     Ok(buf.len() - start)
+}
+
+/// Asks the kernel to read `len` bytes of `file` at `offset` into the page cache, without
+/// waiting for them (`POSIX_FADV_WILLNEED`). Only advice: a failure is ignored, the read that
+/// follows waits for the disk instead.
+pub(crate) fn will_need(file: &File, offset: u64, len: u64) {
+    // SAFETY: posix_fadvise takes no memory; the descriptor is open for the call.
+    let _ = unsafe {
+        libc::posix_fadvise(file.as_raw_fd(), offset as libc::off_t, len as libc::off_t, libc::POSIX_FADV_WILLNEED)
+    };
 }
 
 /// fdatasync.

@@ -4,6 +4,7 @@
 //! a failed mount fails the test with what is missing, never skips it.
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use odfs_proto::codec::FileSpan;
 use odfs_proto::{ErrorCode, InodeId, RemoteError};
 use odfs_stored::{ChunkStore, IoBackend, StoreError, StoreOptions, TargetConfig};
 use std::os::unix::fs::MetadataExt;
@@ -23,6 +24,18 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
             (x >> 24) as u8
         })
         .collect()
+}
+
+/// The bytes of `spans` as a transport sends them, back to back.
+fn span_bytes(spans: &[FileSpan]) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let mut out = Vec::new();
+    for s in spans {
+        let mut b = vec![0u8; s.len as usize];
+        s.file.read_exact_at(&mut b, s.offset).expect("a span's bytes are in its file");
+        out.extend_from_slice(&b);
+    }
+    out
 }
 
 fn open_at(path: PathBuf, backend: IoBackend) -> ChunkStore {
@@ -203,6 +216,18 @@ async fn holes_read_as_zeros_or_short(backend: IoBackend) {
     assert_eq!(store.read(T, ino, off + 10, 100).await.unwrap(), Vec::<u8>::new());
     assert_eq!(store.read(T, ino, off * 4, 100).await.unwrap(), Vec::<u8>::new());
     assert_eq!(store.read(T, ino, 0, 0).await.unwrap(), Vec::<u8>::new());
+    // The same ranges as spans of the chunk file, sent from it by the transport.
+    let span = |offset: u64, len: u32| {
+        let store = store.clone();
+        async move { store.read_span(T, ino, offset, len).await.unwrap() }
+    };
+    assert_eq!(span_bytes(&[span(0, 100).await.unwrap()]), vec![0u8; 100]);
+    assert_eq!(span_bytes(&[span(off - 3, 6).await.unwrap()]), [&[0u8; 3][..], b"012"].concat());
+    assert_eq!(span_bytes(&[span(off + 5, 100).await.unwrap()]), b"56789".to_vec(), "short at the end");
+    assert_eq!(span(off + 10, 100).await, None, "nothing past the end");
+    assert_eq!(span(0, 0).await, None);
+    assert_eq!(store.read_span(T, InodeId(6), 0, 4096).await.unwrap(), None, "a missing file has none");
+    assert!(!store.chunk_path(T, InodeId(6)).unwrap().exists(), "reads create nothing");
     // The hole takes no space on disk.
     let meta = std::fs::metadata(store.chunk_path(T, ino).unwrap()).unwrap();
     assert!(meta.blocks() * 512 < 64 << 10, "sparse: {} blocks", meta.blocks());
@@ -224,8 +249,10 @@ async fn many_ranges_read_at_once(backend: IoBackend) {
     items.push(ChunkRange { ino: InodeId(999), offset: 0, len: 4096 });
     items.push(ChunkRange { ino: InodeId(7), offset: 0, len: 1 << 20 });
     items.push(ChunkRange { ino: InodeId(9), offset: 100, len: 50 });
-    let (lens, data) = store.read_many(T, items.clone()).await.unwrap();
+    let (lens, spans) = store.read_many(T, items.clone()).await.unwrap();
     assert_eq!(lens.len(), items.len());
+    assert_eq!(spans.len(), items.len() - 1, "one span per range with bytes");
+    let data = span_bytes(&spans);
     let mut want = Vec::new();
     for (_, d) in &files {
         want.extend_from_slice(d);
