@@ -15,6 +15,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::time::Duration;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tracing::warn;
 
 /// How long a socket may take no bytes at all before the stream is given up.
 const STALL: Duration = Duration::from_secs(60);
@@ -76,6 +77,11 @@ fn sendfile_span(sock: &OwnedFd, s: &FileSpan) -> io::Result<()> {
                     // A file system that cannot splice: the rest through a buffer.
                     let rest = FileSpan { file: s.file.clone(), offset: offset as u64, len: left as u32 };
                     return send_buf(sock, &read_span(&rest)?);
+                }
+                if e.raw_os_error() == Some(libc::EIO) {
+                    // The frame's length is announced: the stream can only be closed (the
+                    // caller's call fails over), never finished with wrong bytes.
+                    warn!(offset, error = %e, "reading a file while sending it failed; closing the stream");
                 }
                 wait_or_fail(sock, e)?
             }
