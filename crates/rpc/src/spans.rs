@@ -51,12 +51,14 @@ pub(crate) async fn send<W: FrameSink>(w: &mut W, spans: &[FileSpan]) -> io::Res
                 .map_err(io::Error::other)?
         }
         None => {
-            for s in spans {
-                let s = s.clone();
-                let buf = tokio::task::spawn_blocking(move || read_span(&s)).await.map_err(io::Error::other)??;
-                w.write_all(&buf).await?;
-            }
-            Ok(())
+            // All of a frame's spans in one hand-off: a prefetch batch has one per file.
+            let spans = spans.to_vec();
+            let read_all = move || {
+                let mut buf = Vec::with_capacity(spans.iter().map(|s| s.len as usize).sum());
+                spans.iter().try_for_each(|s| read_span_into(s, &mut buf)).map(|()| buf)
+            };
+            let buf = tokio::task::spawn_blocking(read_all).await.map_err(io::Error::other)??;
+            w.write_all(&buf).await
         }
     }
 }
@@ -144,15 +146,23 @@ fn wait_or_fail(sock: &OwnedFd, e: io::Error) -> io::Result<()> {
 
 /// A span's bytes in a buffer of their own (zeros past the file's end).
 fn read_span(s: &FileSpan) -> io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; s.len as usize];
+    let mut buf = Vec::with_capacity(s.len as usize);
+    read_span_into(s, &mut buf)?;
+    Ok(buf)
+}
+
+/// Appends a span's bytes to `buf` (zeros past the file's end).
+fn read_span_into(s: &FileSpan, buf: &mut Vec<u8>) -> io::Result<()> {
+    let start = buf.len();
+    buf.resize(start + s.len as usize, 0);
     let mut at = 0;
-    while at < buf.len() {
-        match s.file.read_at(&mut buf[at..], s.offset + at as u64) {
+    while start + at < buf.len() {
+        match s.file.read_at(&mut buf[start + at..], s.offset + at as u64) {
             Ok(0) => break,
             Ok(n) => at += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
-    Ok(buf)
+    Ok(())
 }
