@@ -78,7 +78,9 @@ fn sendfile_span(sock: &OwnedFd, s: &FileSpan) -> io::Result<()> {
                 if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP)) {
                     // A file system that cannot splice: the rest through a buffer.
                     let rest = FileSpan { file: s.file.clone(), offset: offset as u64, len: left as u32 };
-                    return send_buf(sock, &read_span(&rest)?);
+                    let mut buf = Vec::new();
+                    read_span_into(&rest, &mut buf)?;
+                    return send_buf(sock, &buf);
                 }
                 if e.raw_os_error() == Some(libc::EIO) {
                     // The frame's length is announced: the stream can only be closed (the
@@ -142,13 +144,6 @@ fn wait_or_fail(sock: &OwnedFd, e: io::Error) -> io::Result<()> {
         }
         _ => Err(e),
     }
-}
-
-/// A span's bytes in a buffer of their own (zeros past the file's end).
-fn read_span(s: &FileSpan) -> io::Result<Vec<u8>> {
-    let mut buf = Vec::with_capacity(s.len as usize);
-    read_span_into(s, &mut buf)?;
-    Ok(buf)
 }
 
 /// Appends a span's bytes to `buf` (zeros past the file's end).
