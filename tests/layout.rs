@@ -528,3 +528,114 @@ fn a_removed_files_chunk_files_are_emptied_and_become_the_next_files() {
     }
     assert_eq!(reused, 2, "100 KiB in 64 KiB chunks takes two targets");
 }
+
+/// Bytes each target has served to readers (`odfs stats`), by target id.
+fn target_bytes_out(fs: &LocalFs) -> std::collections::HashMap<u32, u64> {
+    let st: odfs_proto::stats::FsStats = serde_json::from_str(&fs.cli_ok(&["stats", "--json"])).expect("stats JSON");
+    let mut out = std::collections::HashMap::new();
+    for t in st.services.iter().filter_map(|s| s.stats.as_ref()).flat_map(|s| &s.targets) {
+        *out.entry(t.target).or_insert(0) += t.bytes_out;
+    }
+    out
+}
+
+/// A striped file's chunks on the reader's own node are read from their chunk files, not
+/// through stored: that node's target serves nothing while the others serve their shares, and
+/// every byte is the file's — through the mount, through a library client after another node
+/// rewrote bytes in those chunks, and from a handle whose file another node unlinked. With
+/// `local_reads = false` the same reads go through stored again.
+#[test]
+fn a_readers_own_chunks_are_read_without_stored() {
+    const MIB: usize = 1 << 20;
+    let (fs, m) = up();
+    let dir = m.p("wide");
+    fs::create_dir(&dir).unwrap();
+    fs.cli_ok(&["setstripe", "-c", "4", "-S", "1M", "-p", "nvme", &s(&dir)]);
+    let nodes = target_nodes(&m);
+    let ctx = odfs_client::Ctx::root();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // Written by node 2, so that node 0's page cache has none of it.
+    let mut data = pattern(12 * MIB + 777, 5);
+    let ino = rt.block_on(async {
+        let c = fs.node_client(2).await;
+        let parent = c.resolve(&ctx, "/wide", true).await.unwrap();
+        let (r, h) = c.create_open(&ctx, parent.ino, b"f", 0o644, true, None).await.unwrap();
+        h.write(0, &data).await.unwrap();
+        h.close().await.unwrap();
+        r.attr.ino
+    });
+    let f = dir.join("f");
+    let targets: Vec<u32> =
+        key(&getfattr(&f, "odfs.layout"), "targets").split(',').map(|t| t.parse().unwrap()).collect();
+    assert_eq!(targets.len(), 4, "{targets:?}");
+    let own: Vec<usize> = (0..4).filter(|&i| nodes.contains(&(targets[i], 0))).collect();
+    assert_eq!(own.len(), 1, "one of the file's targets is on node 0: {targets:?} {nodes:?}");
+    let (own_target, own_chunk) = (targets[own[0]], own[0]);
+    let served = |before: &std::collections::HashMap<u32, u64>| -> Vec<(u32, u64)> {
+        let now = target_bytes_out(&fs);
+        targets.iter().map(|t| (*t, now.get(t).unwrap_or(&0) - before.get(t).unwrap_or(&0))).collect()
+    };
+    let only_others_served = |what: &str, d: Vec<(u32, u64)>| {
+        for (t, n) in d {
+            if t == own_target {
+                assert_eq!(n, 0, "{what}: node 0's target {t} served {n} bytes");
+            } else {
+                assert!(n >= 3 * MIB as u64, "{what}: target {t} served {n} bytes of its 3 MiB share");
+            }
+        }
+    };
+
+    // Through the mount (node 0).
+    let before = target_bytes_out(&fs);
+    assert_eq!(sha256(&fs::read(&f).unwrap()), sha256(&data), "read through the mount");
+    only_others_served("the mount", served(&before));
+
+    // Node 1 rewrites bytes inside a chunk on node 0's target; node 0's next open sees them.
+    let at = (own_chunk * MIB + 4321) as u64;
+    let new = pattern(100_000, 9);
+    data[at as usize..at as usize + new.len()].copy_from_slice(&new);
+    rt.block_on(async {
+        let c = fs.node_client(1).await;
+        let h = c.open(&ctx, ino, false, true, false).await.unwrap();
+        h.write(at, &new).await.unwrap();
+        h.close().await.unwrap();
+    });
+    let before = target_bytes_out(&fs);
+    let c0 = rt.block_on(fs.node_client(0));
+    assert_eq!(sha256(&rt.block_on(read_all(&c0, &ctx, ino))), sha256(&data), "node 0 after node 1's rewrite");
+    only_others_served("a library client", served(&before));
+
+    // Open on node 0, unlinked by node 3: the handle still reads every byte.
+    let before = target_bytes_out(&fs);
+    rt.block_on(async {
+        let h = c0.open(&ctx, ino, true, false, false).await.unwrap();
+        let c3 = fs.node_client(3).await;
+        let parent = c3.resolve(&ctx, "/wide", true).await.unwrap();
+        c3.unlink(&ctx, parent.ino, b"f").await.unwrap();
+        let mut got = Vec::new();
+        while got.len() < data.len() {
+            let d = h.read(got.len() as u64, 4 << 20).await.unwrap();
+            assert!(!d.is_empty(), "short read at {} of an unlinked open file", got.len());
+            got.extend_from_slice(&d);
+        }
+        assert_eq!(sha256(&got), sha256(&data), "an open file unlinked by another node");
+        h.close().await.unwrap();
+    });
+    only_others_served("an unlinked open file", served(&before));
+    assert!(!f.exists());
+
+    // local_reads = false: node 0's target serves its share again (the measure can fail).
+    let g = pattern(8 * MIB, 11);
+    fs::write(dir.join("g"), &g).unwrap();
+    let before = target_bytes_out(&fs);
+    let got = rt.block_on(async {
+        let mut cfg = fs.config().one_shot();
+        cfg.local_reads = false;
+        let c = odfs_client::Client::connect(cfg).await.unwrap();
+        lib_read(&c, "/wide/g").await
+    });
+    assert_eq!(sha256(&got), sha256(&g));
+    let now = target_bytes_out(&fs);
+    let own_served = now.get(&own_target).unwrap_or(&0) - before.get(&own_target).unwrap_or(&0);
+    assert!(own_served >= 2 * MIB as u64, "with local reads off node 0's target served {own_served} bytes");
+}

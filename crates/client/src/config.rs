@@ -50,6 +50,11 @@ pub struct ClientConfig {
     /// until their opens hand them to the page cache, which would hold them anyway).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefetch_bytes: Option<u64>,
+    /// Reads of chunks on this node's own targets open the chunk file and read it here, as
+    /// stored would, instead of asking stored (docs/architecture.md, "Reads of this node's own
+    /// chunks"). Turned off by itself, said once, where this process may not open chunk
+    /// files. Default true.
+    pub local_reads: bool,
     /// Connections per stored for chunk data.
     pub bulk_connections: usize,
     /// Seconds to wait for one reply.
@@ -73,6 +78,7 @@ impl Default for ClientConfig {
             readahead_chunks: 4,
             fill_at_open_bytes: 1 << 20,
             prefetch_bytes: None,
+            local_reads: true,
             bulk_connections: 2,
             call_timeout_secs: 60,
             retry_secs: 30,

@@ -13,11 +13,14 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use odfs_proto::codec::MAX_IO;
 use odfs_proto::meta::Attr;
 use odfs_proto::storage::{PunchChunk, ReadChunk, SyncChunk, WriteChunk, Written};
-use odfs_proto::{InodeId, Layout, Timespec};
-use std::collections::{BTreeMap, BTreeSet};
+use odfs_proto::{InodeId, Layout, TargetId, Timespec};
+use odfs_service::file_io;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs::File;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::task::JoinHandle;
+use tracing::debug;
 
 type ChunkFuture = Shared<BoxFuture<'static, Result<Arc<Vec<u8>>, ClientError>>>;
 
@@ -107,6 +110,10 @@ pub struct InodeData {
     /// Once a handle asked (`FileHandle::check_writes`): the CRC32C stored returned for each
     /// chunk write since, by file offset, with the write's length.
     written: Mutex<Option<BTreeMap<u64, (u32, u32)>>>,
+    /// This node's own chunk files of the inode, opened by the reads that skip stored
+    /// (`read_local`). They close with this state, when the inode's last open here goes: while
+    /// it is open, metad keeps the inode and so the chunk files stay where they are.
+    local: Mutex<HashMap<TargetId, Arc<File>>>,
 }
 
 impl InodeData {
@@ -122,6 +129,7 @@ impl InodeData {
             size_hint: Mutex::new((0, false)),
             registering: Arc::new(tokio::sync::Mutex::new(())),
             written: Mutex::new(None),
+            local: Mutex::new(HashMap::new()),
         }
     }
 
@@ -414,19 +422,17 @@ impl InodeData {
         let start = chunk * cs;
         let len = cs.min(size.saturating_sub(start));
         let seg = self.layout.segments(start, len).next();
-        let client = client.clone();
-        let ino = self.ino;
+        let (client, data) = (client.clone(), self.clone());
         async move {
             let Some(seg) = seg else {
                 return Ok(Arc::new(Vec::new()));
             };
-            let r = client
-                .store(
-                    seg.target,
-                    &ReadChunk { target: seg.target, ino, offset: seg.local_offset, len: seg.len as u32 },
-                )
-                .await?;
-            Ok(Arc::new(r.data))
+            let (target, offset, len) = (seg.target, seg.local_offset, seg.len as usize);
+            if let Some(r) = data.read_local(&client, target, offset, len).await {
+                return Ok(Arc::new(r));
+            }
+            let req = ReadChunk { target, ino: data.ino, offset, len: len as u32 };
+            Ok(Arc::new(client.store(target, &req).await?.data))
         }
         .boxed()
         .shared()
@@ -486,6 +492,9 @@ impl InodeData {
 
     /// One segment from its target, in requests of at most `MAX_IO` bytes; short at a hole.
     async fn read_segment(&self, client: &Client, seg: &odfs_proto::layout::Segment) -> Result<Vec<u8>> {
+        if let Some(data) = self.read_local(client, seg.target, seg.local_offset, seg.len as usize).await {
+            return Ok(data);
+        }
         let mut data = Vec::new();
         let mut done = 0u64;
         while done < seg.len {
@@ -505,6 +514,67 @@ impl InodeData {
         }
         Ok(data)
     }
+
+    /// Up to `len` bytes at `offset` of this inode's chunk file on `target`, read here when the
+    /// target is this node's own (docs/architecture.md, "Reads of this node's own chunks"):
+    /// what stored would answer — short where the file ends, empty where there is no chunk
+    /// file — without a request. What the page cache holds of a small read is copied on this
+    /// thread; the rest, and the chunk file's first open, go to the blocking pool. `None`: ask
+    /// stored (another node's target, local reads off, or an error, which stored then reports).
+    async fn read_local(&self, client: &Client, target: TargetId, offset: u64, len: usize) -> Option<Vec<u8>> {
+        let open = self.local.lock().expect("local lock").get(&target).cloned();
+        let Some(file) = open else { return self.open_local(client, target, offset, len).await };
+        let mut data = Vec::new();
+        if len <= file_io::READ_NOW_MAX {
+            match file_io::read_nowait(&file, offset, len) {
+                Ok(now) if now.complete => return Some(now.data),
+                Ok(now) => data = now.data,
+                Err(_) => {}
+            }
+        }
+        let done = data.len();
+        match blocking(move || file_io::read_at(&file, offset + done as u64, len - done)).await {
+            Ok(rest) => {
+                data.extend_from_slice(&rest);
+                Some(data)
+            }
+            Err(e) => {
+                debug!(ino = %self.ino, target, error = %e, "local chunk read failed; asking stored");
+                None
+            }
+        }
+    }
+
+    /// `read_local`'s first read of a chunk file: opened and read in one blocking call, then
+    /// kept open for the next reads.
+    async fn open_local(&self, client: &Client, target: TargetId, offset: u64, len: usize) -> Option<Vec<u8>> {
+        let path = client.local_read_path(target, self.ino)?;
+        let at = path.clone();
+        let r = blocking(move || match File::open(&at) {
+            Ok(f) => file_io::read_at(&f, offset, len).map(|data| Some((f, data))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        })
+        .await;
+        match r {
+            Ok(Some((f, data))) => {
+                self.local.lock().expect("local lock").entry(target).or_insert_with(|| Arc::new(f));
+                Some(data)
+            }
+            // No chunk file on the target: a hole, as stored would answer.
+            Ok(None) => Some(Vec::new()),
+            Err(e) => {
+                client.local_read_failed(&path, &e);
+                None
+            }
+        }
+    }
+}
+
+/// Runs `f` on the blocking pool: a read of a chunk file may wait for the disk, which must not
+/// stall a runtime worker.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> std::io::Result<T> + Send + 'static) -> std::io::Result<T> {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))
 }
 
 /// The pieces of a read, in order, as one buffer of `total` bytes: short pieces are holes (or

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{watch, Semaphore};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 /// How a truncation is allowed: by a permission check on the path (`truncate(2)`), through a
 /// descriptor opened for writing (`ftruncate`: access was decided at open), or by the library
@@ -83,6 +83,9 @@ pub(crate) struct Inner {
     delegations: Arc<Delegations>,
     /// Small files read ahead of their opens.
     pub prefetch: crate::prefetch::Prefetch,
+    /// Reads of this node's own chunk files skip stored (`local_reads`, turned off for good
+    /// when this process may not open them).
+    local_reads: std::sync::atomic::AtomicBool,
 }
 
 /// Reads what the program on top of a client counted of its own operations (see
@@ -236,6 +239,7 @@ impl Client {
         let budget_units = (cfg.write_behind_bytes / 4096).max(256) as usize;
         // A prefetch reads what leases cover: a client that caches nothing prefetches nothing.
         let prefetch_limit = if cfg.attr_cache_ms > 0 { cfg.prefetch_limit() } else { 0 };
+        let local_reads = std::sync::atomic::AtomicBool::new(cfg.local_reads);
         let inner = Arc::new(Inner {
             client_id: rand::random::<u64>() | 1,
             next_request: AtomicU64::new(1),
@@ -253,6 +257,7 @@ impl Client {
             ops: std::sync::OnceLock::new(),
             delegations: Arc::new(Delegations::new()),
             prefetch: crate::prefetch::Prefetch::new(prefetch_limit),
+            local_reads,
         });
         let client = Client { inner };
         client.keep_sessions(&stop_rx);
@@ -406,6 +411,28 @@ impl Client {
         match layout.targets[..] {
             [t] => self.inner.cluster.local_chunk_path(t, self.node(), ino),
             _ => None,
+        }
+    }
+
+    /// Where this node's own chunk file of `ino` on `target` is, for a read that skips stored
+    /// (docs/architecture.md, "Reads of this node's own chunks"): `None` for another node's
+    /// target and with local reads off.
+    pub(crate) fn local_read_path(&self, target: TargetId, ino: InodeId) -> Option<std::path::PathBuf> {
+        if !self.inner.local_reads.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.inner.cluster.local_chunk_path(target, self.node(), ino)
+    }
+
+    /// A chunk file of this node's could not be opened for a read: a process that may not open
+    /// them (not the user stored runs as) turns local reads off, said once; other errors are
+    /// left to stored, which reads next.
+    pub(crate) fn local_read_failed(&self, path: &std::path::Path, e: &std::io::Error) {
+        let denied = matches!(e.kind(), std::io::ErrorKind::PermissionDenied);
+        if denied && self.inner.local_reads.swap(false, Ordering::Relaxed) {
+            info!(path = %path.display(), error = %e, "this process may not read chunk files: reads go through stored");
+        } else if !denied {
+            debug!(path = %path.display(), error = %e, "local chunk read failed; asking stored");
         }
     }
 

@@ -43,10 +43,6 @@ use tracing::{info, warn};
 /// make the daemon allocate gigabytes.
 pub const MAX_OP_BYTES: usize = 16 << 20;
 
-/// Largest read tried on the runtime worker before the hand-off: a page-cache copy of this much
-/// takes well under a millisecond, so the worker's other tasks wait no longer than that.
-const READ_NOW_MAX: usize = 1 << 20;
-
 /// Name of the file recording which target a directory belongs to.
 pub const TARGET_ID_FILE: &str = "target.id";
 pub use odfs_proto::layout::CHUNKS_DIR;
@@ -395,7 +391,7 @@ impl ChunkStore {
     /// is neither cached nor openable from the dentry cache (or the read is large), else the open
     /// file and what the page cache held of the range.
     fn read_now(&self, t: &Target, ino: InodeId, offset: u64, len: usize) -> Option<(Arc<File>, syscall::NoWait)> {
-        if len > READ_NOW_MAX || !t.read_now.load(Ordering::Relaxed) {
+        if len > odfs_service::file_io::READ_NOW_MAX || !t.read_now.load(Ordering::Relaxed) {
             return None;
         }
         let key: ChunkKey = (t.id, ino);
