@@ -334,7 +334,7 @@ pub fn run(o: &MountBenchOptions) -> Result<(Vec<Phase>, bool, Vec<String>)> {
             pids: state.procs.iter().map(|p| p.pid).collect(),
             phases: Vec::new(),
             dropped: true,
-            notes: Vec::new(),
+            notes: memory_note().into_iter().collect(),
         };
         run_phases(o, &fio, &reports, &mut sides)?;
         Ok((sides.phases, sides.dropped, sides.notes))
@@ -347,6 +347,24 @@ pub fn run(o: &MountBenchOptions) -> Result<(Vec<Phase>, bool, Vec<String>)> {
     let out = result?;
     down.context("stopping the local filesystem")?;
     Ok(out)
+}
+
+/// A note when this machine is a virtual machine that hands freed memory back to its host (free
+/// page reporting): the next use of such a page costs a host page fault, which on the machine
+/// of BENCHMARKS.md made filling 4 GiB of page cache cost 4-5 CPU-s instead of 0.9. Phases fill
+/// the page cache at different moments, so their sides are not measured alike.
+fn memory_note() -> Option<String> {
+    let dir = Path::new("/sys/module/page_reporting/parameters");
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok()?.trim().parse::<u64>().ok();
+    let (order, kib) = (read("page_reporting_order")?, read("reported_kib")?);
+    // Blocks above the largest page order are never reported: reporting is then off.
+    (kib > 0 && order <= 10).then(|| {
+        format!(
+            "machine: freed memory goes back to the hypervisor (free page reporting, {} GiB so far); \
+             phases that fill the page cache pay host page faults unevenly, see BENCHMARKS.md",
+            kib >> 20
+        )
+    })
 }
 
 /// Mounts the FUSE floor: bindfs (a plain libfuse passthrough, default caching) of `src` at
