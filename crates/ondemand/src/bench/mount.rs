@@ -465,6 +465,7 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
     let fs = MinimumFs::new(0, 0, Vec::new(), false).with_large(o.jobs as u64, o.job_size);
     let note = fuse_minimum_large(o, fio, reports, &sides.minimum_dir(), fs, "bytes from memory", "FUSE minimum")?;
     sides.notes.push(note);
+    sides.notes.push(fuse_minimum_write(o, fio, reports, &sides.minimum_dir())?);
     let notes = match &sides.plain {
         Some(plain) => {
             let files = seq_files(o, &plain.join("fio"));
@@ -604,6 +605,36 @@ fn fuse_minimum_large(
         "{name}, large files ({what}): seq read {seq:.0} MiB/s ({seq_cpu:.1} CPU-s), \
          rand read 4k {iops:.0} IOPS ({rand_cpu:.1} CPU-s)"
     ))
+}
+
+/// The sequential write above on the FUSE minimum that answers every WRITE at once and drops
+/// its bytes, served from a process of its own session as FUSE daemons are: what FUSE alone
+/// costs these writes here, in time and CPU (fio's and the serving process's), for any
+/// filesystem whose daemon receives the bytes. One line, or why it was skipped.
+fn fuse_minimum_write(o: &MountBenchOptions, fio: &Path, reports: &Path, at: &Path) -> Result<String> {
+    let name = "FUSE minimum, large files written (bytes dropped)";
+    let spec = MinimumSpec { at: at.to_path_buf(), creates: true, ..MinimumSpec::default() };
+    let minimum = match Minimum::mount(&spec, true, name)? {
+        Ok(m) => m,
+        Err(skipped) => return Ok(skipped),
+    };
+    eprintln!("bench: {name}: sequential write, {} jobs x {} MiB", o.jobs, o.job_size >> 20);
+    let dir = at.join("fio");
+    let written = (|| -> Result<(f64, f64)> {
+        std::fs::create_dir_all(&dir)?;
+        let mut args = fio_files("seq", &dir, SEQ_FILES, o);
+        args.extend(["--rw=write", "--bs=1M", "--end_fsync=1"].map(String::from));
+        drop_caches();
+        let cpu = CpuMeter::start(&minimum.pid().into_iter().collect::<Vec<_>>());
+        let r = run_fio(fio, &args, &reports.join("fuse-minimum-seq-write.json"))?;
+        let cpu = cpu.stop();
+        r.expect_bytes("write", o.jobs as u64 * o.job_size)?;
+        Ok((r.bw_bytes("write")? / MIB, cpu))
+    })();
+    let unmounted = minimum.unmount();
+    let (rate, cpu) = written.context("writing to the FUSE minimum")?;
+    unmounted?;
+    Ok(format!("{name}: seq write {rate:.0} MiB/s ({cpu:.1} CPU-s)"))
 }
 
 /// Bytes of each checkpoint write and read, as `torch.save` and a loader issue them.
