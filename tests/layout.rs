@@ -543,7 +543,8 @@ fn target_bytes_out(fs: &LocalFs) -> std::collections::HashMap<u32, u64> {
 /// through stored: that node's target serves nothing while the others serve their shares, and
 /// every byte is the file's — through the mount, through a library client after another node
 /// rewrote bytes in those chunks, and from a handle whose file another node unlinked. With
-/// `local_reads = false` the same reads go through stored again.
+/// `local_reads = false` the same reads go through stored again; with `local_read_files = 1`
+/// a second open file's share goes through stored until the first is closed.
 #[test]
 fn a_readers_own_chunks_are_read_without_stored() {
     const MIB: usize = 1 << 20;
@@ -638,4 +639,42 @@ fn a_readers_own_chunks_are_read_without_stored() {
     let now = target_bytes_out(&fs);
     let own_served = now.get(&own_target).unwrap_or(&0) - before.get(&own_target).unwrap_or(&0);
     assert!(own_served >= 2 * MIB as u64, "with local reads off node 0's target served {own_served} bytes");
+
+    // One chunk file at most (`local_read_files = 1`): the first open file keeps it, a second
+    // open file's share comes from stored, every byte right; once the first is closed, the
+    // next file is read locally again.
+    let h = pattern(8 * MIB, 12);
+    fs::write(dir.join("h"), &h).unwrap();
+    let mut cfg = fs.config().one_shot();
+    cfg.local_read_files = Some(1);
+    let c = rt.block_on(odfs_client::Client::connect(cfg)).unwrap();
+    let own_share = |before: &std::collections::HashMap<u32, u64>| {
+        target_bytes_out(&fs).get(&own_target).unwrap_or(&0) - before.get(&own_target).unwrap_or(&0)
+    };
+    let whole = |h: &odfs_client::FileHandle, len: usize| {
+        rt.block_on(async {
+            let mut got = Vec::new();
+            while got.len() < len {
+                let d = h.read(got.len() as u64, 4 << 20).await.unwrap();
+                assert!(!d.is_empty(), "short read at {}", got.len());
+                got.extend_from_slice(&d);
+            }
+            got
+        })
+    };
+    let ino_of = |name: &str| rt.block_on(c.resolve(&ctx, &format!("/wide/{name}"), true)).unwrap().ino;
+    let open = |name: &str| rt.block_on(c.open(&ctx, ino_of(name), true, false, false)).unwrap();
+    let (hg, hh) = (open("g"), open("h"));
+    let before = target_bytes_out(&fs);
+    assert_eq!(sha256(&whole(&hg, g.len())), sha256(&g), "g, holding the one chunk file");
+    assert_eq!(own_share(&before), 0, "g's own-node share came through stored");
+    assert_eq!(sha256(&whole(&hh, h.len())), sha256(&h), "h, beyond the limit");
+    assert!(own_share(&before) >= 2 * MIB as u64, "h's own-node share must come through stored");
+    rt.block_on(hg.close()).unwrap();
+    rt.block_on(hh.close()).unwrap();
+    let before = target_bytes_out(&fs);
+    let hh = open("h");
+    assert_eq!(sha256(&whole(&hh, h.len())), sha256(&h), "h once g is closed");
+    assert_eq!(own_share(&before), 0, "the slot g gave back was not used");
+    rt.block_on(hh.close()).unwrap();
 }

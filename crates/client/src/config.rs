@@ -55,6 +55,11 @@ pub struct ClientConfig {
     /// chunks"). Turned off by itself, said once, where this process may not open chunk
     /// files. Default true.
     pub local_reads: bool,
+    /// Chunk files local reads may hold open at once (one per open file with a stripe here,
+    /// while it is open); reads beyond go through stored. Default (unset): a quarter of the
+    /// process's limit on open descriptors, which odfs-fuse raises to its hard limit at start.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub local_read_files: Option<u64>,
     /// Connections per stored for chunk data.
     pub bulk_connections: usize,
     /// Seconds to wait for one reply.
@@ -79,6 +84,7 @@ impl Default for ClientConfig {
             fill_at_open_bytes: 1 << 20,
             prefetch_bytes: None,
             local_reads: true,
+            local_read_files: None,
             bulk_connections: 2,
             call_timeout_secs: 60,
             retry_secs: 30,

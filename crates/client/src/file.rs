@@ -113,7 +113,16 @@ pub struct InodeData {
     /// This node's own chunk files of the inode, opened by the reads that skip stored
     /// (`read_local`). They close with this state, when the inode's last open here goes: while
     /// it is open, metad keeps the inode and so the chunk files stay where they are.
-    local: Mutex<HashMap<TargetId, Arc<File>>>,
+    local: Mutex<HashMap<TargetId, Arc<LocalChunk>>>,
+    /// Held while a chunk file is opened for local reads: the reads that find it not yet open
+    /// wait for that one open instead of each opening it.
+    opening: tokio::sync::Mutex<()>,
+}
+
+/// A chunk file of this node's opened for local reads, with the descriptor slot it holds.
+struct LocalChunk {
+    file: File,
+    _slot: crate::fs::LocalSlot,
 }
 
 impl InodeData {
@@ -130,6 +139,7 @@ impl InodeData {
             registering: Arc::new(tokio::sync::Mutex::new(())),
             written: Mutex::new(None),
             local: Mutex::new(HashMap::new()),
+            opening: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -518,37 +528,51 @@ impl InodeData {
     /// Up to `len` bytes at `offset` of this inode's chunk file on `target`, read here when the
     /// target is this node's own (docs/architecture.md, "Reads of this node's own chunks"):
     /// what stored would answer — short where the file ends, empty where there is no chunk
-    /// file — without a request. What the page cache holds of a small read is copied on this
-    /// thread; the rest, and the chunk file's first open, go to the blocking pool. `None`: ask
-    /// stored (another node's target, local reads off, or an error, which stored then reports).
+    /// file — without a request. `None`: ask stored (another node's target, local reads off,
+    /// no descriptor slot free, or an error, which stored then reports).
     async fn read_local(&self, client: &Client, target: TargetId, offset: u64, len: usize) -> Option<Vec<u8>> {
         let open = self.local.lock().expect("local lock").get(&target).cloned();
-        let Some(file) = open else { return self.open_local(client, target, offset, len).await };
+        match open {
+            Some(file) => self.read_open(file, offset, len).await,
+            None => self.open_local(client, target, offset, len).await,
+        }
+    }
+
+    /// A read of a chunk file open for local reads: what the page cache holds of a small read
+    /// is copied on this thread, the rest read on the blocking pool.
+    async fn read_open(&self, file: Arc<LocalChunk>, offset: u64, len: usize) -> Option<Vec<u8>> {
         let mut data = Vec::new();
         if len <= file_io::READ_NOW_MAX {
-            match file_io::read_nowait(&file, offset, len) {
+            match file_io::read_nowait(&file.file, offset, len) {
                 Ok(now) if now.complete => return Some(now.data),
                 Ok(now) => data = now.data,
                 Err(_) => {}
             }
         }
         let done = data.len();
-        match blocking(move || file_io::read_at(&file, offset + done as u64, len - done)).await {
+        match blocking(move || file_io::read_at(&file.file, offset + done as u64, len - done)).await {
             Ok(rest) => {
                 data.extend_from_slice(&rest);
                 Some(data)
             }
             Err(e) => {
-                debug!(ino = %self.ino, target, error = %e, "local chunk read failed; asking stored");
+                debug!(ino = %self.ino, error = %e, "local chunk read failed; asking stored");
                 None
             }
         }
     }
 
     /// `read_local`'s first read of a chunk file: opened and read in one blocking call, then
-    /// kept open for the next reads.
+    /// kept open for the next reads (while a descriptor slot is free: else stored reads). The
+    /// reads that arrive meanwhile (a sequential reader's read-ahead) wait for this open.
     async fn open_local(&self, client: &Client, target: TargetId, offset: u64, len: usize) -> Option<Vec<u8>> {
         let path = client.local_read_path(target, self.ino)?;
+        let _opening = self.opening.lock().await;
+        let opened = self.local.lock().expect("local lock").get(&target).cloned();
+        if let Some(file) = opened {
+            return self.read_open(file, offset, len).await;
+        }
+        let slot = client.local_slot()?;
         let at = path.clone();
         let r = blocking(move || match File::open(&at) {
             Ok(f) => file_io::read_at(&f, offset, len).map(|data| Some((f, data))),
@@ -557,8 +581,8 @@ impl InodeData {
         })
         .await;
         match r {
-            Ok(Some((f, data))) => {
-                self.local.lock().expect("local lock").entry(target).or_insert_with(|| Arc::new(f));
+            Ok(Some((file, data))) => {
+                self.local.lock().expect("local lock").insert(target, Arc::new(LocalChunk { file, _slot: slot }));
                 Some(data)
             }
             // No chunk file on the target: a hole, as stored would answer.

@@ -86,6 +86,17 @@ pub(crate) struct Inner {
     /// Reads of this node's own chunk files skip stored (`local_reads`, turned off for good
     /// when this process may not open them).
     local_reads: std::sync::atomic::AtomicBool,
+    /// Descriptors local reads may still open (see `local_slot`).
+    local_slots: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// A descriptor slot of local reads (`Client::local_slot`), given back when dropped.
+pub(crate) struct LocalSlot(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for LocalSlot {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// Reads what the program on top of a client counted of its own operations (see
@@ -240,6 +251,7 @@ impl Client {
         // A prefetch reads what leases cover: a client that caches nothing prefetches nothing.
         let prefetch_limit = if cfg.attr_cache_ms > 0 { cfg.prefetch_limit() } else { 0 };
         let local_reads = std::sync::atomic::AtomicBool::new(cfg.local_reads);
+        let local_slots = cfg.local_read_files.map_or(odfs_service::file_io::nofile_limit() / 4, |n| n as usize);
         let inner = Arc::new(Inner {
             client_id: rand::random::<u64>() | 1,
             next_request: AtomicU64::new(1),
@@ -258,6 +270,7 @@ impl Client {
             delegations: Arc::new(Delegations::new()),
             prefetch: crate::prefetch::Prefetch::new(prefetch_limit),
             local_reads,
+            local_slots: Arc::new(std::sync::atomic::AtomicUsize::new(local_slots)),
         });
         let client = Client { inner };
         client.keep_sessions(&stop_rx);
@@ -422,6 +435,16 @@ impl Client {
             return None;
         }
         self.inner.cluster.local_chunk_path(target, self.node(), ino)
+    }
+
+    /// One of the descriptors local reads may hold open, given back when the slot is dropped:
+    /// `local_read_files`, by default a quarter of this process's limit on open descriptors, so
+    /// that a program holding thousands of files open leaves room for connections and
+    /// passthrough's backing files. `None` when all are taken: the read goes to stored.
+    pub(crate) fn local_slot(&self) -> Option<LocalSlot> {
+        let slots = &self.inner.local_slots;
+        slots.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).ok()?;
+        Some(LocalSlot(slots.clone()))
     }
 
     /// A chunk file of this node's could not be opened for a read: a process that may not open

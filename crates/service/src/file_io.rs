@@ -1,7 +1,8 @@
 //! Reading a file at an offset into a new buffer: all of it (waiting for the disk), or only
 //! what the page cache holds (never waiting). Shared by stored, which serves chunk reads, and
 //! the client library, which reads this node's own chunk files itself (docs/architecture.md,
-//! "Reads of this node's own chunks"). Owns nothing but these calls.
+//! "Reads of this node's own chunks"), and the process's limit on open descriptors, which bounds
+//! how many chunk files either keeps open. Owns nothing but these calls.
 
 use std::fs::File;
 use std::io;
@@ -88,6 +89,30 @@ pub fn read_nowait(file: &File, offset: u64, len: usize) -> io::Result<NoWait> {
                     _ => return Err(e),
                 }
             }
+        }
+    }
+}
+
+/// The soft limit on this process's open descriptors (1024 where it cannot be read).
+pub fn nofile_limit() -> usize {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes only into the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 1024;
+    }
+    usize::try_from(lim.rlim_cur).unwrap_or(usize::MAX)
+}
+
+/// Raises the soft limit on open descriptors to the hard one (systemd and most shells start
+/// processes at 1024, far below what a daemon holding files open for many callers needs).
+/// Only advice: where it fails the limit stays as it was.
+pub fn raise_nofile_limit() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit read and write only the struct they are given.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
         }
     }
 }

@@ -222,7 +222,7 @@ impl ChunkStore {
             let pools = targets.iter().map(|t: &Target| (t.id, Arc::downgrade(&t.pool))).collect();
             precreate::start(pools, opts.precreate, opts.precreate_min_idle, requests.clone());
         }
-        let fd_cap = opts.fd_cache.min(nofile_limit() / 2).max(1);
+        let fd_cap = opts.fd_cache.min(odfs_service::file_io::nofile_limit() / 2).max(1);
         info!(backend = backend_name, fd_cache = fd_cap, "chunk store opened");
         Ok(ChunkStore { inner: Arc::new(Inner { targets, fds: FdCache::new(fd_cap), backend_name, requests }) })
     }
@@ -696,16 +696,6 @@ fn start_rings(targets: &[TargetConfig], limits: uring::Limits) -> io::Result<Ve
         return Ok(Vec::new());
     }
     targets.iter().map(|t| Ring::start(&t.id.to_string(), limits)).collect()
-}
-
-/// The soft limit on open descriptors (the cache takes at most half of it).
-fn nofile_limit() -> usize {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit writes only into the struct it is given.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return 1024;
-    }
-    usize::try_from(lim.rlim_cur).unwrap_or(usize::MAX)
 }
 
 fn cfg_err(path: &Path, what: &str, e: impl std::fmt::Display) -> StoreError {
