@@ -26,8 +26,6 @@ struct Cli {
 
 fn main() {
     odfs_service::init_logging("info");
-    // Backing files of passthrough opens and chunk files of local reads are held per open file.
-    odfs_service::file_io::raise_nofile_limit();
     let cli = Cli::parse();
     let _ = cli.foreground;
     let args = MountArgs { fs: cli.fs, mountpoint: cli.mountpoint, allow_other: cli.allow_other };

@@ -50,16 +50,6 @@ pub struct ClientConfig {
     /// until their opens hand them to the page cache, which would hold them anyway).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefetch_bytes: Option<u64>,
-    /// Reads of chunks on this node's own targets open the chunk file and read it here, as
-    /// stored would, instead of asking stored (docs/architecture.md, "Reads of this node's own
-    /// chunks"). Turned off by itself, said once, where this process may not open chunk
-    /// files. Default true.
-    pub local_reads: bool,
-    /// Chunk files local reads may hold open at once (one per open file with a stripe here,
-    /// while it is open); reads beyond go through stored. Default (unset): a quarter of the
-    /// process's limit on open descriptors, which odfs-fuse raises to its hard limit at start.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub local_read_files: Option<u64>,
     /// Connections per stored for chunk data.
     pub bulk_connections: usize,
     /// Seconds to wait for one reply.
@@ -83,8 +73,6 @@ impl Default for ClientConfig {
             readahead_chunks: 4,
             fill_at_open_bytes: 1 << 20,
             prefetch_bytes: None,
-            local_reads: true,
-            local_read_files: None,
             bulk_connections: 2,
             call_timeout_secs: 60,
             retry_secs: 30,

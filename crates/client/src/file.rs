@@ -13,14 +13,11 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use odfs_proto::codec::MAX_IO;
 use odfs_proto::meta::Attr;
 use odfs_proto::storage::{PunchChunk, ReadChunk, SyncChunk, WriteChunk, Written};
-use odfs_proto::{InodeId, Layout, TargetId, Timespec};
-use odfs_service::file_io;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fs::File;
+use odfs_proto::{InodeId, Layout, Timespec};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::task::JoinHandle;
-use tracing::debug;
 
 type ChunkFuture = Shared<BoxFuture<'static, Result<Arc<Vec<u8>>, ClientError>>>;
 
@@ -110,19 +107,6 @@ pub struct InodeData {
     /// Once a handle asked (`FileHandle::check_writes`): the CRC32C stored returned for each
     /// chunk write since, by file offset, with the write's length.
     written: Mutex<Option<BTreeMap<u64, (u32, u32)>>>,
-    /// This node's own chunk files of the inode, opened by the reads that skip stored
-    /// (`read_local`). They close with this state, when the inode's last open here goes: while
-    /// it is open, metad keeps the inode and so the chunk files stay where they are.
-    local: Mutex<HashMap<TargetId, Arc<LocalChunk>>>,
-    /// Held while a chunk file is opened for local reads: the reads that find it not yet open
-    /// wait for that one open instead of each opening it.
-    opening: tokio::sync::Mutex<()>,
-}
-
-/// A chunk file of this node's opened for local reads, with the descriptor slot it holds.
-struct LocalChunk {
-    file: File,
-    _slot: crate::fs::LocalSlot,
 }
 
 impl InodeData {
@@ -138,8 +122,6 @@ impl InodeData {
             size_hint: Mutex::new((0, false)),
             registering: Arc::new(tokio::sync::Mutex::new(())),
             written: Mutex::new(None),
-            local: Mutex::new(HashMap::new()),
-            opening: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -432,17 +414,19 @@ impl InodeData {
         let start = chunk * cs;
         let len = cs.min(size.saturating_sub(start));
         let seg = self.layout.segments(start, len).next();
-        let (client, data) = (client.clone(), self.clone());
+        let client = client.clone();
+        let ino = self.ino;
         async move {
             let Some(seg) = seg else {
                 return Ok(Arc::new(Vec::new()));
             };
-            let (target, offset, len) = (seg.target, seg.local_offset, seg.len as usize);
-            if let Some(r) = data.read_local(&client, target, offset, len).await {
-                return Ok(Arc::new(r));
-            }
-            let req = ReadChunk { target, ino: data.ino, offset, len: len as u32 };
-            Ok(Arc::new(client.store(target, &req).await?.data))
+            let r = client
+                .store(
+                    seg.target,
+                    &ReadChunk { target: seg.target, ino, offset: seg.local_offset, len: seg.len as u32 },
+                )
+                .await?;
+            Ok(Arc::new(r.data))
         }
         .boxed()
         .shared()
@@ -502,9 +486,6 @@ impl InodeData {
 
     /// One segment from its target, in requests of at most `MAX_IO` bytes; short at a hole.
     async fn read_segment(&self, client: &Client, seg: &odfs_proto::layout::Segment) -> Result<Vec<u8>> {
-        if let Some(data) = self.read_local(client, seg.target, seg.local_offset, seg.len as usize).await {
-            return Ok(data);
-        }
         let mut data = Vec::new();
         let mut done = 0u64;
         while done < seg.len {
@@ -524,81 +505,6 @@ impl InodeData {
         }
         Ok(data)
     }
-
-    /// Up to `len` bytes at `offset` of this inode's chunk file on `target`, read here when the
-    /// target is this node's own (docs/architecture.md, "Reads of this node's own chunks"):
-    /// what stored would answer — short where the file ends, empty where there is no chunk
-    /// file — without a request. `None`: ask stored (another node's target, local reads off,
-    /// no descriptor slot free, or an error, which stored then reports).
-    async fn read_local(&self, client: &Client, target: TargetId, offset: u64, len: usize) -> Option<Vec<u8>> {
-        let open = self.local.lock().expect("local lock").get(&target).cloned();
-        match open {
-            Some(file) => self.read_open(file, offset, len).await,
-            None => self.open_local(client, target, offset, len).await,
-        }
-    }
-
-    /// A read of a chunk file open for local reads: what the page cache holds of a small read
-    /// is copied on this thread, the rest read on the blocking pool.
-    async fn read_open(&self, file: Arc<LocalChunk>, offset: u64, len: usize) -> Option<Vec<u8>> {
-        let mut data = Vec::new();
-        if len <= file_io::READ_NOW_MAX {
-            match file_io::read_nowait(&file.file, offset, len) {
-                Ok(now) if now.complete => return Some(now.data),
-                Ok(now) => data = now.data,
-                Err(_) => {}
-            }
-        }
-        let done = data.len();
-        match blocking(move || file_io::read_at(&file.file, offset + done as u64, len - done)).await {
-            Ok(rest) => {
-                data.extend_from_slice(&rest);
-                Some(data)
-            }
-            Err(e) => {
-                debug!(ino = %self.ino, error = %e, "local chunk read failed; asking stored");
-                None
-            }
-        }
-    }
-
-    /// `read_local`'s first read of a chunk file: opened and read in one blocking call, then
-    /// kept open for the next reads (while a descriptor slot is free: else stored reads). The
-    /// reads that arrive meanwhile (a sequential reader's read-ahead) wait for this open.
-    async fn open_local(&self, client: &Client, target: TargetId, offset: u64, len: usize) -> Option<Vec<u8>> {
-        let path = client.local_read_path(target, self.ino)?;
-        let _opening = self.opening.lock().await;
-        let opened = self.local.lock().expect("local lock").get(&target).cloned();
-        if let Some(file) = opened {
-            return self.read_open(file, offset, len).await;
-        }
-        let slot = client.local_slot()?;
-        let at = path.clone();
-        let r = blocking(move || match File::open(&at) {
-            Ok(f) => file_io::read_at(&f, offset, len).map(|data| Some((f, data))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        })
-        .await;
-        match r {
-            Ok(Some((file, data))) => {
-                self.local.lock().expect("local lock").insert(target, Arc::new(LocalChunk { file, _slot: slot }));
-                Some(data)
-            }
-            // No chunk file on the target: a hole, as stored would answer.
-            Ok(None) => Some(Vec::new()),
-            Err(e) => {
-                client.local_read_failed(&path, &e);
-                None
-            }
-        }
-    }
-}
-
-/// Runs `f` on the blocking pool: a read of a chunk file may wait for the disk, which must not
-/// stall a runtime worker.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> std::io::Result<T> + Send + 'static) -> std::io::Result<T> {
-    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))
 }
 
 /// The pieces of a read, in order, as one buffer of `total` bytes: short pieces are holes (or

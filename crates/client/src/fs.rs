@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{watch, Semaphore};
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 /// How a truncation is allowed: by a permission check on the path (`truncate(2)`), through a
 /// descriptor opened for writing (`ftruncate`: access was decided at open), or by the library
@@ -83,20 +83,6 @@ pub(crate) struct Inner {
     delegations: Arc<Delegations>,
     /// Small files read ahead of their opens.
     pub prefetch: crate::prefetch::Prefetch,
-    /// Reads of this node's own chunk files skip stored (`local_reads`, turned off for good
-    /// when this process may not open them).
-    local_reads: std::sync::atomic::AtomicBool,
-    /// Descriptors local reads may still open (see `local_slot`).
-    local_slots: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-/// A descriptor slot of local reads (`Client::local_slot`), given back when dropped.
-pub(crate) struct LocalSlot(Arc<std::sync::atomic::AtomicUsize>);
-
-impl Drop for LocalSlot {
-    fn drop(&mut self) {
-        self.0.fetch_add(1, Ordering::Relaxed);
-    }
 }
 
 /// Reads what the program on top of a client counted of its own operations (see
@@ -250,8 +236,6 @@ impl Client {
         let budget_units = (cfg.write_behind_bytes / 4096).max(256) as usize;
         // A prefetch reads what leases cover: a client that caches nothing prefetches nothing.
         let prefetch_limit = if cfg.attr_cache_ms > 0 { cfg.prefetch_limit() } else { 0 };
-        let local_reads = std::sync::atomic::AtomicBool::new(cfg.local_reads);
-        let local_slots = cfg.local_read_files.map_or(odfs_service::file_io::nofile_limit() / 4, |n| n as usize);
         let inner = Arc::new(Inner {
             client_id: rand::random::<u64>() | 1,
             next_request: AtomicU64::new(1),
@@ -269,8 +253,6 @@ impl Client {
             ops: std::sync::OnceLock::new(),
             delegations: Arc::new(Delegations::new()),
             prefetch: crate::prefetch::Prefetch::new(prefetch_limit),
-            local_reads,
-            local_slots: Arc::new(std::sync::atomic::AtomicUsize::new(local_slots)),
         });
         let client = Client { inner };
         client.keep_sessions(&stop_rx);
@@ -424,38 +406,6 @@ impl Client {
         match layout.targets[..] {
             [t] => self.inner.cluster.local_chunk_path(t, self.node(), ino),
             _ => None,
-        }
-    }
-
-    /// Where this node's own chunk file of `ino` on `target` is, for a read that skips stored
-    /// (docs/architecture.md, "Reads of this node's own chunks"): `None` for another node's
-    /// target and with local reads off.
-    pub(crate) fn local_read_path(&self, target: TargetId, ino: InodeId) -> Option<std::path::PathBuf> {
-        if !self.inner.local_reads.load(Ordering::Relaxed) {
-            return None;
-        }
-        self.inner.cluster.local_chunk_path(target, self.node(), ino)
-    }
-
-    /// One of the descriptors local reads may hold open, given back when the slot is dropped:
-    /// `local_read_files`, by default a quarter of this process's limit on open descriptors, so
-    /// that a program holding thousands of files open leaves room for connections and
-    /// passthrough's backing files. `None` when all are taken: the read goes to stored.
-    pub(crate) fn local_slot(&self) -> Option<LocalSlot> {
-        let slots = &self.inner.local_slots;
-        slots.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).ok()?;
-        Some(LocalSlot(slots.clone()))
-    }
-
-    /// A chunk file of this node's could not be opened for a read: a process that may not open
-    /// them (not the user stored runs as) turns local reads off, said once; other errors are
-    /// left to stored, which reads next.
-    pub(crate) fn local_read_failed(&self, path: &std::path::Path, e: &std::io::Error) {
-        let denied = matches!(e.kind(), std::io::ErrorKind::PermissionDenied);
-        if denied && self.inner.local_reads.swap(false, Ordering::Relaxed) {
-            info!(path = %path.display(), error = %e, "this process may not read chunk files: reads go through stored");
-        } else if !denied {
-            debug!(path = %path.display(), error = %e, "local chunk read failed; asking stored");
         }
     }
 

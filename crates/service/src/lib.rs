@@ -5,12 +5,10 @@
 //! the address file a launcher waits for, the registration + heartbeat link to mgmtd, and the
 //! life cycle of a registered daemon (`lifecycle`: own client pool, servers, registration,
 //! teardown order), and how busy the node's CPUs and disks are (`load`, for background work
-//! that must stay out of the job's way), and reading a file at an offset with and without waiting
-//! for the disk (`file_io`, stored's and the client's local reads). It holds no filesystem logic.
+//! that must stay out of the job's way). It holds no filesystem logic.
 
 pub mod config;
 pub mod daemon;
-pub mod file_io;
 pub mod lifecycle;
 pub mod load;
 pub mod mgmt_link;

@@ -43,6 +43,10 @@ use tracing::{info, warn};
 /// make the daemon allocate gigabytes.
 pub const MAX_OP_BYTES: usize = 16 << 20;
 
+/// Largest read tried on the runtime worker before the hand-off: a page-cache copy of this much
+/// takes well under a millisecond, so the worker's other tasks wait no longer than that.
+const READ_NOW_MAX: usize = 1 << 20;
+
 /// Name of the file recording which target a directory belongs to.
 pub const TARGET_ID_FILE: &str = "target.id";
 pub use odfs_proto::layout::CHUNKS_DIR;
@@ -222,7 +226,7 @@ impl ChunkStore {
             let pools = targets.iter().map(|t: &Target| (t.id, Arc::downgrade(&t.pool))).collect();
             precreate::start(pools, opts.precreate, opts.precreate_min_idle, requests.clone());
         }
-        let fd_cap = opts.fd_cache.min(odfs_service::file_io::nofile_limit() / 2).max(1);
+        let fd_cap = opts.fd_cache.min(nofile_limit() / 2).max(1);
         info!(backend = backend_name, fd_cache = fd_cap, "chunk store opened");
         Ok(ChunkStore { inner: Arc::new(Inner { targets, fds: FdCache::new(fd_cap), backend_name, requests }) })
     }
@@ -391,7 +395,7 @@ impl ChunkStore {
     /// is neither cached nor openable from the dentry cache (or the read is large), else the open
     /// file and what the page cache held of the range.
     fn read_now(&self, t: &Target, ino: InodeId, offset: u64, len: usize) -> Option<(Arc<File>, syscall::NoWait)> {
-        if len > odfs_service::file_io::READ_NOW_MAX || !t.read_now.load(Ordering::Relaxed) {
+        if len > READ_NOW_MAX || !t.read_now.load(Ordering::Relaxed) {
             return None;
         }
         let key: ChunkKey = (t.id, ino);
@@ -696,6 +700,16 @@ fn start_rings(targets: &[TargetConfig], limits: uring::Limits) -> io::Result<Ve
         return Ok(Vec::new());
     }
     targets.iter().map(|t| Ring::start(&t.id.to_string(), limits)).collect()
+}
+
+/// The soft limit on open descriptors (the cache takes at most half of it).
+fn nofile_limit() -> usize {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes only into the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 1024;
+    }
+    usize::try_from(lim.rlim_cur).unwrap_or(usize::MAX)
 }
 
 fn cfg_err(path: &Path, what: &str, e: impl std::fmt::Display) -> StoreError {

@@ -1,7 +1,6 @@
 //! The fallback data path: plain `pwrite`/`pread`/`fdatasync` on tokio's blocking pool, and the
 //! calls that never wait for the disk (`openat2` with `RESOLVE_CACHED`, `preadv2` with
-//! `RWF_NOWAIT`, the latter with `pread` in `odfs_service::file_io`), which the chunk store makes
-//! on its runtime worker before it hands a read over.
+//! `RWF_NOWAIT`), which the chunk store makes on its runtime worker before it hands a read over.
 //!
 //! The blocking calls are used where io_uring cannot be set up (or when asked for), and, on the
 //! calling thread, for the first operation on a chunk file the store opens in the same blocking
@@ -16,8 +15,6 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
-
-pub(crate) use odfs_service::file_io::{read_at, read_nowait, NoWait};
 
 /// Runs `f` on the blocking pool: these calls may wait for the disk, which must not stall a
 /// runtime worker.
@@ -51,6 +48,42 @@ pub(crate) fn write_at(file: &File, offset: u64, data: &[u8], sync: bool) -> io:
         file.sync_data()?;
     }
     Ok(data.len())
+}
+
+/// [`read`] on the calling thread.
+pub(crate) fn read_at(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    read_append(file, offset, len, &mut buf)?;
+    Ok(buf)
+}
+
+/// Appends up to `len` bytes at `offset` to `buf` (fewer where the file ends), looping over
+/// short reads and EINTR; returns how many. On an error `buf` is as it was.
+fn read_append(file: &File, offset: u64, len: usize, buf: &mut Vec<u8>) -> io::Result<usize> {
+    let start = buf.len();
+    // Read into the spare capacity: zeroing megabytes first only to overwrite them costs a
+    // memset per read.
+    buf.reserve(len);
+    while buf.len() < start + len {
+        let (have, want) = (buf.len(), start + len);
+        let at = offset + (have - start) as u64;
+        let rest = &mut buf.spare_capacity_mut()[..want - have];
+        // SAFETY: `rest` is writable memory of `rest.len()` bytes that nothing else uses.
+        let n = unsafe { libc::pread(file.as_raw_fd(), rest.as_mut_ptr().cast(), rest.len(), at as libc::off_t) };
+        match n {
+            0 => break,
+            // SAFETY: pread wrote these `n` bytes (at most the length it was given).
+            n if n > 0 => unsafe { buf.set_len(have + n as usize) },
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    buf.truncate(start);
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(buf.len() - start)
 }
 
 /// Asks the kernel to read `len` bytes of `file` at `offset` into the page cache, without
@@ -91,4 +124,47 @@ pub(crate) fn open_cached(path: &Path) -> Option<File> {
     };
     // SAFETY: see above: `fd` is ours alone.
     (fd >= 0).then(|| unsafe { File::from_raw_fd(fd as i32) })
+}
+
+/// What [`read_nowait`] read.
+pub(crate) struct NoWait {
+    /// The bytes the page cache held, from `offset` on.
+    pub(crate) data: Vec<u8>,
+    /// All `len` bytes were read, or the file ended: nothing is left to read from the disk.
+    pub(crate) complete: bool,
+}
+
+/// Reads as much of `len` bytes at `offset` as the page cache holds, without waiting for the
+/// disk (`preadv2` with `RWF_NOWAIT`): it stops at the first page that is not cached. Errors
+/// other than "would block" are returned (`EOPNOTSUPP` where the filesystem cannot do it).
+pub(crate) fn read_nowait(file: &File, offset: u64, len: usize) -> io::Result<NoWait> {
+    let mut data: Vec<u8> = Vec::with_capacity(len);
+    loop {
+        let filled = data.len();
+        if filled == len {
+            return Ok(NoWait { data, complete: true });
+        }
+        let spare = data.spare_capacity_mut();
+        let iov = libc::iovec { iov_base: spare.as_mut_ptr().cast(), iov_len: len - filled };
+        // SAFETY: the iovec points into `data`'s spare capacity, `len - filled` bytes long, which
+        // nothing else references during the call; the descriptor is open (borrowed `file`).
+        let n = unsafe {
+            libc::preadv2(file.as_raw_fd(), &iov, 1, (offset + filled as u64) as libc::off_t, libc::RWF_NOWAIT)
+        };
+        match n {
+            0 => return Ok(NoWait { data, complete: true }),
+            n if n > 0 => {
+                // SAFETY: the kernel initialised exactly `n` more bytes (n ≤ len - filled).
+                unsafe { data.set_len(filled + n as usize) };
+            }
+            _ => {
+                let e = io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EINTR) => {}
+                    Some(libc::EAGAIN) => return Ok(NoWait { data, complete: false }),
+                    _ => return Err(e),
+                }
+            }
+        }
+    }
 }
