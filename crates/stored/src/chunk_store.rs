@@ -87,6 +87,10 @@ pub struct StoreOptions {
     /// Share of the node's CPU time that must have been idle over the last half second for
     /// precreation to go on (0: whenever the store is quiet).
     pub precreate_min_idle: f64,
+    /// Chunk writes of at least this many bytes, at a 4 KiB-aligned offset and length, go to
+    /// the disk with `O_DIRECT`, past the page cache (0: never; docs/architecture.md, "Large
+    /// chunk writes skip stored's page cache").
+    pub direct_write_min: usize,
 }
 
 impl Default for StoreOptions {
@@ -98,6 +102,7 @@ impl Default for StoreOptions {
             ring_max_bytes: 8 << 20,
             precreate: 0,
             precreate_min_idle: 0.5,
+            direct_write_min: DIRECT_WRITE_MIN,
         }
     }
 }
@@ -128,6 +133,9 @@ struct Target {
     /// Reads are tried without waiting first; cleared for good when the target's filesystem
     /// refuses `RWF_NOWAIT`.
     read_now: AtomicBool,
+    /// Smallest chunk write sent past the page cache (0: none; also where the target's
+    /// filesystem refuses `O_DIRECT`).
+    direct_min: usize,
 }
 
 /// What [`ChunkStore::file_or`] found.
@@ -160,6 +168,14 @@ impl Target {
 
     fn err(&self, op: &'static str, ino: InodeId, e: io::Error) -> StoreError {
         StoreError::io(op, self.chunk_path(ino), e)
+    }
+
+    /// Whether a write of `len` bytes at `offset` goes past the page cache: large and aligned.
+    fn writes_direct(&self, offset: u64, len: usize) -> bool {
+        self.direct_min > 0
+            && len >= self.direct_min
+            && offset.is_multiple_of(syscall::DIRECT_ALIGN as u64)
+            && len.is_multiple_of(syscall::DIRECT_ALIGN)
     }
 }
 
@@ -216,6 +232,11 @@ impl ChunkStore {
                 engine: match rings.as_mut().and_then(Iterator::next) {
                     Some(r) => Engine::Uring(r),
                     None => Engine::Syscall,
+                },
+                direct_min: if opts.direct_write_min > 0 && syscall::takes_direct(&t.path) {
+                    opts.direct_write_min
+                } else {
+                    0
                 },
                 pool,
                 read_now: AtomicBool::new(true),
@@ -292,9 +313,13 @@ impl ChunkStore {
         }
         // The blocking call above has finished (or never ran): this is the only reference left.
         let data = Arc::try_unwrap(data).unwrap_or_else(|d| d.to_vec());
-        let r = match &t.engine {
-            Engine::Uring(ring) => ring.write(file, offset, data, sync).await,
-            Engine::Syscall => syscall::write(file, offset, data, sync).await,
+        let r = if t.writes_direct(offset, len) {
+            syscall::write_direct(t.chunk_path(ino), offset, data, sync).await
+        } else {
+            match &t.engine {
+                Engine::Uring(ring) => ring.write(file, offset, data, sync).await,
+                Engine::Syscall => syscall::write(file, offset, data, sync).await,
+            }
         };
         let n = r.map_err(|e| t.err("write", ino, e))?;
         // `check_range` bounded the length by MAX_OP_BYTES.
@@ -701,6 +726,9 @@ fn start_rings(targets: &[TargetConfig], limits: uring::Limits) -> io::Result<Ve
     }
     targets.iter().map(|t| Ring::start(&t.id.to_string(), limits)).collect()
 }
+
+/// Default of `StoreOptions::direct_write_min` (and stored's `direct_write_min_bytes`).
+pub const DIRECT_WRITE_MIN: usize = 1 << 20;
 
 /// The soft limit on open descriptors (the cache takes at most half of it).
 fn nofile_limit() -> usize {

@@ -50,6 +50,11 @@ pub struct StoredConfig {
     /// Empty chunk files each target keeps ready for new files, made while the node's CPU and disks are idle (default
     /// 32768; 0 turns precreation off). See docs/architecture.md "Data path".
     pub precreate_chunk_files: usize,
+    /// Chunk writes of at least this many bytes, at 4 KiB-aligned offsets and lengths, go to the
+    /// disk with `O_DIRECT`, past this node's page cache (default 1048576; 0 writes everything
+    /// through the page cache). See docs/architecture.md "Large chunk writes skip stored's page
+    /// cache".
+    pub direct_write_min_bytes: usize,
 }
 
 impl odfs_service::DaemonConfig for StoredConfig {
@@ -72,6 +77,7 @@ impl Default for StoredConfig {
             register_timeout_secs: 30,
             worker_threads: odfs_service::DEFAULT_WORKER_THREADS,
             precreate_chunk_files: DEFAULT_PRECREATE_CHUNK_FILES,
+            direct_write_min_bytes: crate::chunk_store::DIRECT_WRITE_MIN,
         }
     }
 }

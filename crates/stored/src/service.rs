@@ -108,6 +108,7 @@ pub async fn run(cfg: StoredConfig, shutdown: Shutdown) -> Result<(), StoreError
     let opts = StoreOptions {
         backend: backend(&cfg.io_backend)?,
         precreate: cfg.precreate_chunk_files,
+        direct_write_min: cfg.direct_write_min_bytes,
         ..StoreOptions::default()
     };
     let store = ChunkStore::open_with(&targets, opts)?;

@@ -9,12 +9,18 @@
 
 use std::ffi::CString;
 use std::fs::File;
+use std::fs::OpenOptions;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// Alignment of `O_DIRECT` writes: offsets, lengths and buffers (the page size, a multiple of
+/// any disk's logical block).
+pub(crate) const DIRECT_ALIGN: usize = 4096;
 
 /// Runs `f` on the blocking pool: these calls may wait for the disk, which must not stall a
 /// runtime worker.
@@ -37,6 +43,38 @@ pub(crate) async fn write(file: Arc<File>, offset: u64, data: Vec<u8>, sync: boo
 /// Reads up to `len` bytes at `offset`; fewer only where the file ends.
 pub(crate) async fn read(file: Arc<File>, offset: u64, len: usize) -> io::Result<Vec<u8>> {
     blocking(move || read_at(&file, offset, len)).await
+}
+
+/// Writes all of `data` at `offset` of the file at `path` past the page cache (`O_DIRECT`,
+/// through a descriptor of its own), then fdatasyncs when `sync`. `offset` and the length must
+/// be multiples of `DIRECT_ALIGN`; the bytes are copied into a buffer aligned to it first (the
+/// transport's buffers are not). The kernel writes back and drops any cached pages of the
+/// range around the write, so buffered reads and writes of the same file stay coherent.
+pub(crate) async fn write_direct(path: PathBuf, offset: u64, data: Vec<u8>, sync: bool) -> io::Result<usize> {
+    blocking(move || {
+        let f = OpenOptions::new().write(true).custom_flags(libc::O_DIRECT | libc::O_CLOEXEC).open(&path)?;
+        let mut buf: Vec<u8> = Vec::with_capacity(data.len() + DIRECT_ALIGN);
+        let pad = buf.as_ptr().align_offset(DIRECT_ALIGN);
+        buf.resize(pad, 0);
+        buf.extend_from_slice(&data);
+        write_at(&f, offset, &buf[pad..], sync)
+    })
+    .await
+}
+
+/// Whether the filesystem of `dir` takes `O_DIRECT` opens: a probe file is made, opened so and
+/// removed. Any failure counts as no.
+pub(crate) fn takes_direct(dir: &Path) -> bool {
+    let probe = dir.join(".odfs-direct-probe");
+    let ok = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
+        .open(&probe)
+        .is_ok();
+    let _ = std::fs::remove_file(&probe);
+    ok
 }
 
 /// [`write`] on the calling thread.
