@@ -1,6 +1,8 @@
 //! The fallback data path: plain `pwrite`/`pread`/`fdatasync` on tokio's blocking pool, and the
 //! calls that never wait for the disk (`openat2` with `RESOLVE_CACHED`, `preadv2` with
-//! `RWF_NOWAIT`), which the chunk store makes on its runtime worker before it hands a read over.
+//! `RWF_NOWAIT`), which the chunk store makes on its runtime worker before it hands a read over;
+//! and large aligned writes past the page cache (`O_DIRECT`), the path of bulk chunk writes on
+//! either engine.
 //!
 //! The blocking calls are used where io_uring cannot be set up (or when asked for), and, on the
 //! calling thread, for the first operation on a chunk file the store opens in the same blocking
@@ -8,13 +10,11 @@
 //! chunk store.
 
 use std::ffi::CString;
-use std::fs::File;
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::FileExt;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
