@@ -430,6 +430,9 @@ fn run_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
 /// fio's `filename_format` of the sequential phases' files (fio's default for job "seq").
 const SEQ_FILES: &str = "seq.$jobnum.0";
 
+/// fio's arguments of the sequential write, on every side and on the FUSE minimum.
+const SEQ_WRITE: [&str; 3] = ["--rw=write", "--bs=1M", "--end_fsync=1"];
+
 /// Sequential write and read, 4 KiB random reads.
 fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sides) -> Result<()> {
     let seq_bytes = o.jobs as u64 * o.job_size;
@@ -439,7 +442,7 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
     let s = sides.run(false, |dir, side| {
         std::fs::create_dir_all(dir.join("fio"))?;
         let mut args = fio_common(dir);
-        args.extend(["--rw=write", "--bs=1M", "--end_fsync=1"].map(String::from));
+        args.extend(SEQ_WRITE.map(String::from));
         let r = run_fio(fio, &args, &reports.join(format!("{side}-seq-write.json")))?;
         r.expect_bytes("write", seq_bytes)?;
         Ok(Some(r.bw_bytes("write")? / MIB))
@@ -623,7 +626,7 @@ fn fuse_minimum_write(o: &MountBenchOptions, fio: &Path, reports: &Path, at: &Pa
     let written = (|| -> Result<(f64, f64)> {
         std::fs::create_dir_all(&dir)?;
         let mut args = fio_files("seq", &dir, SEQ_FILES, o);
-        args.extend(["--rw=write", "--bs=1M", "--end_fsync=1"].map(String::from));
+        args.extend(SEQ_WRITE.map(String::from));
         drop_caches();
         let cpu = CpuMeter::start(&minimum.pid().into_iter().collect::<Vec<_>>());
         let r = run_fio(fio, &args, &reports.join("fuse-minimum-seq-write.json"))?;
