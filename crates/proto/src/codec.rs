@@ -179,11 +179,11 @@ pub fn encode_error(call_id: u64, method: u16, e: &RemoteError) -> Frame {
 }
 
 /// Decodes a request frame's body and payload into its header and request.
-pub fn decode_request<R: Rpc>(body: &[u8], payload: Vec<u8>) -> Result<(RequestHeader, R), ProtoError> {
+pub fn decode_request<R: Rpc>(body: &[u8], payload: Bytes) -> Result<(RequestHeader, R), ProtoError> {
     let (header, rest) = postcard::take_from_bytes::<RequestHeader>(body)?;
     let mut req = postcard::from_bytes::<R>(rest)?;
     if !payload.is_empty() {
-        *req.payload_mut().ok_or(ProtoError::UnexpectedPayload(R::NAME))? = payload.into();
+        *req.payload_mut().ok_or(ProtoError::UnexpectedPayload(R::NAME))? = payload;
     }
     Ok((header, req))
 }
@@ -236,7 +236,7 @@ mod tests {
         let frame = encode_request(42, &h, &req).unwrap();
         let (head, body, payload) = receive(&frame);
         assert_eq!(head, FrameHead { kind: KIND_REQUEST, call_id: 42, method: 100, payload: 0 });
-        let (h2, r2): (RequestHeader, Lookup) = decode_request(&body, payload).unwrap();
+        let (h2, r2): (RequestHeader, Lookup) = decode_request(&body, payload.into()).unwrap();
         assert_eq!(h2, h);
         assert_eq!(r2, req);
     }
@@ -267,12 +267,12 @@ mod tests {
         assert!(frame.head.len() < 64, "and not in its body ({} bytes)", frame.head.len());
         let (head, body, payload) = receive(&frame);
         assert_eq!(head.payload as usize, data.len());
-        let (_, got): (RequestHeader, WriteChunk) = decode_request(&body, payload).unwrap();
+        let (_, got): (RequestHeader, WriteChunk) = decode_request(&body, payload.into()).unwrap();
         assert_eq!(got, req);
         // A payload on a request that has no place for one is refused, not dropped.
         let lookup = encode_request(2, &h, &Lookup { parent: crate::InodeId::ROOT, name: b"x".to_vec() }).unwrap();
         let (_, body, _) = receive(&lookup);
-        let e = decode_request::<Lookup>(&body, vec![1]).unwrap_err();
+        let e = decode_request::<Lookup>(&body, vec![1].into()).unwrap_err();
         assert!(e.to_string().contains("payload"), "{e}");
     }
 
@@ -323,8 +323,8 @@ mod tests {
             let junk: Vec<u8> = (0..n).map(|i| i.wrapping_mul(37).wrapping_add(n)).collect();
             let _ = FrameHead::parse(&junk, junk.len());
             let _ = FrameHead::parse(&junk, usize::from(n) * 1000);
-            let _ = decode_request::<Lookup>(&junk, Vec::new());
-            let _ = decode_request::<WriteChunk>(&junk, junk.clone());
+            let _ = decode_request::<Lookup>(&junk, Bytes::new());
+            let _ = decode_request::<WriteChunk>(&junk, junk.clone().into());
             let _ = decode_reply::<Lookup>(KIND_REPLY_OK, &junk, junk.clone());
         }
         // A payload longer than the frame is refused.

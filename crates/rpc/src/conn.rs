@@ -3,6 +3,7 @@
 
 use crate::spans::{self, FrameSink};
 use crate::RpcError;
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use odfs_proto::codec::{self, Frame, FrameHead, FRAME_FIXED, KIND_REQUEST, MAX_FRAME};
 use odfs_proto::{RequestHeader, Rpc};
 use std::any::Any;
@@ -41,12 +42,19 @@ pub struct Conn {
     inner: Arc<Inner>,
 }
 
-/// One frame as read: its fixed part, body and payload, each in a buffer of its own.
-pub(crate) struct Received {
+/// One frame as read: its fixed part, body and payload, each in a buffer of its own. Replies'
+/// payloads (chunk data for a reader) are plain vectors; requests' are [`Bytes`] that start on a
+/// [`PAYLOAD_ALIGN`] boundary (see [`read_request`]).
+pub(crate) struct Received<P = Vec<u8>> {
     pub head: FrameHead,
     pub body: Vec<u8>,
-    pub payload: Vec<u8>,
+    pub payload: P,
 }
+
+/// Where a request's payload of at least this many bytes starts in memory: the page size, so
+/// that stored can hand chunk data to an `O_DIRECT` write as it arrived, without copying it
+/// into an aligned buffer first.
+pub const PAYLOAD_ALIGN: usize = 4096;
 
 /// Buffered reading of a stream: the length prefix, fixed part and body of small frames come
 /// in one read system call; a payload larger than the buffer is read straight into its own.
@@ -54,8 +62,23 @@ pub(crate) fn buffered<R: AsyncRead>(r: R) -> BufReader<R> {
     BufReader::with_capacity(64 << 10, r)
 }
 
-/// Reads one frame. `Ok(None)` at a clean end of stream.
+/// Reads one frame, its payload into a vector. `Ok(None)` at a clean end of stream.
 pub(crate) async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Received>, RpcError> {
+    let Some((head, body)) = read_head(r).await? else { return Ok(None) };
+    let payload = read_vec(r, head.payload as usize).await?;
+    Ok(Some(Received { head, body, payload }))
+}
+
+/// Reads one request frame, its payload aligned (see [`read_aligned`]). `Ok(None)` at a clean
+/// end of stream.
+pub(crate) async fn read_request<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Received<Bytes>>, RpcError> {
+    let Some((head, body)) = read_head(r).await? else { return Ok(None) };
+    let payload = read_aligned(r, head.payload as usize).await?;
+    Ok(Some(Received { head, body, payload }))
+}
+
+/// Reads a frame's length prefix, fixed part and body. `Ok(None)` at a clean end of stream.
+async fn read_head<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<(FrameHead, Vec<u8>)>, RpcError> {
     let mut len = [0u8; 4];
     match r.read_exact(&mut len).await {
         Ok(_) => {}
@@ -73,8 +96,7 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option
     r.read_exact(&mut fixed).await?;
     let head = FrameHead::parse(&fixed, len)?;
     let body = read_vec(r, head.body_len(len)).await?;
-    let payload = read_vec(r, head.payload as usize).await?;
-    Ok(Some(Received { head, body, payload }))
+    Ok(Some((head, body)))
 }
 
 /// Reads exactly `len` bytes into a new buffer, filling its spare capacity (zero-filling
@@ -88,6 +110,26 @@ async fn read_vec<R: AsyncRead + Unpin>(r: &mut R, len: usize) -> std::io::Resul
         }
     }
     Ok(buf)
+}
+
+/// [`read_vec`] into a buffer whose first byte sits on a [`PAYLOAD_ALIGN`] boundary when `len`
+/// is at least that: it is allocated that much longer and starts past the slack.
+async fn read_aligned<R: AsyncRead + Unpin>(r: &mut R, len: usize) -> std::io::Result<Bytes> {
+    if len < PAYLOAD_ALIGN {
+        return Ok(read_vec(r, len).await?.into());
+    }
+    let mut buf = BytesMut::with_capacity(len + PAYLOAD_ALIGN - 1);
+    let pad = buf.as_ptr().align_offset(PAYLOAD_ALIGN);
+    buf.resize(pad, 0);
+    buf.advance(pad);
+    while buf.len() < len {
+        // Limited to what remains: the read never takes the next frame's bytes.
+        let want = len - buf.len();
+        if r.read_buf(&mut (&mut buf).limit(want)).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    Ok(buf.freeze())
 }
 
 /// Spawns the task that writes frames to `w`, coalescing small frames into one flush; a large

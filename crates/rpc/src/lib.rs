@@ -16,7 +16,7 @@ pub mod spans;
 pub mod stats;
 pub mod tcp;
 
-pub use conn::Conn;
+pub use conn::{Conn, PAYLOAD_ALIGN};
 pub use credential::{JobCredential, SiteKey};
 pub use error::RpcError;
 pub use pool::{own_lane, Pool, PoolConfig, Transport};

@@ -1,9 +1,10 @@
 //! Server side: a table of typed handlers by method id, and the loop that serves one stream.
 //! Every request a router serves is counted (`stats`); every router answers `GetStats`.
 
-use crate::conn::{buffered, read_frame, spawn_writer};
+use crate::conn::{buffered, read_request, spawn_writer};
 use crate::spans::FrameSink;
 use crate::stats::{Served, Stats};
+use bytes::Bytes;
 use futures::future::BoxFuture;
 use odfs_proto::codec::{self, Frame, KIND_REQUEST};
 use odfs_proto::error::RpcResult;
@@ -17,7 +18,7 @@ use tokio::io::AsyncRead;
 use tracing::{debug, warn, Instrument};
 
 /// Decodes a request body, runs the handler and returns the whole reply frame.
-type Handler = Arc<dyn Fn(u64, &[u8], Vec<u8>) -> BoxFuture<'static, Frame> + Send + Sync>;
+type Handler = Arc<dyn Fn(u64, &[u8], Bytes) -> BoxFuture<'static, Frame> + Send + Sync>;
 
 /// Maps method ids to handlers.
 pub struct Router {
@@ -56,7 +57,7 @@ impl Router {
         Fut: Future<Output = RpcResult<R::Reply>> + Send + 'static,
     {
         let (f, stats) = (Arc::new(f), self.stats.clone());
-        let h: Handler = Arc::new(move |call_id: u64, body: &[u8], payload: Vec<u8>| {
+        let h: Handler = Arc::new(move |call_id: u64, body: &[u8], payload: Bytes| {
             let (start, bytes_in) = (Instant::now(), payload.len() as u64);
             let decoded = codec::decode_request::<R>(body, payload);
             let (f, stats) = (f.clone(), stats.clone());
@@ -100,7 +101,7 @@ impl Router {
         self
     }
 
-    fn dispatch(&self, call_id: u64, method: u16, body: &[u8], payload: Vec<u8>) -> BoxFuture<'static, Frame> {
+    fn dispatch(&self, call_id: u64, method: u16, body: &[u8], payload: Bytes) -> BoxFuture<'static, Frame> {
         match self.handlers.get(&method) {
             Some((_, h)) => h(call_id, body, payload),
             None => {
@@ -121,7 +122,7 @@ where
     let tx = spawn_writer(writer, |why| debug!(error = %why, "reply stream failed"));
     let mut reader = buffered(reader);
     loop {
-        let frame = match read_frame(&mut reader).await {
+        let frame = match read_request(&mut reader).await {
             Ok(Some(f)) => f,
             Ok(None) => break,
             Err(e) => {

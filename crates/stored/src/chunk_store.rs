@@ -25,6 +25,7 @@ use crate::precreate;
 use crate::recycle::Recycler;
 use crate::syscall::{self, blocking};
 use crate::uring::{self, Ring};
+use bytes::Bytes;
 use odfs_proto::codec::FileSpan;
 use odfs_proto::mgmt::TargetSpace;
 use odfs_proto::storage::{ChunkRange, READ_MANY_BYTES, READ_MANY_ITEMS};
@@ -287,15 +288,15 @@ impl ChunkStore {
         target: TargetId,
         ino: InodeId,
         offset: u64,
-        data: Vec<u8>,
+        data: impl Into<Bytes>,
         sync: bool,
     ) -> Result<u32, StoreError> {
+        let data: Bytes = data.into();
         let t = self.target_busy(target)?;
         check_range("write", offset, data.len())?;
         let len = data.len();
         // A chunk file not open yet (every small file's first write) is opened and written in
         // one blocking call: one hand-off between threads instead of two.
-        let data = Arc::new(data);
         let first = {
             let data = data.clone();
             move |f: &File| syscall::write_at(f, offset, &data, sync)
@@ -311,8 +312,6 @@ impl ChunkStore {
             }
             return Ok(0);
         }
-        // The blocking call above has finished (or never ran): this is the only reference left.
-        let data = Arc::try_unwrap(data).unwrap_or_else(|d| d.to_vec());
         let r = if t.writes_direct(offset, len) {
             syscall::write_direct(t.chunk_path(ino), offset, data, sync).await
         } else {

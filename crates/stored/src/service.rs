@@ -28,9 +28,9 @@ pub fn router(store: ChunkStore) -> Router {
         let s = s.clone();
         // The CRC of the bytes as they arrived, before they are handed to the disk.
         let crc32c = q.crc.then(|| crc32c::crc32c(&q.data));
-        // The payload's own buffer, unshared: taken back as a Vec without a copy.
+        // The payload's own buffer, as the transport received it (aligned for a direct write).
         async move {
-            let len = s.write(q.target, q.ino, q.offset, q.data.into(), q.sync).await.map_err(RemoteError::from)?;
+            let len = s.write(q.target, q.ino, q.offset, q.data, q.sync).await.map_err(RemoteError::from)?;
             Ok(Written { len, crc32c })
         }
     });

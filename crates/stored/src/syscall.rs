@@ -9,6 +9,7 @@
 //! call. Owns nothing but these calls: opening policy, caching and error wrapping stay in the
 //! chunk store.
 
+use bytes::Bytes;
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -36,7 +37,7 @@ where
 }
 
 /// Writes all of `data` at `offset` (completing short writes), then fdatasyncs when `sync`.
-pub(crate) async fn write(file: Arc<File>, offset: u64, data: Vec<u8>, sync: bool) -> io::Result<usize> {
+pub(crate) async fn write(file: Arc<File>, offset: u64, data: Bytes, sync: bool) -> io::Result<usize> {
     blocking(move || write_at(&file, offset, &data, sync)).await
 }
 
@@ -47,12 +48,16 @@ pub(crate) async fn read(file: Arc<File>, offset: u64, len: usize) -> io::Result
 
 /// Writes all of `data` at `offset` of the file at `path` past the page cache (`O_DIRECT`,
 /// through a descriptor of its own), then fdatasyncs when `sync`. `offset` and the length must
-/// be multiples of `DIRECT_ALIGN`; the bytes are copied into a buffer aligned to it first (the
-/// transport's buffers are not). The kernel writes back and drops any cached pages of the
-/// range around the write, so buffered reads and writes of the same file stay coherent.
-pub(crate) async fn write_direct(path: PathBuf, offset: u64, data: Vec<u8>, sync: bool) -> io::Result<usize> {
+/// be multiples of `DIRECT_ALIGN`; so must the buffer's address, or the bytes are copied into
+/// one that is (the transport aligns chunk data it receives, so that copy is the exception).
+/// The kernel writes back and drops any cached pages of the range around the write, so
+/// buffered reads and writes of the same file stay coherent.
+pub(crate) async fn write_direct(path: PathBuf, offset: u64, data: Bytes, sync: bool) -> io::Result<usize> {
     blocking(move || {
         let f = OpenOptions::new().write(true).custom_flags(libc::O_DIRECT | libc::O_CLOEXEC).open(&path)?;
+        if data.as_ptr().align_offset(DIRECT_ALIGN) == 0 {
+            return write_at(&f, offset, &data, sync);
+        }
         let mut buf: Vec<u8> = Vec::with_capacity(data.len() + DIRECT_ALIGN);
         let pad = buf.as_ptr().align_offset(DIRECT_ALIGN);
         buf.resize(pad, 0);

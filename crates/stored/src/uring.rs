@@ -13,6 +13,7 @@
 //! for the remainder, so callers see whole writes (or an error) and reads that are short only
 //! where the file ends.
 
+use bytes::Bytes;
 use io_uring::{opcode, squeue, types, IoUring};
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -84,7 +85,7 @@ impl Ring {
     }
 
     /// Writes all of `data` at `offset`, then fdatasyncs when `sync`.
-    pub(crate) async fn write(&self, file: Arc<File>, offset: u64, data: Vec<u8>, sync: bool) -> io::Result<usize> {
+    pub(crate) async fn write(&self, file: Arc<File>, offset: u64, data: Bytes, sync: bool) -> io::Result<usize> {
         let (reply, rx) = oneshot::channel();
         self.send(Op { file, offset, retries: 0, work: Work::Write { data, done: 0, sync, syncing: false, reply } })?;
         rx.await.map_err(|_| stopped())?
@@ -174,7 +175,7 @@ struct Op {
 
 enum Work {
     Write {
-        data: Vec<u8>,
+        data: Bytes,
         done: usize,
         sync: bool,
         /// The data is written and the fdatasync is in flight.
