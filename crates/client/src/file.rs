@@ -298,6 +298,27 @@ impl InodeData {
         Ok(())
     }
 
+    /// [`Self::write`] of bytes the caller hands over: a write that is one whole chunk request
+    /// by itself (a chunk's rest or the request cap, as large aligned writes are) goes to stored
+    /// in its own buffer rather than copied into the write buffer first.
+    pub(crate) async fn write_owned(self: &Arc<Self>, client: &Client, offset: u64, data: Vec<u8>) -> Result<()> {
+        let mut segs = self.layout.segments(offset, data.len() as u64);
+        let one = matches!((segs.next(), segs.next()), (Some(s), None) if s.len == data.len() as u64);
+        if !one || !self.fills(offset, data.len()) {
+            return self.write(client, offset, &data).await;
+        }
+        self.take_error()?;
+        self.ra.lock().expect("ra lock").chunks.clear();
+        let mut ws = self.ws.lock().await;
+        // Whatever is buffered is sent first: it precedes these bytes, or cannot join them.
+        self.send_buf(client, &mut ws).await;
+        let end = offset + data.len() as u64;
+        ws.buf = Some((offset, data));
+        self.send_buf(client, &mut ws).await;
+        self.note_write(&mut ws, end);
+        Ok(())
+    }
+
     /// [`Self::write`] when it needs no waiting: the bytes join the write buffer (or start it)
     /// and leave it short of a chunk's end and of the request cap, as a small file's one write
     /// does. `None`, with nothing done, when [`Self::write`] must run instead. Lets the FUSE
@@ -573,6 +594,16 @@ impl FileHandle {
         }
         self.data.write(&self.client, offset, data).await?;
         Ok(data.len())
+    }
+
+    /// [`Self::write`] of bytes handed over: a large aligned write is sent without a copy.
+    pub async fn write_owned(&self, offset: u64, data: Vec<u8>) -> Result<usize> {
+        if !self.writable {
+            return Err(ClientError::new(odfs_proto::ErrorCode::Access, "file is not open for writing"));
+        }
+        let n = data.len();
+        self.data.write_owned(&self.client, offset, data).await?;
+        Ok(n)
     }
 
     /// [`Self::write`] when it can be done without waiting (see `InodeData::try_write`): `None`,
