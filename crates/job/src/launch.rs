@@ -71,6 +71,8 @@ pub struct NodeLaunch {
     pub io_backend: String,
     /// Empty chunk files each of stored's targets keeps ready.
     pub precreate_chunk_files: usize,
+    /// Chunk writes of at least this many bytes bypass stored's page cache (0: none).
+    pub direct_write_min_bytes: usize,
     /// How long each daemon waits for mgmtd (None: the daemons' default).
     pub register_timeout_secs: Option<u64>,
     /// Node 0's mgmtd serves the job's Prometheus metrics here (None: not at all).
@@ -143,6 +145,7 @@ impl NodeLaunch {
             targets: self.targets.clone(),
             io_backend: self.io_backend.clone(),
             precreate_chunk_files: self.precreate_chunk_files,
+            direct_write_min_bytes: self.direct_write_min_bytes,
             register_timeout_secs: self.register_timeout_secs.unwrap_or(d.register_timeout_secs),
             ..d
         }

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Empty chunk files each target keeps ready unless `odfs local up` is told otherwise.
-pub use odfs_stored::config::DEFAULT_PRECREATE_CHUNK_FILES;
+pub use odfs_stored::config::{DEFAULT_DIRECT_WRITE_MIN_BYTES, DEFAULT_PRECREATE_CHUNK_FILES};
 
 /// Options of `odfs local up`.
 #[derive(Debug, Clone)]
@@ -38,6 +38,8 @@ pub struct UpOptions {
     pub io_backend: String,
     /// Empty chunk files each target keeps ready for new files (0: off).
     pub precreate_chunk_files: usize,
+    /// Chunk writes of at least this many bytes bypass stored's page cache (0: none).
+    pub direct_write_min_bytes: usize,
     /// Address the daemons listen on and advertise.
     pub bind: IpAddr,
     /// Where to mount the filesystem (None: no mount).
@@ -66,6 +68,7 @@ impl Default for UpOptions {
             timeout: Duration::from_secs(30),
             io_backend: "auto".into(),
             precreate_chunk_files: DEFAULT_PRECREATE_CHUNK_FILES,
+            direct_write_min_bytes: DEFAULT_DIRECT_WRITE_MIN_BYTES,
             bind: IpAddr::from([127, 0, 0, 1]),
             mount: None,
             ram_pool: None,
@@ -340,6 +343,7 @@ fn plan_nodes(
             targets: launch::node_targets(k, &data_dirs, &opts.pool, ram),
             io_backend: opts.io_backend.clone(),
             precreate_chunk_files: opts.precreate_chunk_files,
+            direct_write_min_bytes: opts.direct_write_min_bytes,
             register_timeout_secs: None,
             metrics: opts.metrics_port.map(|p| std::net::SocketAddr::new(opts.bind, p)),
         });

@@ -796,6 +796,10 @@ struct LocalUpArgs {
     /// Empty chunk files each target keeps ready for new files, made while the node's CPU and disks are idle (0: off).
     #[arg(long, default_value_t = local::DEFAULT_PRECREATE_CHUNK_FILES)]
     precreate_chunk_files: usize,
+    /// Chunk writes of at least this many bytes (4 KiB-aligned) go to the disk past the page
+    /// cache (O_DIRECT); 0 writes everything through it.
+    #[arg(long, default_value_t = local::DEFAULT_DIRECT_WRITE_MIN_BYTES)]
+    direct_write_min_bytes: usize,
     /// Address every daemon listens on and advertises (another address of this machine
     /// makes the filesystem reachable from network namespaces or other hosts).
     #[arg(long, default_value = "127.0.0.1")]
@@ -843,6 +847,7 @@ impl LocalUpArgs {
             timeout: Duration::from_secs(self.timeout),
             io_backend: self.io_backend,
             precreate_chunk_files: self.precreate_chunk_files,
+            direct_write_min_bytes: self.direct_write_min_bytes,
             bind: self.bind,
             ram_pool: self.ram_pool,
             meta: self.meta,

@@ -25,6 +25,9 @@ fn default_pool() -> String {
 /// Empty chunk files each target keeps ready by default (`precreate_chunk_files`).
 pub const DEFAULT_PRECREATE_CHUNK_FILES: usize = 32_768;
 
+/// Default of `direct_write_min_bytes`.
+pub const DEFAULT_DIRECT_WRITE_MIN_BYTES: usize = crate::chunk_store::DIRECT_WRITE_MIN;
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoredConfig {
@@ -77,7 +80,7 @@ impl Default for StoredConfig {
             register_timeout_secs: 30,
             worker_threads: odfs_service::DEFAULT_WORKER_THREADS,
             precreate_chunk_files: DEFAULT_PRECREATE_CHUNK_FILES,
-            direct_write_min_bytes: crate::chunk_store::DIRECT_WRITE_MIN,
+            direct_write_min_bytes: DEFAULT_DIRECT_WRITE_MIN_BYTES,
         }
     }
 }
