@@ -588,19 +588,23 @@ impl FileHandle {
         self.data.ws.lock().await.size
     }
 
-    pub async fn write(&self, offset: u64, data: &[u8]) -> Result<usize> {
+    /// EACCES unless the file was opened for writing.
+    fn check_writable(&self) -> Result<()> {
         if !self.writable {
             return Err(ClientError::new(odfs_proto::ErrorCode::Access, "file is not open for writing"));
         }
+        Ok(())
+    }
+
+    pub async fn write(&self, offset: u64, data: &[u8]) -> Result<usize> {
+        self.check_writable()?;
         self.data.write(&self.client, offset, data).await?;
         Ok(data.len())
     }
 
     /// [`Self::write`] of bytes handed over: a large aligned write is sent without a copy.
     pub async fn write_owned(&self, offset: u64, data: Vec<u8>) -> Result<usize> {
-        if !self.writable {
-            return Err(ClientError::new(odfs_proto::ErrorCode::Access, "file is not open for writing"));
-        }
+        self.check_writable()?;
         let n = data.len();
         self.data.write_owned(&self.client, offset, data).await?;
         Ok(n)
@@ -673,9 +677,7 @@ impl FileHandle {
     /// `fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)`: the range reads as zeros, the
     /// size stays.
     pub async fn punch_hole(&self, offset: u64, len: u64) -> Result<()> {
-        if !self.writable {
-            return Err(ClientError::new(odfs_proto::ErrorCode::Access, "file is not open for writing"));
-        }
+        self.check_writable()?;
         self.data.drain(&self.client).await?;
         let end = offset.saturating_add(len).min(self.size().await);
         if end <= offset {
