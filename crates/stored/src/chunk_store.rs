@@ -103,7 +103,7 @@ impl Default for StoreOptions {
             ring_max_bytes: 8 << 20,
             precreate: 0,
             precreate_min_idle: 0.5,
-            direct_write_min: DIRECT_WRITE_MIN,
+            direct_write_min: crate::config::DEFAULT_DIRECT_WRITE_MIN_BYTES,
         }
     }
 }
@@ -725,9 +725,6 @@ fn start_rings(targets: &[TargetConfig], limits: uring::Limits) -> io::Result<Ve
     }
     targets.iter().map(|t| Ring::start(&t.id.to_string(), limits)).collect()
 }
-
-/// Default of `StoreOptions::direct_write_min` (and stored's `direct_write_min_bytes`).
-pub const DIRECT_WRITE_MIN: usize = 1 << 20;
 
 /// The soft limit on open descriptors (the cache takes at most half of it).
 fn nofile_limit() -> usize {

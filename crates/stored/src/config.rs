@@ -25,8 +25,9 @@ fn default_pool() -> String {
 /// Empty chunk files each target keeps ready by default (`precreate_chunk_files`).
 pub const DEFAULT_PRECREATE_CHUNK_FILES: usize = 32_768;
 
-/// Default of `direct_write_min_bytes`.
-pub const DEFAULT_DIRECT_WRITE_MIN_BYTES: usize = crate::chunk_store::DIRECT_WRITE_MIN;
+/// Smallest chunk write sent past the page cache by default (`direct_write_min_bytes`, and the
+/// chunk store's `StoreOptions::direct_write_min`).
+pub const DEFAULT_DIRECT_WRITE_MIN_BYTES: usize = 1 << 20;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]

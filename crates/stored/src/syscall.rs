@@ -93,24 +93,16 @@ pub(crate) fn write_at(file: &File, offset: u64, data: &[u8], sync: bool) -> io:
     Ok(data.len())
 }
 
-/// [`read`] on the calling thread.
+/// [`read`] on the calling thread, looping over short reads and EINTR: fewer than `len` bytes
+/// only where the file ends.
 pub(crate) fn read_at(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
-    let mut buf = Vec::new();
-    read_append(file, offset, len, &mut buf)?;
-    Ok(buf)
-}
-
-/// Appends up to `len` bytes at `offset` to `buf` (fewer where the file ends), looping over
-/// short reads and EINTR; returns how many. On an error `buf` is as it was.
-fn read_append(file: &File, offset: u64, len: usize, buf: &mut Vec<u8>) -> io::Result<usize> {
-    let start = buf.len();
     // Read into the spare capacity: zeroing megabytes first only to overwrite them costs a
     // memset per read.
-    buf.reserve(len);
-    while buf.len() < start + len {
-        let (have, want) = (buf.len(), start + len);
-        let at = offset + (have - start) as u64;
-        let rest = &mut buf.spare_capacity_mut()[..want - have];
+    let mut buf: Vec<u8> = Vec::with_capacity(len);
+    while buf.len() < len {
+        let have = buf.len();
+        let at = offset + have as u64;
+        let rest = &mut buf.spare_capacity_mut()[..len - have];
         // SAFETY: `rest` is writable memory of `rest.len()` bytes that nothing else uses.
         let n = unsafe { libc::pread(file.as_raw_fd(), rest.as_mut_ptr().cast(), rest.len(), at as libc::off_t) };
         match n {
@@ -120,13 +112,12 @@ fn read_append(file: &File, offset: u64, len: usize, buf: &mut Vec<u8>) -> io::R
             _ => {
                 let e = io::Error::last_os_error();
                 if e.kind() != io::ErrorKind::Interrupted {
-                    buf.truncate(start);
                     return Err(e);
                 }
             }
         }
     }
-    Ok(buf.len() - start)
+    Ok(buf)
 }
 
 /// Asks the kernel to read `len` bytes of `file` at `offset` into the page cache, without
