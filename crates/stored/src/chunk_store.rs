@@ -3,7 +3,7 @@
 //! Owns the on-disk layout of a target (`target.id`, `chunks/<low byte>/<inode>`, and `free/`
 //! through `recycle`, where removed chunk files wait to be reused), opening and
 //! caching chunk files, choosing the I/O backend, and wrapping OS errors with the path they concern.
-//! Data transfer itself is delegated to `uring` (one ring thread per target) or `syscall`; metadata
+//! Data transfer itself is delegated to `uring` (one ring per target) or `syscall`; metadata
 //! calls (open, truncate, unlink, stat) run on tokio's blocking pool because they may wait for the
 //! disk. A read or write of a chunk file that is not open yet is opened and done in one blocking
 //! call: a small file is read or written once, and every hand-off between threads is a wake-up

@@ -1,28 +1,32 @@
-//! The io_uring data path: one thread per target owning an `IoUring`, fed over a channel.
+//! The io_uring data path: one ring per target, driven by the runtime's own worker threads.
 //!
-//! Owns the ring, its thread and every buffer while the kernel may touch it: an operation's
-//! `Vec<u8>` and `Arc<File>` move into the thread and come back (or are dropped) only after its
-//! completion is reaped, so a caller that gives up waiting can never free memory the kernel is
-//! still writing into. Does not open, cache or unlink files, and does not wrap errors with paths
-//! (the chunk store does both).
+//! Owns the ring and every buffer while the kernel may touch it: an operation's `Vec<u8>` or
+//! `Bytes` and its `Arc<File>` sit in the ring's slots from submission until its completion is
+//! reaped (or the ring is dropped, which waits for them), so a caller that gives up waiting can
+//! never free memory the kernel is still writing into. Does not open, cache or unlink files, and
+//! does not wrap errors with paths (the chunk store does both).
 //!
-//! Tasks send operations over a std channel and kick an eventfd; the thread keeps a one-shot poll
-//! on that eventfd in the ring, so `submit_and_wait(1)` returns for a new submission as well as for
-//! a completion and nothing queued waits behind slow I/O. At most `max_ops` operations and
-//! `max_bytes` bytes are in flight; the rest wait in the channel. Short transfers are resubmitted
-//! for the remainder, so callers see whole writes (or an error) and reads that are short only
-//! where the file ends.
+//! The task that asks for an operation submits it itself, under the ring's lock, and reaps what
+//! has completed right then (a read the page cache answers completes within the submit). The
+//! kernel signals every completion on an eventfd registered with the ring; one reaper task on the
+//! runtime waits for it and finishes the rest. No thread of its own: a hand-off to a ring thread
+//! and back costs two wake-ups per operation, which on a busy node cost more than a 4 KiB read
+//! itself (docs/architecture.md, "Chunk I/O is submitted from the runtime"). At most `max_ops`
+//! operations and `max_bytes` bytes are in flight; the rest wait in order. Short transfers are
+//! resubmitted for the remainder, so callers see whole writes (or an error) and reads that are
+//! short only where the file ends.
 
 use bytes::Bytes;
 use io_uring::{opcode, squeue, types, IoUring};
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::mpsc::{self, TryRecvError};
-use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
+use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
+use tokio::task::AbortHandle;
 use tracing::{debug, error};
 
 /// How much one ring keeps in flight.
@@ -32,56 +36,65 @@ pub(crate) struct Limits {
     pub(crate) max_bytes: usize,
 }
 
-/// user_data of the poll on the wake eventfd; operations use their slot index.
-const WAKE: u64 = u64::MAX;
 /// Times an operation is resubmitted after EINTR/EAGAIN before its error is returned.
 const MAX_RETRIES: u32 = 16;
 
-/// Handle of one ring thread. Dropping it lets the thread finish what is in flight, then joins it.
+/// Handle of one ring. Dropping it waits for what is in flight (the kernel may still be using
+/// its buffers); operations not yet submitted fail with "stopped".
 pub(crate) struct Ring {
-    tx: Option<mpsc::Sender<Op>>,
-    wake: Arc<File>,
-    thread: Option<JoinHandle<()>>,
+    name: String,
+    state: Arc<Mutex<State>>,
+    /// The eventfd the kernel signals completions on (registered with the ring).
+    done: File,
+    /// The reaper task, started by the first operation (the ring is made before the runtime
+    /// runs it).
+    reaper: OnceLock<io::Result<AbortHandle>>,
 }
 
 impl Ring {
-    /// Sets up a ring and starts its thread, or says why io_uring cannot be used here.
+    /// Sets up a ring, or says why io_uring cannot be used here.
     pub(crate) fn start(name: &str, limits: Limits) -> io::Result<Ring> {
         let limits = Limits { max_ops: limits.max_ops.max(1), max_bytes: limits.max_bytes.max(1) };
-        let wake = Arc::new(eventfd()?);
-        let (tx, rx) = mpsc::channel();
-        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
-        let thread_wake = wake.clone();
-        // The ring is created on its own thread, which is the only one ever to submit to it.
-        let thread = std::thread::Builder::new().name(format!("uring-{name}")).spawn(move || {
-            let ring = match setup(limits) {
-                Ok(r) => r,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
-                    return;
-                }
-            };
-            let _ = ready_tx.send(Ok(()));
-            Worker::new(ring, rx, thread_wake, limits).run();
-        })?;
-        match ready_rx.recv() {
-            Ok(Ok(())) => Ok(Ring { tx: Some(tx), wake, thread: Some(thread) }),
-            Ok(Err(e)) => {
-                let _ = thread.join();
-                Err(e)
-            }
-            Err(_) => {
-                let _ = thread.join();
-                Err(io::Error::other("io_uring thread exited during setup"))
-            }
-        }
+        let ring = setup(limits)?;
+        let done = eventfd()?;
+        ring.submitter()
+            .register_eventfd(done.as_raw_fd())
+            .map_err(|e| io::Error::new(e.kind(), format!("io_uring eventfd registration: {e}")))?;
+        Ok(Ring {
+            name: name.to_string(),
+            state: Arc::new(Mutex::new(State::new(ring, limits, done.try_clone()?))),
+            done,
+            reaper: OnceLock::new(),
+        })
     }
 
+    /// Queues `op`, submits what the budget allows and finishes what has completed already.
     fn send(&self, op: Op) -> io::Result<()> {
-        let tx = self.tx.as_ref().ok_or_else(stopped)?;
-        tx.send(op).map_err(|_| stopped())?;
-        // The thread resets the counter before draining the channel, so this kick is never lost.
-        (&*self.wake).write_all(&1u64.to_ne_bytes())
+        self.reaper_running()?;
+        let mut s = lock(&self.state);
+        if s.stopped {
+            return Err(stopped());
+        }
+        s.waiting.push_back(op);
+        s.run();
+        Ok(())
+    }
+
+    /// Starts the reaper on the current runtime the first time it is needed.
+    fn reaper_running(&self) -> io::Result<()> {
+        let started = self.reaper.get_or_init(|| {
+            let rt = tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
+            let _in_rt = rt.enter();
+            // SAFETY: the File owns its descriptor and moves into the AsyncFd, which it stays
+            // inside (open, the same eventfd) until the AsyncFd is dropped.
+            let fd = unsafe { AsyncFd::register(self.done.try_clone()?) }?;
+            let (state, name) = (self.state.clone(), self.name.clone());
+            Ok(rt.spawn(reap_completions(state, fd, name)).abort_handle())
+        });
+        match started {
+            Ok(_) => Ok(()),
+            Err(e) => Err(io::Error::new(e.kind(), format!("io_uring completion reaper: {e}"))),
+        }
     }
 
     /// Writes all of `data` at `offset`, then fdatasyncs when `sync`.
@@ -113,20 +126,64 @@ impl Ring {
 
 impl Drop for Ring {
     fn drop(&mut self) {
-        // Closing the channel and kicking the thread makes it finish in-flight operations and
-        // exit; joining means no buffer or descriptor outlives the store.
-        drop(self.tx.take());
-        let _ = (&*self.wake).write_all(&1u64.to_ne_bytes());
-        if let Some(t) = self.thread.take() {
-            if t.join().is_err() {
-                error!("io_uring thread panicked");
+        if let Some(Ok(h)) = self.reaper.get() {
+            h.abort();
+        }
+        // Waiting here means no buffer or descriptor outlives the store while the kernel may
+        // still use it.
+        let mut s = lock(&self.state);
+        s.stopped = true;
+        s.waiting.clear();
+        while s.slots.len > 0 {
+            if let Err(e) = s.ring.submit_and_wait(1) {
+                if !matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EBUSY)) {
+                    error!(ring = %self.name, "io_uring_enter while stopping: {e}");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
             }
+            s.reap();
         }
     }
 }
 
+/// The reaper: finishes operations as the kernel signals their completions.
+async fn reap_completions(state: Arc<Mutex<State>>, done: AsyncFd<File>, name: String) {
+    debug!(ring = %name, "io_uring reaper started");
+    loop {
+        if lock(&state).unsubmitted {
+            // The last submit failed (the kernel short of memory, say); retry it shortly, even
+            // if no completion comes.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            lock(&state).run();
+            continue;
+        }
+        let ready = done.readable().await;
+        match ready {
+            Ok(mut guard) => {
+                // Reset the counter before reaping, so a completion posted meanwhile signals
+                // again. Nothing to read: a spurious wake-up (the readiness is cleared).
+                let mut b = [0u8; 8];
+                if guard.try_io(|fd| fd.get_ref().read(&mut b)).is_err() {
+                    continue;
+                }
+            }
+            // Only when the runtime is shutting down, which drops this task anyway.
+            Err(e) => {
+                error!(ring = %name, "io_uring completion eventfd: {e}");
+                return;
+            }
+        }
+        lock(&state).run();
+    }
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    // No code under the lock panics on purpose; if one did, the slots still hold the truth.
+    state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn stopped() -> io::Error {
-    io::Error::other("the io_uring thread of this target has stopped")
+    io::Error::other("the io_uring engine of this target has stopped")
 }
 
 fn eventfd() -> io::Result<File> {
@@ -141,20 +198,14 @@ fn eventfd() -> io::Result<File> {
 
 /// Creates the ring and checks the kernel knows every opcode used here.
 fn setup(limits: Limits) -> io::Result<IoUring> {
-    // Room for every in-flight operation plus the wake poll, so a push never finds the
-    // submission queue full.
-    let entries = (limits.max_ops + 1).next_power_of_two().max(8) as u32;
+    // Room for every in-flight operation, so a push never finds the submission queue full.
+    let entries = limits.max_ops.next_power_of_two().max(8) as u32;
     let ring = IoUring::new(entries).map_err(|e| io::Error::new(e.kind(), format!("io_uring_setup: {e}")))?;
     let mut probe = io_uring::Probe::new();
     ring.submitter()
         .register_probe(&mut probe)
         .map_err(|e| io::Error::new(e.kind(), format!("io_uring probe: {e}")))?;
-    for (code, name) in [
-        (opcode::Read::CODE, "READ"),
-        (opcode::Write::CODE, "WRITE"),
-        (opcode::Fsync::CODE, "FSYNC"),
-        (opcode::PollAdd::CODE, "POLL_ADD"),
-    ] {
+    for (code, name) in [(opcode::Read::CODE, "READ"), (opcode::Write::CODE, "WRITE"), (opcode::Fsync::CODE, "FSYNC")] {
         if !probe.is_supported(code) {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
@@ -165,7 +216,7 @@ fn setup(limits: Limits) -> io::Result<IoUring> {
     Ok(ring)
 }
 
-/// One operation, owned by the ring thread from submission to completion.
+/// One operation, owned by the ring's slots from submission to completion.
 struct Op {
     file: Arc<File>,
     offset: u64,
@@ -332,104 +383,80 @@ impl Slots {
 
 impl Drop for Slots {
     fn drop(&mut self) {
-        // Reached with operations still present only if the thread unwinds: the kernel may still
-        // write into their buffers, so leak them rather than free them.
+        // Reached with operations still present only if `Ring::drop` could not wait for them: the
+        // kernel may still write into their buffers, so leak them rather than free them.
         for op in self.slots.drain(..).flatten() {
             std::mem::forget(op);
         }
     }
 }
 
-struct Worker {
+/// The ring and its bookkeeping, behind the handle's lock.
+struct State {
     ring: IoUring,
-    rx: mpsc::Receiver<Op>,
-    wake: Arc<File>,
     limits: Limits,
     slots: Slots,
     /// Bytes of the operations in `slots`.
     bytes: usize,
-    /// Received but over budget; goes first when room frees up.
-    waiting: Option<Op>,
-    /// The channel still has senders.
-    open: bool,
-    poll_armed: bool,
+    /// Asked for but over budget; submitted in order as room frees up.
+    waiting: VecDeque<Op>,
+    /// Entries are in the submission queue that the kernel has not taken yet.
+    unsubmitted: bool,
+    /// The completion eventfd, written to wake the reaper after a failed submit.
+    kick: File,
+    stopped: bool,
     completions: Vec<(u64, i32)>,
 }
 
-impl Worker {
-    fn new(ring: IoUring, rx: mpsc::Receiver<Op>, wake: Arc<File>, limits: Limits) -> Worker {
-        Worker {
+impl State {
+    fn new(ring: IoUring, limits: Limits, kick: File) -> State {
+        State {
             ring,
-            rx,
-            wake,
             limits,
             slots: Slots { slots: Vec::with_capacity(limits.max_ops), free: Vec::new(), len: 0 },
             bytes: 0,
-            waiting: None,
-            open: true,
-            poll_armed: false,
+            waiting: VecDeque::new(),
+            unsubmitted: false,
+            kick,
+            stopped: false,
             completions: Vec::new(),
         }
     }
 
-    fn run(mut self) {
-        debug!("io_uring thread started");
-        loop {
-            self.admit();
-            if self.open && !self.poll_armed {
-                let e =
-                    opcode::PollAdd::new(types::Fd(self.wake.as_raw_fd()), libc::POLLIN as u32).build().user_data(WAKE);
-                match self.push(&e) {
-                    Ok(()) => self.poll_armed = true,
-                    Err(e) => error!("io_uring: cannot arm the wake poll: {e}"),
+    /// One round: finish what completed, admit what waits, hand the new entries to the kernel,
+    /// then finish what completed during that submit (reads the page cache answers).
+    fn run(&mut self) {
+        self.reap();
+        self.admit();
+        self.submit();
+        self.reap();
+    }
+
+    fn submit(&mut self) {
+        match self.ring.submit() {
+            Ok(_) => self.unsubmitted = false,
+            // EINTR: interrupted; EBUSY/EAGAIN: completions to reap first, or the kernel short
+            // of memory. The entries stay queued; the reaper, woken here, retries them.
+            Err(e) => {
+                if !matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EBUSY) | Some(libc::EAGAIN)) {
+                    error!("io_uring_enter: {e}");
                 }
+                self.unsubmitted = true;
+                let _ = (&self.kick).write_all(&1u64.to_ne_bytes());
             }
-            if !self.open && self.slots.len == 0 && self.waiting.is_none() {
-                debug!("io_uring thread stopped");
-                return;
-            }
-            if self.slots.len == 0 && !self.poll_armed {
-                // Nothing could complete, so waiting would hang; retry arming shortly.
-                std::thread::sleep(Duration::from_millis(1));
-                continue;
-            }
-            if let Err(e) = self.ring.submit_and_wait(1) {
-                match e.raw_os_error() {
-                    // Interrupted, or completions must be reaped first: reap below, go round.
-                    Some(libc::EINTR) | Some(libc::EBUSY) => {}
-                    _ => {
-                        // EAGAIN/ENOMEM: the kernel is short of memory; back off, then retry.
-                        error!("io_uring_enter: {e}");
-                        std::thread::sleep(Duration::from_millis(10));
-                    }
-                }
-            }
-            self.reap();
         }
     }
 
-    /// Moves operations from the channel into the ring while the budget allows.
+    /// Moves waiting operations into the ring while the budget allows.
     fn admit(&mut self) {
-        loop {
-            let op = match self.waiting.take() {
-                Some(op) => op,
-                None if !self.open => break,
-                None => match self.rx.try_recv() {
-                    Ok(op) => op,
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => {
-                        self.open = false;
-                        break;
-                    }
-                },
-            };
+        while let Some(op) = self.waiting.front() {
             let need = op.bytes();
             // An operation larger than the whole budget still goes, alone.
             let full = self.slots.len >= self.limits.max_ops || self.bytes + need > self.limits.max_bytes;
             if self.slots.len > 0 && full {
-                self.waiting = Some(op);
                 break;
             }
+            let Some(op) = self.waiting.pop_front() else { break };
             self.bytes += need;
             let i = self.slots.insert(op);
             self.issue(i);
@@ -467,11 +494,6 @@ impl Worker {
         let mut done = std::mem::take(&mut self.completions);
         done.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
         for &(user_data, res) in &done {
-            if user_data == WAKE {
-                self.poll_armed = false;
-                self.reset_wake();
-                continue;
-            }
             let i = user_data as usize;
             let Some(op) = self.slots.slots.get_mut(i).and_then(Option::as_mut) else {
                 error!("io_uring completion for unknown slot {i}");
@@ -484,12 +506,6 @@ impl Worker {
         }
         done.clear();
         self.completions = done;
-    }
-
-    fn reset_wake(&mut self) {
-        let mut b = [0u8; 8];
-        // EAGAIN (counter already zero) is fine: the point is only to clear it.
-        let _ = (&*self.wake).read(&mut b);
     }
 
     fn finish(&mut self, i: usize, r: io::Result<()>) {
