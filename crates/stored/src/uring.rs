@@ -72,9 +72,6 @@ impl Ring {
     fn send(&self, op: Op) -> io::Result<()> {
         self.reaper_running()?;
         let mut s = lock(&self.state);
-        if s.stopped {
-            return Err(stopped());
-        }
         s.waiting.push_back(op);
         s.run();
         Ok(())
@@ -132,7 +129,6 @@ impl Drop for Ring {
         // Waiting here means no buffer or descriptor outlives the store while the kernel may
         // still use it.
         let mut s = lock(&self.state);
-        s.stopped = true;
         s.waiting.clear();
         while s.slots.len > 0 {
             if let Err(e) = s.ring.submit_and_wait(1) {
@@ -404,7 +400,6 @@ struct State {
     unsubmitted: bool,
     /// The completion eventfd, written to wake the reaper after a failed submit.
     kick: File,
-    stopped: bool,
     completions: Vec<(u64, i32)>,
 }
 
@@ -418,7 +413,6 @@ impl State {
             waiting: VecDeque::new(),
             unsubmitted: false,
             kick,
-            stopped: false,
             completions: Vec::new(),
         }
     }
