@@ -44,8 +44,6 @@ const MAX_RETRIES: u32 = 16;
 pub(crate) struct Ring {
     name: String,
     state: Arc<Mutex<State>>,
-    /// The eventfd the kernel signals completions on (registered with the ring).
-    done: File,
     /// The reaper task, started by the first operation (the ring is made before the runtime
     /// runs it).
     reaper: OnceLock<io::Result<AbortHandle>>,
@@ -62,8 +60,7 @@ impl Ring {
             .map_err(|e| io::Error::new(e.kind(), format!("io_uring eventfd registration: {e}")))?;
         Ok(Ring {
             name: name.to_string(),
-            state: Arc::new(Mutex::new(State::new(ring, limits, done.try_clone()?))),
-            done,
+            state: Arc::new(Mutex::new(State::new(ring, limits, done))),
             reaper: OnceLock::new(),
         })
     }
@@ -84,7 +81,7 @@ impl Ring {
             let _in_rt = rt.enter();
             // SAFETY: the File owns its descriptor and moves into the AsyncFd, which it stays
             // inside (open, the same eventfd) until the AsyncFd is dropped.
-            let fd = unsafe { AsyncFd::register(self.done.try_clone()?) }?;
+            let fd = unsafe { AsyncFd::register(lock(&self.state).done.try_clone()?) }?;
             let (state, name) = (self.state.clone(), self.name.clone());
             Ok(rt.spawn(reap_completions(state, fd, name)).abort_handle())
         });
@@ -398,13 +395,14 @@ struct State {
     waiting: VecDeque<Op>,
     /// Entries are in the submission queue that the kernel has not taken yet.
     unsubmitted: bool,
-    /// The completion eventfd, written to wake the reaper after a failed submit.
-    kick: File,
+    /// The eventfd the kernel signals completions on (registered with the ring); also written
+    /// here to wake the reaper after a failed submit.
+    done: File,
     completions: Vec<(u64, i32)>,
 }
 
 impl State {
-    fn new(ring: IoUring, limits: Limits, kick: File) -> State {
+    fn new(ring: IoUring, limits: Limits, done: File) -> State {
         State {
             ring,
             limits,
@@ -412,7 +410,7 @@ impl State {
             bytes: 0,
             waiting: VecDeque::new(),
             unsubmitted: false,
-            kick,
+            done,
             completions: Vec::new(),
         }
     }
@@ -436,7 +434,7 @@ impl State {
                     error!("io_uring_enter: {e}");
                 }
                 self.unsubmitted = true;
-                let _ = (&self.kick).write_all(&1u64.to_ne_bytes());
+                let _ = (&self.done).write_all(&1u64.to_ne_bytes());
             }
         }
     }
