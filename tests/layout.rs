@@ -5,7 +5,8 @@
 //!
 //! Needs root (tmpfs, FUSE) and the attr package (getfattr, setfattr).
 
-use odfs_proto::Layout;
+use odfs_client::{Client, Ctx};
+use odfs_proto::{InodeId, Layout};
 use odfs_tests::*;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -527,4 +528,85 @@ fn a_removed_files_chunk_files_are_emptied_and_become_the_next_files() {
         }
     }
     assert_eq!(reused, 2, "100 KiB in 64 KiB chunks takes two targets");
+}
+
+/// Bytes node `node`'s stored has moved so far (what it sent of chunks included).
+fn stored_io(fs: &LocalFs, node: u32) -> u64 {
+    fs.pids("stored", Some(node)).into_iter().map(io_bytes).sum()
+}
+
+/// What each node's stored moved while `f` ran.
+fn stored_moved(fs: &LocalFs, f: impl FnOnce()) -> Vec<u64> {
+    let before: Vec<u64> = (0..4).map(|k| stored_io(fs, k)).collect();
+    f();
+    (0..4).map(|k| stored_io(fs, k) - before[k as usize]).collect()
+}
+
+#[test]
+fn a_node_reads_its_own_chunks_from_their_files_and_the_others_through_stored() {
+    const MIB: usize = 1 << 20;
+    let (fs, m) = up();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // Written by node 1, so node 0's mount has none of it cached. 16 chunks of 1 MiB over the
+    // pool's 4 targets (one per node): 4 MiB on each. `sparse` has bytes in its first chunk
+    // only: its other chunks are holes or missing chunk files, which read as zeros.
+    let data = pattern(16 * MIB, 23);
+    let mut sparse = data[..MIB].to_vec();
+    sparse.resize(8 * MIB, 0);
+    rt.block_on(async {
+        let c = fs.node_client(1).await;
+        let ctx = Ctx::root();
+        for (name, bytes, size) in [("f", &data[..], data.len()), ("sparse", &data[..MIB], sparse.len())] {
+            let (_, h) = c.create_open(&ctx, InodeId::ROOT, name.as_bytes(), 0o644, false, None).await.unwrap();
+            h.write(0, bytes).await.unwrap();
+            h.truncate(size as u64).await.unwrap();
+            h.close().await.unwrap();
+        }
+    });
+
+    // Through node 0's mount: node 0's stored sends nothing, its quarter is read from the
+    // chunk files; every other stored sends its own.
+    let moved = stored_moved(&fs, || {
+        assert_bytes(&fs::read(m.p("f")).unwrap(), &data, "f through node 0's mount");
+        assert_bytes(&fs::read(m.p("sparse")).unwrap(), &sparse, "sparse through node 0's mount");
+    });
+    assert!(moved[0] < MIB as u64, "node 0's stored moved {} bytes for node 0's reads", moved[0]);
+    assert!(moved[1..].iter().all(|&b| b >= 4 * MIB as u64), "the other storeds moved {moved:?}");
+
+    // A library client of node 2 likewise reads node 2's chunks itself, node 0's through stored.
+    let read_as = |node: u32, local_reads: bool| {
+        stored_moved(&fs, || {
+            rt.block_on(async {
+                let mut cfg = fs.config().one_shot();
+                (cfg.node, cfg.local_reads) = (node, local_reads);
+                let c = Client::connect(cfg).await.unwrap();
+                assert_bytes(&lib_read(&c, "/f").await, &data, &format!("f read by node {node}"));
+                assert_bytes(&lib_read(&c, "/sparse").await, &sparse, &format!("sparse read by node {node}"));
+            })
+        })
+    };
+    let moved = read_as(2, true);
+    assert!(moved[2] < MIB as u64 && moved[0] >= 4 * MIB as u64, "reading as node 2, the storeds moved {moved:?}");
+    // Turned off in the client config, every chunk comes through stored.
+    let moved = read_as(0, false);
+    assert!(moved.iter().all(|&b| b >= 4 * MIB as u64), "with local_reads off, the storeds moved {moved:?}");
+
+    // A client that cannot find its target's id in the target's directory (a directory it sees
+    // is not the one stored sees) reads that target through stored, and reads the same bytes.
+    let (id, dir) = node0_nvme_target(&fs, &m);
+    let (claim, moved_claim) = (dir.join("target.id"), dir.join("target.id.moved"));
+    fs::rename(&claim, &moved_claim).unwrap();
+    let moved = read_as(0, true);
+    fs::rename(&moved_claim, &claim).unwrap();
+    assert!(moved[0] >= 4 * MIB as u64, "without target.id in target {id}'s directory, the storeds moved {moved:?}");
+}
+
+/// Node 0's target in pool nvme: its id and directory.
+fn node0_nvme_target(fs: &LocalFs, m: &FuseMount) -> (u32, PathBuf) {
+    let nodes = target_nodes(m);
+    target_dirs(fs, m)
+        .into_iter()
+        .find(|(id, _, pool)| pool == "nvme" && nodes.contains(&(*id, 0)))
+        .map(|(id, dir, _)| (id, dir))
+        .expect("node 0 has a target in pool nvme")
 }

@@ -40,15 +40,6 @@ fn s(p: &Path) -> String {
     p.display().to_string()
 }
 
-/// Bytes a process moved through read(2)/write(2)-like calls (`rchar + wchar`).
-fn io_bytes(pid: u32) -> u64 {
-    let text = fs::read_to_string(format!("/proc/{pid}/io")).expect("/proc/PID/io");
-    text.lines()
-        .filter(|l| l.starts_with("rchar:") || l.starts_with("wchar:"))
-        .map(|l| l.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap())
-        .sum()
-}
-
 /// odfs-fuse's and node 0's stored's bytes moved, together.
 fn daemon_io(fs: &LocalFs, m: &FuseMount) -> u64 {
     io_bytes(m.child.id()) + fs.pids("stored", Some(0)).into_iter().map(io_bytes).sum::<u64>()

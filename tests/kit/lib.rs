@@ -260,6 +260,16 @@ pub fn wait_gone(pid: u32, limit: Duration) -> bool {
     true
 }
 
+/// Bytes a process moved through read(2)/write(2)-like calls (`rchar + wchar`, which
+/// sendfile counts too).
+pub fn io_bytes(pid: u32) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/io")).expect("/proc/PID/io");
+    text.lines()
+        .filter(|l| l.starts_with("rchar:") || l.starts_with("wchar:"))
+        .map(|l| l.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
 /// Deterministic pseudo-random bytes.
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

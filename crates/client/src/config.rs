@@ -35,6 +35,11 @@ pub struct ClientConfig {
     pub create_delegations: bool,
     /// Chunks read ahead of a sequential reader.
     pub readahead_chunks: u32,
+    /// Chunks on this node's own targets are read straight from their chunk files, with no
+    /// request to stored (docs/architecture.md, "A node reads its own chunks itself"); a
+    /// target whose directory this client cannot see or read is read through stored. Default
+    /// true.
+    pub local_reads: bool,
     /// Through the mount, a read-only open of a file of at most this many bytes fetches the
     /// whole file and hands it to the kernel's page cache before it is answered, so its reads
     /// need no request (docs/architecture.md, "Small files filled at open"). 0: never;
@@ -71,6 +76,7 @@ impl Default for ClientConfig {
             attr_cache_ms: 1000,
             create_delegations: true,
             readahead_chunks: 4,
+            local_reads: true,
             fill_at_open_bytes: 1 << 20,
             prefetch_bytes: None,
             bulk_connections: 2,

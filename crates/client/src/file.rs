@@ -12,7 +12,7 @@ use crate::{Client, ClientError, Ctx, Result};
 use futures::future::{BoxFuture, FutureExt, Shared};
 use odfs_proto::codec::MAX_IO;
 use odfs_proto::meta::Attr;
-use odfs_proto::storage::{PunchChunk, ReadChunk, SyncChunk, WriteChunk, Written};
+use odfs_proto::storage::{PunchChunk, SyncChunk, WriteChunk, Written};
 use odfs_proto::{InodeId, Layout, Timespec};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -441,13 +441,8 @@ impl InodeData {
             let Some(seg) = seg else {
                 return Ok(Arc::new(Vec::new()));
             };
-            let r = client
-                .store(
-                    seg.target,
-                    &ReadChunk { target: seg.target, ino, offset: seg.local_offset, len: seg.len as u32 },
-                )
-                .await?;
-            Ok(Arc::new(r.data))
+            let data = client.read_chunk(seg.target, ino, seg.local_offset, seg.len as u32).await?;
+            Ok(Arc::new(data))
         }
         .boxed()
         .shared()
@@ -511,13 +506,12 @@ impl InodeData {
         let mut done = 0u64;
         while done < seg.len {
             let n = (seg.len - done).min(MAX_IO as u64) as u32;
-            let req = ReadChunk { target: seg.target, ino: self.ino, offset: seg.local_offset + done, len: n };
-            let r = client.store(seg.target, &req).await?;
-            let got = r.data.len() as u64;
+            let piece = client.read_chunk(seg.target, self.ino, seg.local_offset + done, n).await?;
+            let got = piece.len() as u64;
             if data.is_empty() {
-                data = r.data;
+                data = piece;
             } else {
-                data.extend_from_slice(&r.data);
+                data.extend_from_slice(&piece);
             }
             if got < n as u64 {
                 break;

@@ -8,7 +8,7 @@ use crate::{ClientConfig, ClientError, Result};
 use odfs_proto::meta::*;
 use odfs_proto::mgmt::{Register, ServiceKind};
 use odfs_proto::stats::{FsStats, GetStats, ServiceStats};
-use odfs_proto::storage::RemoveChunk;
+use odfs_proto::storage::{ReadChunk, RemoveChunk};
 use odfs_proto::{DirLayout, ErrorCode, InodeId, Layout, RequestHeader, Rpc, TargetId};
 use odfs_rpc::{Pool, PoolConfig, Transport};
 use std::collections::HashMap;
@@ -83,6 +83,8 @@ pub(crate) struct Inner {
     delegations: Arc<Delegations>,
     /// Small files read ahead of their opens.
     pub prefetch: crate::prefetch::Prefetch,
+    /// This node's targets whose chunks are read from their files.
+    local: crate::local_read::LocalReads,
 }
 
 /// Reads what the program on top of a client counted of its own operations (see
@@ -236,6 +238,7 @@ impl Client {
         let budget_units = (cfg.write_behind_bytes / 4096).max(256) as usize;
         // A prefetch reads what leases cover: a client that caches nothing prefetches nothing.
         let prefetch_limit = if cfg.attr_cache_ms > 0 { cfg.prefetch_limit() } else { 0 };
+        let (local_reads, node) = (cfg.local_reads, cfg.node);
         let inner = Arc::new(Inner {
             client_id: rand::random::<u64>() | 1,
             next_request: AtomicU64::new(1),
@@ -253,6 +256,7 @@ impl Client {
             ops: std::sync::OnceLock::new(),
             delegations: Arc::new(Delegations::new()),
             prefetch: crate::prefetch::Prefetch::new(prefetch_limit),
+            local: crate::local_read::LocalReads::new(local_reads, node),
         });
         let client = Client { inner };
         client.keep_sessions(&stop_rx);
@@ -471,6 +475,19 @@ impl Client {
     }
 
     /// Calls the stored holding `target`.
+    /// Up to `len` bytes of `ino`'s chunk file on `target` at `offset`, short where it ends and
+    /// empty where there is none (a hole): from the file itself when the target is this node's
+    /// (short-circuit reads), else from its stored.
+    pub(crate) async fn read_chunk(&self, target: TargetId, ino: InodeId, offset: u64, len: u32) -> Result<Vec<u8>> {
+        if let Some(path) = self.inner.local.path(&self.inner.cluster, target, ino) {
+            match crate::local_read::read(path.clone(), offset, len as usize).await {
+                Ok(data) => return Ok(data),
+                Err(e) => self.inner.local.failed(target, &path, &e),
+            }
+        }
+        Ok(self.store(target, &ReadChunk { target, ino, offset, len }).await?.data)
+    }
+
     pub(crate) async fn store<R: Rpc>(&self, target: TargetId, req: &R) -> Result<R::Reply> {
         let bulk = self.inner.cfg.bulk_transport;
         self.call_fresh(&self.header(&Ctx::root()), req, |c| c.target_addr(target, bulk)).await

@@ -2,7 +2,7 @@
 //! stage agents, benchmarks).
 //!
 //! Owns: finding services through mgmtd, namespace calls to metad, striping arithmetic applied to
-//! parallel chunk I/O on stored, read-ahead for sequential reads, write-behind with bounded
+//! parallel chunk I/O on stored (a node's own chunks read from their files), read-ahead for sequential reads, write-behind with bounded
 //! memory, per-inode state so that handles in one process see each other's writes, and
 //! close-to-open consistency across processes. It never touches a mount; FUSE-specific
 //! behaviour lives in client-fuse.
@@ -14,6 +14,7 @@ mod delegation;
 pub mod error;
 pub mod file;
 pub mod fs;
+mod local_read;
 pub mod path;
 mod prefetch;
 mod seal;

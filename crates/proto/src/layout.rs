@@ -82,9 +82,12 @@ pub fn validate_chunk_size(chunk_size: u32) -> Result<(), String> {
 /// Subdirectory of a target holding its chunk files.
 pub const CHUNKS_DIR: &str = "chunks";
 
+/// Name of the file in a target's directory recording which target the directory belongs to.
+pub const TARGET_ID_FILE: &str = "target.id";
+
 /// Where a target keeps the chunk file of `ino`: `<target dir>/chunks/<low byte of ino, 2 hex
 /// digits>/<ino, 16 hex digits>`. stored owns these files; a client on the target's node opens
-/// them itself only for FUSE passthrough.
+/// them itself only to read them (short-circuit reads) and for FUSE passthrough.
 pub fn chunk_path(target_dir: &std::path::Path, ino: crate::InodeId) -> std::path::PathBuf {
     target_dir.join(CHUNKS_DIR).join(format!("{:02x}", ino.0 & 0xff)).join(format!("{:016x}", ino.0))
 }

@@ -48,9 +48,7 @@ pub const MAX_OP_BYTES: usize = 16 << 20;
 /// takes well under a millisecond, so the worker's other tasks wait no longer than that.
 const READ_NOW_MAX: usize = 1 << 20;
 
-/// Name of the file recording which target a directory belongs to.
-pub const TARGET_ID_FILE: &str = "target.id";
-pub use odfs_proto::layout::CHUNKS_DIR;
+pub use odfs_proto::layout::{CHUNKS_DIR, TARGET_ID_FILE};
 
 /// One target to serve: a directory on local disk.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,122 @@
+//! Short-circuit reads: the chunks on this node's own targets are read straight from their
+//! chunk files, with no request to stored (docs/architecture.md, "A node reads its own chunks
+//! itself").
+//!
+//! Owns which of the node's targets may be read so — each checked once: the cluster view puts
+//! it on this node and its directory's `target.id` names it, so a client that cannot see the
+//! directory stored sees never reads a missing chunk file as a hole — and the reads themselves.
+
+use crate::cluster::Cluster;
+use odfs_proto::layout::{chunk_path, TARGET_ID_FILE};
+use odfs_proto::{InodeId, NodeIndex, TargetId};
+use odfs_service::fileio;
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use tracing::{info, warn};
+
+/// The targets whose chunks this client reads itself.
+pub(crate) struct LocalReads {
+    /// The client config's `local_reads`.
+    on: bool,
+    node: NodeIndex,
+    /// Targets decided on: their directory when their chunks are read here, `None` when they
+    /// are read through stored (another node's target, a directory this client cannot see, a
+    /// read that failed).
+    decided: Mutex<HashMap<TargetId, Option<PathBuf>>>,
+}
+
+impl LocalReads {
+    pub(crate) fn new(on: bool, node: NodeIndex) -> LocalReads {
+        LocalReads { on, node, decided: Mutex::new(HashMap::new()) }
+    }
+
+    /// The chunk file of `ino` on `target` when its reads go straight to the file.
+    pub(crate) fn path(&self, cluster: &Cluster, target: TargetId, ino: InodeId) -> Option<PathBuf> {
+        if !self.on {
+            return None;
+        }
+        let known = self.decided.lock().expect("local reads lock").get(&target).cloned();
+        let dir = match known {
+            Some(dir) => dir,
+            None => self.decide(cluster, target)?,
+        }?;
+        Some(chunk_path(&dir, ino))
+    }
+
+    /// Decides (and remembers) whether `target`'s chunks are read here; `None` without deciding
+    /// while the target is not registered or offline (that may change).
+    fn decide(&self, cluster: &Cluster, target: TargetId) -> Option<Option<PathBuf>> {
+        let view = cluster.view();
+        let t = view.target(target).filter(|t| t.online)?;
+        let dir = match t.path.as_deref().map(PathBuf::from) {
+            Some(dir) if t.node == self.node => match names_target(&dir, target) {
+                Ok(()) => {
+                    info!(target, dir = %dir.display(), "chunks on this node's target are read from its directory");
+                    Some(dir)
+                }
+                Err(why) => {
+                    info!(target, dir = %dir.display(), "chunks on this node's target are read through stored: {why}");
+                    None
+                }
+            },
+            _ => None,
+        };
+        self.decided.lock().expect("local reads lock").insert(target, dir.clone());
+        Some(dir)
+    }
+
+    /// A read of `path` failed: `target`'s chunks are read through stored from now on (which
+    /// reports the failure properly if it is the disk's).
+    pub(crate) fn failed(&self, target: TargetId, path: &Path, e: &io::Error) {
+        warn!(target, path = %path.display(), error = %e, "reading a chunk file of this node failed; its target's chunks are read through stored");
+        self.decided.lock().expect("local reads lock").insert(target, None);
+    }
+}
+
+/// Whether `dir/target.id` names `target`, or why not.
+fn names_target(dir: &Path, target: TargetId) -> Result<(), String> {
+    let path = dir.join(TARGET_ID_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    match text.trim().parse::<TargetId>() {
+        Ok(id) if id == target => Ok(()),
+        _ => Err(format!("{} holds {:?}, not this target's id", path.display(), text.trim())),
+    }
+}
+
+/// Reads up to `len` bytes at `offset` of the chunk file at `path` as stored would: short
+/// where the file ends, empty when there is no file (a hole). What the page cache holds is read
+/// on the calling worker; the rest, and an open that needs the disk, on the blocking pool.
+pub(crate) async fn read(path: PathBuf, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+    let (mut head, file) = match fileio::open_cached(&path, libc::O_RDONLY) {
+        Some(f) => match fileio::read_nowait(&f, offset, len) {
+            Ok(now) if now.complete => return Ok(now.data),
+            Ok(now) => (now.data, Some(f)),
+            // A filesystem that cannot read without waiting, say: the blocking read reports
+            // what is a real error.
+            Err(_) => (Vec::new(), Some(f)),
+        },
+        None => (Vec::new(), None),
+    };
+    let got = head.len();
+    let rest = tokio::task::spawn_blocking(move || {
+        let f = match file {
+            Some(f) => f,
+            None => match File::open(&path) {
+                Ok(f) => f,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+                Err(e) => return Err(e),
+            },
+        };
+        fileio::read_at(&f, offset + got as u64, len - got)
+    })
+    .await
+    .map_err(|e| io::Error::other(format!("blocking read task failed: {e}")))??;
+    if head.is_empty() {
+        return Ok(rest);
+    }
+    head.extend_from_slice(&rest);
+    Ok(head)
+}
