@@ -553,6 +553,10 @@ fn a_node_reads_its_own_chunks_from_their_files_and_the_others_through_stored() 
     let data = pattern(16 * MIB, 23);
     let mut sparse = data[..MIB].to_vec();
     sparse.resize(8 * MIB, 0);
+    // And 128 small files of 64 KiB in a directory, each whole on one target: those read
+    // through the mount are fetched whole at open, or with their directory's others in batches
+    // per target ahead of their opens.
+    let small: Vec<Vec<u8>> = (0..128).map(|i| pattern(64 << 10, 100 + i)).collect();
     rt.block_on(async {
         let c = fs.node_client(1).await;
         let ctx = Ctx::root();
@@ -562,6 +566,13 @@ fn a_node_reads_its_own_chunks_from_their_files_and_the_others_through_stored() 
             h.truncate(size as u64).await.unwrap();
             h.close().await.unwrap();
         }
+        let dir = c.mkdir(&ctx, InodeId::ROOT, b"small", 0o755).await.unwrap();
+        for (i, bytes) in small.iter().enumerate() {
+            let name = format!("s{i}");
+            let (_, h) = c.create_open(&ctx, dir.ino, name.as_bytes(), 0o644, false, None).await.unwrap();
+            h.write(0, bytes).await.unwrap();
+            h.close().await.unwrap();
+        }
     });
 
     // Through node 0's mount: node 0's stored sends nothing, its quarter is read from the
@@ -569,6 +580,14 @@ fn a_node_reads_its_own_chunks_from_their_files_and_the_others_through_stored() 
     let moved = stored_moved(&fs, || {
         assert_bytes(&fs::read(m.p("f")).unwrap(), &data, "f through node 0's mount");
         assert_bytes(&fs::read(m.p("sparse")).unwrap(), &sparse, "sparse through node 0's mount");
+        assert_eq!(entries(&m.p("small")).len(), small.len());
+        for (i, bytes) in small.iter().enumerate() {
+            assert_bytes(
+                &fs::read(m.p(&format!("small/s{i}"))).unwrap(),
+                bytes,
+                &format!("small/s{i} through node 0's mount"),
+            );
+        }
     });
     assert!(moved[0] < MIB as u64, "node 0's stored moved {} bytes for node 0's reads", moved[0]);
     assert!(moved[1..].iter().all(|&b| b >= 4 * MIB as u64), "the other storeds moved {moved:?}");

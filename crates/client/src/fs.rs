@@ -8,7 +8,7 @@ use crate::{ClientConfig, ClientError, Result};
 use odfs_proto::meta::*;
 use odfs_proto::mgmt::{Register, ServiceKind};
 use odfs_proto::stats::{FsStats, GetStats, ServiceStats};
-use odfs_proto::storage::{ReadChunk, RemoveChunk};
+use odfs_proto::storage::{ChunkRange, ChunksData, ReadChunk, ReadChunks, RemoveChunk};
 use odfs_proto::{DirLayout, ErrorCode, InodeId, Layout, RequestHeader, Rpc, TargetId};
 use odfs_rpc::{Pool, PoolConfig, Transport};
 use std::collections::HashMap;
@@ -479,13 +479,25 @@ impl Client {
     /// empty where there is none (a hole): from the file itself when the target is this node's
     /// (short-circuit reads), else from its stored.
     pub(crate) async fn read_chunk(&self, target: TargetId, ino: InodeId, offset: u64, len: u32) -> Result<Vec<u8>> {
-        if let Some(path) = self.inner.local.path(&self.inner.cluster, target, ino) {
-            match crate::local_read::read(path.clone(), offset, len as usize).await {
+        if let Some(dir) = self.inner.local.dir(&self.inner.cluster, target) {
+            match crate::local_read::read(&dir, ino, offset, len as usize).await {
                 Ok(data) => return Ok(data),
-                Err(e) => self.inner.local.failed(target, &path, &e),
+                Err(e) => self.inner.local.failed(target, &dir, &e),
             }
         }
         Ok(self.store(target, &ReadChunk { target, ino, offset, len }).await?.data)
+    }
+
+    /// Several chunk files' ranges on `target`, as a `ReadChunks` reply gives them: from the
+    /// files themselves when the target is this node's, else from its stored.
+    pub(crate) async fn read_chunks(&self, target: TargetId, items: Vec<ChunkRange>) -> Result<ChunksData> {
+        if let Some(dir) = self.inner.local.dir(&self.inner.cluster, target) {
+            match crate::local_read::read_many(dir.clone(), items.clone()).await {
+                Ok((lens, data)) => return Ok(ChunksData { lens, data, ..ChunksData::default() }),
+                Err(e) => self.inner.local.failed(target, &dir, &e),
+            }
+        }
+        self.store(target, &ReadChunks { target, items }).await
     }
 
     pub(crate) async fn store<R: Rpc>(&self, target: TargetId, req: &R) -> Result<R::Reply> {

@@ -8,6 +8,7 @@
 
 use crate::cluster::Cluster;
 use odfs_proto::layout::{chunk_path, TARGET_ID_FILE};
+use odfs_proto::storage::ChunkRange;
 use odfs_proto::{InodeId, NodeIndex, TargetId};
 use odfs_service::fileio;
 use std::collections::HashMap;
@@ -33,17 +34,16 @@ impl LocalReads {
         LocalReads { on, node, decided: Mutex::new(HashMap::new()) }
     }
 
-    /// The chunk file of `ino` on `target` when its reads go straight to the file.
-    pub(crate) fn path(&self, cluster: &Cluster, target: TargetId, ino: InodeId) -> Option<PathBuf> {
+    /// The directory of `target` when its chunks are read straight from their files.
+    pub(crate) fn dir(&self, cluster: &Cluster, target: TargetId) -> Option<PathBuf> {
         if !self.on {
             return None;
         }
         let known = self.decided.lock().expect("local reads lock").get(&target).cloned();
-        let dir = match known {
+        match known {
             Some(dir) => dir,
             None => self.decide(cluster, target)?,
-        }?;
-        Some(chunk_path(&dir, ino))
+        }
     }
 
     /// Decides (and remembers) whether `target`'s chunks are read here; `None` without deciding
@@ -68,10 +68,10 @@ impl LocalReads {
         Some(dir)
     }
 
-    /// A read of `path` failed: `target`'s chunks are read through stored from now on (which
-    /// reports the failure properly if it is the disk's).
-    pub(crate) fn failed(&self, target: TargetId, path: &Path, e: &io::Error) {
-        warn!(target, path = %path.display(), error = %e, "reading a chunk file of this node failed; its target's chunks are read through stored");
+    /// A read in `target`'s directory `dir` failed: its chunks are read through stored from now
+    /// on (which reports the failure properly if it is the disk's).
+    pub(crate) fn failed(&self, target: TargetId, dir: &Path, e: &io::Error) {
+        warn!(target, dir = %dir.display(), error = %e, "reading a chunk file of this node failed; its target's chunks are read through stored");
         self.decided.lock().expect("local reads lock").insert(target, None);
     }
 }
@@ -86,10 +86,11 @@ fn names_target(dir: &Path, target: TargetId) -> Result<(), String> {
     }
 }
 
-/// Reads up to `len` bytes at `offset` of the chunk file at `path` as stored would: short
+/// Reads up to `len` bytes at `offset` of `ino`'s chunk file in target directory `dir` as stored would: short
 /// where the file ends, empty when there is no file (a hole). What the page cache holds is read
 /// on the calling worker; the rest, and an open that needs the disk, on the blocking pool.
-pub(crate) async fn read(path: PathBuf, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+pub(crate) async fn read(dir: &Path, ino: InodeId, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+    let path = chunk_path(dir, ino);
     let (mut head, file) = match fileio::open_cached(&path, libc::O_RDONLY) {
         Some(f) => match fileio::read_nowait(&f, offset, len) {
             Ok(now) if now.complete => return Ok(now.data),
@@ -119,4 +120,35 @@ pub(crate) async fn read(path: PathBuf, offset: u64, len: usize) -> io::Result<V
     }
     head.extend_from_slice(&rest);
     Ok(head)
+}
+
+/// Reads several chunk files' ranges in target directory `dir` as stored's `ReadChunks` does:
+/// range i's bytes are the `lens[i]` bytes after those of the ranges before it in the data,
+/// short or empty as for [`read`], `None` where that range failed. One blocking call for them
+/// all; every range is asked of the disk before the first is read, so cold reads overlap.
+pub(crate) async fn read_many(dir: PathBuf, items: Vec<ChunkRange>) -> io::Result<(Vec<Option<u32>>, Vec<u8>)> {
+    tokio::task::spawn_blocking(move || {
+        let open = |r: &ChunkRange| match File::open(chunk_path(&dir, r.ino)) {
+            Ok(f) => Ok(Some(f)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        };
+        let files: Vec<io::Result<Option<File>>> = items.iter().map(open).collect();
+        for (f, r) in files.iter().zip(&items) {
+            if let Ok(Some(f)) = f {
+                fileio::will_need(f, r.offset, r.len as u64);
+            }
+        }
+        let (mut lens, mut data) = (Vec::with_capacity(items.len()), Vec::new());
+        for (f, r) in files.into_iter().zip(&items) {
+            lens.push(match f {
+                Ok(None) => Some(0),
+                Ok(Some(f)) => fileio::read_append(&f, r.offset, r.len as usize, &mut data).ok().map(|n| n as u32),
+                Err(_) => None,
+            });
+        }
+        (lens, data)
+    })
+    .await
+    .map_err(|e| io::Error::other(format!("blocking read task failed: {e}")))
 }

@@ -4,8 +4,8 @@
 //! Owns the buffer of prefetched files, the directories prefetched lately and the prefetch
 //! itself: when an open finds a small file neither in the kernel's page cache nor here, the
 //! other small files of its directory that this client holds under a lease are read from
-//! stored in batches (`ReadChunks`, one per target and up to `BATCH_FILES` files), a few
-//! batches in flight per client. One round trip and one hand-off at stored serve a batch
+//! stored in batches (`ReadChunks`, one per target and up to `BATCH_FILES` files; a batch of
+//! this node's own target is read from the chunk files), a few batches in flight per client. One round trip and one hand-off at stored serve a batch
 //! instead of one file. A held file is handed only to an open that finds the file's
 //! attributes unchanged since it was fetched (a change elsewhere is recalled before it is
 //! acknowledged, and every change of a file's bytes moves its change time); a recall drops it.
@@ -14,7 +14,7 @@ use crate::attr_cache::Ticket;
 use crate::fs::{Client, Inner};
 use odfs_proto::layout::Segment;
 use odfs_proto::meta::Attr;
-use odfs_proto::storage::{ChunkRange, ReadChunks, READ_MANY_BYTES, READ_MANY_ITEMS};
+use odfs_proto::storage::{ChunkRange, READ_MANY_BYTES, READ_MANY_ITEMS};
 use odfs_proto::{InodeId, TargetId, Timespec};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -433,8 +433,7 @@ impl Client {
             return;
         }
         let ticket: Ticket = self.ticket();
-        let req = ReadChunks { target, items: items.iter().map(|i| i.range).collect() };
-        let got = match self.store(target, &req).await {
+        let got = match self.read_chunks(target, items.iter().map(|i| i.range).collect()).await {
             Ok(r) => split(r.lens, r.data, items.len()),
             Err(e) => {
                 debug!(target, error = %e, "prefetch batch failed: its files are read at their opens");

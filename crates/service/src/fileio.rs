@@ -1,6 +1,7 @@
 //! Reads of local files that never stall an async runtime for long: opens the dentry cache
 //! alone can resolve (`openat2` with `RESOLVE_CACHED`), reads of what the page cache holds
-//! (`preadv2` with `RWF_NOWAIT`), and the whole-range `pread` loop for the blocking pool.
+//! (`preadv2` with `RWF_NOWAIT`), read-ahead advice, and the whole-range `pread` loop for the
+//! blocking pool.
 //! stored reads its chunk files with them, and a client reads the chunk files of its own
 //! node's targets with them (short-circuit reads). Owns nothing but these calls.
 
@@ -14,11 +15,19 @@ use std::path::Path;
 /// Reads up to `len` bytes of `file` at `offset` on the calling thread, looping over short reads
 /// and EINTR: fewer than `len` bytes only where the file ends.
 pub fn read_at(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    read_append(file, offset, len, &mut buf)?;
+    Ok(buf)
+}
+
+/// [`read_at`] appending to `buf`; the bytes read.
+pub fn read_append(file: &File, offset: u64, len: usize, buf: &mut Vec<u8>) -> io::Result<usize> {
     // Read into the spare capacity: zeroing megabytes first only to overwrite them costs a
     // memset per read.
-    let mut buf: Vec<u8> = Vec::with_capacity(len);
-    while buf.len() < len {
-        let have = buf.len();
+    let start = buf.len();
+    buf.reserve(len);
+    while buf.len() - start < len {
+        let have = buf.len() - start;
         let at = offset + have as u64;
         let rest = &mut buf.spare_capacity_mut()[..len - have];
         // SAFETY: `rest` is writable memory of `rest.len()` bytes that nothing else uses.
@@ -26,16 +35,27 @@ pub fn read_at(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
         match n {
             0 => break,
             // SAFETY: pread wrote these `n` bytes (at most the length it was given).
-            n if n > 0 => unsafe { buf.set_len(have + n as usize) },
+            n if n > 0 => unsafe { buf.set_len(start + have + n as usize) },
             _ => {
                 let e = io::Error::last_os_error();
                 if e.kind() != io::ErrorKind::Interrupted {
+                    buf.truncate(start);
                     return Err(e);
                 }
             }
         }
     }
-    Ok(buf)
+    Ok(buf.len() - start)
+}
+
+/// Asks the kernel to read `len` bytes of `file` at `offset` into the page cache, without
+/// waiting for them (`POSIX_FADV_WILLNEED`). Only advice: a failure is ignored, the read that
+/// follows waits for the disk instead.
+pub fn will_need(file: &File, offset: u64, len: u64) {
+    // SAFETY: posix_fadvise takes no memory; the descriptor is open for the call.
+    let _ = unsafe {
+        libc::posix_fadvise(file.as_raw_fd(), offset as libc::off_t, len as libc::off_t, libc::POSIX_FADV_WILLNEED)
+    };
 }
 
 /// Opens `path` with `flags` (`O_CLOEXEC` is added) only if the kernel can resolve it from its

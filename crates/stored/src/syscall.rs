@@ -12,12 +12,11 @@
 use bytes::Bytes;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub(crate) use odfs_service::fileio::{read_at, read_nowait, NoWait};
+pub(crate) use odfs_service::fileio::{read_at, read_nowait, will_need, NoWait};
 
 /// Alignment of `O_DIRECT` writes: offsets, lengths and buffers (the page size, a multiple of
 /// any disk's logical block).
@@ -91,16 +90,6 @@ pub(crate) fn write_at(file: &File, offset: u64, data: &[u8], sync: bool) -> io:
         file.sync_data()?;
     }
     Ok(data.len())
-}
-
-/// Asks the kernel to read `len` bytes of `file` at `offset` into the page cache, without
-/// waiting for them (`POSIX_FADV_WILLNEED`). Only advice: a failure is ignored, the read that
-/// follows waits for the disk instead.
-pub(crate) fn will_need(file: &File, offset: u64, len: u64) {
-    // SAFETY: posix_fadvise takes no memory; the descriptor is open for the call.
-    let _ = unsafe {
-        libc::posix_fadvise(file.as_raw_fd(), offset as libc::off_t, len as libc::off_t, libc::POSIX_FADV_WILLNEED)
-    };
 }
 
 /// fdatasync.
