@@ -474,7 +474,6 @@ impl Client {
         self.call_fresh(h, req, |c| c.meta_addr(shard, want)).await
     }
 
-    /// Calls the stored holding `target`.
     /// Up to `len` bytes of `ino`'s chunk file on `target` at `offset`, short where it ends and
     /// empty where there is none (a hole): from the file itself when the target is this node's
     /// (short-circuit reads), else from its stored.
@@ -500,6 +499,7 @@ impl Client {
         self.store(target, &ReadChunks { target, items }).await
     }
 
+    /// Calls the stored holding `target`.
     pub(crate) async fn store<R: Rpc>(&self, target: TargetId, req: &R) -> Result<R::Reply> {
         let bulk = self.inner.cfg.bulk_transport;
         self.call_fresh(&self.header(&Ctx::root()), req, |c| c.target_addr(target, bulk)).await

@@ -1,9 +1,8 @@
 //! Reads of local files that never stall an async runtime for long: opens the dentry cache
 //! alone can resolve (`openat2` with `RESOLVE_CACHED`), reads of what the page cache holds
 //! (`preadv2` with `RWF_NOWAIT`), read-ahead advice, and the whole-range `pread` loop for the
-//! blocking pool.
-//! stored reads its chunk files with them, and a client reads the chunk files of its own
-//! node's targets with them (short-circuit reads). Owns nothing but these calls.
+//! blocking pool. stored reads its chunk files with them, and a client the chunk files of its
+//! own node's targets (short-circuit reads). Owns nothing but these calls.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -59,8 +58,8 @@ pub fn will_need(file: &File, offset: u64, len: u64) {
 }
 
 /// Opens `path` with `flags` (`O_CLOEXEC` is added) only if the kernel can resolve it from its
-/// dentry cache alone (`openat2` with `RESOLVE_CACHED`, Linux ≥ 5.12): `None` when it would have to read a
-/// directory from disk, and for every error (a missing file, an older kernel) — the caller then
+/// dentry cache alone (`openat2` with `RESOLVE_CACHED`, Linux ≥ 5.12): `None` when it would
+/// have to read a directory from disk, and for every error (a missing file, an older kernel) — the caller then
 /// takes the blocking path, which reports real errors.
 pub fn open_cached(path: &Path, flags: libc::c_int) -> Option<File> {
     let c = CString::new(path.as_os_str().as_bytes()).ok()?;
