@@ -103,15 +103,10 @@ pub(crate) async fn read(dir: &Path, ino: InodeId, offset: u64, len: usize) -> i
     };
     let got = head.len();
     let rest = tokio::task::spawn_blocking(move || {
-        let f = match file {
-            Some(f) => f,
-            None => match File::open(&path) {
-                Ok(f) => f,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-                Err(e) => return Err(e),
-            },
-        };
-        fileio::read_at(&f, offset + got as u64, len - got)
+        match file.map_or_else(|| fileio::open_existing(&path), |f| Ok(Some(f)))? {
+            Some(f) => fileio::read_at(&f, offset + got as u64, len - got),
+            None => Ok(Vec::new()),
+        }
     })
     .await
     .map_err(|e| io::Error::other(format!("blocking read task failed: {e}")))??;
@@ -128,12 +123,8 @@ pub(crate) async fn read(dir: &Path, ino: InodeId, offset: u64, len: usize) -> i
 /// all; every range is asked of the disk before the first is read, so cold reads overlap.
 pub(crate) async fn read_many(dir: PathBuf, items: Vec<ChunkRange>) -> io::Result<(Vec<Option<u32>>, Vec<u8>)> {
     tokio::task::spawn_blocking(move || {
-        let open = |r: &ChunkRange| match File::open(chunk_path(&dir, r.ino)) {
-            Ok(f) => Ok(Some(f)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        };
-        let files: Vec<io::Result<Option<File>>> = items.iter().map(open).collect();
+        let files: Vec<io::Result<Option<File>>> =
+            items.iter().map(|r| fileio::open_existing(&chunk_path(&dir, r.ino))).collect();
         for (f, r) in files.iter().zip(&items) {
             if let Ok(Some(f)) = f {
                 fileio::will_need(f, r.offset, r.len as u64);

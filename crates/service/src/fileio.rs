@@ -57,6 +57,16 @@ pub fn will_need(file: &File, offset: u64, len: u64) {
     };
 }
 
+/// Opens `path` read-only; `None` when there is no such file (a chunk file not written yet, a
+/// hole to its readers), an error for anything else.
+pub fn open_existing(path: &Path) -> io::Result<Option<File>> {
+    match File::open(path) {
+        Ok(f) => Ok(Some(f)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// Opens `path` with `flags` (`O_CLOEXEC` is added) only if the kernel can resolve it from its
 /// dentry cache alone (`openat2` with `RESOLVE_CACHED`, Linux ≥ 5.12): `None` when it would
 /// have to read a directory from disk, and for every error (a missing file, an older kernel) — the caller then

@@ -639,10 +639,9 @@ fn check_many(items: &[ChunkRange]) -> Result<(), StoreError> {
 fn range_span(root: &Path, r: &ChunkRange, open: Option<Arc<File>>) -> io::Result<Option<FileSpan>> {
     let file = match open {
         Some(f) => f,
-        None => match File::open(odfs_proto::layout::chunk_path(root, r.ino)) {
-            Ok(f) => Arc::new(f),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e),
+        None => match odfs_service::fileio::open_existing(&odfs_proto::layout::chunk_path(root, r.ino))? {
+            Some(f) => Arc::new(f),
+            None => return Ok(None),
         },
     };
     span_of(file, r.offset, r.len)
