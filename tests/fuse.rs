@@ -1072,6 +1072,20 @@ fn stats_count_requests_by_kind_and_client() {
     }
     // A command's numbers hold only the services' (it counted no operations of its own).
     assert!(st.services.iter().all(|s| s.kind != Some(odfs_proto::mgmt::ServiceKind::Client)), "{st:?}");
+
+    // getfattr's two calls: a size probe, then a read with exactly the probed size. The
+    // statistics grow in between (here by kinds of request not made before), and still fit.
+    let (probe, _) = getxattr(&m.path, "odfs.stats", 0).expect("size probe of odfs.stats");
+    fs::create_dir(m.p("after-probe")).unwrap();
+    std::os::unix::fs::symlink("storm", m.p("after-probe/link")).unwrap();
+    fs::rename(m.p("after-probe/link"), m.p("after-probe/moved")).unwrap();
+    let (n, bytes) = getxattr(&m.path, "odfs.stats", probe).expect("odfs.stats read with the probed size");
+    assert!(n > 0 && n <= probe, "read {n} bytes after a probe of {probe}");
+    let grown: FsStats = serde_json::from_slice(&bytes).expect("stats JSON after the probe");
+    let kinds = |st: &FsStats, name: &str| {
+        st.services.iter().filter_map(|s| s.stats.as_ref()).flat_map(|s| &s.methods).filter(|m| m.name == name).count()
+    };
+    assert!(kinds(&via_mount, "Symlink") == 0 && kinds(&grown, "Symlink") > 0, "the statistics did not grow");
 }
 
 /// One plain HTTP GET of `path` at `addr`: the whole response, head and body.

@@ -27,7 +27,7 @@ use fuser::{
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite,
     ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
-use odfs_client::{Client, Ctx, Ticket};
+use odfs_client::{vxattr, Client, Ctx, Ticket};
 use odfs_proto::meta::{setid_dropped, Attr, SetAttr, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_CREATE, XATTR_REPLACE};
 use odfs_proto::{ErrorCode, InodeId};
 use std::ffi::OsStr;
@@ -1212,8 +1212,11 @@ impl Filesystem for OdfsFuse {
         self.here(
             "getxattr",
             reply,
-            async move { s.client.getxattr(&ctx, ino(i), &name).await.map_err(|e| gone(&s, ino(i), e)) },
-            move |reply, v| sized_reply(reply, size, &v),
+            async move {
+                let v = s.client.getxattr(&ctx, ino(i), &name).await.map_err(|e| gone(&s, ino(i), e))?;
+                Ok((vxattr::probe_size(&name, v.len()), v))
+            },
+            move |reply, (probe, v)| sized_reply(reply, size, probe, &v),
         );
     }
 
@@ -1223,7 +1226,10 @@ impl Filesystem for OdfsFuse {
             "listxattr",
             reply,
             async move { s.client.listxattr(&ctx, ino(i)).await.map_err(|e| gone(&s, ino(i), e)) },
-            move |reply, names| sized_reply(reply, size, &xattr_list(&names)),
+            move |reply, names| {
+                let list = xattr_list(&names);
+                sized_reply(reply, size, list.len(), &list)
+            },
         );
     }
 
@@ -1352,11 +1358,11 @@ impl Filesystem for OdfsFuse {
     }
 }
 
-/// Replies to getxattr/listxattr: the size for a size-0 probe, ERANGE when the caller's buffer
+/// Replies to getxattr/listxattr: `probe` for a size-0 probe, ERANGE when the caller's buffer
 /// is too small, the bytes otherwise.
-fn sized_reply(reply: ReplyXattr, size: u32, bytes: &[u8]) {
+fn sized_reply(reply: ReplyXattr, size: u32, probe: usize, bytes: &[u8]) {
     if size == 0 {
-        reply.size(bytes.len() as u32);
+        reply.size(probe as u32);
     } else if bytes.len() > size as usize {
         reply.error(Errno::ERANGE);
     } else {

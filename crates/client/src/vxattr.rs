@@ -38,6 +38,21 @@ pub const CLUSTER: &[u8] = b"odfs.cluster";
 /// (`odfs_proto::stats::FsStats` as JSON): what `odfs stats` shows, readable by the job's user.
 pub const STATS: &[u8] = b"odfs.stats";
 
+/// What a size probe (getxattr with no buffer) answers for a value of `len` bytes named
+/// `name`. The statistics, the cluster view, the targets' space and a directory's entries per
+/// shard change between two calls — the caller's own probe is counted in the statistics — and
+/// a caller such as `getfattr` asks with exactly the probed size next: a value grown by a few
+/// digits would fail with ERANGE. Those get headroom (a value may come back shorter than
+/// probed, as getxattr(2) allows); every other attribute its exact size.
+pub fn probe_size(name: &[u8], len: usize) -> usize {
+    match name {
+        STATS | CLUSTER | TARGETS | DIR_LAYOUT => {
+            (len + (len / 2).max(16 << 10)).min(odfs_proto::XATTR_VALUE_MAX).max(len)
+        }
+        _ => len,
+    }
+}
+
 /// `odfs.stats` as JSON, within what an extended attribute can hold: on a large job the
 /// clients' counts by kind of request go first (their totals stay).
 fn stats_json(mut st: odfs_proto::stats::FsStats) -> Result<Vec<u8>> {
