@@ -87,8 +87,9 @@ fn names_target(dir: &Path, target: TargetId) -> Result<(), String> {
 }
 
 /// Reads up to `len` bytes at `offset` of `ino`'s chunk file in target directory `dir` as stored
-/// would: short where the file ends, empty when there is no file (a hole). What the page cache holds is read
-/// on the calling worker; the rest, and an open that needs the disk, on the blocking pool.
+/// would: short where the file ends, empty when there is no file (a hole). What the page cache
+/// holds is read on the calling worker; the rest, and an open that needs the disk, on the
+/// blocking pool.
 pub(crate) async fn read(dir: &Path, ino: InodeId, offset: u64, len: usize) -> io::Result<Vec<u8>> {
     let path = chunk_path(dir, ino);
     let (mut head, file) = match fileio::open_cached(&path, libc::O_RDONLY) {

@@ -5,10 +5,11 @@
 //! itself: when an open finds a small file neither in the kernel's page cache nor here, the
 //! other small files of its directory that this client holds under a lease are read from
 //! stored in batches (`ReadChunks`, one per target and up to `BATCH_FILES` files; a batch of
-//! this node's own target is read from the chunk files), a few batches in flight per client. One round trip and one hand-off at stored serve a batch
-//! instead of one file. A held file is handed only to an open that finds the file's
-//! attributes unchanged since it was fetched (a change elsewhere is recalled before it is
-//! acknowledged, and every change of a file's bytes moves its change time); a recall drops it.
+//! this node's own target is read from the chunk files), a few batches in flight per client.
+//! One round trip and one hand-off at stored serve a batch instead of one file. A held file is
+//! handed only to an open that finds the file's attributes unchanged since it was fetched (a
+//! change elsewhere is recalled before it is acknowledged, and every change of a file's bytes
+//! moves its change time); a recall drops it.
 
 use crate::attr_cache::Ticket;
 use crate::fs::{Client, Inner};

@@ -69,8 +69,8 @@ pub fn open_existing(path: &Path) -> io::Result<Option<File>> {
 
 /// Opens `path` with `flags` (`O_CLOEXEC` is added) only if the kernel can resolve it from its
 /// dentry cache alone (`openat2` with `RESOLVE_CACHED`, Linux ≥ 5.12): `None` when it would
-/// have to read a directory from disk, and for every error (a missing file, an older kernel) — the caller then
-/// takes the blocking path, which reports real errors.
+/// have to read a directory from disk, and for every error (a missing file, an older kernel) —
+/// the caller then takes the blocking path, which reports real errors.
 pub fn open_cached(path: &Path, flags: libc::c_int) -> Option<File> {
     let c = CString::new(path.as_os_str().as_bytes()).ok()?;
     // SAFETY: open_how is plain data; all-zero is its valid "no options" value.
