@@ -92,7 +92,7 @@ fn names_target(dir: &Path, target: TargetId) -> Result<(), String> {
 /// blocking pool.
 pub(crate) async fn read(dir: &Path, ino: InodeId, offset: u64, len: usize) -> io::Result<Vec<u8>> {
     let path = chunk_path(dir, ino);
-    let (mut head, file) = match fileio::open_cached(&path, libc::O_RDONLY) {
+    let (head, file) = match fileio::open_cached(&path, libc::O_RDONLY) {
         Some(f) => match fileio::read_nowait(&f, offset, len) {
             Ok(now) if now.complete => return Ok(now.data),
             Ok(now) => (now.data, Some(f)),
@@ -102,20 +102,17 @@ pub(crate) async fn read(dir: &Path, ino: InodeId, offset: u64, len: usize) -> i
         },
         None => (Vec::new(), None),
     };
-    let got = head.len();
-    let rest = tokio::task::spawn_blocking(move || {
-        match file.map_or_else(|| fileio::open_existing(&path), |f| Ok(Some(f)))? {
-            Some(f) => fileio::read_at(&f, offset + got as u64, len - got),
-            None => Ok(Vec::new()),
+    // The rest is read after what the page cache gave, into the same buffer.
+    tokio::task::spawn_blocking(move || {
+        let mut data = head;
+        let got = data.len();
+        if let Some(f) = file.map_or_else(|| fileio::open_existing(&path), |f| Ok(Some(f)))? {
+            fileio::read_append(&f, offset + got as u64, len - got, &mut data)?;
         }
+        Ok(data)
     })
     .await
-    .map_err(|e| io::Error::other(format!("blocking read task failed: {e}")))??;
-    if head.is_empty() {
-        return Ok(rest);
-    }
-    head.extend_from_slice(&rest);
-    Ok(head)
+    .map_err(|e| io::Error::other(format!("blocking read task failed: {e}")))?
 }
 
 /// Reads several chunk files' ranges in target directory `dir` as stored's `ReadChunks` does:
