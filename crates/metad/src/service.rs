@@ -190,8 +190,39 @@ pub fn router(store: Shared, coord: Coordinator) -> Router {
     add_delegations(&mut r, &coord);
     add_coordinated(&mut r, &coord);
     add_reads(&mut r, &coord);
+    add_locks(&mut r, &store);
     add_plain(&mut r, &store);
     r.r
+}
+
+/// The longest a lock request waits at the shard before it is answered "not granted" (the
+/// client asks again): waits stay short requests (docs/architecture.md, "Locks across nodes").
+const MAX_LOCK_WAIT: Duration = Duration::from_secs(2);
+
+/// File locks: a request that may wait is parked until a lock of the shard goes.
+fn add_locks(r: &mut Routes, store: &Shared) {
+    let s = store.clone();
+    r.add::<SetLock, _, _>(move |h: RequestHeader, q: SetLock| {
+        let s = s.clone();
+        async move {
+            let until = tokio::time::Instant::now() + Duration::from_millis(q.wait_ms as u64).min(MAX_LOCK_WAIT);
+            loop {
+                let freed = s.lock().expect("store lock").locks_freed();
+                // Registered before the look, so a lock that goes after it wakes this request.
+                let woken = freed.notified();
+                tokio::pin!(woken);
+                woken.as_mut().enable();
+                if s.lock().expect("store lock").set_lock(&h, &q)? {
+                    return Ok(true);
+                }
+                if tokio::time::timeout_at(until, woken).await.is_err() {
+                    return Ok(false);
+                }
+            }
+        }
+    });
+    read_op!(r, store, TestLock, test_lock);
+    read_op!(r, store, DropLocks, drop_locks);
 }
 
 /// Requests that place data on targets: they judge against mgmtd's target list.

@@ -1,5 +1,6 @@
-//! Which clients are alive, which inodes each holds open, and what each may cache (its leases),
-//! on this shard; the recalls queued for each client and their acknowledgements.
+//! Which clients are alive, which inodes each holds open, what each may cache (its leases) and
+//! which file locks it holds, on this shard; the recalls queued for each client and their
+//! acknowledgements.
 //!
 //! A lease lets a client cache an inode's attributes (for a file, its data; for a directory,
 //! its names) until it is recalled. A change recalls the leases it breaks from every holder
@@ -22,7 +23,8 @@
 //! registration as old as itself, so a release that overtakes a later open of the same file
 //! (both in flight at once) leaves that open registered.
 
-use odfs_proto::meta::Recall;
+use crate::locks::{LockTable, Request as LockRequest, SetOutcome};
+use odfs_proto::meta::{LockHolder, Recall};
 use odfs_proto::InodeId;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -144,6 +146,10 @@ pub(crate) struct Sessions {
     /// How many delegations are held (read without the store lock: most requests need not
     /// look for one).
     delegations: Arc<AtomicUsize>,
+    /// File locks (`flock`, `fcntl`): they go with their holder's session.
+    locks: LockTable,
+    /// Woken whenever a lock goes: the lock requests that may wait look again.
+    locks_freed: Arc<Notify>,
 }
 
 impl Sessions {
@@ -160,6 +166,38 @@ impl Sessions {
             caching: HashSet::new(),
             delegated: HashMap::new(),
             delegations: Arc::new(AtomicUsize::new(0)),
+            locks: LockTable::default(),
+            locks_freed: Arc::new(Notify::new()),
+        }
+    }
+
+    /// Woken whenever a lock of the shard goes (a lock request that may wait parks on it).
+    pub fn locks_freed(&self) -> Arc<Notify> {
+        self.locks_freed.clone()
+    }
+
+    /// A lock request of a client (see `locks`): its session counts as heard from.
+    pub fn set_lock(&mut self, ino: InodeId, q: &LockRequest) -> SetOutcome {
+        self.touch(q.client);
+        let (outcome, freed) = self.locks.set(ino, q);
+        self.wake_lock_waiters(freed);
+        outcome
+    }
+
+    /// The first lock of another owner that would refuse `q` (F_GETLK).
+    pub fn test_lock(&self, ino: InodeId, q: &LockRequest) -> Option<LockHolder> {
+        self.locks.test(ino, q)
+    }
+
+    /// Drops every lock of `client`'s `owners` on `ino`.
+    pub fn drop_locks(&mut self, client: u64, ino: InodeId, owners: &[u64]) {
+        let freed = self.locks.drop_owners(client, ino, owners);
+        self.wake_lock_waiters(freed);
+    }
+
+    fn wake_lock_waiters(&self, freed: bool) {
+        if freed {
+            self.locks_freed.notify_waiters();
         }
     }
 
@@ -366,6 +404,8 @@ impl Sessions {
         self.clients.remove(&client);
         self.caching.remove(&client);
         self.drop_leases(client);
+        let freed = self.locks.drop_client(client);
+        self.wake_lock_waiters(freed);
         let mut freed = Vec::new();
         for ino in self.held_by.remove(&client).unwrap_or_default() {
             if let Some(h) = self.holders.get_mut(&ino) {

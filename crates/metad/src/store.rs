@@ -7,6 +7,7 @@
 //! Recovery loads the snapshot and re-applies the log records that follow it.
 
 use crate::inode::IdHasher;
+use crate::locks::{Request as LockRequest, SetOutcome};
 use crate::namespace::{Changes, Choice, Intent, IntentKind, Namespace};
 pub use crate::namespace::{Found, MetaOp, MetaReply};
 use crate::permission;
@@ -300,6 +301,21 @@ fn resolved<'a>(op: &MetaOp, reply: &'a MetaReply) -> (Option<InodeId>, Option<&
 /// The namespace of one shard with its write-ahead log and dedup table.
 ///
 /// Not internally synchronized: reads take `&self`, mutations `&mut self`.
+/// A lock request of the caller's client, its range checked.
+fn lock_request(
+    h: &RequestHeader,
+    owner: u64,
+    pid: u32,
+    kind: LockKind,
+    start: u64,
+    end: u64,
+) -> RpcResult<LockRequest> {
+    if start > end {
+        return Err(RemoteError::new(ErrorCode::Invalid, format!("lock range {start}..={end} is empty")));
+    }
+    Ok(LockRequest { client: h.client_id, owner, pid, kind, start, end })
+}
+
 pub struct MetaStore {
     dir: PathBuf,
     opts: StoreOptions,
@@ -581,6 +597,42 @@ impl MetaStore {
     /// (`register_open`) when asked.
     pub fn open_file(&self, h: &RequestHeader, req: &Open) -> RpcResult<Attr> {
         self.ns.open(h, req)
+    }
+
+    /// `SetLock` as the table stands now: granted, or refused by another owner's lock (the
+    /// caller may wait on `locks_freed` and ask again). ENOLCK when the inode's table is full.
+    pub fn set_lock(&mut self, h: &RequestHeader, q: &SetLock) -> RpcResult<bool> {
+        self.ns.node(q.ino)?;
+        let r = lock_request(h, q.owner, q.pid, q.kind, q.start, q.end)?;
+        match self.sessions.set_lock(q.ino, &r) {
+            SetOutcome::Granted => Ok(true),
+            SetOutcome::Conflict => Ok(false),
+            SetOutcome::Full => Err(RemoteError::new(
+                ErrorCode::NoLocks,
+                format!(
+                    "inode {} holds {} locks, the most one file may hold",
+                    q.ino,
+                    crate::locks::MAX_LOCKS_PER_INODE
+                ),
+            )),
+        }
+    }
+
+    /// `TestLock`: the first lock of another owner that would refuse the asked one.
+    pub fn test_lock(&self, h: &RequestHeader, q: &TestLock) -> RpcResult<Option<LockHolder>> {
+        self.ns.node(q.ino)?;
+        Ok(self.sessions.test_lock(q.ino, &lock_request(h, q.owner, 0, q.kind, q.start, q.end)?))
+    }
+
+    /// `DropLocks`: the caller's owners close the file.
+    pub fn drop_locks(&mut self, h: &RequestHeader, q: &DropLocks) -> RpcResult<()> {
+        self.sessions.drop_locks(h.client_id, q.ino, &q.owners);
+        Ok(())
+    }
+
+    /// Woken whenever a lock of this shard goes.
+    pub fn locks_freed(&self) -> Arc<Notify> {
+        self.sessions.locks_freed()
     }
 
     /// Registers a file as held open by the caller's client (an `Open` or `Create` with

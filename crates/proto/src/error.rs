@@ -90,6 +90,8 @@ error_codes! {
     /// The file is in use (open on a node) or changed: the asked-for removal is not done now.
     /// Unlike `Busy`, not a reason to send the same request again at once.
     InUse = 28 => libc::EBUSY,
+    /// No more locks can be taken on the file (its lock table is full).
+    NoLocks = 29 => libc::ENOLCK,
 }
 
 impl fmt::Display for ErrorCode {

@@ -522,6 +522,58 @@ pub struct SetSealed {
     pub sealed: bool,
 }
 
+/// What a lock request asks for: a shared (read) lock, an exclusive (write) lock, or none
+/// (unlock) on its range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LockKind {
+    Read,
+    Write,
+    Unlock,
+}
+
+/// Takes, changes or drops the caller's lock on bytes `start..=end` of `ino` (docs/
+/// architecture.md, "Locks across nodes"). `owner` is the kernel's lock owner on the client (a
+/// process for `fcntl` locks, an open file for `flock` and OFD locks); its own locks in the
+/// range are replaced. A conflicting lock of another owner refuses it; with `wait_ms` > 0 the
+/// shard waits up to that long for the conflicting locks to go before refusing. Reply: granted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetLock {
+    pub ino: InodeId,
+    pub owner: u64,
+    pub pid: u32,
+    pub kind: LockKind,
+    pub start: u64,
+    pub end: u64,
+    pub wait_ms: u32,
+}
+
+/// The first lock of another owner that would refuse `kind` on `start..=end` (F_GETLK).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TestLock {
+    pub ino: InodeId,
+    pub owner: u64,
+    pub kind: LockKind,
+    pub start: u64,
+    pub end: u64,
+}
+
+/// A lock held, as `TestLock` reports it: `pid` is the holder's when it is the asking client's,
+/// 0 when it is another node's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockHolder {
+    pub kind: LockKind,
+    pub start: u64,
+    pub end: u64,
+    pub pid: u32,
+}
+
+/// Drops every lock the caller's `owners` hold on `ino` (their close, or their open file's).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DropLocks {
+    pub ino: InodeId,
+    pub owners: Vec<u64>,
+}
+
 /// Keeps this client's session with the shard alive and carries its acknowledgements of
 /// recalls: answered after at most `wait_ms`, or at once when recalls are queued for it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -871,6 +923,9 @@ crate::rpc! {
     UnlinkIdle = 138 => UnlinkReply { fn inodes(&self) -> Vec<InodeId> { vec![self.parent] } },
     DelegateCreates = 139 => CreateDelegation { fn inodes(&self) -> Vec<InodeId> { vec![self.dir] } },
     CreateBatch = 140 => BatchReply,
+    SetLock = 141 => bool,
+    TestLock = 142 => Option<LockHolder>,
+    DropLocks = 143 => (),
 }
 
 /// Whether a request of method `method` changes what a create delegation on the directory it
