@@ -636,3 +636,133 @@ fn creates_a_node_answers_itself_are_seen_by_the_very_next_call_on_the_other() {
     a.ok(&format!(": > {d4}/after"));
     b.ok(&format!("test -e {d4}/after && test -e {d4}/held"));
 }
+
+/// Waits (bounded, liveness only) until `path` exists on the test's side.
+fn wait_for_file(path: &Path, what: &str, limit: Duration) {
+    let t = Instant::now();
+    while !path.exists() {
+        assert!(t.elapsed() < limit, "{what}: not done within {limit:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A lock holder on a node: takes an exclusive `flock` on the whole file or an `fcntl` write
+/// lock on bytes 10..20 (F_SETLKW), writes its pid to `pidfile`, and sleeps until killed.
+const HOLDER: &str = "import fcntl,os,sys,time\n\
+    path,kind,pidfile=sys.argv[1:4]\n\
+    fd=os.open(path,os.O_RDWR)\n\
+    fcntl.flock(fd,fcntl.LOCK_EX) if kind=='flock' else fcntl.lockf(fd,fcntl.LOCK_EX,10,10)\n\
+    open(pidfile+'.tmp','w').write(str(os.getpid()))\n\
+    os.rename(pidfile+'.tmp',pidfile)\n\
+    time.sleep(600)\n";
+
+/// What another process sees of the locks on `path`: an exclusive `flock` (LOCK_NB), F_GETLK
+/// of a write lock on bytes 0..100 (type, start, length, pid), and F_SETLK on bytes 10..20
+/// and 20..30.
+const PROBE: &str = "import fcntl,os,struct,sys\n\
+    fd=os.open(sys.argv[1],os.O_RDWR)\n\
+    def try_(f):\n\
+    \x20   try:\n\
+    \x20       f(); return 'got'\n\
+    \x20   except BlockingIOError: return 'busy'\n\
+    q=struct.pack('hhqqi4x',fcntl.F_WRLCK,0,0,100,0)\n\
+    t,w,s,l,pid=struct.unpack('hhqqi4x',fcntl.fcntl(fd,fcntl.F_GETLK,q))\n\
+    held='none' if t==fcntl.F_UNLCK else '%s:%d+%d:pid%d'%('w' if t==fcntl.F_WRLCK else 'r',s,l,pid)\n\
+    r10=try_(lambda: fcntl.lockf(fd,fcntl.LOCK_EX|fcntl.LOCK_NB,10,10))\n\
+    r20=try_(lambda: fcntl.lockf(fd,fcntl.LOCK_EX|fcntl.LOCK_NB,10,20))\n\
+    os.close(fd)\n\
+    fd=os.open(sys.argv[1],os.O_RDONLY)\n\
+    print(try_(lambda: fcntl.flock(fd,fcntl.LOCK_EX|fcntl.LOCK_NB)),held,r10,r20)\n";
+
+/// Every node adds 1 to a counter file 40 times under a lock, `flock` or `fcntl` (F_SETLKW on
+/// byte 0), reading it after taking the lock and writing it before dropping it; then writes
+/// "ok" (or what went wrong: without the lock a read may find the other node's write half
+/// done) to `done-KIND-TAG`.
+const COUNT: &str = "import fcntl,os,sys\n\
+    mnt,kind,tag=sys.argv[1:4]\n\
+    fd=os.open(mnt+'/lock-'+kind,os.O_RDWR)\n\
+    result='ok'\n\
+    try:\n\
+    \x20   for i in range(40):\n\
+    \x20       fcntl.flock(fd,fcntl.LOCK_EX) if kind=='flock' else fcntl.lockf(fd,fcntl.LOCK_EX,1,0)\n\
+    \x20       n=int(open(mnt+'/counter-'+kind).read())\n\
+    \x20       with open(mnt+'/counter-'+kind,'w') as f: f.write(str(n+1))\n\
+    \x20       fcntl.flock(fd,fcntl.LOCK_UN) if kind=='flock' else fcntl.lockf(fd,fcntl.LOCK_UN,1,0)\n\
+    except Exception as e:\n\
+    \x20   result=repr(e)\n\
+    open(mnt+'/done-'+kind+'-'+tag,'w').write(result)\n";
+
+#[test]
+fn flock_and_fcntl_locks_hold_across_nodes_and_go_with_their_holder() {
+    let (_net, _fs, a, b) = two_nodes();
+    let mnt = a.mnt.display().to_string();
+    let scratch = tempfile::tempdir().unwrap();
+    let script = |name: &str, text: &str| {
+        let p = scratch.path().join(name);
+        fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let (holder, probe, count) = (script("holder.py", HOLDER), script("probe.py", PROBE), script("count.py", COUNT));
+    a.ok(&format!(
+        "for k in flock fcntl; do : > {mnt}/lock-$k; echo 0 > {mnt}/counter-$k; done; : > {mnt}/lf; : > {mnt}/lr"
+    ));
+
+    // Mutual exclusion across nodes, and the data written under a lock seen by its next holder:
+    // two nodes counting at once lose no increment.
+    for kind in ["flock", "fcntl"] {
+        a.ok(&format!("python3 {count} {mnt} {kind} a >/dev/null 2>&1 &"));
+        b.ok(&format!("python3 {count} {mnt} {kind} b >/dev/null 2>&1 &"));
+        for tag in ["a", "b"] {
+            let t = Instant::now();
+            while !b.sh(&format!("test -e {mnt}/done-{kind}-{tag}")).status.success() {
+                assert!(t.elapsed() < Duration::from_secs(120), "{kind}: node {tag} did not finish counting");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            b.eventually("the counter's result", &format!("test -s {mnt}/done-{kind}-{tag}"));
+            assert_eq!(b.ok(&format!("cat {mnt}/done-{kind}-{tag}")), "ok", "{kind}: node {tag} failed counting");
+        }
+        assert_eq!(b.ok(&format!("cat {mnt}/counter-{kind}")), "80", "{kind}: an increment was lost");
+    }
+
+    // A holds an exclusive flock on lf and a write lock on bytes 10..20 of lr: B sees both.
+    let (pf, pr) = (scratch.path().join("pf"), scratch.path().join("pr"));
+    a.ok(&format!("python3 {holder} {mnt}/lf flock {} >/dev/null 2>&1 &", pf.display()));
+    a.ok(&format!("python3 {holder} {mnt}/lr fcntl {} >/dev/null 2>&1 &", pr.display()));
+    wait_for_file(&pf, "A's flock", Duration::from_secs(30));
+    wait_for_file(&pr, "A's fcntl lock", Duration::from_secs(30));
+    assert_eq!(b.ok(&format!("python3 {probe} {mnt}/lf")).trim(), "busy w:0+0:pid0 busy busy", "A's flock on lf");
+    assert_eq!(
+        b.ok(&format!("python3 {probe} {mnt}/lr")).trim(),
+        "busy w:10+10:pid0 busy got",
+        "A's fcntl lock on bytes 10..20 of lr (another node's pid reads 0; a flock conflicts with it, as on NFS)"
+    );
+    let code = b.sh(&format!("flock -n -E 75 {mnt}/lf true")).status.code();
+    assert_eq!(code, Some(75), "flock(1) -n on B while A holds lf");
+
+    // A's holders are killed: their exit closes the files, and the locks go with them.
+    for p in [&pf, &pr] {
+        let pid: i32 = fs::read_to_string(p).unwrap().trim().parse().unwrap();
+        // SAFETY: plain kill(2) of a holder this test started.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    }
+    b.eventually("lf free after its holder was killed", &format!("flock -n {mnt}/lf true"));
+    b.eventually(
+        "lr free after its holder was killed",
+        &format!("python3 {probe} {mnt}/lr | grep -q '^got none got got$'"),
+    );
+
+    // A's odfs-fuse dies while a process of A holds lf: B's waiting flock gets it once A's
+    // session has ended (at most about a lease), and nothing else of A's stays locked.
+    fs::remove_file(&pf).unwrap();
+    a.ok(&format!("python3 {holder} {mnt}/lf flock {} >/dev/null 2>&1 &", pf.display()));
+    wait_for_file(&pf, "A's second flock", Duration::from_secs(30));
+    let holder_pid: i32 = fs::read_to_string(&pf).unwrap().trim().parse().unwrap();
+    signal(&a, libc::SIGKILL);
+    let t = Instant::now();
+    b.ok(&format!("flock -x {mnt}/lf true"));
+    let waited = t.elapsed();
+    // SAFETY: plain kill(2) of the holder this test started (its mount is gone).
+    unsafe { libc::kill(holder_pid, libc::SIGKILL) };
+    // Liveness, not speed: the lease is 30 s; a lock kept for ever would hang here.
+    assert!(waited < Duration::from_secs(90), "a dead node's lock held B for {waited:?}");
+}

@@ -24,11 +24,14 @@ use crate::FuseError;
 use fuser::{
     AccessFlags, BsdFileFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags,
     KernelConfig, LockOwner, Notifier, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
+use odfs_client::locks::LockAsk;
 use odfs_client::{vxattr, Client, Ctx, Ticket};
-use odfs_proto::meta::{setid_dropped, Attr, SetAttr, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_CREATE, XATTR_REPLACE};
+use odfs_proto::meta::{
+    setid_dropped, Attr, LockKind, SetAttr, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_CREATE, XATTR_REPLACE,
+};
 use odfs_proto::{ErrorCode, InodeId};
 use std::ffi::OsStr;
 use std::future::Future;
@@ -237,6 +240,7 @@ error_reply!(
     ReplyOpen,
     ReplyWrite,
     ReplyStatfs,
+    ReplyLock,
     ReplyCreate,
     ReplyDirectory,
     ReplyDirectoryPlus,
@@ -467,6 +471,53 @@ impl OdfsFuse {
     }
 }
 
+/// How long one lock request may wait at metad before it is asked again (a waiting `flock` or
+/// F_SETLKW is a chain of these; between them the adapter sees whether the file was closed).
+const LOCK_WAIT: Duration = Duration::from_secs(2);
+
+/// A SETLK or SETLKW: an unlock publishes the file's writes first (the next holder, on any
+/// node, reads them); a lock that may wait asks again until granted or the file is closed.
+async fn take_lock(s: Arc<Shared>, ctx: Ctx, fh: u64, f: Arc<OpenFile>, ask: LockAsk, sleep: bool) -> OpResult<()> {
+    let ino = f.handle.ino();
+    if ask.kind == LockKind::Unlock {
+        f.publish_writes().await?;
+        s.client.set_lock(&ctx, ino, ask, Duration::ZERO).await?;
+        return Ok(());
+    }
+    loop {
+        let granted = s.client.set_lock(&ctx, ino, ask, if sleep { LOCK_WAIT } else { Duration::ZERO }).await?;
+        if s.handles.get(fh).is_none() {
+            // Closed while the request was out (its caller was killed): nobody keeps the lock.
+            s.client.drop_locks(&ctx, ino, &[ask.owner]).await?;
+            return Err(FuseError::Errno(libc::EINTR));
+        }
+        if granted {
+            return Ok(());
+        }
+        if !sleep {
+            return Err(FuseError::Errno(libc::EAGAIN));
+        }
+    }
+}
+
+/// A lock request's kind from the kernel's `l_type`.
+fn lock_kind(typ: i32) -> Option<LockKind> {
+    match typ {
+        libc::F_RDLCK => Some(LockKind::Read),
+        libc::F_WRLCK => Some(LockKind::Write),
+        libc::F_UNLCK => Some(LockKind::Unlock),
+        _ => None,
+    }
+}
+
+fn lock_type(kind: LockKind) -> i32 {
+    match kind {
+        LockKind::Read => libc::F_RDLCK,
+        LockKind::Write => libc::F_WRLCK,
+        LockKind::Unlock => libc::F_UNLCK,
+    }
+}
+
 /// Replies with `done` on success or the error's errno; true when it failed.
 fn answer<R: ErrorReply, T>(reply: R, op: &'static str, r: OpResult<T>, done: impl FnOnce(R, T)) -> bool {
     match r {
@@ -552,7 +603,16 @@ impl Filesystem for OdfsFuse {
         // bits in the filesystem, which knows the caller (without it the kernel sends a chmod
         // as the writer, which a writer who is not the owner may not do: EPERM on write).
         // Not asked: writeback cache (the kernel would hold written data and sizes, outside the
-        // client library's close-to-open accounting), POSIX locks (left to the kernel, node-local).
+        // client library's close-to-open accounting).
+        // Locks: with `global_locks`, every `fcntl`, OFD and `flock` lock is sent here and held
+        // at metad, across nodes; without, the kernel keeps them, per node.
+        if self.shared.client.config().global_locks {
+            for cap in [InitFlags::FUSE_POSIX_LOCKS, InitFlags::FUSE_FLOCK_LOCKS] {
+                if let Err(missing) = config.add_capabilities(cap) {
+                    warn!(capability = ?missing, "kernel does not offer this FUSE capability: its locks hold on this node only");
+                }
+            }
+        }
         for cap in [
             InitFlags::FUSE_DO_READDIRPLUS,
             InitFlags::FUSE_READDIRPLUS_AUTO,
@@ -833,7 +893,7 @@ impl Filesystem for OdfsFuse {
             // a reader has nothing to publish.
             if let Some(Ok((handle, attr))) = s.client.open_cached(&quick_ctx(req), ino(i)) {
                 let candidate = s.backings.candidate(&s.client, &attr);
-                let file = OpenFile { handle, writable: false, append, attr, backing: None };
+                let file = OpenFile::new(handle, false, append, attr, None);
                 let keep = FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH;
                 if !s.fill_wanted(&file, &candidate) {
                     let t0 = Instant::now();
@@ -878,7 +938,7 @@ impl Filesystem for OdfsFuse {
                     None => handle.getattr().await?,
                 };
                 let candidate = s.backings.candidate(&s.client, &attr);
-                let file = OpenFile { handle, writable: write, append, attr, backing: None };
+                let file = OpenFile::new(handle, write, append, attr, None);
                 // A fill drops the kernel's pages and attributes itself; otherwise its
                 // attributes only.
                 let kept = if !write && s.fill_wanted(&file, &candidate) {
@@ -964,8 +1024,20 @@ impl Filesystem for OdfsFuse {
         );
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(&self, req: &Request, _ino: INodeNo, fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
         let Some((f, reply)) = self.open_file(fh, reply) else { return };
+        if self.shared.client.holds_locks(f.handle.ino(), lock_owner.0) {
+            // POSIX: the close of any descriptor drops the process's locks on the file; its
+            // writes are published first, so the next holder reads them.
+            let (s, ctx) = (self.shared.clone(), self.ctx(req));
+            let work = async move {
+                // The locks go even if the publish failed (its error is the close's).
+                let published = f.publish_writes().await;
+                s.client.drop_locks(&ctx, f.handle.ino(), &[lock_owner.0]).await?;
+                published
+            };
+            return self.spawn("flush", reply, work, |reply, ()| reply.ok());
+        }
         if f.kernel_writes() {
             // What the kernel wrote to the chunk file is published as the library's own writes.
             return self.spawn("flush", reply, async move { f.publish().await }, |reply, ()| reply.ok());
@@ -986,15 +1058,30 @@ impl Filesystem for OdfsFuse {
 
     fn release(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
         let file = self.shared.handles.remove(fh.0);
+        if let Some(f) = file.as_ref().filter(|f| !f.lock_owners().is_empty() || lock_owner.is_some()) {
+            // Locks taken through this open file go with it (`flock`, OFD locks, and a reader's
+            // `fcntl` locks, whose close sends no FLUSH), after its writes are published.
+            let (s, ctx, f) = (self.shared.clone(), self.ctx(req), f.clone());
+            let mut owners = f.lock_owners();
+            owners.extend(lock_owner.map(|o| o.0));
+            drop(file);
+            let work = async move {
+                let published = f.publish_writes().await;
+                s.client.drop_locks(&ctx, f.handle.ino(), &owners).await?;
+                close_file(f).await;
+                published
+            };
+            return self.spawn("release", reply, work, |reply, ()| reply.ok());
+        }
         // A handle with nothing to publish and no registration to release (a reader's opened
         // from the cache; a new file of a caching client, flushed or never written) closes
         // here, without a task.
@@ -1022,6 +1109,52 @@ impl Filesystem for OdfsFuse {
             },
             |reply, ()| reply.ok(),
         );
+    }
+
+    fn getlk(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        let Some((f, reply)) = self.open_file(fh, reply) else { return };
+        let Some(kind) = lock_kind(typ) else { return reply.error(Errno::EINVAL) };
+        let (s, ctx) = (self.shared.clone(), self.ctx(req));
+        let ask = LockAsk { owner: lock_owner.0, pid, kind, start, end };
+        let work = async move { Ok(s.client.test_lock(&ctx, f.handle.ino(), ask).await?) };
+        self.spawn("getlk", reply, work, move |reply, held| match held {
+            Some(h) => reply.locked(h.start, h.end, lock_type(h.kind), h.pid),
+            None => reply.locked(start, end, libc::F_UNLCK, 0),
+        });
+    }
+
+    fn setlk(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let Some((f, reply)) = self.open_file(fh, reply) else { return };
+        let Some(kind) = lock_kind(typ) else { return reply.error(Errno::EINVAL) };
+        let (s, ctx) = (self.shared.clone(), self.ctx(req));
+        let ask = LockAsk { owner: lock_owner.0, pid, kind, start, end };
+        if kind != LockKind::Unlock {
+            f.note_lock_owner(ask.owner);
+        }
+        self.spawn("setlk", reply, take_lock(s, ctx, fh.0, f, ask, sleep), |reply, ()| reply.ok());
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
@@ -1285,7 +1418,7 @@ impl Filesystem for OdfsFuse {
                     attr = handle.getattr().await?;
                 }
                 let candidate = s.backings.candidate(&s.client, &attr);
-                let file = OpenFile { handle, writable: true, append, attr: attr.clone(), backing: None };
+                let file = OpenFile::new(handle, true, append, attr.clone(), None);
                 let ttl = s.client.kernel_ttl(attr.ino, s.client.ticket_after(ticket));
                 Ok((s, file, candidate, Timed { attr, ttl }))
             },

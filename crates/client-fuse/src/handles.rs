@@ -25,9 +25,36 @@ pub struct OpenFile {
     pub attr: Attr,
     /// The chunk file the kernel reads and writes directly (FUSE passthrough).
     pub backing: Option<HandleBacking>,
+    /// Lock owners that took file locks through this open file: its release drops their
+    /// locks (a `flock` or OFD lock goes with its open file; a read-only open sends no FLUSH).
+    pub lock_owners: Mutex<Vec<u64>>,
 }
 
 impl OpenFile {
+    /// An open file as the adapter keeps it, with no lock taken through it yet.
+    pub fn new(
+        handle: FileHandle,
+        writable: bool,
+        append: bool,
+        attr: Attr,
+        backing: Option<HandleBacking>,
+    ) -> OpenFile {
+        OpenFile { handle, writable, append, attr, backing, lock_owners: Mutex::new(Vec::new()) }
+    }
+
+    /// `owner` takes a lock through this open file.
+    pub fn note_lock_owner(&self, owner: u64) {
+        let mut owners = self.lock_owners.lock().expect("lock owners lock");
+        if !owners.contains(&owner) {
+            owners.push(owner);
+        }
+    }
+
+    /// The lock owners that took locks through this open file.
+    pub fn lock_owners(&self) -> Vec<u64> {
+        self.lock_owners.lock().expect("lock owners lock").clone()
+    }
+
     /// A writer passed through to its chunk file: the kernel writes it (through mmap too)
     /// without telling the library, so its flush, fsync and release must look at the file.
     pub fn kernel_writes(&self) -> bool {
@@ -41,6 +68,18 @@ impl OpenFile {
         let Some((size, mtime)) = b.changed()? else { return Ok(false) };
         self.handle.note_external_write(size, mtime).await;
         Ok(true)
+    }
+
+    /// Publishes what this handle wrote, if anything (before its locks go): nothing for a
+    /// read-only handle.
+    pub async fn publish_writes(&self) -> Result<(), FuseError> {
+        if self.kernel_writes() {
+            return self.publish().await;
+        }
+        if self.writable && self.handle.has_unpublished_writes() {
+            self.handle.flush().await?;
+        }
+        Ok(())
     }
 
     /// Publishes this handle's writes (close-to-open), the kernel's through passthrough included.

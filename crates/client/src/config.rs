@@ -55,6 +55,10 @@ pub struct ClientConfig {
     /// until their opens hand them to the page cache, which would hold them anyway).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefetch_bytes: Option<u64>,
+    /// Through the mount, `flock`, `fcntl` and OFD locks hold across every node of the job
+    /// (metad keeps them; docs/architecture.md, "Locks across nodes"); false leaves them to
+    /// each node's kernel, so a lock taken on one node is not seen on another. Default true.
+    pub global_locks: bool,
     /// Connections per stored for chunk data.
     pub bulk_connections: usize,
     /// Seconds to wait for one reply.
@@ -79,6 +83,7 @@ impl Default for ClientConfig {
             local_reads: true,
             fill_at_open_bytes: 1 << 20,
             prefetch_bytes: None,
+            global_locks: true,
             bulk_connections: 2,
             call_timeout_secs: 60,
             retry_secs: 30,

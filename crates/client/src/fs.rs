@@ -85,6 +85,8 @@ pub(crate) struct Inner {
     pub prefetch: crate::prefetch::Prefetch,
     /// This node's targets whose chunks are read from their files.
     local: crate::local_read::LocalReads,
+    /// Which lock owners of this client took file locks on which inodes.
+    pub(crate) locks: crate::locks::LockOwners,
 }
 
 /// Reads what the program on top of a client counted of its own operations (see
@@ -182,6 +184,7 @@ async fn keep_session(weak: std::sync::Weak<Inner>, shard: u16, mut stop: watch:
                 if reply.new_session {
                     client.inner.cache.drop_shard(shard);
                     client.inner.delegations.drop_shard(shard);
+                    client.inner.locks.shard_forgot(shard);
                     acked = 0;
                     client.reopen(shard).await;
                 }
@@ -255,6 +258,7 @@ impl Client {
             removed: Mutex::new(HashMap::new()),
             ops: std::sync::OnceLock::new(),
             delegations: Arc::new(Delegations::new()),
+            locks: Default::default(),
             prefetch: crate::prefetch::Prefetch::new(prefetch_limit),
             local: crate::local_read::LocalReads::new(local_reads, node),
         });

@@ -15,6 +15,7 @@ pub mod error;
 pub mod file;
 pub mod fs;
 mod local_read;
+pub mod locks;
 pub mod path;
 mod prefetch;
 mod seal;
