@@ -47,6 +47,8 @@ const KINDS: &[&str] = &[
     "setxattr",
     "listxattr",
     "removexattr",
+    "getlk",
+    "setlk",
 ];
 
 #[derive(Default)]
@@ -139,12 +141,15 @@ mod tests {
         let lines: Vec<&str> = src.lines().map(str::trim).collect();
         let mut named = Vec::new();
         for (i, line) in lines.iter().enumerate() {
-            // `self.here(` / `self.spawn(` with the kind on the next line, and `count("kind"`.
+            // `self.here(` / `self.spawn(` with the kind on the same or the next line, and
+            // `count("kind"`.
             if (line.ends_with(".here(") || line.ends_with(".spawn(")) && i + 1 < lines.len() {
                 named.push(lines[i + 1].trim_start_matches('"').split('"').next().unwrap().to_string());
             }
-            if let Some((_, rest)) = line.split_once("count(\"") {
-                named.push(rest.split('"').next().unwrap().to_string());
+            for call in ["count(\"", ".spawn(\"", ".here(\""] {
+                if let Some((_, rest)) = line.split_once(call) {
+                    named.push(rest.split('"').next().unwrap().to_string());
+                }
             }
         }
         assert!(named.len() > 20, "found only {named:?}");
