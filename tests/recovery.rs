@@ -159,3 +159,101 @@ async fn a_file_open_across_a_metad_restart_is_released_at_close_and_freed_after
     let gone = c.lookup(&ctx, InodeId::ROOT, b"held").await.expect_err("the name is gone");
     assert_eq!(gone.code(), odfs_proto::ErrorCode::NotFound);
 }
+
+/// Takes an exclusive `flock` on argv[1] and an `fcntl` write lock on bytes 10..20 of argv[2],
+/// says "held", and sleeps until killed.
+const HOLD_LOCKS: &str = "import fcntl,os,sys,time\n\
+    a=os.open(sys.argv[1],os.O_RDWR)\n\
+    b=os.open(sys.argv[2],os.O_RDWR)\n\
+    fcntl.flock(a,fcntl.LOCK_EX)\n\
+    fcntl.lockf(b,fcntl.LOCK_EX,10,10)\n\
+    print('held',flush=True)\n\
+    time.sleep(600)\n";
+
+/// Whether another process gets the flock on argv[1] and the write lock on bytes 10..20 of
+/// argv[2] at once (LOCK_NB, F_SETLK): "got" or "busy" for each.
+const TRY_LOCKS: &str = "import fcntl,os,sys\n\
+    def try_(f):\n\
+    \x20   try:\n\
+    \x20       f(); return 'got'\n\
+    \x20   except BlockingIOError: return 'busy'\n\
+    a=os.open(sys.argv[1],os.O_RDWR)\n\
+    b=os.open(sys.argv[2],os.O_RDWR)\n\
+    print(try_(lambda: fcntl.flock(a,fcntl.LOCK_EX|fcntl.LOCK_NB)),try_(lambda: fcntl.lockf(b,fcntl.LOCK_EX|fcntl.LOCK_NB,10,10)))\n";
+
+/// Locks held through the mount outlive a restart of metad, whose lock table is not logged:
+/// the mount takes them back during the restart's grace, when metad grants no other lock, so
+/// another process still finds them held after the grace, and free once their holder exits.
+/// Liveness, not speed: the waits cover the grace (the lease, 30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_held_through_the_mount_are_taken_back_after_a_metad_restart() {
+    use std::process::{Command, Stdio};
+    let fs = LocalFs::up(1, &[]);
+    let m = FuseMount::start(&fs);
+    let (lf, lr) = (m.p("lf"), m.p("lr"));
+    std::fs::write(&lf, b"f").unwrap();
+    std::fs::write(&lr, vec![0u8; 100]).unwrap();
+    let try_locks = || {
+        let out = Command::new("python3").arg("-c").arg(TRY_LOCKS).arg(&lf).arg(&lr).output().expect("run python3");
+        assert!(out.status.success(), "probe: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    /// Kills the holder however the test ends.
+    struct Holder(std::process::Child);
+    impl Drop for Holder {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut holder = Holder(
+        Command::new("python3")
+            .arg("-c")
+            .arg(HOLD_LOCKS)
+            .arg(&lf)
+            .arg(&lr)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("run python3"),
+    );
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(holder.0.stdout.take().unwrap()), &mut line).unwrap();
+    assert_eq!(line.trim(), "held");
+    assert_eq!(try_locks(), "busy busy", "before the restart");
+
+    fs.kill9("metad", 0);
+    fs.restart("metad", 0);
+    // The mount takes both locks back as soon as it finds its session gone.
+    let c = fs.client().await;
+    let set_locks = || async {
+        let counts = c.meta_request_counts().await.unwrap_or_default();
+        counts.iter().filter(|(_, kind, _)| kind == "SetLock").map(|(_, _, n)| *n).sum::<u64>()
+    };
+    let t = std::time::Instant::now();
+    while set_locks().await < 2 {
+        assert!(t.elapsed() < Duration::from_secs(60), "the mount took no lock back within 60 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A change waits out the grace: once it is through, metad grants locks to anyone again.
+    let ino = InodeId(std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&lf).unwrap()));
+    let chmod = odfs_proto::meta::SetAttr {
+        ino,
+        mode: Some(0o640),
+        uid: None,
+        gid: None,
+        size: None,
+        atime: None,
+        mtime: None,
+        open_for_write: false,
+        kill_setid: false,
+    };
+    c.setattr(&Ctx::root(), chmod).await.unwrap();
+    assert_eq!(try_locks(), "busy busy", "after the grace: the holder's locks were taken back");
+
+    drop(holder);
+    let t = std::time::Instant::now();
+    while try_locks() != "got got" {
+        assert!(t.elapsed() < Duration::from_secs(10), "the killed holder's locks did not go");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -184,9 +184,9 @@ async fn keep_session(weak: std::sync::Weak<Inner>, shard: u16, mut stop: watch:
                 if reply.new_session {
                     client.inner.cache.drop_shard(shard);
                     client.inner.delegations.drop_shard(shard);
-                    client.inner.locks.shard_forgot(shard);
                     acked = 0;
                     client.reopen(shard).await;
+                    client.reclaim_locks(shard).await;
                 }
                 open = Registering::default();
                 for rc in &reply.recalls {

@@ -1,16 +1,18 @@
 //! File locks across nodes, the client's side (docs/architecture.md, "Locks across nodes"):
-//! lock requests to the inode's metad shard, and which of this client's lock owners have taken
-//! locks on which inodes, so that a close without locks costs no request.
+//! lock requests to the inode's metad shard; which of this client's lock owners have taken
+//! locks on which inodes, so that a close without locks costs no request; and a copy of the
+//! locks granted, taken back from a shard that restarted.
 
 use crate::fs::{Client, Ctx};
 use crate::Result;
+use odfs_proto::locks::{LockTable, Request};
 use odfs_proto::meta::{DropLocks, LockHolder, LockKind, SetLock, TestLock};
 use odfs_proto::InodeId;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
-use tracing::warn;
+use tracing::{info, warn};
 
 /// A lock request: owner (the kernel's lock owner), kind and inclusive byte range.
 #[derive(Debug, Clone, Copy)]
@@ -22,56 +24,64 @@ pub struct LockAsk {
     pub end: u64,
 }
 
-/// Lock owners of this client that took locks, by inode. An owner stays listed after an
-/// unlock of part of its range (it may hold the rest) until its close drops everything.
+/// The client's own locks (`client` 0 in `granted`: every lock there is this client's).
+#[derive(Default)]
+struct Held {
+    /// Owners that asked for a lock on each inode, listed before the request goes (a close
+    /// racing with the grant must drop it) and until their close.
+    owners: HashMap<InodeId, HashSet<u64>>,
+    /// The locks granted, as the shard holds them.
+    granted: LockTable,
+}
+
 #[derive(Default)]
 pub(crate) struct LockOwners {
-    held: Mutex<HashMap<InodeId, HashSet<u64>>>,
-    /// Inodes in `held`, read without the lock: every close asks, and almost none has locks.
+    held: Mutex<Held>,
+    /// Inodes in `held.owners`, read without the lock: every close asks, and almost none has
+    /// locks.
     inodes: AtomicUsize,
 }
 
 impl LockOwners {
-    fn note(&self, ino: InodeId, owner: u64) {
+    fn with<T>(&self, f: impl FnOnce(&mut Held) -> T) -> T {
         let mut held = self.held.lock().expect("locks lock");
-        held.entry(ino).or_default().insert(owner);
-        self.inodes.store(held.len(), Ordering::Relaxed);
+        let out = f(&mut held);
+        self.inodes.store(held.owners.len(), Ordering::Relaxed);
+        out
+    }
+
+    fn note(&self, ino: InodeId, owner: u64) {
+        self.with(|h| h.owners.entry(ino).or_default().insert(owner));
+    }
+
+    fn granted(&self, ino: InodeId, ask: &LockAsk) {
+        let q = Request { client: 0, owner: ask.owner, pid: ask.pid, kind: ask.kind, start: ask.start, end: ask.end };
+        self.with(|h| h.granted.set(ino, &q));
     }
 
     /// Forgets the owners of `ino` among `owners`; returns those that were listed.
     fn take(&self, ino: InodeId, owners: &[u64]) -> Vec<u64> {
-        let mut held = self.held.lock().expect("locks lock");
-        let Some(set) = held.get_mut(&ino) else { return Vec::new() };
-        let gone: Vec<u64> = owners.iter().copied().filter(|o| set.remove(o)).collect();
-        if set.is_empty() {
-            held.remove(&ino);
-        }
-        self.inodes.store(held.len(), Ordering::Relaxed);
-        gone
+        self.with(|h| {
+            h.granted.drop_owners(0, ino, owners);
+            let Some(set) = h.owners.get_mut(&ino) else { return Vec::new() };
+            let gone: Vec<u64> = owners.iter().copied().filter(|o| set.remove(o)).collect();
+            if set.is_empty() {
+                h.owners.remove(&ino);
+            }
+            gone
+        })
     }
 
     fn holds(&self, ino: InodeId, owner: u64) -> bool {
         if self.inodes.load(Ordering::Relaxed) == 0 {
             return false;
         }
-        self.held.lock().expect("locks lock").get(&ino).is_some_and(|s| s.contains(&owner))
+        self.with(|h| h.owners.get(&ino).is_some_and(|s| s.contains(&owner)))
     }
 
-    /// The shard forgot this client (it restarted, or the session lapsed): the locks this
-    /// client's owners held there are gone. Said once, naming how many files it concerns.
-    pub(crate) fn shard_forgot(&self, shard: u16) {
-        let mut held = self.held.lock().expect("locks lock");
-        let before = held.len();
-        held.retain(|ino, _| ino.shard() != shard);
-        self.inodes.store(held.len(), Ordering::Relaxed);
-        let lost = before - held.len();
-        if lost > 0 {
-            warn!(
-                shard,
-                files = lost,
-                "a metadata shard restarted or ended this node's session: the file locks held on its files are lost"
-            );
-        }
+    /// The locks granted on inodes of `shard`, to take back from it.
+    fn on_shard(&self, shard: u16) -> Vec<(InodeId, Request)> {
+        self.with(|h| h.granted.locks_where(|ino| ino.shard() == shard))
     }
 }
 
@@ -80,16 +90,19 @@ impl Client {
     /// for conflicting locks to go: true when granted.
     pub async fn set_lock(&self, ctx: &Ctx, ino: InodeId, ask: LockAsk, wait: Duration) -> Result<bool> {
         let wait_ms = wait.as_millis().min(u32::MAX as u128) as u32;
-        let q =
-            SetLock { ino, owner: ask.owner, pid: ask.pid, kind: ask.kind, start: ask.start, end: ask.end, wait_ms };
+        let (owner, pid, kind, start, end) = (ask.owner, ask.pid, ask.kind, ask.start, ask.end);
+        let q = SetLock { ino, owner, pid, kind, start, end, wait_ms, reclaim: false };
         // Listed before the request, so a close racing with the grant drops it too, and again
         // after a grant, in case such a close took it off the list meanwhile.
-        if ask.kind != LockKind::Unlock {
-            self.inner.locks.note(ino, ask.owner);
+        if kind != LockKind::Unlock {
+            self.inner.locks.note(ino, owner);
         }
         let granted = self.meta(ctx, ino.shard(), &q).await?;
-        if granted && ask.kind != LockKind::Unlock {
-            self.inner.locks.note(ino, ask.owner);
+        if granted {
+            if kind != LockKind::Unlock {
+                self.inner.locks.note(ino, owner);
+            }
+            self.inner.locks.granted(ino, &ask);
         }
         Ok(granted)
     }
@@ -112,5 +125,33 @@ impl Client {
             return Ok(());
         }
         self.meta(ctx, ino.shard(), &DropLocks { ino, owners }).await
+    }
+
+    /// The shard forgot this client (it restarted, or the session lapsed): takes back every
+    /// lock this client holds on the shard's inodes. A lock another client took meanwhile (a
+    /// session that lapsed) is lost: said in the log, and its owner's locks on the file go.
+    pub(crate) async fn reclaim_locks(&self, shard: u16) {
+        let locks = self.inner.locks.on_shard(shard);
+        if locks.is_empty() {
+            return;
+        }
+        let (mut kept, ctx) = (0, Ctx::root());
+        for (ino, r) in locks {
+            let (owner, pid, kind, start, end) = (r.owner, r.pid, r.kind, r.start, r.end);
+            let q = SetLock { ino, owner, pid, kind, start, end, wait_ms: 0, reclaim: true };
+            match self.meta(&ctx, shard, &q).await {
+                Ok(true) => kept += 1,
+                Ok(false) => {
+                    warn!(shard, %ino, owner, start, end, "a file lock held before the metadata shard forgot this node was taken by another meanwhile: lost");
+                    if let Err(e) = self.drop_locks(&ctx, ino, &[owner]).await {
+                        warn!(shard, %ino, error = %e, "cannot drop the locks of an owner that lost one");
+                    }
+                }
+                Err(e) => {
+                    warn!(shard, %ino, error = %e, "cannot take a file lock back from a restarted metadata shard")
+                }
+            }
+        }
+        info!(shard, locks = kept, "file locks taken back from a metadata shard that forgot this node");
     }
 }

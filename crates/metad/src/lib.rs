@@ -19,7 +19,6 @@
 pub mod config;
 pub mod error;
 mod inode;
-mod locks;
 pub mod namespace;
 mod ops;
 pub mod permission;

@@ -23,7 +23,7 @@
 //! registration as old as itself, so a release that overtakes a later open of the same file
 //! (both in flight at once) leaves that open registered.
 
-use crate::locks::{LockTable, Request as LockRequest, SetOutcome};
+use odfs_proto::locks::{LockTable, Request as LockRequest, SetOutcome};
 use odfs_proto::meta::{LockHolder, Recall};
 use odfs_proto::InodeId;
 use std::collections::{HashMap, HashSet, VecDeque};

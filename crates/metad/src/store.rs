@@ -7,7 +7,6 @@
 //! Recovery loads the snapshot and re-applies the log records that follow it.
 
 use crate::inode::IdHasher;
-use crate::locks::{Request as LockRequest, SetOutcome};
 use crate::namespace::{Changes, Choice, Intent, IntentKind, Namespace};
 pub use crate::namespace::{Found, MetaOp, MetaReply};
 use crate::permission;
@@ -15,6 +14,7 @@ use crate::sessions::{Sessions, Wait};
 use crate::wal::{self, Wal, LOG_FILE};
 use crate::{snapshot, MetaError};
 use odfs_proto::error::{ErrorCode, RemoteError, RpcResult};
+use odfs_proto::locks::{Request as LockRequest, SetOutcome};
 use odfs_proto::meta::*;
 use odfs_proto::{DirLayout, InodeId, Layout, NodeIndex, RequestHeader, TargetId, Timespec};
 use serde::ser::SerializeSeq;
@@ -599,11 +599,17 @@ impl MetaStore {
         self.ns.open(h, req)
     }
 
-    /// `SetLock` as the table stands now: granted, or refused by another owner's lock (the
-    /// caller may wait on `locks_freed` and ask again). ENOLCK when the inode's table is full.
+    /// `SetLock` as the table stands now: granted, or refused by another owner's lock or by a
+    /// restart's grace (the caller may wait on `locks_freed` and ask again). ENOLCK when the
+    /// inode's table is full.
     pub fn set_lock(&mut self, h: &RequestHeader, q: &SetLock) -> RpcResult<bool> {
         self.ns.node(q.ino)?;
         let r = lock_request(h, q.owner, q.pid, q.kind, q.start, q.end)?;
+        // After a restart the table is empty: the clients take back what they held before
+        // (`reclaim`) while the grace lasts, and no other lock is granted until it ends.
+        if !q.reclaim && q.kind != LockKind::Unlock && self.sessions.grace_end().is_some() {
+            return Ok(false);
+        }
         match self.sessions.set_lock(q.ino, &r) {
             SetOutcome::Granted => Ok(true),
             SetOutcome::Conflict => Ok(false),
@@ -612,7 +618,7 @@ impl MetaStore {
                 format!(
                     "inode {} holds {} locks, the most one file may hold",
                     q.ino,
-                    crate::locks::MAX_LOCKS_PER_INODE
+                    odfs_proto::locks::MAX_LOCKS_PER_INODE
                 ),
             )),
         }

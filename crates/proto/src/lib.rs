@@ -2,7 +2,7 @@
 //!
 //! This crate owns every type that crosses the network: the common request header, the frozen
 //! numeric method ids, error codes, the messages of each service, file layouts and the striping
-//! arithmetic, and the frame codec. It performs no I/O; transports live in `odfs-rpc`.
+//! arithmetic, the POSIX rules of file lock tables, and the frame codec. It performs no I/O; transports live in `odfs-rpc`.
 //! Daemons never define wire types of their own.
 
 pub mod codec;
@@ -10,6 +10,7 @@ pub mod error;
 pub mod header;
 pub mod ids;
 pub mod layout;
+pub mod locks;
 pub mod meta;
 pub mod method;
 pub mod mgmt;

@@ -536,6 +536,8 @@ pub enum LockKind {
 /// process for `fcntl` locks, an open file for `flock` and OFD locks); its own locks in the
 /// range are replaced. A conflicting lock of another owner refuses it; with `wait_ms` > 0 the
 /// shard waits up to that long for the conflicting locks to go before refusing. Reply: granted.
+/// `reclaim`: a lock the client held before the shard restarted, taken back during the
+/// restart's grace, when the shard grants no other lock.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SetLock {
     pub ino: InodeId,
@@ -545,6 +547,7 @@ pub struct SetLock {
     pub start: u64,
     pub end: u64,
     pub wait_ms: u32,
+    pub reclaim: bool,
 }
 
 /// The first lock of another owner that would refuse `kind` on `start..=end` (F_GETLK).

@@ -1,12 +1,13 @@
-//! The shard's file locks: `flock`, `fcntl` and OFD locks of every client, by inode
-//! (docs/architecture.md, "Locks across nodes").
+//! A table of file locks (`flock`, `fcntl`, OFD) by inode (docs/architecture.md, "Locks across
+//! nodes"): a metad shard's, of every client, and a client's copy of its own grants, which it
+//! takes back from a restarted shard.
 //!
 //! Owns the POSIX rules of one lock table: conflicts between owners, an owner's own locks
 //! replaced and split by a new lock or unlock on part of their range, and which locks go when
-//! an owner closes or a client's session ends. Not logged: a restarted shard holds no locks.
+//! an owner closes or a client's session ends.
 
-use odfs_proto::meta::{LockHolder, LockKind};
-use odfs_proto::InodeId;
+use crate::meta::{LockHolder, LockKind};
+use crate::InodeId;
 use std::collections::HashMap;
 
 /// Locks one inode may hold at once (every owner together): a bound on what a runaway locker
@@ -116,6 +117,24 @@ impl LockTable {
             self.by_ino.remove(&ino);
         }
         freed
+    }
+
+    /// Every lock of inodes that `pick` selects, as the requests that would take them again.
+    pub fn locks_where(&self, pick: impl Fn(InodeId) -> bool) -> Vec<(InodeId, Request)> {
+        let mut out = Vec::new();
+        for (ino, locks) in self.by_ino.iter().filter(|(i, _)| pick(**i)) {
+            for h in locks {
+                let kind = if h.write { LockKind::Write } else { LockKind::Read };
+                let q = Request { client: h.client, owner: h.owner, pid: h.pid, kind, start: h.start, end: h.end };
+                out.push((*ino, q));
+            }
+        }
+        out
+    }
+
+    /// Whether `client`'s `owner` holds any lock on `ino`.
+    pub fn holds(&self, client: u64, ino: InodeId, owner: u64) -> bool {
+        self.by_ino.get(&ino).is_some_and(|l| l.iter().any(|h| h.is(client, owner)))
     }
 
     /// Drops every lock of `client` (its session ended); true when any went.
