@@ -818,6 +818,47 @@ fn flock_and_fcntl_locks_hold_between_processes_of_one_node() {
     assert_eq!(python(probe, &path).trim(), "locked locked 0", "after F_UNLCK");
 }
 
+/// A process waiting for a lock (`flock` without LOCK_NB) dies when killed, and the lock it
+/// waited for is not left to it: the kernel keeps a killed waiter until its request is
+/// answered, so the mount must notice the kill. Liveness only: the waits are bounds.
+#[test]
+fn a_killed_lock_waiter_dies_and_takes_no_lock() {
+    let fs = LocalFs::up(1, &[]);
+    let m = FuseMount::start(&fs);
+    let path = m.p("contended");
+    fs::write(&path, b"x").unwrap();
+    let f = File::open(&path).unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    // SAFETY: flock(2) on an open descriptor.
+    assert_eq!(unsafe { libc::flock(fd, libc::LOCK_EX) }, 0);
+    let mut waiter =
+        KillOnDrop(Command::new("flock").arg("-x").arg(&path).args(["sleep", "600"]).spawn().expect("run flock"));
+    // Blocked in its lock request, waiting for the mount's answer.
+    let t = Instant::now();
+    loop {
+        let wchan = fs::read_to_string(format!("/proc/{}/wchan", waiter.0.id())).unwrap_or_default();
+        if wchan == "request_wait_answer" {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "the waiter never blocked in its request: {wchan:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    waiter.0.kill().unwrap();
+    let t = Instant::now();
+    while waiter.0.try_wait().unwrap().is_none() {
+        assert!(t.elapsed() < Duration::from_secs(10), "a killed lock waiter did not die");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::flock(fd, libc::LOCK_UN) }, 0);
+    let free = || Command::new("flock").args(["-n", "-E", "75"]).arg(&path).arg("true").status().unwrap().code();
+    let t = Instant::now();
+    while free() != Some(0) {
+        assert!(t.elapsed() < Duration::from_secs(10), "the lock was left to the killed waiter");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn denied(out: &std::process::Output, what: &str, msg: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains(msg), "{what}: expected \"{msg}\", got {:?}: {err}", out.status);

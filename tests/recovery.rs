@@ -198,15 +198,7 @@ async fn locks_held_through_the_mount_are_taken_back_after_a_metad_restart() {
         assert!(out.status.success(), "probe: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     };
-    /// Kills the holder however the test ends.
-    struct Holder(std::process::Child);
-    impl Drop for Holder {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut holder = Holder(
+    let mut holder = KillOnDrop(
         Command::new("python3")
             .arg("-c")
             .arg(HOLD_LOCKS)

@@ -243,6 +243,16 @@ pub fn alive(pid: u32) -> bool {
 
 /// `kill -9 PID`, and fails the test unless the process is gone within 30 s (a process in
 /// uninterruptible disk I/O goes only when the I/O ends).
+/// A child process killed (and reaped) when the test ends, however it ends.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 pub fn kill9_gone(pid: u32) {
     // SAFETY: plain kill(2).
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };

@@ -472,12 +472,20 @@ impl OdfsFuse {
 }
 
 /// How long one lock request may wait at metad before it is asked again (a waiting `flock` or
-/// F_SETLKW is a chain of these; between them the adapter sees whether the file was closed).
-const LOCK_WAIT: Duration = Duration::from_secs(2);
+/// F_SETLKW is a chain of these; between them the adapter sees whether the waiter was killed).
+const LOCK_WAIT: Duration = Duration::from_secs(1);
 
-/// A SETLK or SETLKW: an unlock publishes the file's writes first (the next holder, on any
-/// node, reads them); a lock that may wait asks again until granted or the file is closed.
-async fn take_lock(s: Arc<Shared>, ctx: Ctx, fh: u64, f: Arc<OpenFile>, ask: LockAsk, sleep: bool) -> OpResult<()> {
+/// A SETLK or SETLKW of thread `tid`: an unlock publishes the file's writes first (the next
+/// holder, on any node, reads them); a lock that may wait asks again until granted, or until
+/// its caller is killed or its file closed.
+async fn take_lock(
+    s: Arc<Shared>,
+    ctx: Ctx,
+    (fh, tid): (u64, u32),
+    f: Arc<OpenFile>,
+    ask: LockAsk,
+    sleep: bool,
+) -> OpResult<()> {
     let ino = f.handle.ino();
     if ask.kind == LockKind::Unlock {
         f.publish_writes().await?;
@@ -497,7 +505,19 @@ async fn take_lock(s: Arc<Shared>, ctx: Ctx, fh: u64, f: Arc<OpenFile>, ask: Loc
         if !sleep {
             return Err(FuseError::Errno(libc::EAGAIN));
         }
+        if killed(tid) {
+            // The kernel lets a killed waiter die only once its request is answered.
+            return Err(FuseError::Errno(libc::EINTR));
+        }
     }
+}
+
+/// Whether thread `tid` has been killed: a fatal signal leaves SIGKILL pending on every thread
+/// of its process. Read from /proc; where that fails, the waiter is taken as alive.
+fn killed(tid: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{tid}/status")) else { return false };
+    let pending = status.lines().find_map(|l| l.strip_prefix("SigPnd:"));
+    pending.and_then(|v| u64::from_str_radix(v.trim(), 16).ok()).is_some_and(|m| m & (1 << (libc::SIGKILL - 1)) != 0)
 }
 
 /// A lock request's kind from the kernel's `l_type`.
@@ -1067,7 +1087,7 @@ impl Filesystem for OdfsFuse {
         reply: ReplyEmpty,
     ) {
         let file = self.shared.handles.remove(fh.0);
-        if let Some(f) = file.as_ref().filter(|f| !f.lock_owners().is_empty() || lock_owner.is_some()) {
+        if let Some(f) = file.as_ref().filter(|f| f.has_lock_owners() || lock_owner.is_some()) {
             // Locks taken through this open file go with it (`flock`, OFD locks, and a reader's
             // `fcntl` locks, whose close sends no FLUSH), after its writes are published.
             let (s, ctx, f) = (self.shared.clone(), self.ctx(req), f.clone());
@@ -1154,7 +1174,7 @@ impl Filesystem for OdfsFuse {
         if kind != LockKind::Unlock {
             f.note_lock_owner(ask.owner);
         }
-        self.spawn("setlk", reply, take_lock(s, ctx, fh.0, f, ask, sleep), |reply, ()| reply.ok());
+        self.spawn("setlk", reply, take_lock(s, ctx, (fh.0, req.pid()), f, ask, sleep), |reply, ()| reply.ok());
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {

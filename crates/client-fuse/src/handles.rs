@@ -50,6 +50,11 @@ impl OpenFile {
         }
     }
 
+    /// Whether any lock owner took a lock through this open file.
+    pub fn has_lock_owners(&self) -> bool {
+        !self.lock_owners.lock().expect("lock owners lock").is_empty()
+    }
+
     /// The lock owners that took locks through this open file.
     pub fn lock_owners(&self) -> Vec<u64> {
         self.lock_owners.lock().expect("lock owners lock").clone()
