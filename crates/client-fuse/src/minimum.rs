@@ -33,7 +33,7 @@ pub use fuser::BackgroundSession;
 use fuser::{
     Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyOpen, ReplyWrite, Request, Session, WriteFlags,
+    ReplyEntry, ReplyOpen, ReplyWrite, ReplyXattr, Request, Session, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::fs::File;
@@ -373,6 +373,30 @@ impl Filesystem for MinimumFs {
         reply: ReplyEmpty,
     ) {
         reply.ok();
+    }
+
+    // What fio asks of the files it lays out and writes: refused as fuser's defaults refuse
+    // them (ENOSYS, so the kernel stops asking), without their "not implemented" warnings in
+    // the benchmark's output.
+    fn getxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _size: u32, reply: ReplyXattr) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _length: u64,
+        _mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        reply.error(Errno::ENOSYS);
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
