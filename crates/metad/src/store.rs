@@ -298,9 +298,6 @@ fn resolved<'a>(op: &MetaOp, reply: &'a MetaReply) -> (Option<InodeId>, Option<&
     }
 }
 
-/// The namespace of one shard with its write-ahead log and dedup table.
-///
-/// Not internally synchronized: reads take `&self`, mutations `&mut self`.
 /// A lock request of the caller's client, its range checked.
 fn lock_request(
     h: &RequestHeader,
@@ -316,6 +313,9 @@ fn lock_request(
     Ok(LockRequest { client: h.client_id, owner, pid, kind, start, end })
 }
 
+/// The namespace of one shard with its write-ahead log and dedup table.
+///
+/// Not internally synchronized: reads take `&self`, mutations `&mut self`.
 pub struct MetaStore {
     dir: PathBuf,
     opts: StoreOptions,
