@@ -460,6 +460,23 @@ impl OdfsFuse {
     }
 
     /// The open file behind a FUSE file handle; `None` after replying EBADF.
+    /// The open file and the lock request of a GETLK or SETLK (range, `l_type`, pid); `None`
+    /// once refused (an unknown handle: EBADF; an unknown lock type: EINVAL).
+    fn lock_ask<R: ErrorReply>(
+        &self,
+        fh: FileHandle,
+        owner: LockOwner,
+        (start, end, typ, pid): (u64, u64, i32, u32),
+        reply: R,
+    ) -> Option<(Arc<OpenFile>, LockAsk, R)> {
+        let (f, reply) = self.open_file(fh, reply)?;
+        let Some(kind) = lock_kind(typ) else {
+            reply.fail(Errno::EINVAL);
+            return None;
+        };
+        Some((f, LockAsk { owner: owner.0, pid, kind, start, end }, reply))
+    }
+
     fn open_file<R: ErrorReply>(&self, fh: FileHandle, reply: R) -> Option<(Arc<OpenFile>, R)> {
         match self.shared.handles.get(fh.0) {
             Some(f) => Some((f, reply)),
@@ -1143,10 +1160,8 @@ impl Filesystem for OdfsFuse {
         pid: u32,
         reply: ReplyLock,
     ) {
-        let Some((f, reply)) = self.open_file(fh, reply) else { return };
-        let Some(kind) = lock_kind(typ) else { return reply.error(Errno::EINVAL) };
+        let Some((f, ask, reply)) = self.lock_ask(fh, lock_owner, (start, end, typ, pid), reply) else { return };
         let (s, ctx) = (self.shared.clone(), self.ctx(req));
-        let ask = LockAsk { owner: lock_owner.0, pid, kind, start, end };
         let work = async move { Ok(s.client.test_lock(&ctx, f.handle.ino(), ask).await?) };
         self.spawn("getlk", reply, work, move |reply, held| match held {
             Some(h) => reply.locked(h.start, h.end, lock_type(h.kind), h.pid),
@@ -1167,11 +1182,9 @@ impl Filesystem for OdfsFuse {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
-        let Some((f, reply)) = self.open_file(fh, reply) else { return };
-        let Some(kind) = lock_kind(typ) else { return reply.error(Errno::EINVAL) };
+        let Some((f, ask, reply)) = self.lock_ask(fh, lock_owner, (start, end, typ, pid), reply) else { return };
         let (s, ctx) = (self.shared.clone(), self.ctx(req));
-        let ask = LockAsk { owner: lock_owner.0, pid, kind, start, end };
-        if kind != LockKind::Unlock {
+        if ask.kind != LockKind::Unlock {
             f.note_lock_owner(ask.owner);
         }
         self.spawn("setlk", reply, take_lock(s, ctx, (fh.0, req.pid()), f, ask, sleep), |reply, ()| reply.ok());
