@@ -228,17 +228,7 @@ async fn locks_held_through_the_mount_are_taken_back_after_a_metad_restart() {
     }
     // A change waits out the grace: once it is through, metad grants locks to anyone again.
     let ino = InodeId(std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&lf).unwrap()));
-    let chmod = odfs_proto::meta::SetAttr {
-        ino,
-        mode: Some(0o640),
-        uid: None,
-        gid: None,
-        size: None,
-        atime: None,
-        mtime: None,
-        open_for_write: false,
-        kill_setid: false,
-    };
+    let chmod = odfs_proto::meta::SetAttr { ino, mode: Some(0o640), ..Default::default() };
     c.setattr(&Ctx::root(), chmod).await.unwrap();
     assert_eq!(try_locks(), "busy busy", "after the grace: the holder's locks were taken back");
 

@@ -1075,22 +1075,16 @@ impl Filesystem for OdfsFuse {
             };
             return self.spawn("flush", reply, work, |reply, ()| reply.ok());
         }
-        if f.kernel_writes() {
-            // What the kernel wrote to the chunk file is published as the library's own writes.
-            return self.spawn("flush", reply, async move { f.publish().await }, |reply, ()| reply.ok());
-        }
-        if !f.writable || !f.handle.has_unpublished_writes() {
+        if !f.has_writes_to_publish() {
             // Nothing to publish: answered here, without a task and a thread hop (close(2) of
-            // a file opened for writing but not written, as mdtest's creates are). A
-            // read-only handle never publishes: the inode's data state is shared with this
-            // process's writers, whose own close publishes their writes (with their identity).
-            // The reference goes before the reply: the kernel's RELEASE can follow at once, and
-            // its close must hold the last one.
+            // a file opened for writing but not written, as mdtest's creates are, or of any
+            // read-only handle). The reference goes before the reply: the kernel's RELEASE can
+            // follow at once, and its close must hold the last one.
             drop(f);
             reply.ok();
             return self.shared.count("flush (no request)", Instant::now(), false);
         }
-        self.spawn("flush", reply, async move { Ok(f.handle.flush().await?) }, |reply, ()| reply.ok());
+        self.spawn("flush", reply, async move { f.publish_writes().await }, |reply, ()| reply.ok());
     }
 
     fn release(

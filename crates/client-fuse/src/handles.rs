@@ -75,13 +75,19 @@ impl OpenFile {
         Ok(true)
     }
 
-    /// Publishes what this handle wrote, if anything (before its locks go): nothing for a
-    /// read-only handle.
+    /// Whether this handle has writes to publish (a read-only one never has: the inode's data
+    /// state is shared with this process's writers, whose own close publishes their writes).
+    pub fn has_writes_to_publish(&self) -> bool {
+        self.kernel_writes() || (self.writable && self.handle.has_unpublished_writes())
+    }
+
+    /// Publishes what this handle wrote, if anything: at its FLUSH, before its locks go.
     pub async fn publish_writes(&self) -> Result<(), FuseError> {
         if self.kernel_writes() {
+            // What the kernel wrote to the chunk file is published as the library's own writes.
             return self.publish().await;
         }
-        if self.writable && self.handle.has_unpublished_writes() {
+        if self.has_writes_to_publish() {
             self.handle.flush().await?;
         }
         Ok(())

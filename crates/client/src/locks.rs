@@ -24,6 +24,25 @@ pub struct LockAsk {
     pub end: u64,
 }
 
+impl LockAsk {
+    /// The request to the inode's shard.
+    fn message(&self, ino: InodeId, wait_ms: u32, reclaim: bool) -> SetLock {
+        let (owner, pid, kind, start, end) = (self.owner, self.pid, self.kind, self.start, self.end);
+        SetLock { ino, owner, pid, kind, start, end, wait_ms, reclaim }
+    }
+
+    /// As the client's copy of its grants holds it (every lock there is this client's: 0).
+    fn mirrored(&self) -> Request {
+        Request { client: 0, owner: self.owner, pid: self.pid, kind: self.kind, start: self.start, end: self.end }
+    }
+}
+
+impl From<&Request> for LockAsk {
+    fn from(r: &Request) -> LockAsk {
+        LockAsk { owner: r.owner, pid: r.pid, kind: r.kind, start: r.start, end: r.end }
+    }
+}
+
 /// The client's own locks (`client` 0 in `granted`: every lock there is this client's).
 #[derive(Default)]
 struct Held {
@@ -55,8 +74,7 @@ impl LockOwners {
     }
 
     fn granted(&self, ino: InodeId, ask: &LockAsk) {
-        let q = Request { client: 0, owner: ask.owner, pid: ask.pid, kind: ask.kind, start: ask.start, end: ask.end };
-        self.with(|h| h.granted.set(ino, &q));
+        self.with(|h| h.granted.set(ino, &ask.mirrored()));
     }
 
     /// Forgets the owners of `ino` among `owners`; returns those that were listed.
@@ -90,8 +108,8 @@ impl Client {
     /// for conflicting locks to go: true when granted.
     pub async fn set_lock(&self, ctx: &Ctx, ino: InodeId, ask: LockAsk, wait: Duration) -> Result<bool> {
         let wait_ms = wait.as_millis().min(u32::MAX as u128) as u32;
-        let (owner, pid, kind, start, end) = (ask.owner, ask.pid, ask.kind, ask.start, ask.end);
-        let q = SetLock { ino, owner, pid, kind, start, end, wait_ms, reclaim: false };
+        let (owner, kind) = (ask.owner, ask.kind);
+        let q = ask.message(ino, wait_ms, false);
         // Listed before the request, so a close racing with the grant drops it too, and again
         // after a grant, in case such a close took it off the list meanwhile.
         if kind != LockKind::Unlock {
@@ -137,8 +155,8 @@ impl Client {
         }
         let (mut kept, ctx) = (0, Ctx::root());
         for (ino, r) in locks {
-            let (owner, pid, kind, start, end) = (r.owner, r.pid, r.kind, r.start, r.end);
-            let q = SetLock { ino, owner, pid, kind, start, end, wait_ms: 0, reclaim: true };
+            let (owner, start, end) = (r.owner, r.start, r.end);
+            let q = LockAsk::from(&r).message(ino, 0, true);
             match self.meta(&ctx, shard, &q).await {
                 Ok(true) => kept += 1,
                 Ok(false) => {

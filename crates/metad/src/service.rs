@@ -206,8 +206,8 @@ fn add_locks(r: &mut Routes, store: &Shared) {
         let s = s.clone();
         async move {
             let until = tokio::time::Instant::now() + Duration::from_millis(q.wait_ms as u64).min(MAX_LOCK_WAIT);
+            let freed = s.lock().expect("store lock").locks_freed();
             loop {
-                let freed = s.lock().expect("store lock").locks_freed();
                 // Registered before the look, so a lock that goes after it wakes this request.
                 let woken = freed.notified();
                 tokio::pin!(woken);

@@ -132,11 +132,6 @@ impl LockTable {
         out
     }
 
-    /// Whether `client`'s `owner` holds any lock on `ino`.
-    pub fn holds(&self, client: u64, ino: InodeId, owner: u64) -> bool {
-        self.by_ino.get(&ino).is_some_and(|l| l.iter().any(|h| h.is(client, owner)))
-    }
-
     /// Drops every lock of `client` (its session ended); true when any went.
     pub fn drop_client(&mut self, client: u64) -> bool {
         let mut freed = false;
