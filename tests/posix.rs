@@ -334,6 +334,51 @@ impl Table<'_> {
         self.row(format!("{w}: move a directory into another"), setup, who, op, 0, then);
     }
 
+    /// A name of `len` bytes in `dir` for the next row.
+    fn long(&self, dir: &Path, len: usize) -> PathBuf {
+        let mut name = format!("r{}.", self.rows.len());
+        name.extend(std::iter::repeat_n('x', len - name.len()));
+        dir.join(name)
+    }
+
+    /// Names of NAME_MAX bytes work; one byte more is ENAMETOOLONG for every call, also in a
+    /// directory made through the mount, whose every name it knows (the kernel leaves the
+    /// limit to FUSE). The rows that add names from elsewhere (links, renames) come last: after
+    /// them the mount no longer knows every name.
+    fn long_names(&mut self) {
+        let dir = self.p("d");
+        let a = self.long(&dir, 255);
+        let then = Some((a.clone(), "f 644 0 0 1".to_string()));
+        let setup = make('d', &dir, Who::Root, self.user);
+        let op = json!({"op": "creat", "path": a, "mode": 0o644});
+        self.row("root: creat a name of 255 bytes".into(), setup, Who::Root, op, 0, then);
+        let too_long: [(&str, fn(&Path, &Path) -> Value); 11] = [
+            ("stat", |p, _| json!({"op": "stat", "path": p})),
+            ("open", |p, _| json!({"op": "open", "path": p, "flags": libc::O_RDONLY})),
+            ("creat", |p, _| json!({"op": "creat", "path": p, "mode": 0o644})),
+            ("mkdir", |p, _| json!({"op": "mkdir", "path": p, "mode": 0o755})),
+            ("chmod", |p, _| json!({"op": "chmod", "path": p, "mode": 0o600})),
+            ("truncate", |p, _| json!({"op": "truncate", "path": p, "len": 1})),
+            ("unlink", |p, _| json!({"op": "unlink", "path": p})),
+            ("symlink", |p, _| json!({"op": "symlink", "target": "x", "path": p})),
+            ("link from", |p, f| json!({"op": "link", "from": p, "to": f.with_extension("l")})),
+            ("link to", |p, f| json!({"op": "link", "from": f, "to": p})),
+            ("rename to", |p, f| json!({"op": "rename", "from": f, "to": p, "flags": 0})),
+        ];
+        for (what, op) in too_long {
+            let (p, f) = (self.long(&dir, 256), dir.join(format!("r{}.f", self.rows.len())));
+            let setup = make('f', &f, Who::Root, self.user);
+            self.row(
+                format!("root: {what} a name of 256 bytes"),
+                setup,
+                Who::Root,
+                op(&p, &f),
+                libc::ENAMETOOLONG,
+                None,
+            );
+        }
+    }
+
     /// Ownership, modes, times and the sticky bit, as the owner and as others.
     fn permissions(&mut self) {
         let u = self.user;
@@ -567,6 +612,7 @@ fn table(base: &Path, user: &TestUser) -> Vec<Row> {
         t.directory_moves(who);
     }
     t.permissions();
+    t.long_names();
     assert!(t.rows.len() > 300, "the table has {} rows", t.rows.len());
     t.rows
 }

@@ -575,8 +575,13 @@ impl Client {
         }
     }
 
-    /// A lookup answered from the cache alone, if a lease covers it.
+    /// A lookup answered from the cache alone, if a lease covers it. A name longer than
+    /// `NAME_MAX` is refused here as metad would refuse it: a directory whose every name is
+    /// known would otherwise answer it "not found" (the kernel leaves the limit to FUSE).
     pub fn lookup_cached(&self, ctx: &Ctx, parent: InodeId, name: &[u8]) -> Option<Result<Attr>> {
+        if name.len() > odfs_proto::NAME_MAX {
+            return Some(Err(odfs_proto::meta::check_name(name).expect_err("a name over NAME_MAX").into()));
+        }
         match self.inner.cache.lookup(parent, name, (ctx.uid, ctx.gid))? {
             Cached::Found(a) => Some(Ok(self.merge_local(a))),
             Cached::Absent => Some(Err(ClientError::new(
