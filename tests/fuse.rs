@@ -859,6 +859,63 @@ fn a_killed_lock_waiter_dies_and_takes_no_lock() {
     }
 }
 
+/// A lock wait ends at a signal the waiter handles, as on a local disk: `flock -w` times out
+/// (util-linux arms a timer whose handler ends the wait) and an F_SETLKW interrupted by a
+/// handled SIGALRM fails with EINTR, neither taking the lock. Without it they would wait until
+/// the lock goes. Liveness only: the waits are bounds.
+#[test]
+fn a_handled_signal_ends_a_lock_wait() {
+    let fs = LocalFs::up(1, &[]);
+    let m = FuseMount::start(&fs);
+    let path = m.p("contended");
+    fs::write(&path, b"x").unwrap();
+    let f = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    // SAFETY: flock(2) and fcntl(2) on an open descriptor with a valid struct flock.
+    assert_eq!(unsafe { libc::flock(fd, libc::LOCK_EX) }, 0);
+    let wait_exit = |what: &str, mut child: KillOnDrop| {
+        let t = Instant::now();
+        loop {
+            if let Some(st) = child.0.try_wait().unwrap() {
+                return st.code();
+            }
+            assert!(t.elapsed() < Duration::from_secs(20), "{what}: the signal did not end the wait");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let timed = Command::new("flock").args(["-w", "1", "-E", "75"]).arg(&path).arg("true").spawn().expect("run flock");
+    assert_eq!(wait_exit("flock -w 1", KillOnDrop(timed)), Some(75), "flock -w 1 times out (exit 75 by -E)");
+
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::flock(fd, libc::LOCK_UN) }, 0);
+    let mut lk: libc::flock = unsafe { std::mem::zeroed() };
+    lk.l_type = libc::F_WRLCK as i16;
+    lk.l_whence = libc::SEEK_SET as i16;
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::fcntl(fd, libc::F_SETLK, &lk) }, 0);
+    let script = r#"
+import fcntl, signal, sys
+f = open(sys.argv[1], "r+")
+# The handler raises (SystemExit): Python retries a call that failed with EINTR otherwise.
+signal.signal(signal.SIGALRM, lambda *a: sys.exit(4))
+signal.alarm(1)
+fcntl.lockf(f, fcntl.LOCK_EX)
+sys.exit(3)
+"#;
+    let alarmed = Command::new("python3").arg("-c").arg(script).arg(&path).spawn().expect("run python3");
+    assert_eq!(
+        wait_exit("F_SETLKW with alarm()", KillOnDrop(alarmed)),
+        Some(4),
+        "the alarm's handler ran during the wait (3: it took the lock; 1: an error)"
+    );
+    // Neither waiter holds the lock: it is ours until we drop it, then free.
+    lk.l_type = libc::F_UNLCK as i16;
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::fcntl(fd, libc::F_SETLK, &lk) }, 0);
+    let free = Command::new("flock").args(["-n", "-E", "75"]).arg(&path).arg("true").status().unwrap();
+    assert_eq!(free.code(), Some(0), "the file is left unlocked");
+}
+
 fn denied(out: &std::process::Output, what: &str, msg: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains(msg), "{what}: expected \"{msg}\", got {:?}: {err}", out.status);

@@ -489,12 +489,12 @@ impl OdfsFuse {
 }
 
 /// How long one lock request may wait at metad before it is asked again (a waiting `flock` or
-/// F_SETLKW is a chain of these; between them the adapter sees whether the waiter was killed).
-const LOCK_WAIT: Duration = Duration::from_secs(1);
+/// F_SETLKW is a chain of these; between them the adapter looks for a signal to the waiter).
+const LOCK_WAIT: Duration = Duration::from_millis(250);
 
 /// A SETLK or SETLKW of thread `tid`: an unlock publishes the file's writes first (the next
 /// holder, on any node, reads them); a lock that may wait asks again until granted, or until
-/// its caller is killed or its file closed.
+/// its caller has a signal to take or its file is closed.
 async fn take_lock(
     s: Arc<Shared>,
     ctx: Ctx,
@@ -522,19 +522,31 @@ async fn take_lock(
         if !sleep {
             return Err(FuseError::Errno(libc::EAGAIN));
         }
-        if killed(tid) {
-            // The kernel lets a killed waiter die only once its request is answered.
+        if signalled(tid) {
+            // The kernel makes this a restart or an EINTR through the handler, as locally.
             return Err(FuseError::Errno(libc::EINTR));
         }
     }
 }
 
-/// Whether thread `tid` has been killed: a fatal signal leaves SIGKILL pending on every thread
-/// of its process. Read from /proc; where that fails, the waiter is taken as alive.
-fn killed(tid: u32) -> bool {
+/// Whether thread `tid` will take a signal when its request is answered: one pending on the
+/// thread and not blocked (a fatal signal leaves SIGKILL pending on every thread), or pending
+/// on the process when the thread is its only one. Not a process-wide signal another thread
+/// may take: the thread would return with no signal, and the kernel's restart code with it.
+/// Read from /proc; where that fails, nothing is pending. See "Locks across nodes".
+fn signalled(tid: u32) -> bool {
     let Ok(status) = std::fs::read_to_string(format!("/proc/{tid}/status")) else { return false };
-    let pending = status.lines().find_map(|l| l.strip_prefix("SigPnd:"));
-    pending.and_then(|v| u64::from_str_radix(v.trim(), 16).ok()).is_some_and(|m| m & (1 << (libc::SIGKILL - 1)) != 0)
+    signal_to_take(&status)
+}
+
+/// `signalled`'s rule on the text of a `/proc/TID/status`.
+fn signal_to_take(status: &str) -> bool {
+    let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).map(str::trim);
+    let mask = |name: &str| field(name).and_then(|v| u64::from_str_radix(v, 16).ok()).unwrap_or(0);
+    // SIGKILL cannot be blocked.
+    let blocked = mask("SigBlk:") & !(1 << (libc::SIGKILL - 1));
+    let alone = field("Threads:") == Some("1");
+    mask("SigPnd:") & !blocked != 0 || (alone && mask("ShdPnd:") & !blocked != 0)
 }
 
 /// A lock request's kind from the kernel's `l_type`.
@@ -1527,5 +1539,31 @@ fn sized_reply(reply: ReplyXattr, size: u32, probe: usize, bytes: &[u8]) {
         reply.error(Errno::ERANGE);
     } else {
         reply.data(bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::signal_to_take;
+
+    fn status(threads: u32, sig_pnd: u64, shd_pnd: u64, sig_blk: u64) -> String {
+        format!(
+            "Name:\tflock\nThreads:\t{threads}\nSigQ:\t0/95519\nSigPnd:\t{sig_pnd:016x}\n\
+             ShdPnd:\t{shd_pnd:016x}\nSigBlk:\t{sig_blk:016x}\nSigIgn:\t0000000000000000\n"
+        )
+    }
+
+    #[test]
+    fn a_waiter_ends_its_wait_only_for_a_signal_it_will_take() {
+        let bit = |sig: i32| 1u64 << (sig - 1);
+        let (kill, alrm) = (bit(libc::SIGKILL), bit(libc::SIGALRM));
+        assert!(!signal_to_take(&status(1, 0, 0, 0)), "nothing pending");
+        assert!(signal_to_take(&status(4, kill, 0, !0)), "a fatal signal, whatever is blocked");
+        assert!(signal_to_take(&status(4, alrm, 0, 0)), "sent to the thread");
+        assert!(!signal_to_take(&status(1, alrm, 0, alrm)), "blocked on the thread");
+        assert!(signal_to_take(&status(1, 0, alrm, 0)), "sent to a process of one thread");
+        assert!(!signal_to_take(&status(1, 0, alrm, alrm)), "blocked by its only thread");
+        assert!(!signal_to_take(&status(2, 0, alrm, 0)), "another thread may take it");
+        assert!(!signal_to_take(""), "an unreadable status");
     }
 }
