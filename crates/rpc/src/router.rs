@@ -2,6 +2,7 @@
 //! Every request a router serves is counted (`stats`); every router answers `GetStats`.
 
 use crate::conn::{buffered, read_request, spawn_writer};
+use crate::error::RpcError;
 use crate::spans::FrameSink;
 use crate::stats::{Served, Stats};
 use bytes::Bytes;
@@ -12,6 +13,7 @@ use odfs_proto::stats::GetStats;
 use odfs_proto::{ErrorCode, RemoteError, RequestHeader, Rpc};
 use std::collections::HashMap;
 use std::future::Future;
+use std::io::ErrorKind;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::io::AsyncRead;
@@ -125,6 +127,12 @@ where
         let frame = match read_request(&mut reader).await {
             Ok(Some(f)) => f,
             Ok(None) => break,
+            // The peer went away between requests (a reset, a QUIC connection closed or lost:
+            // what a command-line client's exit looks like): no bad frame.
+            Err(RpcError::Io(e)) if matches!(e.kind(), ErrorKind::ConnectionReset | ErrorKind::NotConnected) => {
+                debug!(error = %e, "stream ended with its connection");
+                break;
+            }
             Err(e) => {
                 warn!(error = %e, "closing stream after a bad frame");
                 break;
