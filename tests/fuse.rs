@@ -494,6 +494,9 @@ fn xattrs_statfs_and_df() {
     assert_eq!(getxattr(&f, "user.color", 64).unwrap(), (4, b"blue".to_vec()));
     assert_eq!(getxattr(&f, "user.empty", 8).unwrap(), (0, Vec::new()));
     assert_eq!(errno(getxattr(&f, "user.none", 8)), libc::ENODATA);
+    // A name in no namespace Linux knows: refused, as Linux's own filesystems refuse it.
+    assert_eq!(errno(setxattr(&f, "foo.bar", b"1", 0)), libc::EOPNOTSUPP);
+    assert_eq!(errno(getxattr(&f, "foo.bar", 8)), libc::EOPNOTSUPP);
     assert_eq!(errno(setxattr(&f, "user.color", b"red", libc::XATTR_CREATE)), libc::EEXIST);
     assert_eq!(errno(setxattr(&f, "user.none", b"red", libc::XATTR_REPLACE)), libc::ENODATA);
     setxattr(&f, "user.color", b"green", libc::XATTR_REPLACE).unwrap();

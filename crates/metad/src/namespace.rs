@@ -218,12 +218,23 @@ pub(crate) fn spans_shards(ino: InodeId) -> RemoteError {
 
 pub use odfs_proto::meta::check_name;
 
-/// Extended attribute names: not empty, at most `NAME_MAX` bytes (Linux answers `ERANGE`).
+/// The namespaces of extended attribute names Linux knows; the kernel leaves other names to a
+/// FUSE filesystem, and Linux's local filesystems refuse them with `EOPNOTSUPP`.
+const XATTR_NAMESPACES: [&[u8]; 4] = [b"user.", b"trusted.", b"security.", b"system."];
+
+/// Extended attribute names: not empty, at most `NAME_MAX` bytes (Linux answers `ERANGE`), in
+/// a namespace Linux knows.
 pub(crate) fn check_xattr_name(name: &[u8]) -> RpcResult<()> {
     if name.is_empty() || name.len() > NAME_MAX {
         return Err(RemoteError::new(
             ErrorCode::Range,
             format!("extended attribute name is {} bytes; it must be 1 to {NAME_MAX}", name.len()),
+        ));
+    }
+    if !XATTR_NAMESPACES.iter().any(|ns| name.starts_with(ns)) {
+        return Err(RemoteError::new(
+            ErrorCode::Unsupported,
+            format!("extended attribute \"{}\" is in no namespace (user., trusted., security.)", show(name)),
         ));
     }
     Ok(())

@@ -454,8 +454,13 @@ fn xattrs() {
     assert_eq!(s.listxattr(&owner, &ListXattr { ino: f.ino }).unwrap(), vec![b"user.a".to_vec(), b"user.b".to_vec()]);
     // Limits.
     assert_eq!(code(s.mutate(&owner, set(b"", b"1", 0))).map(|_| ()), Err(Range));
-    assert_eq!(code(s.mutate(&owner, set(&[b'n'; 256], b"1", 0))).map(|_| ()), Err(Range));
-    s.mutate(&owner, set(&[b'n'; 255], b"1", 0)).unwrap();
+    let long = |len: usize| [b"user.".as_slice(), &vec![b'n'; len - 5]].concat();
+    assert_eq!(code(s.mutate(&owner, set(&long(256), b"1", 0))).map(|_| ()), Err(Range));
+    s.mutate(&owner, set(&long(255), b"1", 0)).unwrap();
+    // A name in no namespace Linux knows, as Linux's own filesystems answer it.
+    assert_eq!(code(s.mutate(&owner, set(b"foo.bar", b"1", 0))).map(|_| ()), Err(Unsupported));
+    assert_eq!(get(&s, b"foo.bar"), Err(Unsupported));
+    assert_eq!(code(s.mutate(&owner, rm(b"foo.bar"))).map(|_| ()), Err(Unsupported));
     let big = vec![0u8; odfs_proto::XATTR_VALUE_MAX + 1];
     assert_eq!(code(s.mutate(&owner, set(b"user.big", &big, 0))).map(|_| ()), Err(Range));
     s.mutate(&owner, set(b"user.big", &big[1..], 0)).unwrap();
