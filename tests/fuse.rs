@@ -433,6 +433,16 @@ fn namespace_operations_through_the_mount() {
     let st = fs::metadata(m.p("r")).unwrap();
     assert_eq!((st.atime(), st.atime_nsec()), (1_000_000_000, 123_456_789));
     assert_eq!((st.mtime(), st.mtime_nsec()), (1_200_000_000, 987_654_321));
+    // Before 1970 (tar archives carry such times): a second and a fraction before, and 5 ns before.
+    let before =
+        [libc::timespec { tv_sec: -2, tv_nsec: 250_000_000 }, libc::timespec { tv_sec: -1, tv_nsec: 999_999_995 }];
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, cpath(&m.p("r")).as_ptr(), before.as_ptr(), 0) }, 0);
+    let st = fs::metadata(m.p("r")).unwrap();
+    assert_eq!((st.atime(), st.atime_nsec()), (-2, 250_000_000), "a time before 1970");
+    assert_eq!((st.mtime(), st.mtime_nsec()), (-1, 999_999_995), "a time before 1970");
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, cpath(&m.p("r")).as_ptr(), times.as_ptr(), 0) }, 0);
     let now = [
         libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
         libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW },
