@@ -61,6 +61,8 @@ pub fn session_config(job_id: &str, allow_other: bool) -> Config {
         MountOption::CUSTOM("subtype=odfs".into()),
         MountOption::DefaultPermissions,
         MountOption::RW,
+        // Reads do not update access times (metad is not told of reads); the mount says so.
+        MountOption::NoAtime,
     ];
     cfg.acl = if allow_other { SessionACL::All } else { SessionACL::Owner };
     cfg.n_threads = Some(SESSION_THREADS);
@@ -242,6 +244,7 @@ mod tests {
         assert!(c.mount_options.contains(&MountOption::FSName("odfs:job_1_2".into())));
         assert!(c.mount_options.contains(&MountOption::CUSTOM("subtype=odfs".into())));
         assert!(c.mount_options.contains(&MountOption::DefaultPermissions));
+        assert!(c.mount_options.contains(&MountOption::NoAtime));
         assert_eq!(c.acl, SessionACL::Owner);
         assert_eq!(session_config("j", true).acl, SessionACL::All);
     }
