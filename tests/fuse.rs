@@ -873,8 +873,9 @@ fn a_killed_lock_waiter_dies_and_takes_no_lock() {
 }
 
 /// A lock wait ends at a signal the waiter handles, as on a local disk: `flock -w` times out
-/// (util-linux arms a timer whose handler ends the wait) and an F_SETLKW interrupted by a
-/// handled SIGALRM fails with EINTR, neither taking the lock. Without it they would wait until
+/// (util-linux arms a timer whose handler ends the wait) and an F_SETLKW of a process's main
+/// thread, with other threads running, is interrupted by a handled SIGALRM, neither taking
+/// the lock. Without it they would wait until
 /// the lock goes. Liveness only: the waits are bounds.
 #[test]
 fn a_handled_signal_ends_a_lock_wait() {
@@ -907,8 +908,10 @@ fn a_handled_signal_ends_a_lock_wait() {
     // SAFETY: as above.
     assert_eq!(unsafe { libc::fcntl(fd, libc::F_SETLK, &lk) }, 0);
     let script = r#"
-import fcntl, signal, sys
+import fcntl, signal, sys, threading, time
 f = open(sys.argv[1], "r+")
+# A process of several threads, as a training script with its loaders: the main thread waits.
+threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
 # The handler raises (SystemExit): Python retries a call that failed with EINTR otherwise.
 signal.signal(signal.SIGALRM, lambda *a: sys.exit(4))
 signal.alarm(1)

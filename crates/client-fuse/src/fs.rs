@@ -531,10 +531,12 @@ async fn take_lock(
 }
 
 /// Whether thread `tid` will take a signal when its request is answered: one pending on the
-/// thread and not blocked (a fatal signal leaves SIGKILL pending on every thread), or pending
-/// on the process when the thread is its only one. Not a process-wide signal another thread
-/// may take: the thread would return with no signal, and the kernel's restart code with it.
-/// Read from /proc; where that fails, nothing is pending. See "Locks across nodes".
+/// thread and not blocked (a fatal signal leaves SIGKILL pending on every thread), or one
+/// pending on the process that the thread does not block, when it is the process's main
+/// thread (the kernel hands a signal sent to a process to its main thread first, if that
+/// thread does not block it) or its only one. Not a signal another thread may take: the
+/// thread would return with no signal, and the kernel's restart code with it. Read from
+/// /proc; where that fails, nothing is pending. See "Locks across nodes".
 fn signalled(tid: u32) -> bool {
     let Ok(status) = std::fs::read_to_string(format!("/proc/{tid}/status")) else { return false };
     signal_to_take(&status)
@@ -546,8 +548,8 @@ fn signal_to_take(status: &str) -> bool {
     let mask = |name: &str| field(name).and_then(|v| u64::from_str_radix(v, 16).ok()).unwrap_or(0);
     // SIGKILL cannot be blocked.
     let blocked = mask("SigBlk:") & !(1 << (libc::SIGKILL - 1));
-    let alone = field("Threads:") == Some("1");
-    mask("SigPnd:") & !blocked != 0 || (alone && mask("ShdPnd:") & !blocked != 0)
+    let first = field("Threads:") == Some("1") || (field("Pid:").is_some() && field("Tgid:") == field("Pid:"));
+    mask("SigPnd:") & !blocked != 0 || (first && mask("ShdPnd:") & !blocked != 0)
 }
 
 /// A lock request's kind from the kernel's `l_type`.
@@ -1589,10 +1591,12 @@ fn sized_reply(reply: ReplyXattr, size: u32, probe: usize, bytes: &[u8]) {
 mod tests {
     use super::signal_to_take;
 
-    fn status(threads: u32, sig_pnd: u64, shd_pnd: u64, sig_blk: u64) -> String {
+    /// A `/proc/TID/status` of thread `tid` of process `tgid`.
+    fn status((tid, tgid, threads): (u32, u32, u32), sig_pnd: u64, shd_pnd: u64, sig_blk: u64) -> String {
         format!(
-            "Name:\tflock\nThreads:\t{threads}\nSigQ:\t0/95519\nSigPnd:\t{sig_pnd:016x}\n\
-             ShdPnd:\t{shd_pnd:016x}\nSigBlk:\t{sig_blk:016x}\nSigIgn:\t0000000000000000\n"
+            "Name:\tflock\nTgid:\t{tgid}\nPid:\t{tid}\nThreads:\t{threads}\nSigQ:\t0/95519\n\
+             SigPnd:\t{sig_pnd:016x}\nShdPnd:\t{shd_pnd:016x}\nSigBlk:\t{sig_blk:016x}\n\
+             SigIgn:\t0000000000000000\n"
         )
     }
 
@@ -1600,13 +1604,16 @@ mod tests {
     fn a_waiter_ends_its_wait_only_for_a_signal_it_will_take() {
         let bit = |sig: i32| 1u64 << (sig - 1);
         let (kill, alrm) = (bit(libc::SIGKILL), bit(libc::SIGALRM));
-        assert!(!signal_to_take(&status(1, 0, 0, 0)), "nothing pending");
-        assert!(signal_to_take(&status(4, kill, 0, !0)), "a fatal signal, whatever is blocked");
-        assert!(signal_to_take(&status(4, alrm, 0, 0)), "sent to the thread");
-        assert!(!signal_to_take(&status(1, alrm, 0, alrm)), "blocked on the thread");
-        assert!(signal_to_take(&status(1, 0, alrm, 0)), "sent to a process of one thread");
-        assert!(!signal_to_take(&status(1, 0, alrm, alrm)), "blocked by its only thread");
-        assert!(!signal_to_take(&status(2, 0, alrm, 0)), "another thread may take it");
+        let (alone, main, other) = ((7, 7, 1), (7, 7, 4), (9, 7, 4));
+        assert!(!signal_to_take(&status(alone, 0, 0, 0)), "nothing pending");
+        assert!(signal_to_take(&status(other, kill, 0, !kill)), "a fatal signal, whatever is blocked");
+        assert!(signal_to_take(&status(other, alrm, 0, 0)), "sent to the thread");
+        assert!(!signal_to_take(&status(alone, alrm, 0, alrm)), "blocked on the thread");
+        assert!(signal_to_take(&status(alone, 0, alrm, 0)), "sent to a process of one thread");
+        assert!(!signal_to_take(&status(alone, 0, alrm, alrm)), "blocked by its only thread");
+        assert!(signal_to_take(&status(main, 0, alrm, 0)), "sent to the process, its main thread waits");
+        assert!(!signal_to_take(&status(main, 0, alrm, alrm)), "blocked by the main thread");
+        assert!(!signal_to_take(&status(other, 0, alrm, 0)), "another thread may take it");
         assert!(!signal_to_take(""), "an unreadable status");
     }
 }
