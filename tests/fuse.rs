@@ -875,8 +875,8 @@ fn a_killed_lock_waiter_dies_and_takes_no_lock() {
 /// A lock wait ends at a signal the waiter handles, as on a local disk: `flock -w` times out
 /// (util-linux arms a timer whose handler ends the wait) and an F_SETLKW of a process's main
 /// thread, with other threads running, is interrupted by a handled SIGALRM, neither taking
-/// the lock. Without it they would wait until
-/// the lock goes. Liveness only: the waits are bounds.
+/// the lock. Without it they would wait until the lock goes. Liveness only: the waits are
+/// bounds.
 #[test]
 fn a_handled_signal_ends_a_lock_wait() {
     let fs = LocalFs::up(1, &[]);

@@ -103,6 +103,9 @@ fn make(k: char, p: &Path, who: Who, user: &TestUser) -> Vec<Value> {
 /// path, errno, lstat afterwards).
 type PermRow = (&'static str, Who, Who, Value, i32, Option<String>);
 
+/// A call on a name too long (the first path), given an existing file (the second).
+type TooLongOp = fn(&Path, &Path) -> Value;
+
 /// Builds the table under `base`: rows for every file type, and permission rows.
 struct Table<'a> {
     base: &'a Path,
@@ -352,7 +355,7 @@ impl Table<'_> {
         let setup = make('d', &dir, Who::Root, self.user);
         let op = json!({"op": "creat", "path": a, "mode": 0o644});
         self.row("root: creat a name of 255 bytes".into(), setup, Who::Root, op, 0, then);
-        let too_long: [(&str, fn(&Path, &Path) -> Value); 11] = [
+        let too_long: [(&str, TooLongOp); 11] = [
             ("stat", |p, _| json!({"op": "stat", "path": p})),
             ("open", |p, _| json!({"op": "open", "path": p, "flags": libc::O_RDONLY})),
             ("creat", |p, _| json!({"op": "creat", "path": p, "mode": 0o644})),
