@@ -902,6 +902,7 @@ fn a_handled_signal_ends_a_lock_wait() {
 
     // SAFETY: as above.
     assert_eq!(unsafe { libc::flock(fd, libc::LOCK_UN) }, 0);
+    // SAFETY: struct flock is plain old data; all zeros is a valid value.
     let mut lk: libc::flock = unsafe { std::mem::zeroed() };
     lk.l_type = libc::F_WRLCK as i16;
     lk.l_whence = libc::SEEK_SET as i16;
