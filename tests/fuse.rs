@@ -831,6 +831,16 @@ fn flock_and_fcntl_locks_hold_between_processes_of_one_node() {
     assert_eq!(python(probe, &path).trim(), "locked locked 0", "after F_UNLCK");
 }
 
+/// A file on the mount, open for reading and writing and held with `flock(LOCK_EX)`.
+fn flocked(m: &FuseMount, name: &str) -> (std::path::PathBuf, File) {
+    let path = m.p(name);
+    fs::write(&path, b"x").unwrap();
+    let f = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+    // SAFETY: flock(2) on an open descriptor.
+    assert_eq!(unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&f), libc::LOCK_EX) }, 0);
+    (path, f)
+}
+
 /// A process waiting for a lock (`flock` without LOCK_NB) dies when killed, and the lock it
 /// waited for is not left to it: the kernel keeps a killed waiter until its request is
 /// answered, so the mount must notice the kill. Liveness only: the waits are bounds.
@@ -838,12 +848,8 @@ fn flock_and_fcntl_locks_hold_between_processes_of_one_node() {
 fn a_killed_lock_waiter_dies_and_takes_no_lock() {
     let fs = LocalFs::up(1, &[]);
     let m = FuseMount::start(&fs);
-    let path = m.p("contended");
-    fs::write(&path, b"x").unwrap();
-    let f = File::open(&path).unwrap();
+    let (path, f) = flocked(&m, "contended");
     let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
-    // SAFETY: flock(2) on an open descriptor.
-    assert_eq!(unsafe { libc::flock(fd, libc::LOCK_EX) }, 0);
     let mut waiter =
         KillOnDrop(Command::new("flock").arg("-x").arg(&path).args(["sleep", "600"]).spawn().expect("run flock"));
     // Blocked in its lock request, waiting for the mount's answer.
@@ -862,7 +868,7 @@ fn a_killed_lock_waiter_dies_and_takes_no_lock() {
         assert!(t.elapsed() < Duration::from_secs(10), "a killed lock waiter did not die");
         std::thread::sleep(Duration::from_millis(20));
     }
-    // SAFETY: as above.
+    // SAFETY: flock(2) on an open descriptor.
     assert_eq!(unsafe { libc::flock(fd, libc::LOCK_UN) }, 0);
     let free = || Command::new("flock").args(["-n", "-E", "75"]).arg(&path).arg("true").status().unwrap().code();
     let t = Instant::now();
@@ -881,12 +887,8 @@ fn a_killed_lock_waiter_dies_and_takes_no_lock() {
 fn a_handled_signal_ends_a_lock_wait() {
     let fs = LocalFs::up(1, &[]);
     let m = FuseMount::start(&fs);
-    let path = m.p("contended");
-    fs::write(&path, b"x").unwrap();
-    let f = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+    let (path, f) = flocked(&m, "contended");
     let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
-    // SAFETY: flock(2) and fcntl(2) on an open descriptor with a valid struct flock.
-    assert_eq!(unsafe { libc::flock(fd, libc::LOCK_EX) }, 0);
     let wait_exit = |what: &str, mut child: KillOnDrop| {
         let t = Instant::now();
         loop {
@@ -900,13 +902,13 @@ fn a_handled_signal_ends_a_lock_wait() {
     let timed = Command::new("flock").args(["-w", "1", "-E", "75"]).arg(&path).arg("true").spawn().expect("run flock");
     assert_eq!(wait_exit("flock -w 1", KillOnDrop(timed)), Some(75), "flock -w 1 times out (exit 75 by -E)");
 
-    // SAFETY: as above.
+    // SAFETY: flock(2) on an open descriptor.
     assert_eq!(unsafe { libc::flock(fd, libc::LOCK_UN) }, 0);
     // SAFETY: struct flock is plain old data; all zeros is a valid value.
     let mut lk: libc::flock = unsafe { std::mem::zeroed() };
     lk.l_type = libc::F_WRLCK as i16;
     lk.l_whence = libc::SEEK_SET as i16;
-    // SAFETY: as above.
+    // SAFETY: fcntl(2) on an open descriptor with a valid struct flock.
     assert_eq!(unsafe { libc::fcntl(fd, libc::F_SETLK, &lk) }, 0);
     let script = r#"
 import fcntl, signal, sys, threading, time

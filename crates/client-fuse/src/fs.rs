@@ -460,7 +460,6 @@ impl OdfsFuse {
         (setid_dropped(mode, ctx.uid == 0, in_group) != 0).then_some(ctx)
     }
 
-    /// The open file behind a FUSE file handle; `None` after replying EBADF.
     /// The open file and the lock request of a GETLK or SETLK (range, `l_type`, pid); `None`
     /// once refused (an unknown handle: EBADF; an unknown lock type: EINVAL).
     fn lock_ask<R: ErrorReply>(
@@ -478,6 +477,7 @@ impl OdfsFuse {
         Some((f, LockAsk { owner: owner.0, pid, kind, start, end }, reply))
     }
 
+    /// The open file behind a FUSE file handle; `None` after replying EBADF.
     fn open_file<R: ErrorReply>(&self, fh: FileHandle, reply: R) -> Option<(Arc<OpenFile>, R)> {
         match self.shared.handles.get(fh.0) {
             Some(f) => Some((f, reply)),

@@ -45,7 +45,7 @@ pub enum SetOutcome {
     Full,
 }
 
-/// Every lock of the shard, by inode.
+/// Locks by inode: a shard's, of every client, or a client's copy of its own grants.
 #[derive(Default)]
 pub struct LockTable {
     by_ino: HashMap<InodeId, Vec<Held>>,
