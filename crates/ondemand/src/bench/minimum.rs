@@ -1,5 +1,6 @@
-//! The FUSE minima of `odfs bench --mount` for creates and small files, mounted either in the
-//! benchmark's own process or served by a process of its own session (`odfs fuse-minimum`).
+//! The FUSE minima of `odfs bench --mount` for creates, small files and networked large files,
+//! mounted either in the benchmark's own process or served by a process of its own session
+//! (`odfs fuse-minimum`).
 //!
 //! Why two: the kernel here schedules CPU time by session (autogroup), and with cgroups by
 //! cgroup, so a FUSE daemon that runs as daemons do (odfs-fuse started by `odfs local up` or
@@ -10,7 +11,7 @@
 
 use super::fill_pattern;
 use anyhow::{Context, Result};
-use odfs_client_fuse::minimum::{BackgroundSession, MinimumFs};
+use odfs_client_fuse::minimum::{BackgroundSession, FileServer, MinimumFs};
 use odfs_job::launch::procs;
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
@@ -38,18 +39,30 @@ pub struct MinimumSpec {
     /// Every OPEN answered ENOSYS: FUSE's no-open mode (no OPEN or RELEASE sent).
     #[arg(long)]
     pub no_open: bool,
+    /// Large files `/seq.{k}.0` whose every READ is fetched over loopback TCP from these files,
+    /// served by this process too (`FileServer`): the FUSE + network minimum.
+    #[arg(long, num_args = 1..)]
+    pub remote_large: Vec<PathBuf>,
+    /// Size of each large file in bytes (with `--remote-large`).
+    #[arg(long, default_value_t = 0)]
+    pub large_size: u64,
 }
 
 impl MinimumSpec {
-    fn fs(&self) -> MinimumFs {
+    /// The tree to serve, with the server of its remote large files if it has any (kept for
+    /// as long as the tree is mounted).
+    fn fs(&self) -> Result<(MinimumFs, Option<FileServer>)> {
         let mut template = vec![0u8; self.small_size];
         fill_pattern(&mut template, 5);
-        let fs = MinimumFs::new(self.small_files, self.small_dirs, template, self.no_open);
+        let mut fs = MinimumFs::new(self.small_files, self.small_dirs, template, self.no_open);
         if self.creates {
-            fs.with_creates()
-        } else {
-            fs
+            fs = fs.with_creates();
         }
+        if self.remote_large.is_empty() {
+            return Ok((fs, None));
+        }
+        let server = FileServer::start(&self.remote_large).context("serving the large files")?;
+        Ok((fs.with_remote_large(&server, self.large_size), Some(server)))
     }
 
     fn args(&self) -> Vec<OsString> {
@@ -67,6 +80,11 @@ impl MinimumSpec {
         if self.no_open {
             a.push("--no-open".into());
         }
+        if !self.remote_large.is_empty() {
+            a.push(format!("--large-size={}", self.large_size).into());
+            a.push("--remote-large".into());
+            a.extend(self.remote_large.iter().map(|p| p.clone().into()));
+        }
         a
     }
 }
@@ -78,7 +96,8 @@ const READY: &str = "mounted";
 /// standard input ends (the benchmark closes it, or dies), then unmounts.
 pub fn serve(spec: &MinimumSpec) -> Result<()> {
     std::fs::create_dir_all(&spec.at).with_context(|| format!("cannot create {}", spec.at.display()))?;
-    let session = spec.fs().mount(&spec.at).with_context(|| format!("cannot mount at {}", spec.at.display()))?;
+    let (fs, _server) = spec.fs()?;
+    let session = fs.mount(&spec.at).with_context(|| format!("cannot mount at {}", spec.at.display()))?;
     println!("{READY}");
     std::io::stdout().flush()?;
     let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
@@ -87,8 +106,8 @@ pub fn serve(spec: &MinimumSpec) -> Result<()> {
 
 /// A mounted minimum.
 pub enum Minimum {
-    /// Served by reader threads of this process.
-    Here(BackgroundSession),
+    /// Served by reader threads of this process (and its remote large files' server).
+    Here(BackgroundSession, Option<FileServer>),
     /// Served by `odfs fuse-minimum` in a session of its own; closing `stdin` ends it.
     Apart { child: Child, stdin: ChildStdin },
 }
@@ -98,7 +117,8 @@ impl Minimum {
     /// the note saying `name` was not measured because the minimum could not be mounted.
     pub fn mount(spec: &MinimumSpec, apart: bool, name: &str) -> Result<std::result::Result<Minimum, String>> {
         if !apart {
-            return Ok(mount_here(spec.fs(), &spec.at, name)?.map(Minimum::Here));
+            let (fs, server) = spec.fs()?;
+            return Ok(mount_here(fs, &spec.at, name)?.map(|s| Minimum::Here(s, server)));
         }
         std::fs::create_dir_all(&spec.at)?;
         let mut child = spawn_apart(spec)?;
@@ -120,7 +140,7 @@ impl Minimum {
     /// The serving process, whose CPU time is the minimum's.
     pub fn pid(&self) -> Option<u32> {
         match self {
-            Minimum::Here(_) => None,
+            Minimum::Here(..) => None,
             Minimum::Apart { child, .. } => Some(child.id()),
         }
     }
@@ -128,7 +148,7 @@ impl Minimum {
     /// Unmounts and waits for the reader threads or the serving process.
     pub fn unmount(self) -> Result<()> {
         match self {
-            Minimum::Here(session) => MinimumFs::unmount(session).context("unmounting the FUSE minimum"),
+            Minimum::Here(session, _server) => MinimumFs::unmount(session).context("unmounting the FUSE minimum"),
             Minimum::Apart { mut child, stdin } => {
                 drop(stdin);
                 let status = child.wait().context("waiting for odfs fuse-minimum")?;

@@ -11,16 +11,16 @@
 //! the kernel and FUSE like any application's. Every phase also runs on a plain FUSE
 //! passthrough of the same disk (bindfs, when installed): the FUSE floor; the sequential read
 //! also runs with only loopback TCP between the disk and the reader (the network minimum), and
-//! on the FUSE minimum fed over loopback TCP (the FUSE + network minimum); the creates and the
-//! small reads also run on the FUSE minimum, served from this process and from a process of
-//! its own session (`super::minimum`). The
+//! on the FUSE minimum fed over loopback TCP (the FUSE + network minimum); that minimum, the
+//! creates and the small reads also run on the FUSE minimum, served from this process and from
+//! a process of its own session (`super::minimum`). The
 //! requests that reach metad during each odfs phase are counted (metad's `GetStats`), so what
 //! the caches answer shows. The filesystem is started and stopped through [`odfs_job::local`].
 
 use super::minimum::{self, Minimum, MinimumSpec};
 use super::{close, drop_caches, fill_pattern, parallel, CpuMeter, Phase};
 use anyhow::{bail, Context, Result};
-use odfs_client_fuse::minimum::{FileServer, MinimumFs};
+use odfs_client_fuse::minimum::MinimumFs;
 use odfs_job::launch::mount;
 use odfs_job::local::{self, UpOptions};
 use odfs_rpc::Transport;
@@ -466,13 +466,21 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
     })?;
     sides.push("rand read 4k", "IOPS", 0.0, &s);
     let fs = MinimumFs::new(0, 0, Vec::new(), false).with_large(o.jobs as u64, o.job_size);
-    let note = fuse_minimum_large(o, fio, reports, &sides.minimum_dir(), fs, "bytes from memory", "FUSE minimum")?;
+    let (at, name) = (sides.minimum_dir(), "FUSE minimum");
+    let note = match minimum::mount_here(fs, &at, name)? {
+        Ok(session) => {
+            fuse_minimum_large(o, fio, reports, &at, Minimum::Here(session, None), "bytes from memory", name)?
+        }
+        Err(skipped) => skipped,
+    };
     sides.notes.push(note);
     sides.notes.push(fuse_minimum_write(o, fio, reports, &sides.minimum_dir())?);
     let notes = match &sides.plain {
         Some(plain) => {
             let files = seq_files(o, &plain.join("fio"));
-            vec![network_minimum(o, &files)?, fuse_network_minimum(o, fio, reports, &files, &sides.minimum_dir())?]
+            let mut notes = vec![network_minimum(o, &files)?];
+            notes.extend(fuse_network_minimum(o, fio, reports, &files, &sides.minimum_dir())?);
+            notes
         }
         None => vec!["network minimum and FUSE + network minimum not measured: they read the plain directory's \
                       files"
@@ -491,18 +499,31 @@ fn seq_files(o: &MountBenchOptions, dir: &Path) -> Vec<PathBuf> {
 /// loopback TCP from the plain directory's `files` (`FileServer`, `sendfile`): what any
 /// filesystem that moves a file's bytes between processes over TCP and serves them through its
 /// FUSE daemon can read at on this machine, and the CPU it must spend (odfs's default-stripe
-/// reads are such reads). One line, or why it was skipped.
+/// reads are such reads). Once served from this process (the readers' scheduling group), once
+/// from a process of its own session as every FUSE daemon runs (`super::minimum`). One line
+/// each, or why it was skipped.
 fn fuse_network_minimum(
     o: &MountBenchOptions,
     fio: &Path,
     reports: &Path,
     files: &[PathBuf],
     at: &Path,
-) -> Result<String> {
-    let server = FileServer::start(files).context("serving the plain directory's files")?;
-    let fs = MinimumFs::new(0, 0, Vec::new(), false).with_remote_large(&server, o.job_size);
+) -> Result<Vec<String>> {
+    let spec = MinimumSpec {
+        at: at.to_path_buf(),
+        remote_large: files.to_vec(),
+        large_size: o.job_size,
+        ..Default::default()
+    };
     let what = "each READ fetched over loopback TCP, sendfile from the plain directory's files";
-    fuse_minimum_large(o, fio, reports, at, fs, what, "FUSE + network minimum")
+    let mut notes = Vec::new();
+    for (apart, name) in [(false, "FUSE + network minimum"), (true, "FUSE + network minimum in its own session")] {
+        notes.push(match Minimum::mount(&spec, apart, name)? {
+            Ok(m) => fuse_minimum_large(o, fio, reports, at, m, what, name)?,
+            Err(skipped) => skipped,
+        });
+    }
+    Ok(notes)
 }
 
 /// Runs of the network minimum: it is short and its spread wide, so every run is printed.
@@ -574,34 +595,32 @@ fn fuse_minimum_large(
     fio: &Path,
     reports: &Path,
     at: &Path,
-    fs: MinimumFs,
+    minimum: Minimum,
     what: &str,
     name: &str,
 ) -> Result<String> {
-    let session = match minimum::mount_here(fs, at, name)? {
-        Ok(s) => s,
-        Err(skipped) => return Ok(skipped),
-    };
     eprintln!("bench: {name}, large files: sequential read, then 4 KiB random read");
     let report = name.replace([' ', '+'], "-");
     let mut files = fio_files("seq", at, SEQ_FILES, o);
     files.push("--readonly".into());
-    // CPU-s as for every phase: fio's and this process's, where the minimum's threads run.
+    // CPU-s as for every phase: fio's and this process's, where a minimum served here runs,
+    // and the serving process's.
+    let pids: Vec<u32> = minimum.pid().into_iter().collect();
     let rates = (|| -> Result<[(f64, f64); 2]> {
         drop_caches();
         let mut args = files.clone();
         args.extend(["--rw=read", "--bs=1M"].map(String::from));
-        let cpu = CpuMeter::start(&[]);
+        let cpu = CpuMeter::start(&pids);
         let r = run_fio(fio, &args, &reports.join(format!("{report}-seq-read.json")))?;
         let seq_cpu = cpu.stop();
         r.expect_bytes("read", o.jobs as u64 * o.job_size)?;
         let seq = r.bw_bytes("read")? / MIB;
         drop_caches();
-        let cpu = CpuMeter::start(&[]);
+        let cpu = CpuMeter::start(&pids);
         let iops = randread_iops(fio, files.clone(), &reports.join(format!("{report}-randread.json")), o)?;
         Ok([(seq, seq_cpu), (iops, cpu.stop())])
     })();
-    let unmounted = MinimumFs::unmount(session).with_context(|| format!("unmounting the {name}"));
+    let unmounted = minimum.unmount().with_context(|| format!("unmounting the {name}"));
     let [(seq, seq_cpu), (iops, rand_cpu)] = rates.with_context(|| format!("reading the {name}'s large files"))?;
     unmounted?;
     Ok(format!(
