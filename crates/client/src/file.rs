@@ -271,7 +271,7 @@ impl InodeData {
             if o != at || o + l as u64 > end {
                 return None;
             }
-            crc = crc32c::crc32c_combine(crc, c, l as usize);
+            crc = crate::crc::combine(crc, c, l as u64);
             at += l as u64;
         }
         (at == end).then_some(crc)

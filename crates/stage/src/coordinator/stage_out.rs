@@ -424,9 +424,9 @@ impl Outputs<'_> {
                 self.report.failed.insert(rel.clone(), e.to_string());
                 continue;
             }
-            let crc = idx.iter().fold(0u32, |c, &i| {
-                crc32c::crc32c_combine(c, results[i].crc32c.unwrap_or(0), items[i].bytes() as usize)
-            });
+            let crc = idx
+                .iter()
+                .fold(0u32, |c, &i| odfs_client::crc::combine(c, results[i].crc32c.unwrap_or(0), items[i].bytes()));
             let r = ItemResult { crc32c: Some(crc), ..ItemResult::default() };
             expect.insert(rel.clone(), (multipart_etag(&md5s), r));
         }
