@@ -841,6 +841,19 @@ fn flocked(m: &FuseMount, name: &str) -> (std::path::PathBuf, File) {
     (path, f)
 }
 
+/// The exit code of `child` once it has exited; fails saying `what` if it still runs after
+/// `limit`.
+fn exit_code_within(child: &mut KillOnDrop, limit: Duration, what: &str) -> Option<i32> {
+    let t = Instant::now();
+    loop {
+        if let Some(st) = child.0.try_wait().unwrap() {
+            return st.code();
+        }
+        assert!(t.elapsed() < limit, "{what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A process waiting for a lock (`flock` without LOCK_NB) dies when killed, and the lock it
 /// waited for is not left to it: the kernel keeps a killed waiter until its request is
 /// answered, so the mount must notice the kill. Liveness only: the waits are bounds.
@@ -863,11 +876,7 @@ fn a_killed_lock_waiter_dies_and_takes_no_lock() {
         std::thread::sleep(Duration::from_millis(20));
     }
     waiter.0.kill().unwrap();
-    let t = Instant::now();
-    while waiter.0.try_wait().unwrap().is_none() {
-        assert!(t.elapsed() < Duration::from_secs(10), "a killed lock waiter did not die");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    exit_code_within(&mut waiter, Duration::from_secs(10), "a killed lock waiter did not die");
     // SAFETY: flock(2) on an open descriptor.
     assert_eq!(unsafe { libc::flock(fd, libc::LOCK_UN) }, 0);
     let free = || Command::new("flock").args(["-n", "-E", "75"]).arg(&path).arg("true").status().unwrap().code();
@@ -890,14 +899,7 @@ fn a_handled_signal_ends_a_lock_wait() {
     let (path, f) = flocked(&m, "contended");
     let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
     let wait_exit = |what: &str, mut child: KillOnDrop| {
-        let t = Instant::now();
-        loop {
-            if let Some(st) = child.0.try_wait().unwrap() {
-                return st.code();
-            }
-            assert!(t.elapsed() < Duration::from_secs(20), "{what}: the signal did not end the wait");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        exit_code_within(&mut child, Duration::from_secs(20), &format!("{what}: the signal did not end the wait"))
     };
     let timed = Command::new("flock").args(["-w", "1", "-E", "75"]).arg(&path).arg("true").spawn().expect("run flock");
     assert_eq!(wait_exit("flock -w 1", KillOnDrop(timed)), Some(75), "flock -w 1 times out (exit 75 by -E)");

@@ -234,7 +234,11 @@ pub(crate) fn check_xattr_name(name: &[u8]) -> RpcResult<()> {
     if !XATTR_NAMESPACES.iter().any(|ns| name.starts_with(ns)) {
         return Err(RemoteError::new(
             ErrorCode::Unsupported,
-            format!("extended attribute \"{}\" is in no namespace (user., trusted., security.)", show(name)),
+            format!(
+                "extended attribute \"{}\" is in no namespace ({})",
+                show(name),
+                XATTR_NAMESPACES.map(String::from_utf8_lossy).join(", ")
+            ),
         ));
     }
     Ok(())
