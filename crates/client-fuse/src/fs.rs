@@ -1070,7 +1070,7 @@ impl Filesystem for OdfsFuse {
                 // writes included). The kernel runs one write per inode at a time, so appends
                 // through different descriptors of this mount do not interleave.
                 let offset = if f.append { f.handle.size().await } else { offset };
-                Ok(f.handle.write_owned(offset, data).await?)
+                Ok(f.handle.write_bytes(offset, data.into()).await?)
             },
             |reply, n| reply.written(n as u32),
         );

@@ -9,8 +9,9 @@
 
 use crate::fs::Truncate;
 use crate::{Client, ClientError, Ctx, Result};
+use bytes::Bytes;
 use futures::future::{BoxFuture, FutureExt, Shared};
-use odfs_proto::codec::MAX_IO;
+use odfs_proto::codec::{Payload, MAX_IO};
 use odfs_proto::meta::Attr;
 use odfs_proto::storage::{PunchChunk, SyncChunk, WriteChunk, Written};
 use odfs_proto::{InodeId, Layout, Timespec};
@@ -57,12 +58,63 @@ struct WriteState {
     size: u64,
     /// The size at metad is behind `size`.
     size_dirty: bool,
-    /// Coalescing buffer: file offset and bytes, always within one chunk.
-    buf: Option<(u64, Vec<u8>)>,
+    /// Coalescing buffer, always within one chunk.
+    buf: Option<WriteBuf>,
     inflight: Vec<InFlight>,
     /// Stripe indices written since the last fsync.
     touched: BTreeSet<usize>,
     mtime: Timespec,
+}
+
+/// Pieces handed over smaller than this are copied into the write buffer instead: an iovec
+/// and a shared buffer kept alive cost more than copying a few pages.
+const MIN_PIECE: usize = 16 << 10;
+
+/// Bytes from file offset `off` waiting to be sent as one chunk write: pieces handed over whole
+/// (an S3 body's, a FUSE write's), then bytes copied in (small writes), in file order.
+struct WriteBuf {
+    off: u64,
+    pieces: Payload,
+    tail: Vec<u8>,
+    len: usize,
+}
+
+impl WriteBuf {
+    fn new(off: u64) -> WriteBuf {
+        WriteBuf { off, pieces: Payload::default(), tail: Vec::new(), len: 0 }
+    }
+
+    fn end(&self) -> u64 {
+        self.off + self.len as u64
+    }
+
+    /// Appends a copy of `bytes`; the first copy allocates for what may follow, up to `cap`
+    /// bytes in all (or 1 MiB): small writes gather without reallocating.
+    fn copy_in(&mut self, bytes: &[u8], cap: usize) {
+        if self.tail.capacity() == 0 {
+            let room = cap.saturating_sub(self.len);
+            self.tail.reserve_exact(if bytes.len() < room { room.min(1 << 20) } else { bytes.len() });
+        }
+        self.tail.extend_from_slice(bytes);
+        self.len += bytes.len();
+    }
+
+    /// Appends `piece` as it is, without a copy unless it is small.
+    fn hand_over(&mut self, piece: Bytes, cap: usize) {
+        if piece.len() < MIN_PIECE {
+            return self.copy_in(&piece, cap);
+        }
+        if !self.tail.is_empty() {
+            self.pieces.push(std::mem::take(&mut self.tail).into());
+        }
+        self.len += piece.len();
+        self.pieces.push(piece);
+    }
+
+    fn into_payload(mut self) -> Payload {
+        self.pieces.push(self.tail.into());
+        self.pieces
+    }
 }
 
 /// A chunk write sent and not known to have landed: its file range, and its end, which any
@@ -191,26 +243,20 @@ impl InodeData {
 
     /// Sends the coalescing buffer in the background, within the client's write budget.
     async fn send_buf(self: &Arc<Self>, client: &Client, ws: &mut WriteState) {
-        let Some((off, data)) = ws.buf.take() else {
+        let Some(buf) = ws.buf.take() else {
             return;
         };
+        let (off, end) = (buf.off, buf.end());
+        let data = buf.into_payload();
         let Some(seg) = self.layout.segments(off, data.len() as u64).next() else {
             return;
         };
-        let end = off + data.len() as u64;
         self.wait_overlapping(ws, off, end).await;
         ws.touched.insert(seg.stripe_index);
         let units = data.len().div_ceil(4096).max(1) as u32;
         let permit = client.inner.write_budget.clone().acquire_many_owned(units).await.expect("budget never closes");
         let crc = self.written.lock().expect("written lock").is_some();
-        let req = WriteChunk {
-            target: seg.target,
-            ino: self.ino,
-            offset: seg.local_offset,
-            data: data.into(),
-            sync: false,
-            crc,
-        };
+        let req = WriteChunk { target: seg.target, ino: self.ino, offset: seg.local_offset, data, sync: false, crc };
         let client = client.clone();
         let me = self.clone();
         ws.inflight.retain(|w| !w.task.is_finished());
@@ -271,7 +317,7 @@ impl InodeData {
             if o != at || o + l as u64 > end {
                 return None;
             }
-            crc = crate::crc::combine(crc, c, l as u64);
+            crc = odfs_proto::crc::combine(crc, c, l as u64);
             at += l as u64;
         }
         (at == end).then_some(crc)
@@ -288,34 +334,39 @@ impl InodeData {
             if !self.joins(&ws.buf, seg.file_offset, bytes.len()) {
                 self.send_buf(client, &mut ws).await;
             }
-            self.buffer(&mut ws, seg.file_offset, bytes);
-            let (o, b) = ws.buf.as_ref().expect("just filled");
-            if self.fills(*o, b.len()) {
-                self.send_buf(client, &mut ws).await;
-            }
+            let cap = self.buffer_cap();
+            ws.buf.get_or_insert_with(|| WriteBuf::new(seg.file_offset)).copy_in(bytes, cap);
+            self.send_if_full(client, &mut ws).await;
         }
         self.note_write(&mut ws, offset + data.len() as u64);
         Ok(())
     }
 
-    /// [`Self::write`] of bytes the caller hands over: a write that is one whole chunk request
-    /// by itself (a chunk's rest or the request cap, as large aligned writes are) goes to stored
-    /// in its own buffer rather than copied into the write buffer first.
-    pub(crate) async fn write_owned(self: &Arc<Self>, client: &Client, offset: u64, data: Vec<u8>) -> Result<()> {
-        let mut segs = self.layout.segments(offset, data.len() as u64);
-        let one = matches!((segs.next(), segs.next()), (Some(s), None) if s.len == data.len() as u64);
-        if !one || !self.fills(offset, data.len()) {
-            return self.write(client, offset, &data).await;
+    /// Sends the write buffer when it reaches a chunk's end or the request cap.
+    async fn send_if_full(self: &Arc<Self>, client: &Client, ws: &mut WriteState) {
+        if ws.buf.as_ref().is_some_and(|b| self.fills(b.off, b.len)) {
+            self.send_buf(client, ws).await;
         }
+    }
+
+    /// [`Self::write`] of bytes the caller hands over: they join the write buffer as they are
+    /// (in pieces, see [`WriteBuf`]), so a large write (a FUSE write's buffer, an S3 body's
+    /// piece) reaches the socket with no copy of the client's.
+    pub(crate) async fn write_bytes(self: &Arc<Self>, client: &Client, offset: u64, data: Bytes) -> Result<()> {
         self.take_error()?;
         self.ra.lock().expect("ra lock").chunks.clear();
         let mut ws = self.ws.lock().await;
-        // Whatever is buffered is sent first: it precedes these bytes, or cannot join them.
-        self.send_buf(client, &mut ws).await;
-        let end = offset + data.len() as u64;
-        ws.buf = Some((offset, data));
-        self.send_buf(client, &mut ws).await;
-        self.note_write(&mut ws, end);
+        for seg in self.layout.segments(offset, data.len() as u64) {
+            let start = (seg.file_offset - offset) as usize;
+            let piece = data.slice(start..start + seg.len as usize);
+            if !self.joins(&ws.buf, seg.file_offset, piece.len()) {
+                self.send_buf(client, &mut ws).await;
+            }
+            let cap = self.buffer_cap();
+            ws.buf.get_or_insert_with(|| WriteBuf::new(seg.file_offset)).hand_over(piece, cap);
+            self.send_if_full(client, &mut ws).await;
+        }
+        self.note_write(&mut ws, offset + data.len() as u64);
         Ok(())
     }
 
@@ -333,7 +384,7 @@ impl InodeData {
         let mut ws = self.ws.try_lock().ok()?;
         let start = match &ws.buf {
             None => offset,
-            Some((o, _)) if self.joins(&ws.buf, offset, data.len()) => *o,
+            Some(b) if self.joins(&ws.buf, offset, data.len()) => b.off,
             Some(_) => return None,
         };
         if self.fills(start, (end - start) as usize) {
@@ -343,7 +394,8 @@ impl InodeData {
             return Some(Err(e));
         }
         self.ra.lock().expect("ra lock").chunks.clear();
-        self.buffer(&mut ws, offset, data);
+        let cap = self.buffer_cap();
+        ws.buf.get_or_insert_with(|| WriteBuf::new(offset)).copy_in(data, cap);
         self.note_write(&mut ws, end);
         Some(Ok(()))
     }
@@ -355,23 +407,9 @@ impl InodeData {
 
     /// Whether `len` bytes at file offset `at` extend the write buffer `buf`: they follow it, in
     /// the same chunk, and the total stays within the request cap.
-    fn joins(&self, buf: &Option<(u64, Vec<u8>)>, at: u64, len: usize) -> bool {
+    fn joins(&self, buf: &Option<WriteBuf>, at: u64, len: usize) -> bool {
         let cs = self.layout.chunk_size as u64;
-        matches!(buf, Some((o, b)) if o + b.len() as u64 == at && o / cs == at / cs && b.len() + len <= self.buffer_cap())
-    }
-
-    /// Adds `bytes` at file offset `at` to the write buffer: to its end when there is one (they
-    /// join it, see [`Self::joins`]), else as a new one.
-    fn buffer(&self, ws: &mut WriteState, at: u64, bytes: &[u8]) {
-        match ws.buf.as_mut() {
-            Some((_, b)) => b.extend_from_slice(bytes),
-            None => {
-                let cap = self.buffer_cap();
-                let mut v = Vec::with_capacity(if bytes.len() < cap { cap.min(1 << 20) } else { bytes.len() });
-                v.extend_from_slice(bytes);
-                ws.buf = Some((at, v));
-            }
-        }
+        matches!(buf, Some(b) if b.end() == at && b.off / cs == at / cs && b.len + len <= self.buffer_cap())
     }
 
     /// Whether a write buffer of `len` bytes from file offset `start` reaches a chunk's end or
@@ -596,11 +634,11 @@ impl FileHandle {
         Ok(data.len())
     }
 
-    /// [`Self::write`] of bytes handed over: a large aligned write is sent without a copy.
-    pub async fn write_owned(&self, offset: u64, data: Vec<u8>) -> Result<usize> {
+    /// [`Self::write`] of bytes handed over: they are sent from their own buffer, not copied.
+    pub async fn write_bytes(&self, offset: u64, data: Bytes) -> Result<usize> {
         self.check_writable()?;
         let n = data.len();
-        self.data.write_owned(&self.client, offset, data).await?;
+        self.data.write_bytes(&self.client, offset, data).await?;
         Ok(n)
     }
 
@@ -776,6 +814,23 @@ mod tests {
         assert_eq!(d.written_crc(0, 10_000), Some(crc32c::crc32c(&data)));
         assert_eq!(d.written_crc(0, 10_000), None, "the writes used are forgotten");
         assert_eq!(d.written_crc(5, 0), Some(0), "nothing written, nothing to cover");
+    }
+
+    #[test]
+    fn a_write_buffer_keeps_large_pieces_as_they_are_and_copies_small_ones_in_order() {
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+        let whole = Bytes::from(data.clone());
+        let mut b = WriteBuf::new(4096);
+        b.copy_in(&data[..100], 1 << 20);
+        b.hand_over(whole.slice(100..50_100), 1 << 20); // large: kept
+        b.hand_over(whole.slice(50_100..50_200), 1 << 20); // small: copied
+        b.copy_in(&data[50_200..60_000], 1 << 20);
+        b.hand_over(whole.slice(60_000..200_000), 1 << 20);
+        assert_eq!((b.len, b.end()), (200_000, 204_096));
+        let p = b.into_payload();
+        assert_eq!(p.pieces().len(), 4, "copied, kept, copied, kept");
+        assert_eq!(p.pieces()[1].as_ptr(), whole[100..].as_ptr(), "a large piece is not copied");
+        assert!(p == data, "the bytes in file order");
     }
 
     #[test]

@@ -10,7 +10,6 @@
 mod attr_cache;
 pub mod cluster;
 pub mod config;
-pub mod crc;
 mod delegation;
 pub mod error;
 pub mod file;

@@ -14,7 +14,9 @@
 //! the request so a retry sends it again) or a chunk read's (`Rpc::reply_payload`, moved out of
 //! the reply). It is written after the body as a buffer of its own, and the receiver reads it
 //! into a buffer of its own that becomes the decoded message's. A megabyte is then copied from
-//! the socket once, not into a frame, out of it and out of postcard again.
+//! the socket once, not into a frame, out of it and out of postcard again. A sender's payload
+//! may be several buffers ([`Payload`]: a chunk write gathered from pieces of an S3 response
+//! body), written in one vectored write; the receiver gets them as one.
 //!
 //! A reply's payload may also be spans of files (`Rpc::reply_spans`, stored's chunk reads):
 //! the sender's transport sends those bytes straight from the file (sendfile on TCP), after
@@ -91,12 +93,89 @@ impl PartialEq for FileSpan {
 
 impl Eq for FileSpan {}
 
+/// A message's bulk bytes as one or more buffers, sent back to back: a sender hands over the
+/// pieces it holds (an S3 body's, shared) instead of copying them together first. Received
+/// payloads are always one buffer.
+#[derive(Clone, Default)]
+pub struct Payload(Vec<Bytes>);
+
+impl Payload {
+    pub fn len(&self) -> usize {
+        self.0.iter().map(Bytes::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(Bytes::is_empty)
+    }
+
+    pub fn pieces(&self) -> &[Bytes] {
+        &self.0
+    }
+
+    /// Appends `piece` (empty pieces are dropped).
+    pub fn push(&mut self, piece: Bytes) {
+        if !piece.is_empty() {
+            self.0.push(piece);
+        }
+    }
+
+    /// The bytes in one buffer: the piece itself when there is one (as received), else copied
+    /// together.
+    pub fn contiguous(&self) -> Bytes {
+        match self.0.as_slice() {
+            [] => Bytes::new(),
+            [one] => one.clone(),
+            many => many.concat().into(),
+        }
+    }
+
+    fn bytes(&self) -> impl Iterator<Item = &u8> {
+        self.0.iter().flat_map(|p| p.iter())
+    }
+}
+
+impl From<Bytes> for Payload {
+    fn from(b: Bytes) -> Payload {
+        let mut p = Payload::default();
+        p.push(b);
+        p
+    }
+}
+
+impl From<Vec<u8>> for Payload {
+    fn from(v: Vec<u8>) -> Payload {
+        Bytes::from(v).into()
+    }
+}
+
+/// Equal when the bytes are, however they are divided into pieces.
+impl PartialEq for Payload {
+    fn eq(&self, o: &Payload) -> bool {
+        self.len() == o.len() && self.bytes().eq(o.bytes())
+    }
+}
+
+impl Eq for Payload {}
+
+impl PartialEq<Vec<u8>> for Payload {
+    fn eq(&self, o: &Vec<u8>) -> bool {
+        self.len() == o.len() && self.bytes().eq(o.iter())
+    }
+}
+
+/// The length and the pieces' count: a megabyte of bytes in a log line helps nobody.
+impl std::fmt::Debug for Payload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Payload({} bytes in {} pieces)", self.len(), self.0.len())
+    }
+}
+
 /// An encoded frame: length prefix, fixed part and body in `head`, then `payload` (often
 /// empty), written after it as it is, then the bytes of `spans`, if any.
 #[derive(Debug)]
 pub struct Frame {
     pub head: Vec<u8>,
-    pub payload: Bytes,
+    pub payload: Payload,
     pub spans: Vec<FileSpan>,
 }
 
@@ -121,7 +200,7 @@ fn start_frame(kind: u8, call_id: u64, method: u16, body_hint: usize) -> Vec<u8>
     buf
 }
 
-fn finish_frame(mut head: Vec<u8>, payload: Bytes, spans: Vec<FileSpan>) -> Result<Frame, ProtoError> {
+fn finish_frame(mut head: Vec<u8>, payload: Payload, spans: Vec<FileSpan>) -> Result<Frame, ProtoError> {
     let after = payload.len() + spans_len(&spans);
     let len = head.len() - 4 + after;
     if len > MAX_FRAME {
@@ -175,7 +254,7 @@ pub fn encode_error(call_id: u64, method: u16, e: &RemoteError) -> Frame {
     }
     let buf = postcard::to_extend(&e, start_frame(KIND_REPLY_ERR, call_id, method, 64))
         .expect("serialising into a Vec cannot fail");
-    finish_frame(buf, Bytes::new(), Vec::new()).expect("an error frame is far below the frame limit")
+    finish_frame(buf, Payload::default(), Vec::new()).expect("an error frame is far below the frame limit")
 }
 
 /// Decodes a request frame's body and payload into its header and request.
@@ -183,7 +262,7 @@ pub fn decode_request<R: Rpc>(body: &[u8], payload: Bytes) -> Result<(RequestHea
     let (header, rest) = postcard::take_from_bytes::<RequestHeader>(body)?;
     let mut req = postcard::from_bytes::<R>(rest)?;
     if !payload.is_empty() {
-        *req.payload_mut().ok_or(ProtoError::UnexpectedPayload(R::NAME))? = payload;
+        *req.payload_mut().ok_or(ProtoError::UnexpectedPayload(R::NAME))? = payload.into();
     }
     Ok((header, req))
 }
@@ -226,7 +305,7 @@ mod tests {
         let body = f.head[4 + FRAME_FIXED..].to_vec();
         assert_eq!(body.len(), head.body_len(len));
         assert_eq!(head.payload as usize, f.payload.len());
-        (head, body, f.payload.to_vec())
+        (head, body, f.payload.contiguous().to_vec())
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! Daemons never define wire types of their own.
 
 pub mod codec;
+pub mod crc;
 pub mod error;
 pub mod header;
 pub mod ids;

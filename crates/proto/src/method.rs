@@ -3,7 +3,7 @@
 //! Ranges: 1–99 mgmtd, 100–199 metad, 200–299 stored, 300–399 stage agents, 400–499 every
 //! service (statistics). A retired id is never reused.
 
-use bytes::Bytes;
+use crate::codec::Payload;
 use serde::{de::DeserializeOwned, Serialize};
 
 /// A request type: its frozen method id and the type of its successful reply.
@@ -13,14 +13,14 @@ pub trait Rpc: Serialize + DeserializeOwned + Send + Sync + 'static {
     type Reply: Serialize + DeserializeOwned + Send + Sync + 'static;
 
     /// The request's bulk bytes (a chunk write's data), if it has any: sent after the encoded
-    /// request as a buffer of their own, shared rather than copied (a retry sends them again),
+    /// request as buffers of their own, shared rather than copied (a retry sends them again),
     /// and received into one that becomes the request's (see `codec`).
-    fn payload(&self) -> Option<&Bytes> {
+    fn payload(&self) -> Option<&Payload> {
         None
     }
 
     /// Where a received request's payload goes; `None` for requests that carry none.
-    fn payload_mut(&mut self) -> Option<&mut Bytes> {
+    fn payload_mut(&mut self) -> Option<&mut Payload> {
         None
     }
 

@@ -3,10 +3,9 @@
 //! A file has one chunk file per target of its layout; offsets here are offsets within that chunk
 //! file (see `layout`).
 
-use crate::codec::FileSpan;
+use crate::codec::{FileSpan, Payload};
 use crate::mgmt::TargetSpace;
 use crate::{InodeId, TargetId};
-use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -16,7 +15,7 @@ pub struct WriteChunk {
     pub offset: u64,
     /// Travels as the frame's payload, not in its body.
     #[serde(skip)]
-    pub data: Bytes,
+    pub data: Payload,
     /// Make the write durable (fdatasync) before replying.
     pub sync: bool,
     /// Reply with the CRC32C of the bytes written, so the writer can check that what stored
@@ -128,10 +127,10 @@ pub struct StatChunk {
 
 crate::rpc! {
     WriteChunk = 200 => Written {
-        fn payload(&self) -> Option<&Bytes> {
+        fn payload(&self) -> Option<&Payload> {
             Some(&self.data)
         }
-        fn payload_mut(&mut self) -> Option<&mut Bytes> {
+        fn payload_mut(&mut self) -> Option<&mut Payload> {
             Some(&mut self.data)
         }
         fn stats_target(&self) -> Option<crate::TargetId> {

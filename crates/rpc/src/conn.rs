@@ -8,6 +8,7 @@ use odfs_proto::codec::{self, Frame, FrameHead, FRAME_FIXED, KIND_REQUEST, MAX_F
 use odfs_proto::{RequestHeader, Rpc};
 use std::any::Any;
 use std::collections::HashMap;
+use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -161,13 +162,27 @@ pub(crate) fn spawn_writer<W: FrameSink>(
 }
 
 async fn write_frame<W: FrameSink>(w: &mut BufWriter<W>, frame: &Frame) -> std::io::Result<()> {
-    w.write_all(&frame.head).await?;
-    if !frame.payload.is_empty() {
-        w.write_all(&frame.payload).await?;
-    }
+    write_all_vectored(w, &frame.head, frame.payload.pieces()).await?;
     if !frame.spans.is_empty() {
         w.flush().await?;
         spans::send(w.get_mut(), &frame.spans).await?;
+    }
+    Ok(())
+}
+
+/// Writes `head` and then every piece, in as few vectored writes as the stream takes: a frame
+/// smaller than the writer's buffer joins it (small frames leave in one flush), a larger one
+/// goes to the socket from the pieces' own buffers, with no copy of the sender's.
+async fn write_all_vectored<W: FrameSink>(w: &mut BufWriter<W>, head: &[u8], pieces: &[Bytes]) -> std::io::Result<()> {
+    let mut slices: Vec<IoSlice<'_>> =
+        std::iter::once(head).chain(pieces.iter().map(|p| &p[..])).map(IoSlice::new).collect();
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        let n = w.write_vectored(rest).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut rest, n);
     }
     Ok(())
 }

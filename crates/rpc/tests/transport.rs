@@ -267,31 +267,41 @@ async fn file_spans_arrive_as_the_payload_on_both_transports() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn request_payloads_arrive_page_aligned_and_intact_on_both_transports() {
+async fn request_payloads_arrive_page_aligned_whole_and_intact_on_both_transports() {
     use odfs_proto::storage::{WriteChunk, Written};
     let site = SiteKey::from_bytes([1; 32]);
     let cred = JobCredential::derive(&site, "job-1").unwrap();
     let mut r = Router::new();
-    // Answers with the payload's CRC and, as its length, where in a page its first byte sits.
+    // Answers with the payload's CRC and, as its length, where in a page its first byte sits
+    // (u32::MAX if it arrived in more than one buffer).
     r.add::<WriteChunk, _, _>(|_h: RequestHeader, q: WriteChunk| async move {
-        let misalign = q.data.as_ptr() as usize % odfs_rpc::PAYLOAD_ALIGN;
-        Ok(Written { len: misalign as u32, crc32c: Some(crc32c::crc32c(&q.data)) })
+        let data = q.data.contiguous();
+        let misalign = data.as_ptr() as usize % odfs_rpc::PAYLOAD_ALIGN;
+        let len = if q.data.pieces().len() > 1 { u32::MAX } else { misalign as u32 };
+        Ok(Written { len, crc32c: Some(crc32c::crc32c(&data)) })
     });
     let srv = start_with(&cred, Arc::new(r)).await;
     let pool = Arc::new(Pool::new(cred, quick()).unwrap());
     for (addr, t) in [(srv.quic, Transport::Quic), (srv.tcp, Transport::Tcp)] {
-        // Requests of several sizes back to back on one stream, so payloads start mid-buffer.
+        // Requests of several sizes back to back on one stream, so payloads start mid-buffer;
+        // every other one sent as several pieces of uneven sizes (a vectored write).
         let mut calls = Vec::new();
-        for (i, len) in [4096usize, 1 << 20, 100, 70_001, 3 << 20, 12_288].into_iter().enumerate() {
+        for (i, len) in [4096usize, 1 << 20, 100, 70_001, 3 << 20, 12_288, 300_000, 5].into_iter().enumerate() {
             let data: Vec<u8> = (0..len).map(|j| (j * 31 + i) as u8).collect();
             let crc = crc32c::crc32c(&data);
+            let mut payload = odfs_proto::codec::Payload::default();
+            let whole = bytes::Bytes::from(data);
+            let cuts: Vec<usize> = if i % 2 == 1 { vec![0, len / 7, len / 7 + 1, len / 2, len] } else { vec![0, len] };
+            for w in cuts.windows(2) {
+                payload.push(whole.slice(w[0]..w[1]));
+            }
             let pool = pool.clone();
             calls.push(tokio::spawn(async move {
                 let q = WriteChunk {
                     target: 1,
                     ino: odfs_proto::InodeId(9),
                     offset: 0,
-                    data: data.into(),
+                    data: payload,
                     sync: false,
                     crc: true,
                 };

@@ -12,6 +12,7 @@ use crate::keys::{check_relative, join};
 use crate::limit::{gated, Limits, NodeLoad, Share};
 use crate::posix;
 use crate::s3::{b64, is_md5_etag, multipart_etag, S3};
+use bytes::Bytes;
 use futures::StreamExt;
 use odfs_client::{Client, ClientConfig, Ctx, FileHandle};
 use odfs_proto::meta::{SetAttr, SetTime};
@@ -358,9 +359,10 @@ async fn set_times(env: &Env, h: &FileHandle, path: &str, mtime: Timespec, mode:
     Ok(())
 }
 
-/// Writes `data` at `off` through `h` (a failure is worth another attempt of the item).
-async fn put_block(h: &FileHandle, off: u64, data: &[u8], path: &str) -> Result<(), Failure> {
-    h.write(off, data).await.map_err(|e| transient(format!("odfs:{path}: {e}")))?;
+/// Writes `data` at `off` through `h`, handing its buffer over (a failure is worth another
+/// attempt of the item).
+async fn put_block(h: &FileHandle, off: u64, data: Bytes, path: &str) -> Result<(), Failure> {
+    h.write_bytes(off, data).await.map_err(|e| transient(format!("odfs:{path}: {e}")))?;
     Ok(())
 }
 
@@ -387,14 +389,15 @@ async fn copy_in(
             // (A composite CRC32C of a multipart upload, "…-N", is no checksum of the bytes.)
             let full_crc = crc.as_deref().is_some_and(|c| !c.contains('-'));
             let mut d = if whole && !full_crc { Digests::default() } else { Digests::crc_only() };
-            // Each piece of the body goes to the file as it comes: the client gathers writes
-            // into whole chunks itself, so a buffer here would only copy every byte once more.
+            // Each piece of the body goes to the file as it comes, handed over: the client
+            // sends a chunk's pieces as they are, so neither it nor a buffer here copies them.
             while let Some(chunk) = body.next().await {
                 let chunk = chunk.map_err(|e| transient(format!("s3://{}/{key}: {e}", s3.spec.bucket)))?;
                 env.limits.bytes(chunk.len() as u64).await;
                 d.update(&chunk);
-                put_block(h, off, &chunk, path).await?;
-                off += chunk.len() as u64;
+                let n = chunk.len() as u64;
+                put_block(h, off, chunk, path).await?;
+                off += n;
             }
             Ok((d, whole.then_some((key, etag, crc))))
         }
@@ -410,8 +413,9 @@ async fn copy_in(
                     break;
                 }
                 d.update(&data);
-                put_block(h, off, &data, path).await?;
-                off += data.len() as u64;
+                let n = data.len() as u64;
+                put_block(h, off, data.into(), path).await?;
+                off += n;
             }
             Ok((d, None))
         }

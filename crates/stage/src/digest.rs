@@ -2,31 +2,32 @@
 //! additional checksums), with the byte count.
 
 use md5::{Digest, Md5};
+use odfs_proto::crc::Crc32c;
 
 pub struct Digests {
     /// None for a CRC-only digest (a range of a split file: an MD5 of a range checks nothing).
     md5: Option<Md5>,
-    crc: u32,
+    crc: Crc32c,
     pub bytes: u64,
 }
 
 impl Default for Digests {
     fn default() -> Self {
-        Digests { md5: Some(Md5::new()), crc: 0, bytes: 0 }
+        Digests { md5: Some(Md5::new()), crc: Crc32c::default(), bytes: 0 }
     }
 }
 
 impl Digests {
     /// CRC32C and byte count only: MD5 costs several times CRC32C's CPU per byte.
     pub fn crc_only() -> Self {
-        Digests { md5: None, crc: 0, bytes: 0 }
+        Digests { md5: None, crc: Crc32c::default(), bytes: 0 }
     }
 
     pub fn update(&mut self, data: &[u8]) {
         if let Some(m) = &mut self.md5 {
             m.update(data);
         }
-        self.crc = crc32c::crc32c_append(self.crc, data);
+        self.crc.update(data);
         self.bytes += data.len() as u64;
     }
 
@@ -35,12 +36,12 @@ impl Digests {
     }
 
     pub fn crc(&self) -> u32 {
-        self.crc
+        self.crc.value()
     }
 
     /// MD5 and CRC32C; a CRC-only digest has no MD5 to give (zeros): use [`Self::crc`].
     pub fn finish(self) -> ([u8; 16], u32) {
-        (self.md5.map(|m| m.finalize().into()).unwrap_or_default(), self.crc)
+        (self.md5.map(|m| m.finalize().into()).unwrap_or_default(), self.crc.value())
     }
 }
 

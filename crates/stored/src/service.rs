@@ -26,11 +26,12 @@ pub fn router(store: ChunkStore) -> Router {
     let s = store.clone();
     r.add::<WriteChunk, _, _>(move |_h, q: WriteChunk| {
         let s = s.clone();
-        // The CRC of the bytes as they arrived, before they are handed to the disk.
-        let crc32c = q.crc.then(|| crc32c::crc32c(&q.data));
         // The payload's own buffer, as the transport received it (aligned for a direct write).
+        let data = q.data.contiguous();
+        // The CRC of the bytes as they arrived, before they are handed to the disk.
+        let crc32c = q.crc.then(|| odfs_proto::crc::checksum(&data));
         async move {
-            let len = s.write(q.target, q.ino, q.offset, q.data, q.sync).await.map_err(RemoteError::from)?;
+            let len = s.write(q.target, q.ino, q.offset, data, q.sync).await.map_err(RemoteError::from)?;
             Ok(Written { len, crc32c })
         }
     });

@@ -260,7 +260,7 @@ impl StageIn<'_> {
                 continue;
             }
             let crc = idx.iter().fold(0u32, |crc, &i| {
-                odfs_client::crc::combine(crc, results[i].crc32c.unwrap_or(0), plan.items[i].bytes())
+                odfs_proto::crc::combine(crc, results[i].crc32c.unwrap_or(0), plan.items[i].bytes())
             });
             let f = by_rel[rel.as_str()];
             let md5_etag = f.etag.as_deref().is_some_and(s3::is_md5_etag);

@@ -426,7 +426,7 @@ impl Outputs<'_> {
             }
             let crc = idx
                 .iter()
-                .fold(0u32, |c, &i| odfs_client::crc::combine(c, results[i].crc32c.unwrap_or(0), items[i].bytes()));
+                .fold(0u32, |c, &i| odfs_proto::crc::combine(c, results[i].crc32c.unwrap_or(0), items[i].bytes()));
             let r = ItemResult { crc32c: Some(crc), ..ItemResult::default() };
             expect.insert(rel.clone(), (multipart_etag(&md5s), r));
         }

@@ -1,5 +1,12 @@
-//! CRC32C of a concatenation from its parts: what lets a writer check the bytes stored wrote
-//! without reading them back (each chunk write returns its CRC32C; the writer combines them).
+//! CRC-32C (Castagnoli), the checksum of chunk writes (`Written::crc32c`) and of S3's additional
+//! checksums: computed over bytes ([`checksum`], [`Crc32c`]) and combined from the CRCs of
+//! parts ([`combine`]), which lets a writer check the bytes stored wrote without reading them
+//! back (each chunk write returns its CRC32C; the writer combines them).
+//!
+//! Computed by crc-fast, which folds 64 bytes a step with carry-less multiplies
+//! (VPCLMULQDQ/PCLMULQDQ, or NEON): about 44 GB/s per core here against 16 GB/s for the
+//! `crc32` instruction the crc32c crate uses; every staged byte is checksummed twice (the agent
+//! over what it received, stored over what it wrote), which took 6-7% of both processes' CPU.
 //!
 //! The CRC of `a ++ b` is the CRC of `a` shifted by `8 * len(b)` zero bits, xored with the CRC
 //! of `b`. The shift is a product with x^(8 len) modulo the polynomial, built from a table of
@@ -7,6 +14,34 @@
 //! The crc32c crate's combine squares 32 x 32 bit matrices for every bit of the length instead
 //! (81 us for 1 MiB): a stage-in combines once per chunk written, and that took 4.5% of the
 //! machine's CPU while it ran (BENCHMARKS.md, staging, 2026-11-29).
+
+use crc_fast::CrcAlgorithm::Crc32Iscsi;
+
+/// CRC32C of `data`.
+pub fn checksum(data: &[u8]) -> u32 {
+    crc_fast::checksum(Crc32Iscsi, data) as u32
+}
+
+/// CRC32C of bytes that arrive in pieces.
+#[derive(Clone)]
+pub struct Crc32c(crc_fast::Digest);
+
+impl Default for Crc32c {
+    fn default() -> Self {
+        Crc32c(crc_fast::Digest::new(Crc32Iscsi))
+    }
+}
+
+impl Crc32c {
+    pub fn update(&mut self, data: &[u8]) {
+        self.0.update(data);
+    }
+
+    /// CRC32C of everything given so far.
+    pub fn value(&self) -> u32 {
+        self.0.finalize() as u32
+    }
+}
 
 /// The CRC-32C (Castagnoli) polynomial, bit-reflected as the CRC is computed.
 const POLY: u32 = 0x82F6_3B78;
@@ -64,6 +99,23 @@ pub fn combine(crc_a: u32, crc_b: u32, len_b: u64) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Checked against the crc32c crate, an implementation of its own.
+    #[test]
+    fn checksums_agree_with_another_implementation_whole_and_in_pieces() {
+        assert_eq!(checksum(b"123456789"), 0xe306_9283, "the CRC-32C check value");
+        assert_eq!(checksum(b""), 0);
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+        for len in [1, 15, 16, 63, 64, 65, 255, 4096, 65_537, 300_000] {
+            let d = &data[..len];
+            assert_eq!(checksum(d), crc32c::crc32c(d), "len {len}");
+            let mut c = Crc32c::default();
+            for piece in d.chunks(len / 3 + 1) {
+                c.update(piece);
+            }
+            assert_eq!(c.value(), crc32c::crc32c(d), "len {len} in pieces");
+        }
+    }
 
     #[test]
     fn combines_as_the_crc_of_the_concatenation() {
