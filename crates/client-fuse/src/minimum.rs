@@ -15,6 +15,11 @@
 //! request and one reply per READ, received into a buffer the reply is written from. That is
 //! the least any filesystem whose bytes reach its FUSE daemon over a network can do per READ
 //! (no protocol, no metadata, no daemon between), so it bounds every such read path of odfs.
+//! With [`MinimumFs::with_remote_writes`] a WRITE to a file it made is instead sent over
+//! loopback TCP to a [`WriteServer`], which writes the bytes into a file of a real directory
+//! (`O_DIRECT` where aligned, as stored writes chunk data), and answered once the server has:
+//! the least any filesystem whose daemon sends written bytes over a network to a disk can do
+//! per WRITE, which bounds odfs's writes to remote chunks.
 //! With `no_open` every OPEN is answered ENOSYS: the kernel then sends no OPEN or RELEASE for
 //! any file again (FUSE's no-open mode, which has no per-open state), which shows what those
 //! two requests cost.
@@ -60,6 +65,8 @@ pub struct MinimumFs {
     large_block: Vec<u8>,
     /// Set when the large files' bytes come over TCP instead (`with_remote_large`).
     remote: Option<Remote>,
+    /// Set when made files' WRITEs go over TCP to a disk (`with_remote_writes`).
+    remote_writes: Option<Remote>,
     /// Set when MKDIR and CREATE are answered (`with_creates`).
     made: Option<Made>,
 }
@@ -109,6 +116,7 @@ impl MinimumFs {
             large_size: 0,
             large_block: Vec::new(),
             remote: None,
+            remote_writes: None,
             made: None,
         }
     }
@@ -136,12 +144,20 @@ impl MinimumFs {
         self
     }
 
+    /// Made files' WRITEs are sent to `server`, which writes them to disk, and answered once
+    /// it has (see the module's documentation).
+    pub fn with_remote_writes(mut self, server: &WriteServer) -> Self {
+        self.remote_writes = Some(Remote { idle: vec![(server.addr, Mutex::new(Vec::new()))] });
+        self
+    }
+
     /// Mounts the tree at `at` (root only: `mount(2)`); unmounted when the session is dropped.
     pub fn mount(self, at: &Path) -> std::io::Result<BackgroundSession> {
         let mut cfg = Config::default();
         let access = if self.made.is_some() { MountOption::RW } else { MountOption::RO };
         cfg.mount_options = vec![MountOption::FSName("odfs-minimum".into()), access, MountOption::DefaultPermissions];
-        cfg.n_threads = Some(if self.remote.is_some() { REMOTE_THREADS } else { SESSION_THREADS });
+        let remote = self.remote.is_some() || self.remote_writes.is_some();
+        cfg.n_threads = Some(if remote { REMOTE_THREADS } else { SESSION_THREADS });
         cfg.clone_fd = true;
         let session = Session::new(self, at, &cfg)?.spawn()?;
         // Read-ahead as odfs-fuse's mount has it (READs of up to 1 MiB, not 128 KiB).
@@ -343,7 +359,7 @@ impl Filesystem for MinimumFs {
         _req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
-        _offset: u64,
+        offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
         _flags: OpenFlags,
@@ -351,7 +367,10 @@ impl Filesystem for MinimumFs {
         reply: ReplyWrite,
     ) {
         match self.node(ino) {
-            Some(Node::Made { dir: false, .. }) => reply.written(data.len() as u32),
+            Some(Node::Made { dir: false, ino }) => match &self.remote_writes {
+                Some(r) => r.write(ino, offset, data, reply),
+                None => reply.written(data.len() as u32),
+            },
             Some(Node::Made { dir: true, .. }) => reply.error(Errno::EISDIR),
             Some(_) => reply.error(Errno::EROFS),
             None => reply.error(Errno::ENOENT),
@@ -439,18 +458,23 @@ struct Conn {
 }
 
 impl Remote {
-    /// Replies to a READ of `len` bytes at `offset` of file `k` with the server's bytes.
-    fn read(&self, k: usize, offset: u64, len: usize, reply: ReplyData) {
+    /// A connection to server `k` not in use, or a new one (with a receive buffer when `buf`).
+    fn take(&self, k: usize, buf: bool) -> std::io::Result<Conn> {
         let (addr, idle) = &self.idle[k];
         let conn = idle.lock().expect("connection pool").pop();
-        let conn = match conn {
+        match conn {
             Some(c) => Ok(c),
             None => TcpStream::connect(addr).and_then(|s| {
                 s.set_nodelay(true)?;
-                Ok(Conn { stream: s, buf: vec![0; LARGE_MAX_READ] })
+                Ok(Conn { stream: s, buf: if buf { vec![0; LARGE_MAX_READ] } else { Vec::new() } })
             }),
-        };
-        let fetched = conn.and_then(|mut c| {
+        }
+    }
+
+    /// Replies to a READ of `len` bytes at `offset` of file `k` with the server's bytes.
+    fn read(&self, k: usize, offset: u64, len: usize, reply: ReplyData) {
+        let idle = &self.idle[k].1;
+        let fetched = self.take(k, true).and_then(|mut c| {
             let mut req = [0u8; 16];
             req[..8].copy_from_slice(&offset.to_le_bytes());
             req[8..].copy_from_slice(&(len as u64).to_le_bytes());
@@ -462,6 +486,32 @@ impl Remote {
             Ok(c) => {
                 reply.data(&c.buf[..len]);
                 idle.lock().expect("connection pool").push(c);
+            }
+            Err(_) => reply.error(Errno::EIO),
+        }
+    }
+
+    /// Sends a WRITE of `data` at `offset` of made file `ino` to the write server; replies
+    /// once the server has written it.
+    fn write(&self, ino: u64, offset: u64, data: &[u8], reply: ReplyWrite) {
+        let sent = self.take(0, false).and_then(|mut c| {
+            let mut req = [0u8; 24];
+            req[..8].copy_from_slice(&ino.to_le_bytes());
+            req[8..16].copy_from_slice(&offset.to_le_bytes());
+            req[16..].copy_from_slice(&(data.len() as u64).to_le_bytes());
+            c.stream.write_all(&req)?;
+            c.stream.write_all(data)?;
+            let mut ack = [0u8; 1];
+            c.stream.read_exact(&mut ack)?;
+            match ack[0] {
+                0 => Ok(c),
+                _ => Err(std::io::ErrorKind::Other.into()),
+            }
+        });
+        match sent {
+            Ok(c) => {
+                reply.written(data.len() as u32);
+                self.idle[0].1.lock().expect("connection pool").push(c);
             }
             Err(_) => reply.error(Errno::EIO),
         }
@@ -528,6 +578,92 @@ fn serve_ranges(mut conn: TcpStream, file: &File) {
                 return;
             }
             left -= n as usize;
+        }
+    }
+}
+
+/// Writes what the networked minimum's WRITEs send into files of a directory (`w{ino}`, made
+/// when first written): a request is the inode, offset and length (three little-endian u64)
+/// and the bytes, the reply one byte (0: written). Bytes are received into a page-aligned
+/// buffer and written `O_DIRECT` when offset and length are aligned, as stored writes chunk
+/// data, else through the page cache. One listener, one thread per connection.
+pub struct WriteServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    listener: Option<JoinHandle<()>>,
+}
+
+impl WriteServer {
+    /// Serves writes into `dir` (made if missing) on a loopback port.
+    pub fn start(dir: &Path) -> std::io::Result<WriteServer> {
+        std::fs::create_dir_all(dir)?;
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let addr = listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (dir, flag) = (dir.to_path_buf(), stop.clone());
+        let listener = std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if flag.load(Ordering::Relaxed) {
+                    return;
+                }
+                let (Ok(conn), dir) = (conn, dir.clone()) else { continue };
+                std::thread::spawn(move || serve_writes(conn, &dir));
+            }
+        });
+        Ok(WriteServer { addr, stop, listener: Some(listener) })
+    }
+}
+
+impl Drop for WriteServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = TcpStream::connect(self.addr);
+        if let Some(l) = self.listener.take() {
+            let _ = l.join();
+        }
+    }
+}
+
+/// Page size: `O_DIRECT`'s alignment of offsets, lengths and buffers.
+const PAGE: usize = 4096;
+
+/// Answers one connection's writes until it closes.
+fn serve_writes(mut conn: TcpStream, dir: &Path) {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let _ = conn.set_nodelay(true);
+    // Receive buffer starting on a page boundary.
+    let mut space = vec![0u8; LARGE_MAX_READ + PAGE];
+    let pad = space.as_ptr().align_offset(PAGE);
+    let mut files: std::collections::HashMap<u64, (File, Option<File>)> = std::collections::HashMap::new();
+    let mut req = [0u8; 24];
+    while conn.read_exact(&mut req).is_ok() {
+        let word = |i: usize| u64::from_le_bytes(req[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        let (ino, offset, len) = (word(0), word(1), word(2) as usize);
+        if len > LARGE_MAX_READ {
+            return;
+        }
+        let buf = &mut space[pad..pad + len];
+        if conn.read_exact(buf).is_err() {
+            return;
+        }
+        let written = (|| -> std::io::Result<()> {
+            let path = dir.join(format!("w{ino}"));
+            let (buffered, direct) = match files.entry(ino) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    let open =
+                        |flags| std::fs::OpenOptions::new().write(true).create(true).custom_flags(flags).open(&path);
+                    v.insert((open(0)?, open(libc::O_DIRECT).ok()))
+                }
+            };
+            let aligned = offset.is_multiple_of(PAGE as u64) && len.is_multiple_of(PAGE);
+            match direct {
+                Some(f) if aligned => f.write_all_at(buf, offset),
+                _ => buffered.write_all_at(buf, offset),
+            }
+        })();
+        if conn.write_all(&[u8::from(written.is_err())]).is_err() {
+            return;
         }
     }
 }

@@ -11,7 +11,7 @@
 
 use super::fill_pattern;
 use anyhow::{Context, Result};
-use odfs_client_fuse::minimum::{BackgroundSession, FileServer, MinimumFs};
+use odfs_client_fuse::minimum::{BackgroundSession, FileServer, MinimumFs, WriteServer};
 use odfs_job::launch::procs;
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
@@ -46,23 +46,42 @@ pub struct MinimumSpec {
     /// Size of each large file in bytes (with `--remote-large`).
     #[arg(long, default_value_t = 0)]
     pub large_size: u64,
+    /// With `--creates`: every WRITE is sent over loopback TCP to a server of this process that
+    /// writes it into a file in this directory (`WriteServer`): the FUSE + network minimum for
+    /// writes.
+    #[arg(long)]
+    pub remote_writes: Option<PathBuf>,
+}
+
+/// The servers behind a minimum's networked files, kept for as long as it is mounted.
+#[derive(Default)]
+pub struct Servers {
+    _files: Option<FileServer>,
+    _writes: Option<WriteServer>,
 }
 
 impl MinimumSpec {
-    /// The tree to serve, with the server of its remote large files if it has any (kept for
-    /// as long as the tree is mounted).
-    fn fs(&self) -> Result<(MinimumFs, Option<FileServer>)> {
+    /// The tree to serve, with the servers of its networked files if it has any (kept for as
+    /// long as the tree is mounted).
+    fn fs(&self) -> Result<(MinimumFs, Servers)> {
         let mut template = vec![0u8; self.small_size];
         fill_pattern(&mut template, 5);
         let mut fs = MinimumFs::new(self.small_files, self.small_dirs, template, self.no_open);
+        let mut servers = Servers::default();
         if self.creates {
             fs = fs.with_creates();
         }
-        if self.remote_large.is_empty() {
-            return Ok((fs, None));
+        if !self.remote_large.is_empty() {
+            let server = FileServer::start(&self.remote_large).context("serving the large files")?;
+            fs = fs.with_remote_large(&server, self.large_size);
+            servers._files = Some(server);
         }
-        let server = FileServer::start(&self.remote_large).context("serving the large files")?;
-        Ok((fs.with_remote_large(&server, self.large_size), Some(server)))
+        if let Some(dir) = &self.remote_writes {
+            let server = WriteServer::start(dir).with_context(|| format!("serving writes into {}", dir.display()))?;
+            fs = fs.with_remote_writes(&server);
+            servers._writes = Some(server);
+        }
+        Ok((fs, servers))
     }
 
     fn args(&self) -> Vec<OsString> {
@@ -85,6 +104,10 @@ impl MinimumSpec {
             a.push("--remote-large".into());
             a.extend(self.remote_large.iter().map(|p| p.clone().into()));
         }
+        if let Some(dir) = &self.remote_writes {
+            a.push("--remote-writes".into());
+            a.push(dir.clone().into());
+        }
         a
     }
 }
@@ -106,8 +129,8 @@ pub fn serve(spec: &MinimumSpec) -> Result<()> {
 
 /// A mounted minimum.
 pub enum Minimum {
-    /// Served by reader threads of this process (and its remote large files' server).
-    Here(BackgroundSession, Option<FileServer>),
+    /// Served by reader threads of this process (and the servers of its networked files).
+    Here(BackgroundSession, Servers),
     /// Served by `odfs fuse-minimum` in a session of its own; closing `stdin` ends it.
     Apart { child: Child, stdin: ChildStdin },
 }

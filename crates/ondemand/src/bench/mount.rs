@@ -11,7 +11,9 @@
 //! the kernel and FUSE like any application's. Every phase also runs on a plain FUSE
 //! passthrough of the same disk (bindfs, when installed): the FUSE floor; the sequential read
 //! also runs with only loopback TCP between the disk and the reader (the network minimum), and
-//! on the FUSE minimum fed over loopback TCP (the FUSE + network minimum); that minimum, the
+//! on the FUSE minimum fed over loopback TCP (the FUSE + network minimum), the sequential write
+//! on the FUSE minimum and on one that sends every WRITE over loopback TCP to the plain
+//! directory's disk (the FUSE + network minimum for writes); the read minimum, the
 //! creates and the small reads also run on the FUSE minimum, served from this process and from
 //! a process of its own session (`super::minimum`). The
 //! requests that reach metad during each odfs phase are counted (metad's `GetStats`), so what
@@ -469,21 +471,25 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
     let (at, name) = (sides.minimum_dir(), "FUSE minimum");
     let note = match minimum::mount_here(fs, &at, name)? {
         Ok(session) => {
-            fuse_minimum_large(o, fio, reports, &at, Minimum::Here(session, None), "bytes from memory", name)?
+            let m = Minimum::Here(session, Default::default());
+            fuse_minimum_large(o, fio, reports, &at, m, "bytes from memory", name)?
         }
         Err(skipped) => skipped,
     };
     sides.notes.push(note);
-    sides.notes.push(fuse_minimum_write(o, fio, reports, &sides.minimum_dir())?);
+    let at = sides.minimum_dir();
+    let spec = MinimumSpec { at: at.clone(), creates: true, ..MinimumSpec::default() };
+    sides.notes.push(fuse_minimum_write(o, fio, reports, &spec, "FUSE minimum, large files written (bytes dropped)")?);
     let notes = match &sides.plain {
         Some(plain) => {
             let files = seq_files(o, &plain.join("fio"));
             let mut notes = vec![network_minimum(o, &files)?];
-            notes.extend(fuse_network_minimum(o, fio, reports, &files, &sides.minimum_dir())?);
+            notes.extend(fuse_network_minimum(o, fio, reports, &files, &at)?);
+            notes.push(fuse_network_minimum_write(o, fio, reports, plain, &at)?);
             notes
         }
-        None => vec!["network minimum and FUSE + network minimum not measured: they read the plain directory's \
-                      files"
+        None => vec!["network minimum and FUSE + network minimum not measured: they use the plain directory's \
+                      disk"
             .into()],
     };
     sides.notes.extend(notes);
@@ -629,26 +635,55 @@ fn fuse_minimum_large(
     ))
 }
 
-/// The sequential write above on the FUSE minimum that answers every WRITE at once and drops
-/// its bytes, served from a process of its own session as FUSE daemons are: what FUSE alone
-/// costs these writes here, in time and CPU (fio's and the serving process's), for any
-/// filesystem whose daemon receives the bytes. One line, or why it was skipped.
-fn fuse_minimum_write(o: &MountBenchOptions, fio: &Path, reports: &Path, at: &Path) -> Result<String> {
-    let name = "FUSE minimum, large files written (bytes dropped)";
-    let spec = MinimumSpec { at: at.to_path_buf(), creates: true, ..MinimumSpec::default() };
-    let minimum = match Minimum::mount(&spec, true, name)? {
+/// The sequential write above on the FUSE minimum whose every WRITE is sent over loopback TCP
+/// to a server that writes it into files on the plain directory's disk (`O_DIRECT`, as stored
+/// writes chunk data): what any filesystem that sends written bytes from its FUSE daemon to a
+/// disk over TCP can write at on this machine, and the CPU it must spend (odfs's writes of
+/// default-stripe files are such writes). Served from a process of its own session, as
+/// odfs-fuse runs; the files it wrote are removed after. One line, or why it was skipped.
+fn fuse_network_minimum_write(
+    o: &MountBenchOptions,
+    fio: &Path,
+    reports: &Path,
+    plain: &Path,
+    at: &Path,
+) -> Result<String> {
+    let sink = plain.join("fuse-network-minimum");
+    let spec =
+        MinimumSpec { at: at.to_path_buf(), creates: true, remote_writes: Some(sink.clone()), ..Default::default() };
+    let name = "FUSE + network minimum in its own session, large files written (each WRITE sent over loopback TCP, \
+                written O_DIRECT on the plain directory's disk)";
+    let note = fuse_minimum_write(o, fio, reports, &spec, name);
+    let _ = std::fs::remove_dir_all(&sink);
+    note
+}
+
+/// The sequential write above on the FUSE minimum `spec` (one that makes files; by default it
+/// answers every WRITE at once and drops its bytes), served from a process of its own session
+/// as FUSE daemons are: what FUSE alone costs these writes here, in time and CPU (fio's and the
+/// serving process's), for any filesystem whose daemon receives the bytes. One line, or why
+/// it was skipped.
+fn fuse_minimum_write(
+    o: &MountBenchOptions,
+    fio: &Path,
+    reports: &Path,
+    spec: &MinimumSpec,
+    name: &str,
+) -> Result<String> {
+    let minimum = match Minimum::mount(spec, true, name)? {
         Ok(m) => m,
         Err(skipped) => return Ok(skipped),
     };
     eprintln!("bench: {name}: sequential write, {} jobs x {} MiB", o.jobs, o.job_size >> 20);
-    let dir = at.join("fio");
+    let dir = spec.at.join("fio");
     let written = (|| -> Result<(f64, f64)> {
         std::fs::create_dir_all(&dir)?;
         let mut args = fio_files("seq", &dir, SEQ_FILES, o);
         args.extend(SEQ_WRITE.map(String::from));
         drop_caches();
         let cpu = CpuMeter::start(&minimum.pid().into_iter().collect::<Vec<_>>());
-        let r = run_fio(fio, &args, &reports.join("fuse-minimum-seq-write.json"))?;
+        let report = format!("{}-seq-write.json", name.split(',').next().unwrap_or(name).replace([' ', '+'], "-"));
+        let r = run_fio(fio, &args, &reports.join(report))?;
         let cpu = cpu.stop();
         r.expect_bytes("write", o.jobs as u64 * o.job_size)?;
         Ok((r.bw_bytes("write")? / MIB, cpu))
