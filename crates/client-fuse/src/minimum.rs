@@ -272,6 +272,10 @@ impl Filesystem for MinimumFs {
         // background requests in flight, the same read-ahead.
         let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
         crate::fs::ask_io(config);
+        // WRITEs as large as odfs-fuse's, no larger.
+        if let Err(max) = config.set_max_write(crate::fs::MAX_WRITE) {
+            let _ = config.set_max_write(max);
+        }
         Ok(())
     }
 
@@ -414,8 +418,12 @@ impl Filesystem for MinimumFs {
         reply.error(Errno::ENOSYS);
     }
 
-    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        reply.error(Errno::ENOSYS);
+    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        // Written files' bytes made durable, as odfs's fsync does (fio's end_fsync).
+        match (self.node(ino), &self.remote_writes) {
+            (Some(Node::Made { dir: false, ino }), Some(r)) => r.sync(ino, reply),
+            _ => reply.error(Errno::ENOSYS),
+        }
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -494,26 +502,35 @@ impl Remote {
     /// Sends a WRITE of `data` at `offset` of made file `ino` to the write server; replies
     /// once the server has written it.
     fn write(&self, ino: u64, offset: u64, data: &[u8], reply: ReplyWrite) {
-        let sent = self.take(0, false).and_then(|mut c| {
-            let mut req = [0u8; 24];
-            req[..8].copy_from_slice(&ino.to_le_bytes());
-            req[8..16].copy_from_slice(&offset.to_le_bytes());
-            req[16..].copy_from_slice(&(data.len() as u64).to_le_bytes());
-            c.stream.write_all(&req)?;
-            c.stream.write_all(data)?;
-            let mut ack = [0u8; 1];
-            c.stream.read_exact(&mut ack)?;
-            match ack[0] {
-                0 => Ok(c),
-                _ => Err(std::io::ErrorKind::Other.into()),
-            }
-        });
-        match sent {
-            Ok(c) => {
-                reply.written(data.len() as u32);
-                self.idle[0].1.lock().expect("connection pool").push(c);
-            }
+        match self.ask_writer(ino, offset, data.len() as u64, data) {
+            Ok(()) => reply.written(data.len() as u32),
             Err(_) => reply.error(Errno::EIO),
+        }
+    }
+
+    /// Asks the write server to make made file `ino`'s bytes durable (`fdatasync`).
+    fn sync(&self, ino: u64, reply: ReplyEmpty) {
+        match self.ask_writer(ino, 0, SYNC, &[]) {
+            Ok(()) => reply.ok(),
+            Err(_) => reply.error(Errno::EIO),
+        }
+    }
+
+    /// One request to the write server and its answer, on a pooled connection.
+    fn ask_writer(&self, ino: u64, offset: u64, len: u64, data: &[u8]) -> std::io::Result<()> {
+        let mut c = self.take(0, false)?;
+        let mut req = [0u8; 24];
+        req[..8].copy_from_slice(&ino.to_le_bytes());
+        req[8..16].copy_from_slice(&offset.to_le_bytes());
+        req[16..].copy_from_slice(&len.to_le_bytes());
+        c.stream.write_all(&req)?;
+        c.stream.write_all(data)?;
+        let mut ack = [0u8; 1];
+        c.stream.read_exact(&mut ack)?;
+        self.idle[0].1.lock().expect("connection pool").push(c);
+        match ack[0] {
+            0 => Ok(()),
+            _ => Err(std::io::ErrorKind::Other.into()),
         }
     }
 }
@@ -554,12 +571,11 @@ impl FileServer {
 impl Drop for FileServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        for a in &self.addrs {
-            // Wakes the listener's accept; it sees `stop` and returns.
-            let _ = TcpStream::connect(a);
-        }
-        for l in self.listeners.drain(..) {
-            let _ = l.join();
+        // Wakes each listener's accept; it sees `stop` and returns. Joined only once woken.
+        for (a, l) in self.addrs.iter().zip(self.listeners.drain(..)) {
+            if TcpStream::connect(a).is_ok() {
+                let _ = l.join();
+            }
         }
     }
 }
@@ -582,9 +598,13 @@ fn serve_ranges(mut conn: TcpStream, file: &File) {
     }
 }
 
+/// A write server request's length that asks for an `fdatasync` of the file instead.
+const SYNC: u64 = u64::MAX;
+
 /// Writes what the networked minimum's WRITEs send into files of a directory (`w{ino}`, made
 /// when first written): a request is the inode, offset and length (three little-endian u64)
-/// and the bytes, the reply one byte (0: written). Bytes are received into a page-aligned
+/// and the bytes, the reply one byte (0: written); a length of [`SYNC`] asks for an
+/// `fdatasync` of the file. Bytes are received into a page-aligned
 /// buffer and written `O_DIRECT` when offset and length are aligned, as stored writes chunk
 /// data, else through the page cache. One listener, one thread per connection.
 pub struct WriteServer {
@@ -617,9 +637,11 @@ impl WriteServer {
 impl Drop for WriteServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        let _ = TcpStream::connect(self.addr);
-        if let Some(l) = self.listener.take() {
-            let _ = l.join();
+        // Wakes the listener's accept; it sees `stop` and returns. Joined only once woken.
+        if TcpStream::connect(self.addr).is_ok() {
+            if let Some(l) = self.listener.take() {
+                let _ = l.join();
+            }
         }
     }
 }
@@ -638,7 +660,15 @@ fn serve_writes(mut conn: TcpStream, dir: &Path) {
     let mut req = [0u8; 24];
     while conn.read_exact(&mut req).is_ok() {
         let word = |i: usize| u64::from_le_bytes(req[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-        let (ino, offset, len) = (word(0), word(1), word(2) as usize);
+        let (ino, offset, len) = (word(0), word(1), word(2));
+        if len == SYNC {
+            let synced = files.get(&ino).map_or(Ok(()), |(f, _)| f.sync_data());
+            if conn.write_all(&[u8::from(synced.is_err())]).is_err() {
+                return;
+            }
+            continue;
+        }
+        let len = len as usize;
         if len > LARGE_MAX_READ {
             return;
         }
@@ -658,7 +688,14 @@ fn serve_writes(mut conn: TcpStream, dir: &Path) {
             };
             let aligned = offset.is_multiple_of(PAGE as u64) && len.is_multiple_of(PAGE);
             match direct {
-                Some(f) if aligned => f.write_all_at(buf, offset),
+                Some(f) if aligned => match f.write_all_at(buf, offset) {
+                    // The filesystem opens O_DIRECT but refuses the write: buffered from now on.
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                        *direct = None;
+                        buffered.write_all_at(buf, offset)
+                    }
+                    r => r,
+                },
                 _ => buffered.write_all_at(buf, offset),
             }
         })();

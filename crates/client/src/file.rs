@@ -88,12 +88,15 @@ impl WriteBuf {
         self.off + self.len as u64
     }
 
-    /// Appends a copy of `bytes`; the first copy allocates for what may follow, up to `cap`
-    /// bytes in all (or 1 MiB): small writes gather without reallocating.
+    /// Appends a copy of `bytes`. A buffer that starts with a copy allocates for what may
+    /// follow, up to `cap` bytes in all (or 1 MiB): small writes gather without reallocating.
+    /// A copy after handed-over pieces (the small rest of an S3 body's piece) takes only its
+    /// own room: more pieces are likely to follow it.
     fn copy_in(&mut self, bytes: &[u8], cap: usize) {
         if self.tail.capacity() == 0 {
             let room = cap.saturating_sub(self.len);
-            self.tail.reserve_exact(if bytes.len() < room { room.min(1 << 20) } else { bytes.len() });
+            let ahead = if self.pieces.is_empty() { room.min(1 << 20) } else { MIN_PIECE.min(room) };
+            self.tail.reserve_exact(ahead.max(bytes.len()));
         }
         self.tail.extend_from_slice(bytes);
         self.len += bytes.len();
@@ -105,7 +108,13 @@ impl WriteBuf {
             return self.copy_in(&piece, cap);
         }
         if !self.tail.is_empty() {
-            self.pieces.push(std::mem::take(&mut self.tail).into());
+            let mut tail = std::mem::take(&mut self.tail);
+            // A piece keeps its allocation until the write is acknowledged, and the write
+            // budget counts bytes, not capacity: a few small bytes must not hold a megabyte.
+            if tail.capacity() > 2 * tail.len() {
+                tail.shrink_to_fit();
+            }
+            self.pieces.push(tail.into());
         }
         self.len += piece.len();
         self.pieces.push(piece);
@@ -634,7 +643,9 @@ impl FileHandle {
         Ok(data.len())
     }
 
-    /// [`Self::write`] of bytes handed over: they are sent from their own buffer, not copied.
+    /// [`Self::write`] of bytes handed over: pieces of 16 KiB or more are sent from their own
+    /// buffer, not copied (which keeps that buffer, all of it, until the write is acknowledged;
+    /// the write budget counts the bytes written); smaller ones are copied.
     pub async fn write_bytes(&self, offset: u64, data: Bytes) -> Result<usize> {
         self.check_writable()?;
         let n = data.len();

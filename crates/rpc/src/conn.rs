@@ -12,7 +12,7 @@ use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{mpsc, oneshot};
 
 type Waiter = oneshot::Sender<Result<Received, RpcError>>;
@@ -171,9 +171,19 @@ async fn write_frame<W: FrameSink>(w: &mut BufWriter<W>, frame: &Frame) -> std::
 }
 
 /// Writes `head` and then every piece, in as few vectored writes as the stream takes: a frame
-/// smaller than the writer's buffer joins it (small frames leave in one flush), a larger one
-/// goes to the socket from the pieces' own buffers, with no copy of the sender's.
-async fn write_all_vectored<W: FrameSink>(w: &mut BufWriter<W>, head: &[u8], pieces: &[Bytes]) -> std::io::Result<()> {
+/// smaller than the writer's buffer joins it (small frames leave in one flush); a larger one
+/// goes to a TCP socket from the pieces' own buffers (`writev`), with no copy of the sender's.
+/// A stream without vectored writes (a QUIC stream) takes the pieces one by one, those smaller
+/// than the buffer copied into it.
+async fn write_all_vectored<W: AsyncWrite + Unpin>(
+    w: &mut BufWriter<W>,
+    head: &[u8],
+    pieces: &[Bytes],
+) -> std::io::Result<()> {
+    if pieces.is_empty() {
+        // Most frames (metadata): no list of slices to build.
+        return w.write_all(head).await;
+    }
     let mut slices: Vec<IoSlice<'_>> =
         std::iter::once(head).chain(pieces.iter().map(|p| &p[..])).map(IoSlice::new).collect();
     let mut rest = &mut slices[..];
@@ -280,5 +290,79 @@ impl Conn {
     pub fn close(&self) {
         self.inner.fail_all("closed locally");
         *self.inner.held.lock().expect("held lock") = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    /// A stream that takes at most `max` bytes per write, vectored or not, as a full socket
+    /// buffer does.
+    struct Trickle {
+        out: Vec<u8>,
+        max: usize,
+        vectored: bool,
+    }
+
+    impl AsyncWrite for Trickle {
+        fn poll_write(mut self: Pin<&mut Self>, _: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+            let n = buf.len().min(self.max);
+            self.out.extend_from_slice(&buf[..n]);
+            Poll::Ready(Ok(n))
+        }
+
+        fn poll_write_vectored(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            bufs: &[IoSlice<'_>],
+        ) -> Poll<std::io::Result<usize>> {
+            let mut n = 0;
+            for b in bufs {
+                let take = b.len().min(self.max - n);
+                self.out.extend_from_slice(&b[..take]);
+                n += take;
+                if n == self.max {
+                    break;
+                }
+            }
+            Poll::Ready(Ok(n))
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            self.vectored
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn frames_of_pieces_arrive_whole_and_in_order_through_partial_writes() {
+        let data: Vec<u8> = (0..50_000u32).map(|i| (i * 13 + i / 7) as u8).collect();
+        let whole = Bytes::from(data);
+        let cuts = [0, 1, 999, 1000, 4096, 20_000, 20_001, 50_000];
+        let pieces: Vec<Bytes> = cuts.windows(2).map(|w| whole.slice(w[0]..w[1])).collect();
+        for vectored in [true, false] {
+            for (max, cap) in [(7, 64), (1000, 64), (4097, 8192), (1 << 20, 256 << 10)] {
+                let mut w = BufWriter::with_capacity(cap, Trickle { out: Vec::new(), max, vectored });
+                write_all_vectored(&mut w, b"head-1", &pieces).await.unwrap();
+                write_all_vectored(&mut w, b"head-2", &[]).await.unwrap();
+                write_all_vectored(&mut w, b"head-3", &pieces[2..4]).await.unwrap();
+                w.flush().await.unwrap();
+                let mut want = b"head-1".to_vec();
+                want.extend_from_slice(&whole);
+                want.extend_from_slice(b"head-2head-3");
+                want.extend_from_slice(&whole[999..4096]);
+                assert!(w.get_ref().out == want, "vectored {vectored}, {max} bytes a write, buffer {cap}");
+            }
+        }
     }
 }
