@@ -334,20 +334,39 @@ impl InodeData {
 
     /// Writes `data` at `offset` (coalesced, sent in the background).
     pub(crate) async fn write(self: &Arc<Self>, client: &Client, offset: u64, data: &[u8]) -> Result<()> {
+        self.write_with(client, offset, data.len(), |b, at, len, cap| b.copy_in(&data[at..at + len], cap)).await
+    }
+
+    /// [`Self::write`] of bytes the caller hands over: they join the write buffer as they are
+    /// (in pieces, see [`WriteBuf`]), so a large write (a FUSE write's buffer, an S3 body's
+    /// piece) reaches the socket with no copy of the client's.
+    pub(crate) async fn write_bytes(self: &Arc<Self>, client: &Client, offset: u64, data: Bytes) -> Result<()> {
+        self.write_with(client, offset, data.len(), |b, at, len, cap| b.hand_over(data.slice(at..at + len), cap)).await
+    }
+
+    /// A write of `len` bytes at `offset`, chunk by chunk: `put(buf, at, n, cap)` adds the
+    /// caller's bytes `at..at + n` to the write buffer (capped at `cap` bytes), which is sent
+    /// first when they cannot join it and after when it is full.
+    async fn write_with(
+        self: &Arc<Self>,
+        client: &Client,
+        offset: u64,
+        len: usize,
+        mut put: impl FnMut(&mut WriteBuf, usize, usize, usize),
+    ) -> Result<()> {
         self.take_error()?;
         self.ra.lock().expect("ra lock").chunks.clear();
         let mut ws = self.ws.lock().await;
-        for seg in self.layout.segments(offset, data.len() as u64) {
-            let start = (seg.file_offset - offset) as usize;
-            let bytes = &data[start..start + seg.len as usize];
-            if !self.joins(&ws.buf, seg.file_offset, bytes.len()) {
+        for seg in self.layout.segments(offset, len as u64) {
+            let (at, n) = ((seg.file_offset - offset) as usize, seg.len as usize);
+            if !self.joins(&ws.buf, seg.file_offset, n) {
                 self.send_buf(client, &mut ws).await;
             }
             let cap = self.buffer_cap();
-            ws.buf.get_or_insert_with(|| WriteBuf::new(seg.file_offset)).copy_in(bytes, cap);
+            put(ws.buf.get_or_insert_with(|| WriteBuf::new(seg.file_offset)), at, n, cap);
             self.send_if_full(client, &mut ws).await;
         }
-        self.note_write(&mut ws, offset + data.len() as u64);
+        self.note_write(&mut ws, offset + len as u64);
         Ok(())
     }
 
@@ -356,27 +375,6 @@ impl InodeData {
         if ws.buf.as_ref().is_some_and(|b| self.fills(b.off, b.len)) {
             self.send_buf(client, ws).await;
         }
-    }
-
-    /// [`Self::write`] of bytes the caller hands over: they join the write buffer as they are
-    /// (in pieces, see [`WriteBuf`]), so a large write (a FUSE write's buffer, an S3 body's
-    /// piece) reaches the socket with no copy of the client's.
-    pub(crate) async fn write_bytes(self: &Arc<Self>, client: &Client, offset: u64, data: Bytes) -> Result<()> {
-        self.take_error()?;
-        self.ra.lock().expect("ra lock").chunks.clear();
-        let mut ws = self.ws.lock().await;
-        for seg in self.layout.segments(offset, data.len() as u64) {
-            let start = (seg.file_offset - offset) as usize;
-            let piece = data.slice(start..start + seg.len as usize);
-            if !self.joins(&ws.buf, seg.file_offset, piece.len()) {
-                self.send_buf(client, &mut ws).await;
-            }
-            let cap = self.buffer_cap();
-            ws.buf.get_or_insert_with(|| WriteBuf::new(seg.file_offset)).hand_over(piece, cap);
-            self.send_if_full(client, &mut ws).await;
-        }
-        self.note_write(&mut ws, offset + data.len() as u64);
-        Ok(())
     }
 
     /// [`Self::write`] when it needs no waiting: the bytes join the write buffer (or start it)
