@@ -147,7 +147,7 @@ impl MinimumFs {
     /// Made files' WRITEs are sent to `server`, which writes them to disk, and answered once
     /// it has (see the module's documentation).
     pub fn with_remote_writes(mut self, server: &WriteServer) -> Self {
-        self.remote_writes = Some(Remote { idle: vec![(server.addr, Mutex::new(Vec::new()))] });
+        self.remote_writes = Some(Remote { idle: vec![(server.listener.addr, Mutex::new(Vec::new()))] });
         self
     }
 
@@ -540,41 +540,55 @@ impl Remote {
 /// the file (no copy of the server's own). One listener per file, one thread per connection.
 pub struct FileServer {
     addrs: Vec<SocketAddr>,
-    stop: Arc<AtomicBool>,
-    listeners: Vec<JoinHandle<()>>,
+    _listeners: Vec<Listener>,
 }
 
 impl FileServer {
     /// Serves `files`, each on a loopback port of its own.
     pub fn start(files: &[PathBuf]) -> std::io::Result<FileServer> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (mut addrs, mut listeners) = (Vec::new(), Vec::new());
+        let mut listeners = Vec::new();
         for f in files {
             let file = Arc::new(File::open(f)?);
-            let listener = TcpListener::bind("127.0.0.1:0")?;
-            addrs.push(listener.local_addr()?);
-            let stop = stop.clone();
-            listeners.push(std::thread::spawn(move || {
-                for conn in listener.incoming() {
-                    if stop.load(Ordering::Relaxed) {
-                        return;
-                    }
-                    let (Ok(conn), file) = (conn, file.clone()) else { continue };
-                    std::thread::spawn(move || serve_ranges(conn, &file));
-                }
-            }));
+            listeners.push(Listener::start(move |conn| serve_ranges(conn, &file))?);
         }
-        Ok(FileServer { addrs, stop, listeners })
+        Ok(FileServer { addrs: listeners.iter().map(|l| l.addr).collect(), _listeners: listeners })
     }
 }
 
-impl Drop for FileServer {
+/// A loopback port whose every connection is served by `serve` on a thread of its own; stops
+/// accepting when dropped.
+struct Listener {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Listener {
+    fn start(serve: impl Fn(TcpStream) + Send + Sync + 'static) -> std::io::Result<Listener> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let addr = listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (flag, serve) = (stop.clone(), Arc::new(serve));
+        let thread = std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if flag.load(Ordering::Relaxed) {
+                    return;
+                }
+                let (Ok(conn), serve) = (conn, serve.clone()) else { continue };
+                std::thread::spawn(move || serve(conn));
+            }
+        });
+        Ok(Listener { addr, stop, thread: Some(thread) })
+    }
+}
+
+impl Drop for Listener {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        // Wakes each listener's accept; it sees `stop` and returns. Joined only once woken.
-        for (a, l) in self.addrs.iter().zip(self.listeners.drain(..)) {
-            if TcpStream::connect(a).is_ok() {
-                let _ = l.join();
+        // Wakes the accept; it sees `stop` and returns. Joined only once woken.
+        if TcpStream::connect(self.addr).is_ok() {
+            if let Some(t) = self.thread.take() {
+                let _ = t.join();
             }
         }
     }
@@ -608,41 +622,15 @@ const SYNC: u64 = u64::MAX;
 /// buffer and written `O_DIRECT` when offset and length are aligned, as stored writes chunk
 /// data, else through the page cache. One listener, one thread per connection.
 pub struct WriteServer {
-    addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    listener: Option<JoinHandle<()>>,
+    listener: Listener,
 }
 
 impl WriteServer {
     /// Serves writes into `dir` (made if missing) on a loopback port.
     pub fn start(dir: &Path) -> std::io::Result<WriteServer> {
         std::fs::create_dir_all(dir)?;
-        let listener = TcpListener::bind("127.0.0.1:0")?;
-        let addr = listener.local_addr()?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let (dir, flag) = (dir.to_path_buf(), stop.clone());
-        let listener = std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                if flag.load(Ordering::Relaxed) {
-                    return;
-                }
-                let (Ok(conn), dir) = (conn, dir.clone()) else { continue };
-                std::thread::spawn(move || serve_writes(conn, &dir));
-            }
-        });
-        Ok(WriteServer { addr, stop, listener: Some(listener) })
-    }
-}
-
-impl Drop for WriteServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        // Wakes the listener's accept; it sees `stop` and returns. Joined only once woken.
-        if TcpStream::connect(self.addr).is_ok() {
-            if let Some(l) = self.listener.take() {
-                let _ = l.join();
-            }
-        }
+        let dir = dir.to_path_buf();
+        Ok(WriteServer { listener: Listener::start(move |conn| serve_writes(conn, &dir))? })
     }
 }
 

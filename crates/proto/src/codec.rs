@@ -105,7 +105,8 @@ impl Payload {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.iter().all(Bytes::is_empty)
+        // `push` keeps no empty piece.
+        self.0.is_empty()
     }
 
     pub fn pieces(&self) -> &[Bytes] {
