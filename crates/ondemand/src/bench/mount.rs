@@ -11,7 +11,8 @@
 //! the kernel and FUSE like any application's. Every phase also runs on a plain FUSE
 //! passthrough of the same disk (bindfs, when installed): the FUSE floor; the sequential read
 //! also runs with only loopback TCP between the disk and the reader (the network minimum), and
-//! on the FUSE minimum fed over loopback TCP (the FUSE + network minimum), the sequential write
+//! on the FUSE minimum fed over loopback TCP (the FUSE + network minimum; the minima also read
+//! in the checkpoint read's shape, 4 MiB reads of another reader's file), the sequential write
 //! on the FUSE minimum and on one that sends every WRITE over loopback TCP to the plain
 //! directory's disk (the FUSE + network minimum for writes); the read minimum, the
 //! creates and the small reads also run on the FUSE minimum, served from this process and from
@@ -592,10 +593,10 @@ fn send_through_tcp(files: &[PathBuf]) -> Result<u64> {
     })
 }
 
-/// The sequential and 4 KiB random reads above, on the FUSE minimum's large files (bytes
-/// replied from memory on the reader thread): what FUSE alone allows these reads on this
-/// machine, for any filesystem that serves them through its daemon. One line, or why it was
-/// skipped.
+/// The sequential and 4 KiB random reads above and the checkpoint read's shape, on the FUSE
+/// minimum's large files (bytes replied from memory on the reader thread, or as `minimum`
+/// serves them): what FUSE alone allows these reads on this machine, for any filesystem that
+/// serves them through its daemon. One line, or why it was skipped.
 fn fuse_minimum_large(
     o: &MountBenchOptions,
     fio: &Path,
@@ -612,7 +613,7 @@ fn fuse_minimum_large(
     // CPU-s as for every phase: fio's and this process's, where a minimum served here runs,
     // and the serving process's.
     let pids: Vec<u32> = minimum.pid().into_iter().collect();
-    let rates = (|| -> Result<[(f64, f64); 2]> {
+    let rates = (|| -> Result<[(f64, f64); 3]> {
         drop_caches();
         let mut args = files.clone();
         args.extend(["--rw=read", "--bs=1M"].map(String::from));
@@ -624,14 +625,23 @@ fn fuse_minimum_large(
         drop_caches();
         let cpu = CpuMeter::start(&pids);
         let iops = randread_iops(fio, files.clone(), &reports.join(format!("{report}-randread.json")), o)?;
-        Ok([(seq, seq_cpu), (iops, cpu.stop())])
+        let rand_cpu = cpu.stop();
+        // The checkpoint read's shape (4 MiB reads, reader k the file of k+1) over the same
+        // files: its bound, which the sequential read's need not be.
+        drop_caches();
+        let cpu = CpuMeter::start(&pids);
+        let t = Instant::now();
+        read_as_ckpt(o, &seq_files(o, at), false)?;
+        let ckpt = (o.jobs as u64 * o.job_size) as f64 / MIB / t.elapsed().as_secs_f64();
+        Ok([(seq, seq_cpu), (iops, rand_cpu), (ckpt, cpu.stop())])
     })();
     let unmounted = minimum.unmount().with_context(|| format!("unmounting the {name}"));
-    let [(seq, seq_cpu), (iops, rand_cpu)] = rates.with_context(|| format!("reading the {name}'s large files"))?;
+    let [(seq, seq_cpu), (iops, rand_cpu), (ckpt, ckpt_cpu)] =
+        rates.with_context(|| format!("reading the {name}'s large files"))?;
     unmounted?;
     Ok(format!(
         "{name}, large files ({what}): seq read {seq:.0} MiB/s ({seq_cpu:.1} CPU-s), \
-         rand read 4k {iops:.0} IOPS ({rand_cpu:.1} CPU-s)"
+         rand read 4k {iops:.0} IOPS ({rand_cpu:.1} CPU-s), ckpt-shaped read {ckpt:.0} MiB/s ({ckpt_cpu:.1} CPU-s)"
     ))
 }
 
@@ -770,11 +780,19 @@ fn ckpt_write(dir: &Path, o: &MountBenchOptions) -> Result<()> {
 
 /// Reader k reads writer k+1's file whole, in 4 MiB reads, checking each piece's label.
 fn ckpt_read(dir: &Path, o: &MountBenchOptions) -> Result<()> {
-    let ranks: Vec<usize> = (0..o.jobs).collect();
-    parallel(o.jobs, &ranks, |k| {
-        let w = (k + 1) % o.jobs;
-        let p = ckpt_path(dir, w);
-        let mut f = std::fs::File::open(&p).with_context(|| format!("{}", p.display()))?;
+    let files: Vec<PathBuf> = (0..o.jobs).map(|k| ckpt_path(dir, k)).collect();
+    read_as_ckpt(o, &files, true)
+}
+
+/// The checkpoint read over `files` (`o.jobs` of them, `o.job_size` bytes each): reader k
+/// reads file k+1 whole in 4 MiB reads, all at once; with `labelled`, each piece must carry its
+/// file's number and offset as [`ckpt_write`] wrote them.
+fn read_as_ckpt(o: &MountBenchOptions, files: &[PathBuf], labelled: bool) -> Result<()> {
+    let ranks: Vec<usize> = (0..files.len()).collect();
+    parallel(files.len(), &ranks, |k| {
+        let w = (k + 1) % files.len();
+        let p = &files[w];
+        let mut f = std::fs::File::open(p).with_context(|| format!("{}", p.display()))?;
         let mut buf = Vec::with_capacity(CKPT_IO);
         let mut off = 0u64;
         loop {
@@ -784,7 +802,7 @@ fn ckpt_read(dir: &Path, o: &MountBenchOptions) -> Result<()> {
                 break;
             }
             anyhow::ensure!(
-                n >= 16 && buf[..8] == (w as u64).to_le_bytes() && buf[8..16] == off.to_le_bytes(),
+                !labelled || (n >= 16 && buf[..8] == (w as u64).to_le_bytes() && buf[8..16] == off.to_le_bytes()),
                 "{}: wrong bytes at offset {off}",
                 p.display()
             );
