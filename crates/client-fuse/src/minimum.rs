@@ -649,8 +649,18 @@ fn serve_writes(mut conn: TcpStream, dir: &Path) {
     while conn.read_exact(&mut req).is_ok() {
         let word = |i: usize| u64::from_le_bytes(req[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
         let (ino, offset, len) = (word(0), word(1), word(2));
+        let path = || dir.join(format!("w{ino}"));
         if len == SYNC {
-            let synced = files.get(&ino).map_or(Ok(()), |(f, _)| f.sync_data());
+            // The file may have been written through other connections only: any descriptor
+            // of it syncs what all of them wrote.
+            let synced = match files.get(&ino) {
+                Some((f, _)) => f.sync_data(),
+                None => match File::open(path()) {
+                    Ok(f) => f.sync_data(),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                    Err(e) => Err(e),
+                },
+            };
             if conn.write_all(&[u8::from(synced.is_err())]).is_err() {
                 return;
             }
@@ -665,10 +675,10 @@ fn serve_writes(mut conn: TcpStream, dir: &Path) {
             return;
         }
         let written = (|| -> std::io::Result<()> {
-            let path = dir.join(format!("w{ino}"));
             let (buffered, direct) = match files.entry(ino) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::hash_map::Entry::Vacant(v) => {
+                    let path = path();
                     let open =
                         |flags| std::fs::OpenOptions::new().write(true).create(true).custom_flags(flags).open(&path);
                     v.insert((open(0)?, open(libc::O_DIRECT).ok()))
