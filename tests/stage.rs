@@ -118,6 +118,18 @@ fn stage_in_from_s3_is_byte_identical_and_every_agent_moves_a_quarter() {
     // A re-run finds everything complete.
     let again = ok(odfs_stage(&fs, &s3.env(), &args));
     assert!(again.contains("0 files") && again.contains("1003 already complete"), "{again}");
+
+    // One object rewritten with the same size and mtime: only its ETag (which this server
+    // leaves out of listings, so it is asked for) tells, and only it is copied again.
+    let path = s3.object_path("data", "set/d3/f0003.bin");
+    let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+    let mut data = std::fs::read(&path).unwrap();
+    data[0] ^= 0xff;
+    std::fs::write(&path, &data).unwrap();
+    std::fs::File::options().write(true).open(&path).unwrap().set_modified(mtime).unwrap();
+    let changed = ok(odfs_stage(&fs, &s3.env(), &args));
+    assert!(changed.contains(" 1 files") && changed.contains("1002 already complete"), "{changed}");
+    assert_eq!(rt.block_on(lib_read(&c, "/in/d3/f0003.bin")), data);
 }
 
 #[test]

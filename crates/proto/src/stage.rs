@@ -144,11 +144,18 @@ pub struct StageStart {
     pub items: Vec<WorkItem>,
 }
 
-/// Asks an agent how a run is going.
+/// Asks an agent how a run is going. The agent answers when the run finishes or after
+/// `wait_ms` (at most [`MAX_POLL_WAIT_MS`]), whichever comes first, so the coordinator learns
+/// of the end at once without asking often.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StagePoll {
     pub run: u64,
+    #[serde(default)]
+    pub wait_ms: u32,
 }
+
+/// The longest an agent holds a `StagePoll` before answering.
+pub const MAX_POLL_WAIT_MS: u32 = 1000;
 
 /// Counters of one agent for one run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]

@@ -46,10 +46,29 @@ struct Run {
     errors: AtomicU64,
     retries: AtomicU64,
     finished: AtomicBool,
+    /// Wakes the polls waiting for the run's end.
+    done: tokio::sync::Notify,
     results: Mutex<Vec<ItemResult>>,
 }
 
 impl Run {
+    /// Marks the run finished (its results recorded) and answers the polls waiting for it.
+    fn finish(&self) {
+        self.finished.store(true, Ordering::Release);
+        self.done.notify_waiters();
+    }
+
+    /// Waits up to `wait` for the run to finish.
+    async fn wait_finished(&self, wait: Duration) {
+        let done = self.done.notified();
+        tokio::pin!(done);
+        // Registered before the check, so a finish in between is not missed.
+        done.as_mut().enable();
+        if !self.finished.load(Ordering::Acquire) {
+            let _ = tokio::time::timeout(wait, done).await;
+        }
+    }
+
     fn counters(&self) -> StageCounters {
         StageCounters {
             items_total: self.items_total.load(Ordering::Relaxed),
@@ -134,7 +153,7 @@ impl Agent {
         let a = self.clone();
         r.add(move |_h, req: StagePoll| {
             let a = a.clone();
-            async move { a.poll(&req) }
+            async move { a.poll(&req).await }
         });
         let a = self.clone();
         r.add(move |_h, req: DrainStart| {
@@ -184,11 +203,15 @@ impl Agent {
         Ok(())
     }
 
-    fn poll(&self, req: &StagePoll) -> Result<StageStatus, RemoteError> {
+    async fn poll(&self, req: &StagePoll) -> Result<StageStatus, RemoteError> {
         let run =
             self.runs.lock().expect("runs lock").get(&req.run).cloned().ok_or_else(|| {
                 RemoteError::new(ErrorCode::NotFound, format!("no stage run {} on this agent", req.run))
             })?;
+        let wait = req.wait_ms.min(odfs_proto::stage::MAX_POLL_WAIT_MS);
+        if wait > 0 {
+            run.wait_finished(Duration::from_millis(wait.into())).await;
+        }
         let finished = run.finished.load(Ordering::Acquire);
         let results = if finished { run.results.lock().expect("results lock").clone() } else { Vec::new() };
         Ok(StageStatus { counters: run.counters(), finished, results })
@@ -202,7 +225,7 @@ impl Agent {
                 r.push(ItemResult { index: i as u32, error: Some(msg.clone()), ..ItemResult::default() });
             }
             run.errors.store(items.len() as u64, Ordering::Relaxed);
-            run.finished.store(true, Ordering::Release);
+            run.finish();
         };
         let client = match self.client().await {
             Ok(c) => c,
@@ -260,7 +283,7 @@ impl Agent {
         }
         let c = run.counters();
         info!(run = req.run, items = c.items_done, bytes = c.bytes, errors = c.errors, "stage share finished");
-        run.finished.store(true, Ordering::Release);
+        run.finish();
     }
 }
 
@@ -663,6 +686,26 @@ pub async fn run(cfg: AgentConfig, shutdown: Shutdown) -> Result<(), crate::Stag
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_poll_waits_for_the_end_of_its_run_and_no_longer() {
+        let run = Arc::new(Run::default());
+        // Not finished: the wait ends when it runs out.
+        run.wait_finished(Duration::from_millis(200)).await;
+        assert!(!run.finished.load(Ordering::Acquire));
+        // A finish wakes a waiting poll long before its wait runs out.
+        let r = run.clone();
+        let waiter = tokio::spawn(async move { r.wait_finished(Duration::from_secs(3600)).await });
+        tokio::task::yield_now().await;
+        let t = tokio::time::Instant::now();
+        run.finish();
+        waiter.await.unwrap();
+        assert!(t.elapsed() < Duration::from_secs(3600), "woken by the finish, not by running out");
+        // Finished already: answered without waiting.
+        let t = tokio::time::Instant::now();
+        run.wait_finished(Duration::from_secs(3600)).await;
+        assert!(t.elapsed() < Duration::from_secs(3600));
+    }
 
     #[test]
     fn verification_names_the_checks_and_refuses_mismatches() {

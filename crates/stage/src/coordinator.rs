@@ -185,6 +185,11 @@ pub(crate) async fn agents(client: &Client) -> Result<Vec<(u32, SocketAddr)>> {
     Ok(a)
 }
 
+/// How long an agent holds a progress poll when its share is not done: the coordinator learns
+/// of a share's end at once and of progress this often.
+const POLL_WAIT_MS: u32 = 200;
+const POLL_WAIT: Duration = Duration::from_millis(POLL_WAIT_MS as u64);
+
 /// Splits items over `n` agents: those `prefer` names an agent for go to it; the rest largest
 /// first onto the least-loaded agent (by bytes, then by count), so every agent moves about the
 /// same share.
@@ -327,13 +332,16 @@ pub(crate) async fn run_pass(
     let mut finished: BTreeSet<usize> = BTreeSet::new();
     let mut silent_since: HashMap<usize, Instant> = HashMap::new();
     while finished.len() < started.len() {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        for &a in &started {
-            if finished.contains(&a) {
-                continue;
-            }
-            let (node, addr) = p.agents[a];
-            match p.client.call(p.ctx, addr, &StagePoll { run }).await {
+        let round = Instant::now();
+        let waiting: Vec<usize> = started.iter().copied().filter(|a| !finished.contains(a)).collect();
+        let polls = waiting.iter().map(|&a| {
+            let addr = p.agents[a].1;
+            async move { (a, p.client.call(p.ctx, addr, &StagePoll { run, wait_ms: POLL_WAIT_MS }).await) }
+        });
+        let mut ended = false;
+        for (a, reply) in futures::future::join_all(polls).await {
+            let node = p.agents[a].0;
+            match reply {
                 Ok(st) => {
                     silent_since.remove(&a);
                     counters.insert(a, st.counters);
@@ -343,6 +351,7 @@ pub(crate) async fn run_pass(
                             results[global] = ItemResult { index: global as u32, ..r };
                         }
                         finished.insert(a);
+                        ended = true;
                     }
                 }
                 Err(e) => {
@@ -363,6 +372,10 @@ pub(crate) async fn run_pass(
         let snapshot: Vec<(u32, StageCounters)> =
             started.iter().map(|a| (p.agents[*a].0, counters.get(a).copied().unwrap_or_default())).collect();
         progress.update(&snapshot);
+        // Polls answered at once (a failing agent) are not repeated sooner than a wait apart.
+        if !ended {
+            tokio::time::sleep(POLL_WAIT.saturating_sub(round.elapsed())).await;
+        }
     }
     let per_agent = p
         .agents

@@ -27,6 +27,32 @@ struct Listing {
     endpoint: StageEndpoint,
     /// The source as the manifest names it.
     name: String,
+    /// The S3 source, to ask for the ETags its listing left out.
+    s3: Option<s3::S3>,
+}
+
+impl Listing {
+    /// Asks the source for the ETags its listing left out (some S3-compatible servers list
+    /// without them), a HEAD each, of the files `needs` names only: those whose ETag decides
+    /// something (a skip, a split file's verification). A HEAD of every object would cost a
+    /// request per file before the first byte moves; a whole file's GET returns its ETag.
+    async fn fill_etags(&mut self, needs: impl Fn(&SrcFile) -> bool) -> Result<()> {
+        let Some(s3) = &self.s3 else { return Ok(()) };
+        let missing: Vec<usize> =
+            (0..self.files.len()).filter(|&i| self.files[i].etag.is_none() && needs(&self.files[i])).collect();
+        let mut objs: Vec<s3::Object> = missing
+            .iter()
+            .map(|&i| {
+                let f = &self.files[i];
+                s3::Object { key: s3.key(&f.rel), size: f.size, etag: String::new(), mtime: f.mtime }
+            })
+            .collect();
+        s3.fill_etags(&mut objs).await?;
+        for (i, obj) in missing.into_iter().zip(objs) {
+            self.files[i].etag = Some(obj.etag);
+        }
+        Ok(())
+    }
 }
 
 /// The work of one run: whole files, and the ranges of each split file by index into `items`.
@@ -56,13 +82,14 @@ pub async fn stage_in(
     let start = Instant::now();
     let agents = agents(client).await?;
     let mut report = StageReport { kind: "stage-in", ..StageReport::default() };
-    let listing = list_source(ctx, src, o, &mut report).await?;
+    let mut listing = list_source(ctx, src, o, &mut report).await?;
     let manifest_path = join(dst_root, manifest::STAGE_IN_MANIFEST);
     report.manifest = format!("odfs:{manifest_path}");
     make_dirs(client, ctx, dst_root, &listing.dirs).await?;
-    let done = done_before(client, ctx, dst_root, &manifest_path, &listing).await?;
+    let done = done_before(client, ctx, dst_root, &manifest_path, &mut listing).await?;
     report.skipped = done.len() as u64;
     let mut run = StageIn { client, ctx, dst_root, report, entries: done };
+    listing.fill_etags(|f| f.size >= o.split_threshold).await?;
     let todo: Vec<&SrcFile> = listing.files.iter().filter(|f| !run.entries.contains_key(&f.rel)).collect();
     let plan = run.plan(&todo, o).await?;
 
@@ -99,11 +126,11 @@ pub async fn stage_in(
 async fn list_source(ctx: &Ctx, src: &Location, o: &StageOptions, report: &mut StageReport) -> Result<Listing> {
     let mut dirs: BTreeSet<String> = BTreeSet::new();
     let mut files: Vec<SrcFile> = Vec::new();
+    let mut source_s3 = None;
     let endpoint = match src {
         Location::S3 { bucket, prefix } => {
             let s3 = s3_for(bucket, prefix, o).await?;
-            let mut listed = s3.list(prefix).await?;
-            s3.fill_etags(&mut listed).await?;
+            let listed = s3.list(prefix).await?;
             for obj in listed {
                 let rel = &obj.key[prefix.len()..];
                 if rel.is_empty() {
@@ -115,10 +142,13 @@ async fn list_source(ctx: &Ctx, src: &Location, o: &StageOptions, report: &mut S
                     dirs.insert(d.to_string());
                 } else {
                     let (size, mtime) = (obj.size, obj.mtime);
-                    files.push(SrcFile { rel: rel.to_string(), size, mtime, mode: None, etag: Some(obj.etag) });
+                    let etag = (!obj.etag.is_empty()).then_some(obj.etag);
+                    files.push(SrcFile { rel: rel.to_string(), size, mtime, mode: None, etag });
                 }
             }
-            StageEndpoint::S3(s3.spec.clone())
+            let ep = StageEndpoint::S3(s3.spec.clone());
+            source_s3 = Some(s3);
+            ep
         }
         Location::Posix(root) => {
             let (entries, skipped) =
@@ -149,21 +179,23 @@ async fn list_source(ctx: &Ctx, src: &Location, o: &StageOptions, report: &mut S
             dirs.insert(p.to_string());
         }
     }
-    Ok(Listing { files, dirs, endpoint, name: src.to_string() })
+    Ok(Listing { files, dirs, endpoint, name: src.to_string(), s3: source_s3 })
 }
 
-/// What a previous run of the same source completed: same ETag (or mtime) and size in its
-/// manifest, and the file present in odfs with that size.
+/// What a previous run of the same source completed: same ETag (where the source has ETags),
+/// size and mtime in its manifest, and the file present in odfs with that size.
 async fn done_before(
     client: &Client,
     ctx: &Ctx,
     dst_root: &str,
     manifest_path: &str,
-    listing: &Listing,
+    listing: &mut Listing,
 ) -> Result<BTreeMap<String, FileEntry>> {
     let previous = read_odfs_file(client, ctx, manifest_path).await?.and_then(|d| Manifest::parse(&d));
     let mut done = BTreeMap::new();
     let Some(prev) = previous.filter(|m| m.source == listing.name) else { return Ok(done) };
+    // Only what the manifest holds at the same size and mtime may be skipped: its ETag decides.
+    listing.fill_etags(|f| prev.files.get(&f.rel).is_some_and(|e| e.size == f.size && e.mtime == f.mtime.sec)).await?;
     for f in &listing.files {
         let Some(e) = prev.files.get(&f.rel) else { continue };
         let same = e.size == f.size && (f.etag.is_none() || e.etag == f.etag) && e.mtime == f.mtime.sec;
