@@ -13,14 +13,13 @@ use crate::limit::{gated, Limits, NodeLoad, Share};
 use crate::posix;
 use crate::s3::{b64, is_md5_etag, multipart_etag, S3};
 use bytes::Bytes;
-use futures::channel::mpsc;
 use futures::StreamExt;
 use odfs_client::{Client, ClientConfig, Ctx, FileHandle};
 use odfs_proto::meta::{SetAttr, SetTime};
 use odfs_proto::mgmt::ServiceKind;
 use odfs_proto::stage::{
-    DrainList, DrainStart, DrainStop, ItemResult, StageAdd, StageCounters, StageEndpoint, StageLimits, StagePoll,
-    StageStart, StageStatus, WorkItem,
+    DrainList, DrainStart, DrainStop, ItemResult, StageCounters, StageEndpoint, StageLimits, StagePoll, StageStart,
+    StageStatus, WorkItem,
 };
 use odfs_proto::{ErrorCode, RemoteError, Timespec};
 use odfs_rpc::quic::QuicEndpoint;
@@ -47,42 +46,26 @@ struct Run {
     errors: AtomicU64,
     retries: AtomicU64,
     finished: AtomicBool,
-    /// Wakes the polls waiting on the run: an item done, the run finished.
-    changed: tokio::sync::Notify,
-    /// Where a `StageAdd` puts more items while the run is open (`StageStart::open`).
-    more: Mutex<Option<mpsc::UnboundedSender<WorkItem>>>,
+    /// Wakes the polls waiting for the run's end.
+    done: tokio::sync::Notify,
     results: Mutex<Vec<ItemResult>>,
 }
 
 impl Run {
-    /// Marks the run finished (its results recorded) and answers the polls waiting on it.
+    /// Marks the run finished (its results recorded) and answers the polls waiting for it.
     fn finish(&self) {
-        self.more.lock().expect("more lock").take();
         self.finished.store(true, Ordering::Release);
-        self.changed.notify_waiters();
+        self.done.notify_waiters();
     }
 
-    /// Whether a poll is answered now: the run finished, or it is open and has no more than
-    /// `low_water` items left to finish (0: never).
-    fn answer_now(&self, low_water: u32) -> bool {
-        if self.finished.load(Ordering::Acquire) {
-            return true;
-        }
-        let left = self.items_total.load(Ordering::Relaxed).saturating_sub(self.items_done.load(Ordering::Relaxed));
-        low_water > 0 && left <= low_water as u64 && self.more.lock().expect("more lock").is_some()
-    }
-
-    /// Waits up to `wait` for a reason to answer a poll (`answer_now`).
-    async fn wait_for_news(&self, wait: Duration, low_water: u32) {
-        let deadline = tokio::time::Instant::now() + wait;
-        loop {
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            // Registered before the check, so a change in between is not missed.
-            changed.as_mut().enable();
-            if self.answer_now(low_water) || tokio::time::timeout_at(deadline, changed).await.is_err() {
-                return;
-            }
+    /// Waits up to `wait` for the run to finish.
+    async fn wait_finished(&self, wait: Duration) {
+        let done = self.done.notified();
+        tokio::pin!(done);
+        // Registered before the check, so a finish in between is not missed.
+        done.as_mut().enable();
+        if !self.finished.load(Ordering::Acquire) {
+            let _ = tokio::time::timeout(wait, done).await;
         }
     }
 
@@ -168,11 +151,6 @@ impl Agent {
             async move { a.start(req) }
         });
         let a = self.clone();
-        r.add(move |_h, req: StageAdd| {
-            let a = a.clone();
-            async move { a.add(req) }
-        });
-        let a = self.clone();
         r.add(move |_h, req: StagePoll| {
             let a = a.clone();
             async move { a.poll(&req).await }
@@ -206,11 +184,6 @@ impl Agent {
         }
         let run = Arc::new(Run::default());
         run.items_total.store(req.items.len() as u64, Ordering::Relaxed);
-        let more = req.open.then(|| {
-            let (tx, rx) = mpsc::unbounded();
-            *run.more.lock().expect("more lock") = Some(tx);
-            rx
-        });
         {
             let mut runs = self.runs.lock().expect("runs lock");
             if runs.contains_key(&req.run) {
@@ -226,34 +199,7 @@ impl Agent {
             }
         }
         info!(run = req.run, items = req.items.len(), "stage share started");
-        tokio::spawn(self.clone().execute(run, req, more));
-        Ok(())
-    }
-
-    /// More items for an open run, numbered after those it has.
-    fn add(&self, req: StageAdd) -> Result<(), RemoteError> {
-        for it in &req.items {
-            check_relative(it.rel()).map_err(|e| {
-                RemoteError::new(ErrorCode::Invalid, format!("unsafe path {:?} in stage work: {e}", it.rel()))
-            })?;
-        }
-        let run =
-            self.runs.lock().expect("runs lock").get(&req.run).cloned().ok_or_else(|| {
-                RemoteError::new(ErrorCode::NotFound, format!("no stage run {} on this agent", req.run))
-            })?;
-        let mut more = run.more.lock().expect("more lock");
-        let closed = || RemoteError::new(ErrorCode::Invalid, format!("stage run {} takes no more items", req.run));
-        let tx = more.as_ref().ok_or_else(closed)?;
-        run.items_total.fetch_add(req.items.len() as u64, Ordering::Relaxed);
-        for it in req.items {
-            // The run's executor holds the receiver until the sender goes (`last`, or its end).
-            tx.unbounded_send(it).map_err(|_| closed())?;
-        }
-        if req.last {
-            more.take();
-        }
-        drop(more);
-        run.changed.notify_waiters();
+        tokio::spawn(self.clone().execute(run, req));
         Ok(())
     }
 
@@ -264,18 +210,17 @@ impl Agent {
             })?;
         let wait = req.wait_ms.min(odfs_proto::stage::MAX_POLL_WAIT_MS);
         if wait > 0 {
-            run.wait_for_news(Duration::from_millis(wait.into()), req.low_water).await;
+            run.wait_finished(Duration::from_millis(wait.into())).await;
         }
         let finished = run.finished.load(Ordering::Acquire);
         let results = if finished { run.results.lock().expect("results lock").clone() } else { Vec::new() };
         Ok(StageStatus { counters: run.counters(), finished, results })
     }
 
-    async fn execute(self: Arc<Self>, run: Arc<Run>, req: StageStart, more: Option<mpsc::UnboundedReceiver<WorkItem>>) {
+    async fn execute(self: Arc<Self>, run: Arc<Run>, req: StageStart) {
         let items = req.items.clone();
         let fail_all = |msg: String| {
             let mut r = run.results.lock().expect("results lock");
-            // Items added later are refused (the run is finished), so they fail at the coordinator.
             for i in 0..items.len() {
                 r.push(ItemResult { index: i as u32, error: Some(msg.clone()), ..ItemResult::default() });
             }
@@ -302,13 +247,7 @@ impl Agent {
             limits: Limits::new(&req.limits, share),
             run: run.clone(),
         });
-        let added = match more {
-            Some(rx) => rx.boxed(),
-            None => futures::stream::empty().boxed(),
-        };
-        let mut results = futures::stream::iter(items)
-            .chain(added)
-            .enumerate()
+        let mut results = futures::stream::iter(items.into_iter().enumerate())
             .map(|(i, item)| {
                 let env = env.clone();
                 async move { (i, item_with_retries(&env, &item).await) }
@@ -329,7 +268,6 @@ impl Agent {
             };
             run.items_done.fetch_add(1, Ordering::Relaxed);
             run.results.lock().expect("results lock").push(res);
-            run.changed.notify_waiters();
         }
         // The share is done once metad holds every file it created (creates this agent answered
         // under a delegation included); if it does not take them in time, no item counts as done.
@@ -750,40 +688,23 @@ mod tests {
     use super::*;
 
     #[tokio::test(start_paused = true)]
-    async fn a_poll_waits_for_the_end_of_its_run_or_its_low_water_and_no_longer() {
-        let hour = Duration::from_secs(3600);
+    async fn a_poll_waits_for_the_end_of_its_run_and_no_longer() {
         let run = Arc::new(Run::default());
-        run.items_total.store(10, Ordering::Relaxed);
-        // Nothing happens: the wait ends when it runs out.
-        run.wait_for_news(Duration::from_millis(200), 0).await;
-        // An open run answers once no more than the low water are left, not before.
-        let (tx, _rx) = mpsc::unbounded();
-        *run.more.lock().unwrap() = Some(tx);
+        // Not finished: the wait ends when it runs out.
+        run.wait_finished(Duration::from_millis(200)).await;
+        assert!(!run.finished.load(Ordering::Acquire));
+        // A finish wakes a waiting poll long before its wait runs out.
         let r = run.clone();
-        let waiter = tokio::spawn(async move { r.wait_for_news(hour, 4).await });
-        let t = tokio::time::Instant::now();
-        for _ in 0..6 {
-            tokio::task::yield_now().await;
-            assert!(!waiter.is_finished(), "answered with more than the low water left");
-            run.items_done.fetch_add(1, Ordering::Relaxed);
-            run.changed.notify_waiters();
-        }
-        waiter.await.unwrap();
-        assert!(t.elapsed() < hour, "woken by the items done, not by running out");
-        // A closed run answers only at its end.
-        run.more.lock().unwrap().take();
-        let r = run.clone();
-        let waiter = tokio::spawn(async move { r.wait_for_news(hour, 4).await });
+        let waiter = tokio::spawn(async move { r.wait_finished(Duration::from_secs(3600)).await });
         tokio::task::yield_now().await;
-        assert!(!waiter.is_finished());
         let t = tokio::time::Instant::now();
         run.finish();
         waiter.await.unwrap();
-        assert!(t.elapsed() < hour, "woken by the finish, not by running out");
+        assert!(t.elapsed() < Duration::from_secs(3600), "woken by the finish, not by running out");
         // Finished already: answered without waiting.
         let t = tokio::time::Instant::now();
-        run.wait_for_news(hour, 0).await;
-        assert!(t.elapsed() < hour);
+        run.wait_finished(Duration::from_secs(3600)).await;
+        assert!(t.elapsed() < Duration::from_secs(3600));
     }
 
     #[test]

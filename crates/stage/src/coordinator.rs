@@ -19,18 +19,16 @@ pub(crate) mod stage_out;
 pub use stage_in::stage_in;
 pub use stage_out::stage_out;
 
-use crate::config::DEFAULT_CONCURRENCY;
 use crate::error::{invalid, During, Result};
 use crate::keys::join;
 use crate::s3::{self, S3};
-use futures::StreamExt;
 use odfs_client::{Client, Ctx};
 use odfs_proto::mgmt::ServiceKind;
 use odfs_proto::stage::{
-    ItemResult, S3Spec, StageAdd, StageCounters, StageEndpoint, StageLimits, StagePoll, StageStart, WorkItem,
+    ItemResult, S3Spec, StageCounters, StageEndpoint, StageLimits, StagePoll, StageStart, WorkItem,
 };
 use odfs_proto::{units, Timespec};
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tracing::warn;
@@ -192,24 +190,10 @@ pub(crate) async fn agents(client: &Client) -> Result<Vec<(u32, SocketAddr)>> {
 const POLL_WAIT_MS: u32 = 200;
 const POLL_WAIT: Duration = Duration::from_millis(POLL_WAIT_MS as u64);
 
-/// What an item costs beside its bytes (a request, a create), in bytes, when the pool's share
-/// is weighed.
-const ITEM_COST: u64 = 64 << 10;
-/// The pool holds back at most this fraction (1/n) of the balanced work.
-const POOL_DIVISOR: u64 = 4;
-
-/// Splits items into each of `n` agents' first share and a pool handed out as agents run low
-/// (`run_pass`). Items `prefer` names an agent for go to it. Of the rest, the smallest, up to
-/// a quarter of their weight, wait in the pool, largest first: enough to even out agents that
-/// run at different speeds (a node busier than the others, a slower path to the store), small
-/// enough that each agent starts with plenty; the others go largest first onto the
-/// least-loaded agent (by bytes, then by count), so every agent starts with about the same
-/// share.
-fn split_work(
-    items: &[WorkItem],
-    n: usize,
-    prefer: impl Fn(&WorkItem) -> Option<usize>,
-) -> (Vec<Vec<usize>>, VecDeque<usize>) {
+/// Splits items over `n` agents: those `prefer` names an agent for go to it; the rest largest
+/// first onto the least-loaded agent (by bytes, then by count), so every agent moves about the
+/// same share.
+fn assign(items: &[WorkItem], n: usize, prefer: impl Fn(&WorkItem) -> Option<usize>) -> Vec<Vec<usize>> {
     let mut out = vec![Vec::new(); n];
     let mut load = vec![(0u64, 0usize); n];
     let mut order = Vec::new();
@@ -224,41 +208,13 @@ fn split_work(
         }
     }
     order.sort_by_key(|&i| std::cmp::Reverse(items[i].bytes()));
-    let weight = |i: usize| items[i].bytes() + ITEM_COST;
-    let total: u64 = order.iter().map(|&i| weight(i)).sum();
-    let (mut pool, mut held) = (VecDeque::new(), 0u64);
-    while let Some(&i) = order.last() {
-        if (held + weight(i)) * POOL_DIVISOR > total {
-            break;
-        }
-        held += weight(i);
-        pool.push_front(i);
-        order.pop();
-    }
     for i in order {
         let a = (0..n).min_by_key(|&a| load[a]).expect("at least one agent");
         load[a].0 += items[i].bytes();
         load[a].1 += 1;
         out[a].push(i);
     }
-    (out, pool)
-}
-
-/// The next items from the pool for an agent running low: about 1/(2n) of what the pool holds
-/// (guided self-scheduling: large batches while much is left, small ones at the end, so the
-/// agents end together), at least one.
-fn take_batch(pool: &mut VecDeque<usize>, items: &[WorkItem], n: usize) -> Vec<usize> {
-    let left: u64 = pool.iter().map(|&i| items[i].bytes() + ITEM_COST).sum();
-    let want = left / (2 * n as u64).max(1);
-    let (mut batch, mut got) = (Vec::new(), 0u64);
-    while let Some(i) = pool.pop_front() {
-        got += items[i].bytes() + ITEM_COST;
-        batch.push(i);
-        if got >= want {
-            break;
-        }
-    }
-    batch
+    out
 }
 
 /// Progress on a terminal (a bar), else a line every `every`.
@@ -337,27 +293,23 @@ pub(crate) struct Pass<'a> {
 }
 
 /// Runs `items` on the agents and returns each item's result (in order) and the counters of
-/// every agent. Each agent starts with its share (`split_work`); the pool is handed out in
-/// batches (`StageAdd`) to agents whose polls say they are running low, and when it is empty
-/// every agent is told that nothing more comes.
+/// every agent.
 pub(crate) async fn run_pass(
     p: &Pass<'_>,
     items: Vec<WorkItem>,
     progress: &mut Progress,
 ) -> Result<(Vec<ItemResult>, Vec<(u32, StageCounters)>)> {
     let n = p.agents.len();
-    let (mut plan, mut pool) = split_work(&items, n, |it| {
+    let plan = assign(&items, n, |it| {
         let node = p.node_of.get(it.rel())?;
         p.agents.iter().position(|(k, _)| k == node)
     });
     let run: u64 = rand::random();
-    let mut open = vec![false; n];
     let mut started = Vec::new();
     for (a, idx) in plan.iter().enumerate() {
-        if idx.is_empty() && pool.is_empty() {
+        if idx.is_empty() {
             continue;
         }
-        open[a] = !pool.is_empty();
         let req = StageStart {
             run,
             uid: p.ctx.uid,
@@ -367,7 +319,6 @@ pub(crate) async fn run_pass(
             dst: p.dst.clone(),
             limits: p.limits,
             items: idx.iter().map(|&i| items[i].clone()).collect(),
-            open: open[a],
         };
         let (node, addr) = p.agents[a];
         p.client
@@ -376,88 +327,55 @@ pub(crate) async fn run_pass(
             .during(|| format!("cannot hand work to the stage agent of node {node} ({addr})"))?;
         started.push(a);
     }
-    // An agent is topped up while it still has this many items to finish, so it never runs dry.
-    let low_water = 2 * if p.limits.concurrency == 0 { DEFAULT_CONCURRENCY } else { p.limits.concurrency };
     let mut results: Vec<ItemResult> = vec![ItemResult::default(); items.len()];
-    let mut failed: Vec<(usize, String)> = Vec::new();
     let mut counters: HashMap<usize, StageCounters> = HashMap::new();
     let mut finished: BTreeSet<usize> = BTreeSet::new();
     let mut silent_since: HashMap<usize, Instant> = HashMap::new();
-    let poll = |a: usize, after: Duration, low_water: u32| async move {
-        tokio::time::sleep(after).await;
-        let asked = Instant::now();
-        let req = StagePoll { run, wait_ms: POLL_WAIT_MS, low_water };
-        (a, asked, p.client.call(p.ctx, p.agents[a].1, &req).await)
-    };
-    let mut polls = futures::stream::FuturesUnordered::new();
-    for &a in &started {
-        polls.push(poll(a, Duration::ZERO, if open[a] { low_water } else { 0 }));
-    }
-    while let Some((a, asked, reply)) = polls.next().await {
-        let node = p.agents[a].0;
-        let mut topped_up = false;
-        match reply {
-            Ok(st) => {
-                silent_since.remove(&a);
-                counters.insert(a, st.counters);
-                if st.finished {
-                    for r in st.results {
-                        if let Some(&global) = plan[a].get(r.index as usize) {
+    while finished.len() < started.len() {
+        let round = Instant::now();
+        let waiting: Vec<usize> = started.iter().copied().filter(|a| !finished.contains(a)).collect();
+        let polls = waiting.iter().map(|&a| {
+            let addr = p.agents[a].1;
+            async move { (a, p.client.call(p.ctx, addr, &StagePoll { run, wait_ms: POLL_WAIT_MS }).await) }
+        });
+        let mut ended = false;
+        for (a, reply) in futures::future::join_all(polls).await {
+            let node = p.agents[a].0;
+            match reply {
+                Ok(st) => {
+                    silent_since.remove(&a);
+                    counters.insert(a, st.counters);
+                    if st.finished {
+                        for r in st.results {
+                            let global = plan[a][r.index as usize];
                             results[global] = ItemResult { index: global as u32, ..r };
                         }
-                    }
-                    finished.insert(a);
-                } else if open[a] && st.counters.items_total.saturating_sub(st.counters.items_done) <= low_water as u64
-                {
-                    let batch = take_batch(&mut pool, &items, n);
-                    let closing: Vec<usize> =
-                        if pool.is_empty() { (0..n).filter(|&b| open[b]).collect() } else { vec![a] };
-                    for b in closing {
-                        let add = if b == a { batch.clone() } else { Vec::new() };
-                        let req = StageAdd {
-                            run,
-                            items: add.iter().map(|&i| items[i].clone()).collect(),
-                            last: pool.is_empty(),
-                        };
-                        match p.client.call(p.ctx, p.agents[b].1, &req).await {
-                            Ok(()) => {
-                                plan[b].extend(&add);
-                                open[b] = !req.last;
-                                topped_up |= b == a;
-                            }
-                            // The items fail; a close that failed is sent again at the agent's
-                            // next low-water poll (it stays open).
-                            Err(e) => {
-                                let why =
-                                    format!("cannot hand more work to the stage agent of node {}: {e}", p.agents[b].0);
-                                failed.extend(add.iter().map(|&i| (i, why.clone())));
-                            }
-                        }
+                        finished.insert(a);
+                        ended = true;
                     }
                 }
-            }
-            Err(e) => {
-                let since = *silent_since.entry(a).or_insert_with(Instant::now);
-                if since.elapsed() > Duration::from_secs(30) {
-                    let why = format!("the stage agent of node {node} stopped answering: {e}");
-                    failed.extend(plan[a].iter().map(|&i| (i, why.clone())));
-                    finished.insert(a);
+                Err(e) => {
+                    let since = *silent_since.entry(a).or_insert_with(Instant::now);
+                    if since.elapsed() > Duration::from_secs(30) {
+                        for &i in &plan[a] {
+                            results[i] = ItemResult {
+                                index: i as u32,
+                                error: Some(format!("the stage agent of node {node} stopped answering: {e}")),
+                                ..ItemResult::default()
+                            };
+                        }
+                        finished.insert(a);
+                    }
                 }
             }
         }
         let snapshot: Vec<(u32, StageCounters)> =
             started.iter().map(|a| (p.agents[*a].0, counters.get(a).copied().unwrap_or_default())).collect();
         progress.update(&snapshot);
-        if !finished.contains(&a) {
-            // A poll answered early without news (a failing agent, an add refused) is not
-            // repeated at once.
-            let early = !topped_up && asked.elapsed() < POLL_WAIT / 2;
-            let after = if early { POLL_WAIT.saturating_sub(asked.elapsed()) } else { Duration::ZERO };
-            polls.push(poll(a, after, if open[a] { low_water } else { 0 }));
+        // Polls answered at once (a failing agent) are not repeated sooner than a wait apart.
+        if !ended {
+            tokio::time::sleep(POLL_WAIT.saturating_sub(round.elapsed())).await;
         }
-    }
-    for (i, why) in failed {
-        results[i] = ItemResult { index: i as u32, error: Some(why), ..ItemResult::default() };
     }
     let per_agent = p
         .agents
@@ -611,26 +529,13 @@ mod tests {
                 items.push(WorkItem::Range { rel: format!("big{k}"), offset: j * (16 << 20), len: 16 << 20 });
             }
         }
-        let (plan, mut pool) = split_work(&items, 4, |_| None);
-        // The first shares differ by no more than one item (the largest, a 16 MiB range).
+        let plan = assign(&items, 4, |_| None);
         let loads: Vec<u64> = plan.iter().map(|idx| idx.iter().map(|&i| items[i].bytes()).sum()).collect();
-        let (lo, hi) = (*loads.iter().min().unwrap(), *loads.iter().max().unwrap());
-        assert!(lo > 0 && hi - lo <= 16 << 20, "{loads:?}");
-        // The pool: the smallest items, about a quarter of the weight, handed out in batches
-        // that shrink as it empties.
-        let held: u64 = pool.iter().map(|&i| items[i].bytes() + ITEM_COST).sum();
-        let all_weight: u64 = items.iter().map(|it| it.bytes() + ITEM_COST).sum();
-        assert!(held * 4 <= all_weight && held * 5 >= all_weight, "{held} of {all_weight}");
-        let smallest_assigned = plan.iter().flatten().map(|&i| items[i].bytes()).min().unwrap();
-        assert!(pool.iter().all(|&i| items[i].bytes() <= smallest_assigned));
-        let mut batches = Vec::new();
-        while !pool.is_empty() {
-            batches.push(take_batch(&mut pool, &items, 4));
+        let mean = loads.iter().sum::<u64>() as f64 / 4.0;
+        for l in &loads {
+            assert!((*l as f64 - mean).abs() / mean < 0.05, "{loads:?}");
         }
-        assert!(batches.len() > 4 && batches.iter().all(|b| !b.is_empty()), "{}", batches.len());
-        assert!(batches.first().unwrap().len() > batches.last().unwrap().len());
         let mut all: Vec<usize> = plan.concat();
-        all.extend(batches.concat());
         all.sort();
         assert_eq!(all, (0..items.len()).collect::<Vec<_>>(), "every item exactly once");
     }
