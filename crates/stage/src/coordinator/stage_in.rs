@@ -89,7 +89,7 @@ pub async fn stage_in(
     let done = done_before(client, ctx, dst_root, &manifest_path, &mut listing).await?;
     report.skipped = done.len() as u64;
     let mut run = StageIn { client, ctx, dst_root, report, entries: done };
-    listing.fill_etags(|f| f.size >= o.split_threshold).await?;
+    listing.fill_etags(|f| is_split(f, o)).await?;
     let todo: Vec<&SrcFile> = listing.files.iter().filter(|f| !run.entries.contains_key(&f.rel)).collect();
     let plan = run.plan(&todo, o).await?;
 
@@ -182,6 +182,12 @@ async fn list_source(ctx: &Ctx, src: &Location, o: &StageOptions, report: &mut S
     Ok(Listing { files, dirs, endpoint, name: src.to_string(), s3: source_s3 })
 }
 
+/// Whether `f` is staged in ranges by every agent (its ETag is then needed to verify it)
+/// rather than whole by one.
+fn is_split(f: &SrcFile, o: &StageOptions) -> bool {
+    f.size >= o.split_threshold
+}
+
 /// What a previous run of the same source completed: same ETag (where the source has ETags),
 /// size and mtime in its manifest, and the file present in odfs with that size.
 async fn done_before(
@@ -217,7 +223,7 @@ impl StageIn<'_> {
     async fn plan(&self, todo: &[&SrcFile], o: &StageOptions) -> Result<Plan> {
         let mut plan = Plan { items: Vec::new(), ranged: BTreeMap::new() };
         for f in todo {
-            if f.size < o.split_threshold {
+            if !is_split(f, o) {
                 plan.items.push(WorkItem::Whole { rel: f.rel.clone(), size: f.size, mtime: f.mtime, mode: f.mode });
                 continue;
             }
