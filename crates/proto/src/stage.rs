@@ -142,6 +142,18 @@ pub struct StageStart {
     pub dst: StageEndpoint,
     pub limits: StageLimits,
     pub items: Vec<WorkItem>,
+    /// More items may follow (`StageAdd`) until one marked last: the run is not finished
+    /// before. Items are numbered in the order they arrive.
+    #[serde(default)]
+    pub open: bool,
+}
+
+/// More items for an open run (`StageStart::open`); `last` closes it to more.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageAdd {
+    pub run: u64,
+    pub items: Vec<WorkItem>,
+    pub last: bool,
 }
 
 /// Asks an agent how a run is going. The agent answers when the run finishes or after
@@ -152,6 +164,10 @@ pub struct StagePoll {
     pub run: u64,
     #[serde(default)]
     pub wait_ms: u32,
+    /// An open run's poll is also answered when no more than this many of its items are left
+    /// to finish (0: not), so the coordinator can add more before it runs dry.
+    #[serde(default)]
+    pub low_water: u32,
 }
 
 /// The longest an agent holds a `StagePoll` before answering.
@@ -247,4 +263,5 @@ crate::rpc! {
     DrainStart = 302 => (),
     DrainStop = 303 => Vec<DrainState>,
     DrainList = 304 => Vec<DrainState>,
+    StageAdd = 305 => (),
 }

@@ -13,13 +13,14 @@ use crate::limit::{gated, Limits, NodeLoad, Share};
 use crate::posix;
 use crate::s3::{b64, is_md5_etag, multipart_etag, S3};
 use bytes::Bytes;
+use futures::channel::mpsc;
 use futures::StreamExt;
 use odfs_client::{Client, ClientConfig, Ctx, FileHandle};
 use odfs_proto::meta::{SetAttr, SetTime};
 use odfs_proto::mgmt::ServiceKind;
 use odfs_proto::stage::{
-    DrainList, DrainStart, DrainStop, ItemResult, StageCounters, StageEndpoint, StageLimits, StagePoll, StageStart,
-    StageStatus, WorkItem,
+    DrainList, DrainStart, DrainStop, ItemResult, StageAdd, StageCounters, StageEndpoint, StageLimits, StagePoll,
+    StageStart, StageStatus, WorkItem,
 };
 use odfs_proto::{ErrorCode, RemoteError, Timespec};
 use odfs_rpc::quic::QuicEndpoint;
@@ -36,6 +37,24 @@ use tracing::{info, warn};
 const BLOCK: usize = 1 << 20;
 /// Attempts of one item (each S3 request also has the SDK's own retries).
 const ITEM_ATTEMPTS: u32 = 3;
+/// How long one step of an item (an open, a block's read or write, a close) may wait before the
+/// agent's log says where it waits.
+const STUCK_AFTER: Duration = Duration::from_secs(60);
+
+/// Awaits `fut`, one step of an item on `path`. A step still waiting after `STUCK_AFTER` is
+/// logged, and again when it ends: a stage that stalls says where (the steps have no deadline
+/// of their own: each request under them has its own, and the limits may rightly wait long).
+async fn step<T>(what: &'static str, path: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::pin!(fut);
+    if let Ok(v) = tokio::time::timeout(STUCK_AFTER, &mut fut).await {
+        return v;
+    }
+    warn!(path, step = what, waited_s = STUCK_AFTER.as_secs(), "a stage item is still waiting");
+    let started = tokio::time::Instant::now() - STUCK_AFTER;
+    let v = fut.await;
+    info!(path, step = what, waited_s = started.elapsed().as_secs(), "the stage item waited and went on");
+    v
+}
 
 /// One run on this agent.
 #[derive(Default)]
@@ -46,26 +65,42 @@ struct Run {
     errors: AtomicU64,
     retries: AtomicU64,
     finished: AtomicBool,
-    /// Wakes the polls waiting for the run's end.
-    done: tokio::sync::Notify,
+    /// Wakes the polls waiting on the run: an item done, the run finished.
+    changed: tokio::sync::Notify,
+    /// Where a `StageAdd` puts more items while the run is open (`StageStart::open`).
+    more: Mutex<Option<mpsc::UnboundedSender<WorkItem>>>,
     results: Mutex<Vec<ItemResult>>,
 }
 
 impl Run {
-    /// Marks the run finished (its results recorded) and answers the polls waiting for it.
+    /// Marks the run finished (its results recorded) and answers the polls waiting on it.
     fn finish(&self) {
+        self.more.lock().expect("more lock").take();
         self.finished.store(true, Ordering::Release);
-        self.done.notify_waiters();
+        self.changed.notify_waiters();
     }
 
-    /// Waits up to `wait` for the run to finish.
-    async fn wait_finished(&self, wait: Duration) {
-        let done = self.done.notified();
-        tokio::pin!(done);
-        // Registered before the check, so a finish in between is not missed.
-        done.as_mut().enable();
-        if !self.finished.load(Ordering::Acquire) {
-            let _ = tokio::time::timeout(wait, done).await;
+    /// Whether a poll is answered now: the run finished, or it is open and has no more than
+    /// `low_water` items left to finish (0: never).
+    fn answer_now(&self, low_water: u32) -> bool {
+        if self.finished.load(Ordering::Acquire) {
+            return true;
+        }
+        let left = self.items_total.load(Ordering::Relaxed).saturating_sub(self.items_done.load(Ordering::Relaxed));
+        low_water > 0 && left <= low_water as u64 && self.more.lock().expect("more lock").is_some()
+    }
+
+    /// Waits up to `wait` for a reason to answer a poll (`answer_now`).
+    async fn wait_for_news(&self, wait: Duration, low_water: u32) {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            // Registered before the check, so a change in between is not missed.
+            changed.as_mut().enable();
+            if self.answer_now(low_water) || tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return;
+            }
         }
     }
 
@@ -151,6 +186,11 @@ impl Agent {
             async move { a.start(req) }
         });
         let a = self.clone();
+        r.add(move |_h, req: StageAdd| {
+            let a = a.clone();
+            async move { a.add(req) }
+        });
+        let a = self.clone();
         r.add(move |_h, req: StagePoll| {
             let a = a.clone();
             async move { a.poll(&req).await }
@@ -184,6 +224,11 @@ impl Agent {
         }
         let run = Arc::new(Run::default());
         run.items_total.store(req.items.len() as u64, Ordering::Relaxed);
+        let more = req.open.then(|| {
+            let (tx, rx) = mpsc::unbounded();
+            *run.more.lock().expect("more lock") = Some(tx);
+            rx
+        });
         {
             let mut runs = self.runs.lock().expect("runs lock");
             if runs.contains_key(&req.run) {
@@ -199,7 +244,39 @@ impl Agent {
             }
         }
         info!(run = req.run, items = req.items.len(), "stage share started");
-        tokio::spawn(self.clone().execute(run, req));
+        tokio::spawn(self.clone().execute(run, req, more));
+        Ok(())
+    }
+
+    /// More items for an open run, numbered after those it has.
+    fn add(&self, req: StageAdd) -> Result<(), RemoteError> {
+        for it in &req.items {
+            check_relative(it.rel()).map_err(|e| {
+                RemoteError::new(ErrorCode::Invalid, format!("unsafe path {:?} in stage work: {e}", it.rel()))
+            })?;
+        }
+        let run =
+            self.runs.lock().expect("runs lock").get(&req.run).cloned().ok_or_else(|| {
+                RemoteError::new(ErrorCode::NotFound, format!("no stage run {} on this agent", req.run))
+            })?;
+        let mut more = run.more.lock().expect("more lock");
+        if more.is_none() && req.items.is_empty() && req.last {
+            // Closed already (a close sent again after its answer was lost): nothing to do.
+            return Ok(());
+        }
+        let closed = || RemoteError::new(ErrorCode::Invalid, format!("stage run {} takes no more items", req.run));
+        let tx = more.as_ref().ok_or_else(closed)?;
+        let count = req.items.len() as u64;
+        for it in req.items {
+            // The run's executor holds the receiver until the sender goes (`last`, or its end).
+            tx.unbounded_send(it).map_err(|_| closed())?;
+        }
+        run.items_total.fetch_add(count, Ordering::Relaxed);
+        if req.last {
+            more.take();
+        }
+        drop(more);
+        run.changed.notify_waiters();
         Ok(())
     }
 
@@ -210,17 +287,18 @@ impl Agent {
             })?;
         let wait = req.wait_ms.min(odfs_proto::stage::MAX_POLL_WAIT_MS);
         if wait > 0 {
-            run.wait_finished(Duration::from_millis(wait.into())).await;
+            run.wait_for_news(Duration::from_millis(wait.into()), req.low_water).await;
         }
         let finished = run.finished.load(Ordering::Acquire);
         let results = if finished { run.results.lock().expect("results lock").clone() } else { Vec::new() };
         Ok(StageStatus { counters: run.counters(), finished, results })
     }
 
-    async fn execute(self: Arc<Self>, run: Arc<Run>, req: StageStart) {
+    async fn execute(self: Arc<Self>, run: Arc<Run>, req: StageStart, more: Option<mpsc::UnboundedReceiver<WorkItem>>) {
         let items = req.items.clone();
         let fail_all = |msg: String| {
             let mut r = run.results.lock().expect("results lock");
+            // Items added later are refused (the run is finished), so they fail at the coordinator.
             for i in 0..items.len() {
                 r.push(ItemResult { index: i as u32, error: Some(msg.clone()), ..ItemResult::default() });
             }
@@ -247,7 +325,13 @@ impl Agent {
             limits: Limits::new(&req.limits, share),
             run: run.clone(),
         });
-        let mut results = futures::stream::iter(items.into_iter().enumerate())
+        let added = match more {
+            Some(rx) => rx.boxed(),
+            None => futures::stream::empty().boxed(),
+        };
+        let mut results = futures::stream::iter(items)
+            .chain(added)
+            .enumerate()
             .map(|(i, item)| {
                 let env = env.clone();
                 async move { (i, item_with_retries(&env, &item).await) }
@@ -268,6 +352,7 @@ impl Agent {
             };
             run.items_done.fetch_add(1, Ordering::Relaxed);
             run.results.lock().expect("results lock").push(res);
+            run.changed.notify_waiters();
         }
         // The share is done once metad holds every file it created (creates this agent answered
         // under a delegation included); if it does not take them in time, no item counts as done.
@@ -367,25 +452,28 @@ async fn run_item(env: &Env, item: &WorkItem) -> Result<ItemResult, Failure> {
 
 /// Opens `path` in odfs for writing, creating it (mode) or truncating it.
 async fn open_for_write(env: &Env, path: &str, mode: u32, truncate: bool) -> Result<FileHandle, Failure> {
-    let (parent, name) = env.client.resolve_parent(&env.ctx, path).await.map_err(odfs_err(path))?;
-    let (r, h) =
-        env.client.create_open(&env.ctx, parent.ino, &name, mode, false, None).await.map_err(odfs_err(path))?;
-    if truncate && !r.created && r.attr.size > 0 {
-        h.truncate(0).await.map_err(odfs_err(path))?;
-    }
-    Ok(h)
+    step("open for writing", path, async {
+        let (parent, name) = env.client.resolve_parent(&env.ctx, path).await.map_err(odfs_err(path))?;
+        let (r, h) =
+            env.client.create_open(&env.ctx, parent.ino, &name, mode, false, None).await.map_err(odfs_err(path))?;
+        if truncate && !r.created && r.attr.size > 0 {
+            h.truncate(0).await.map_err(odfs_err(path))?;
+        }
+        Ok(h)
+    })
+    .await
 }
 
 async fn set_times(env: &Env, h: &FileHandle, path: &str, mtime: Timespec, mode: Option<u32>) -> Result<(), Failure> {
     let req = SetAttr { ino: h.ino(), mode, mtime: Some(SetTime::At(mtime)), ..SetAttr::default() };
-    env.client.setattr(&env.ctx, req).await.map_err(odfs_err(path))?;
+    step("set times", path, env.client.setattr(&env.ctx, req)).await.map_err(odfs_err(path))?;
     Ok(())
 }
 
 /// Writes `data` at `off` through `h`, handing its buffer over (a failure is worth another
 /// attempt of the item).
 async fn put_block(h: &FileHandle, off: u64, data: Bytes, path: &str) -> Result<(), Failure> {
-    h.write_bytes(off, data).await.map_err(|e| transient(format!("odfs:{path}: {e}")))?;
+    step("write", path, h.write_bytes(off, data)).await.map_err(|e| transient(format!("odfs:{path}: {e}")))?;
     Ok(())
 }
 
@@ -414,7 +502,7 @@ async fn copy_in(
             let mut d = if whole && !full_crc { Digests::default() } else { Digests::crc_only() };
             // Each piece of the body goes to the file as it comes, handed over: the client
             // sends a chunk's pieces as they are, so neither it nor a buffer here copies them.
-            while let Some(chunk) = body.next().await {
+            while let Some(chunk) = step("read from S3", path, body.next()).await {
                 let chunk = chunk.map_err(|e| transient(format!("s3://{}/{key}: {e}", s3.spec.bucket)))?;
                 env.limits.bytes(chunk.len() as u64).await;
                 d.update(&chunk);
@@ -431,7 +519,8 @@ async fn copy_in(
             while off < offset + len {
                 let n = BLOCK.min((offset + len - off) as usize);
                 env.limits.bytes(n as u64).await;
-                let data = posix::read_at(&env.ctx, &file, off, n).await.map_err(Failure::Final)?;
+                let read = posix::read_at(&env.ctx, &file, off, n);
+                let data = step("read the source", path, read).await.map_err(Failure::Final)?;
                 if data.is_empty() {
                     break;
                 }
@@ -472,9 +561,9 @@ async fn whole_in(
         }
         None => res.verified = Some("size".into()),
     }
-    h.flush().await.map_err(|e| transient(format!("odfs:{path}: {e}")))?;
+    step("flush", path, h.flush()).await.map_err(|e| transient(format!("odfs:{path}: {e}")))?;
     set_times(env, &h, path, mtime, mode.map(|m| m & 0o7777)).await?;
-    h.close().await.map_err(|e| transient(format!("odfs:{path}: {e}")))?;
+    step("close", path, h.close()).await.map_err(|e| transient(format!("odfs:{path}: {e}")))?;
     Ok(res)
 }
 
@@ -522,14 +611,17 @@ fn verify_in(etag: &str, crc: Option<&str>, md5: Option<&[u8; 16]>, crc32c: u32,
 /// A byte range of a large object into its odfs file (created at full size by the coordinator).
 async fn range_in(env: &Env, rel: &str, offset: u64, len: u64, path: &str) -> Result<ItemResult, Failure> {
     env.limits.request().await;
-    let a = env.client.resolve(&env.ctx, path, true).await.map_err(odfs_err(path))?;
-    let h = env.client.open(&env.ctx, a.ino, false, true, false).await.map_err(odfs_err(path))?;
+    let h = step("open for writing", path, async {
+        let a = env.client.resolve(&env.ctx, path, true).await.map_err(odfs_err(path))?;
+        env.client.open(&env.ctx, a.ino, false, true, false).await.map_err(odfs_err(path))
+    })
+    .await?;
     h.check_writes();
     let (d, _) = copy_in(env, &h, rel, path, offset, len, false).await?;
     check_size(&d, len, &format!("{rel} bytes {offset}..{}", offset + len))?;
     let crc = d.crc();
     let written_checked = check_written(&h, offset, len, crc, path).await?;
-    h.close().await.map_err(|e| transient(format!("odfs:{path}: {e}")))?;
+    step("close", path, h.close()).await.map_err(|e| transient(format!("odfs:{path}: {e}")))?;
     Ok(ItemResult { bytes: len, crc32c: Some(crc), written_checked, ..ItemResult::default() })
 }
 
@@ -537,7 +629,9 @@ async fn range_in(env: &Env, rel: &str, offset: u64, len: u64, path: &str) -> Re
 /// that of the bytes sent: true when they match, false when the writes do not tell (the range
 /// is then checked by reading it back), a failure worth another attempt when they differ.
 async fn check_written(h: &FileHandle, offset: u64, len: u64, crc: u32, path: &str) -> Result<bool, Failure> {
-    h.wait_written().await.map_err(|e| transient(format!("odfs:{path}: {e}")))?;
+    step("wait for stored's acknowledgements", path, h.wait_written())
+        .await
+        .map_err(|e| transient(format!("odfs:{path}: {e}")))?;
     match h.written_crc(offset, len) {
         Some(got) if got != crc => Err(transient(format!(
             "odfs:{path}: stored wrote bytes {offset}..{} with CRC32C {got:08x}, but {crc:08x} was sent",
@@ -555,7 +649,9 @@ async fn read_odfs(env: &Env, h: &FileHandle, path: &str, offset: u64, len: u64)
     while (out.len() as u64) < len {
         env.limits.turn().await;
         let want = BLOCK.min((len - out.len() as u64) as usize) as u32;
-        let d = h.read(offset + out.len() as u64, want).await.map_err(|e| transient(format!("odfs:{path}: {e}")))?;
+        let d = step("read", path, h.read(offset + out.len() as u64, want))
+            .await
+            .map_err(|e| transient(format!("odfs:{path}: {e}")))?;
         if d.is_empty() {
             return Err(Failure::Final(format!("odfs:{path}: ended at {} of {len} bytes", out.len())));
         }
@@ -565,8 +661,11 @@ async fn read_odfs(env: &Env, h: &FileHandle, path: &str, offset: u64, len: u64)
 }
 
 async fn open_read(env: &Env, path: &str) -> Result<FileHandle, Failure> {
-    let a = env.client.resolve(&env.ctx, path, true).await.map_err(odfs_err(path))?;
-    env.client.open(&env.ctx, a.ino, true, false, false).await.map_err(odfs_err(path))
+    step("open for reading", path, async {
+        let a = env.client.resolve(&env.ctx, path, true).await.map_err(odfs_err(path))?;
+        env.client.open(&env.ctx, a.ino, true, false, false).await.map_err(odfs_err(path))
+    })
+    .await
 }
 
 async fn whole_out_s3(env: &Env, rel: &str, size: u64, path: &str) -> Result<ItemResult, Failure> {
@@ -580,7 +679,7 @@ async fn whole_out_s3(env: &Env, rel: &str, size: u64, path: &str) -> Result<Ite
     env.limits.request().await;
     env.limits.bytes(size).await;
     let key = s3.key(rel);
-    let etag = s3.put(&key, data, &md5, crc).await.map_err(s3_failure)?;
+    let etag = step("upload to S3", path, s3.put(&key, data, &md5, crc)).await.map_err(s3_failure)?;
     if is_md5_etag(&etag) && !etag.eq_ignore_ascii_case(&hex::encode(md5)) {
         return Err(Failure::Transient(format!(
             "s3://{}/{key}: ETag {etag} is not the MD5 of what was sent",
@@ -608,7 +707,9 @@ async fn part_out(
     let (md5, crc) = d.finish();
     env.limits.request().await;
     env.limits.bytes(len).await;
-    let etag = s3.upload_part(&s3.key(rel), upload_id, part, data, &md5).await.map_err(s3_failure)?;
+    let key = s3.key(rel);
+    let upload = s3.upload_part(&key, upload_id, part, data, &md5);
+    let etag = step("upload a part to S3", path, upload).await.map_err(s3_failure)?;
     Ok(ItemResult { bytes: len, md5: Some(md5), crc32c: Some(crc), etag: Some(etag), ..ItemResult::default() })
 }
 
@@ -629,7 +730,7 @@ async fn whole_out_posix(
         let data = read_odfs(env, &h, path, off, n).await?;
         env.limits.bytes(n).await;
         d.update(&data);
-        tmp.write_at(off, data).await.map_err(Failure::Final)?;
+        step("write the destination", path, tmp.write_at(off, data)).await.map_err(Failure::Final)?;
         off += n;
     }
     let _ = h.close().await;
@@ -688,23 +789,52 @@ mod tests {
     use super::*;
 
     #[tokio::test(start_paused = true)]
-    async fn a_poll_waits_for_the_end_of_its_run_and_no_longer() {
+    async fn a_poll_waits_for_the_end_of_its_run_or_its_low_water_and_no_longer() {
+        let hour = Duration::from_secs(3600);
         let run = Arc::new(Run::default());
-        // Not finished: the wait ends when it runs out.
-        run.wait_finished(Duration::from_millis(200)).await;
-        assert!(!run.finished.load(Ordering::Acquire));
-        // A finish wakes a waiting poll long before its wait runs out.
+        run.items_total.store(10, Ordering::Relaxed);
+        // Nothing happens: the wait ends when it runs out.
+        run.wait_for_news(Duration::from_millis(200), 0).await;
+        // An open run answers once no more than the low water are left, not before.
+        let (tx, _rx) = mpsc::unbounded();
+        *run.more.lock().unwrap() = Some(tx);
         let r = run.clone();
-        let waiter = tokio::spawn(async move { r.wait_finished(Duration::from_secs(3600)).await });
+        let waiter = tokio::spawn(async move { r.wait_for_news(hour, 4).await });
+        let t = tokio::time::Instant::now();
+        for _ in 0..6 {
+            tokio::task::yield_now().await;
+            assert!(!waiter.is_finished(), "answered with more than the low water left");
+            run.items_done.fetch_add(1, Ordering::Relaxed);
+            run.changed.notify_waiters();
+        }
+        waiter.await.unwrap();
+        assert!(t.elapsed() < hour, "woken by the items done, not by running out");
+        // A closed run answers only at its end.
+        run.more.lock().unwrap().take();
+        let r = run.clone();
+        let waiter = tokio::spawn(async move { r.wait_for_news(hour, 4).await });
         tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
         let t = tokio::time::Instant::now();
         run.finish();
         waiter.await.unwrap();
-        assert!(t.elapsed() < Duration::from_secs(3600), "woken by the finish, not by running out");
+        assert!(t.elapsed() < hour, "woken by the finish, not by running out");
         // Finished already: answered without waiting.
         let t = tokio::time::Instant::now();
-        run.wait_finished(Duration::from_secs(3600)).await;
-        assert!(t.elapsed() < Duration::from_secs(3600));
+        run.wait_for_news(hour, 0).await;
+        assert!(t.elapsed() < hour);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_step_that_waits_long_is_waited_for_not_dropped() {
+        let t = tokio::time::Instant::now();
+        let slow = async {
+            tokio::time::sleep(STUCK_AFTER * 3).await;
+            7
+        };
+        assert_eq!(step("write", "/x", slow).await, 7);
+        assert!(t.elapsed() >= STUCK_AFTER * 3);
+        assert_eq!(step("write", "/x", async { 8 }).await, 8);
     }
 
     #[test]

@@ -30,6 +30,9 @@ impl odfs_service::DaemonConfig for AgentConfig {
     }
 }
 
+/// Transfers in flight per agent when neither the stage nor the agent's config says.
+pub const DEFAULT_CONCURRENCY: u32 = 16;
+
 impl Default for AgentConfig {
     fn default() -> Self {
         AgentConfig {
@@ -37,7 +40,7 @@ impl Default for AgentConfig {
             listen: "0.0.0.0:7704".parse().expect("valid address"),
             mgmtd: "127.0.0.1:7700".parse().expect("valid address"),
             node: 0,
-            concurrency: 16,
+            concurrency: DEFAULT_CONCURRENCY,
             register_timeout_secs: 30,
             worker_threads: odfs_service::DEFAULT_WORKER_THREADS,
             keep_runs: 16,

@@ -19,19 +19,22 @@ pub(crate) mod stage_out;
 pub use stage_in::stage_in;
 pub use stage_out::stage_out;
 
+use crate::config::DEFAULT_CONCURRENCY;
 use crate::error::{invalid, During, Result};
 use crate::keys::join;
 use crate::s3::{self, S3};
+use futures::{FutureExt, StreamExt};
 use odfs_client::{Client, Ctx};
 use odfs_proto::mgmt::ServiceKind;
 use odfs_proto::stage::{
-    ItemResult, S3Spec, StageCounters, StageEndpoint, StageLimits, StagePoll, StageStart, WorkItem,
+    ItemResult, S3Spec, StageAdd, StageCounters, StageEndpoint, StageLimits, StagePoll, StageStart, StageStatus,
+    WorkItem,
 };
 use odfs_proto::{units, Timespec};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
-use tracing::warn;
+use tracing::{debug, warn};
 
 /// Settings of a stage; `Default` holds the documented defaults.
 #[derive(Debug, Clone)]
@@ -190,10 +193,24 @@ pub(crate) async fn agents(client: &Client) -> Result<Vec<(u32, SocketAddr)>> {
 const POLL_WAIT_MS: u32 = 200;
 const POLL_WAIT: Duration = Duration::from_millis(POLL_WAIT_MS as u64);
 
-/// Splits items over `n` agents: those `prefer` names an agent for go to it; the rest largest
-/// first onto the least-loaded agent (by bytes, then by count), so every agent moves about the
-/// same share.
-fn assign(items: &[WorkItem], n: usize, prefer: impl Fn(&WorkItem) -> Option<usize>) -> Vec<Vec<usize>> {
+/// What an item costs beside its bytes (a request, a create), in bytes, when the pool's share
+/// is weighed.
+const ITEM_COST: u64 = 64 << 10;
+/// The pool holds back at most this fraction (1/n) of the balanced work.
+const POOL_DIVISOR: u64 = 4;
+
+/// Splits items into each of `n` agents' first share and a pool handed out as agents run low
+/// (`run_pass`). Items `prefer` names an agent for go to it. Of the rest, the smallest, up to
+/// a quarter of their weight, wait in the pool, largest first: enough to even out agents that
+/// run at different speeds (a node busier than the others, a slower path to the store), small
+/// enough that each agent starts with plenty; the others go largest first onto the
+/// least-loaded agent (by bytes, then by count), so every agent starts with about the same
+/// share.
+fn split_work(
+    items: &[WorkItem],
+    n: usize,
+    prefer: impl Fn(&WorkItem) -> Option<usize>,
+) -> (Vec<Vec<usize>>, VecDeque<usize>) {
     let mut out = vec![Vec::new(); n];
     let mut load = vec![(0u64, 0usize); n];
     let mut order = Vec::new();
@@ -208,13 +225,41 @@ fn assign(items: &[WorkItem], n: usize, prefer: impl Fn(&WorkItem) -> Option<usi
         }
     }
     order.sort_by_key(|&i| std::cmp::Reverse(items[i].bytes()));
+    let weight = |i: usize| items[i].bytes() + ITEM_COST;
+    let total: u64 = order.iter().map(|&i| weight(i)).sum();
+    let (mut pool, mut held) = (VecDeque::new(), 0u64);
+    while let Some(&i) = order.last() {
+        if (held + weight(i)) * POOL_DIVISOR > total {
+            break;
+        }
+        held += weight(i);
+        pool.push_front(i);
+        order.pop();
+    }
     for i in order {
         let a = (0..n).min_by_key(|&a| load[a]).expect("at least one agent");
         load[a].0 += items[i].bytes();
         load[a].1 += 1;
         out[a].push(i);
     }
-    out
+    (out, pool)
+}
+
+/// The next items from the pool for an agent running low: about 1/(2n) of what the pool holds
+/// (guided self-scheduling: large batches while much is left, small ones at the end, so the
+/// agents end together), at least one.
+fn take_batch(pool: &mut VecDeque<usize>, items: &[WorkItem], n: usize) -> Vec<usize> {
+    let left: u64 = pool.iter().map(|&i| items[i].bytes() + ITEM_COST).sum();
+    let want = left / (2 * n as u64).max(1);
+    let (mut batch, mut got) = (Vec::new(), 0u64);
+    while let Some(i) = pool.pop_front() {
+        got += items[i].bytes() + ITEM_COST;
+        batch.push(i);
+        if got >= want {
+            break;
+        }
+    }
+    batch
 }
 
 /// Progress on a terminal (a bar), else a line every `every`.
@@ -292,24 +337,35 @@ pub(crate) struct Pass<'a> {
     node_of: &'a HashMap<String, u32>,
 }
 
+/// What a pass waits on (`run_pass`): an agent's poll answered, or more work (or the close)
+/// handed to it.
+enum Event {
+    Polled { a: usize, asked: Instant, reply: odfs_client::Result<StageStatus> },
+    Added { a: usize, add: Vec<usize>, last: bool, sent: odfs_client::Result<()> },
+}
+
 /// Runs `items` on the agents and returns each item's result (in order) and the counters of
-/// every agent.
+/// every agent. Each agent starts with its share (`split_work`); the pool is handed out in
+/// batches (`StageAdd`) to agents whose polls say they are running low, and when it is empty
+/// every agent is told that nothing more comes.
 pub(crate) async fn run_pass(
     p: &Pass<'_>,
     items: Vec<WorkItem>,
     progress: &mut Progress,
 ) -> Result<(Vec<ItemResult>, Vec<(u32, StageCounters)>)> {
     let n = p.agents.len();
-    let plan = assign(&items, n, |it| {
+    let (mut plan, mut pool) = split_work(&items, n, |it| {
         let node = p.node_of.get(it.rel())?;
         p.agents.iter().position(|(k, _)| k == node)
     });
     let run: u64 = rand::random();
+    let mut open = vec![false; n];
     let mut started = Vec::new();
     for (a, idx) in plan.iter().enumerate() {
-        if idx.is_empty() {
+        if idx.is_empty() && pool.is_empty() {
             continue;
         }
+        open[a] = !pool.is_empty();
         let req = StageStart {
             run,
             uid: p.ctx.uid,
@@ -319,6 +375,7 @@ pub(crate) async fn run_pass(
             dst: p.dst.clone(),
             limits: p.limits,
             items: idx.iter().map(|&i| items[i].clone()).collect(),
+            open: open[a],
         };
         let (node, addr) = p.agents[a];
         p.client
@@ -327,55 +384,128 @@ pub(crate) async fn run_pass(
             .during(|| format!("cannot hand work to the stage agent of node {node} ({addr})"))?;
         started.push(a);
     }
+    // An agent is topped up while it still has this many items to finish, so it never runs dry.
+    let low_water = 2 * if p.limits.concurrency == 0 { DEFAULT_CONCURRENCY } else { p.limits.concurrency };
     let mut results: Vec<ItemResult> = vec![ItemResult::default(); items.len()];
+    let mut failed: Vec<(usize, String)> = Vec::new();
     let mut counters: HashMap<usize, StageCounters> = HashMap::new();
     let mut finished: BTreeSet<usize> = BTreeSet::new();
     let mut silent_since: HashMap<usize, Instant> = HashMap::new();
-    while finished.len() < started.len() {
-        let round = Instant::now();
-        let waiting: Vec<usize> = started.iter().copied().filter(|a| !finished.contains(a)).collect();
-        let polls = waiting.iter().map(|&a| {
-            let addr = p.agents[a].1;
-            async move { (a, p.client.call(p.ctx, addr, &StagePoll { run, wait_ms: POLL_WAIT_MS }).await) }
-        });
-        let mut ended = false;
-        for (a, reply) in futures::future::join_all(polls).await {
-            let node = p.agents[a].0;
-            match reply {
-                Ok(st) => {
-                    silent_since.remove(&a);
-                    counters.insert(a, st.counters);
-                    if st.finished {
-                        for r in st.results {
-                            let global = plan[a][r.index as usize];
-                            results[global] = ItemResult { index: global as u32, ..r };
+    // Polls and adds run side by side, never one awaited while the others wait unpolled: a
+    // call parked in a stream nobody polls can hold the connection slot another call needs
+    // (the pool connects under the slot's lock), and the coordinator would wait for ever.
+    let poll = |a: usize, after: Duration, low_water: u32| {
+        async move {
+            tokio::time::sleep(after).await;
+            let asked = Instant::now();
+            let req = StagePoll { run, wait_ms: POLL_WAIT_MS, low_water };
+            Event::Polled { a, asked, reply: p.client.call(p.ctx, p.agents[a].1, &req).await }
+        }
+        .boxed()
+    };
+    let add = |a: usize, add: Vec<usize>, last: bool| {
+        let req = StageAdd { run, items: add.iter().map(|&i| items[i].clone()).collect(), last };
+        async move { Event::Added { a, sent: p.client.call(p.ctx, p.agents[a].1, &req).await, add, last } }.boxed()
+    };
+    // An unfinished agent has a poll or an add in flight, at most one of each: the poll that
+    // asks for a batch goes again only once the batch is answered (so it sees the items
+    // added); a close may cross an agent's poll.
+    let mut calls = futures::stream::FuturesUnordered::new();
+    let (mut adding, mut polling) = (vec![false; n], vec![false; n]);
+    for &a in &started {
+        polling[a] = true;
+        calls.push(poll(a, Duration::ZERO, if open[a] { low_water } else { 0 }));
+    }
+    while let Some(event) = calls.next().await {
+        match event {
+            Event::Polled { a, asked, reply } => {
+                polling[a] = false;
+                let node = p.agents[a].0;
+                let mut topping_up = false;
+                match reply {
+                    Ok(st) => {
+                        silent_since.remove(&a);
+                        counters.insert(a, st.counters);
+                        if st.finished {
+                            for r in st.results {
+                                if let Some(&global) = plan[a].get(r.index as usize) {
+                                    results[global] = ItemResult { index: global as u32, ..r };
+                                }
+                            }
+                            finished.insert(a);
+                        } else if open[a]
+                            && !adding[a]
+                            && st.counters.items_total.saturating_sub(st.counters.items_done) <= low_water as u64
+                        {
+                            // A batch for this agent; once the pool is empty, a close for every
+                            // open agent with no add in flight (the others are closed when
+                            // their add is answered).
+                            let batch = take_batch(&mut pool, &items, n);
+                            let last = pool.is_empty();
+                            let to: Vec<usize> =
+                                if last { (0..n).filter(|&b| open[b] && !adding[b]).collect() } else { vec![a] };
+                            for b in to {
+                                adding[b] = true;
+                                calls.push(add(b, if b == a { batch.clone() } else { Vec::new() }, last));
+                            }
+                            topping_up = true;
                         }
-                        finished.insert(a);
-                        ended = true;
+                    }
+                    Err(e) => {
+                        let since = *silent_since.entry(a).or_insert_with(Instant::now);
+                        if since.elapsed() > Duration::from_secs(30) {
+                            let why = format!("the stage agent of node {node} stopped answering: {e}");
+                            failed.extend(plan[a].iter().map(|&i| (i, why.clone())));
+                            finished.insert(a);
+                        }
                     }
                 }
-                Err(e) => {
-                    let since = *silent_since.entry(a).or_insert_with(Instant::now);
-                    if since.elapsed() > Duration::from_secs(30) {
-                        for &i in &plan[a] {
-                            results[i] = ItemResult {
-                                index: i as u32,
-                                error: Some(format!("the stage agent of node {node} stopped answering: {e}")),
-                                ..ItemResult::default()
-                            };
-                        }
-                        finished.insert(a);
+                if !finished.contains(&a) && !topping_up && !adding[a] {
+                    // A poll answered early without news (a failing agent, a close refused) is
+                    // not repeated at once.
+                    let early = asked.elapsed() < POLL_WAIT / 2;
+                    let after = if early { POLL_WAIT.saturating_sub(asked.elapsed()) } else { Duration::ZERO };
+                    polling[a] = true;
+                    calls.push(poll(a, after, if open[a] { low_water } else { 0 }));
+                }
+            }
+            Event::Added { a, add: batch, last, sent } => {
+                adding[a] = false;
+                let refused = sent.is_err();
+                debug!(node = p.agents[a].0, items = batch.len(), last, ok = sent.is_ok(), "stage add answered");
+                match sent {
+                    Ok(()) => {
+                        // Numbered by the agent in the order they arrive: one add in flight
+                        // per agent keeps that order.
+                        plan[a].extend(&batch);
+                        open[a] = !last;
                     }
+                    // The items fail; a close that failed is sent again at the agent's next
+                    // low-water poll (it stays open).
+                    Err(e) => {
+                        let why = format!("cannot hand more work to the stage agent of node {}: {e}", p.agents[a].0);
+                        warn!("{why}");
+                        failed.extend(batch.iter().map(|&i| (i, why.clone())));
+                    }
+                }
+                if pool.is_empty() && open[a] && !last {
+                    // The pool ran out while this agent's batch was on its way.
+                    adding[a] = true;
+                    calls.push(add(a, Vec::new(), true));
+                } else if !finished.contains(&a) && !polling[a] {
+                    // After a refusal, not at once: its poll would ask for the same again.
+                    let after = if refused { POLL_WAIT } else { Duration::ZERO };
+                    polling[a] = true;
+                    calls.push(poll(a, after, if open[a] { low_water } else { 0 }));
                 }
             }
         }
         let snapshot: Vec<(u32, StageCounters)> =
             started.iter().map(|a| (p.agents[*a].0, counters.get(a).copied().unwrap_or_default())).collect();
         progress.update(&snapshot);
-        // Polls answered at once (a failing agent) are not repeated sooner than a wait apart.
-        if !ended {
-            tokio::time::sleep(POLL_WAIT.saturating_sub(round.elapsed())).await;
-        }
+    }
+    for (i, why) in failed {
+        results[i] = ItemResult { index: i as u32, error: Some(why), ..ItemResult::default() };
     }
     let per_agent = p
         .agents
@@ -529,13 +659,26 @@ mod tests {
                 items.push(WorkItem::Range { rel: format!("big{k}"), offset: j * (16 << 20), len: 16 << 20 });
             }
         }
-        let plan = assign(&items, 4, |_| None);
+        let (plan, mut pool) = split_work(&items, 4, |_| None);
+        // The first shares differ by no more than one item (the largest, a 16 MiB range).
         let loads: Vec<u64> = plan.iter().map(|idx| idx.iter().map(|&i| items[i].bytes()).sum()).collect();
-        let mean = loads.iter().sum::<u64>() as f64 / 4.0;
-        for l in &loads {
-            assert!((*l as f64 - mean).abs() / mean < 0.05, "{loads:?}");
+        let (lo, hi) = (*loads.iter().min().unwrap(), *loads.iter().max().unwrap());
+        assert!(lo > 0 && hi - lo <= 16 << 20, "{loads:?}");
+        // The pool: the smallest items, about a quarter of the weight, handed out in batches
+        // that shrink as it empties.
+        let held: u64 = pool.iter().map(|&i| items[i].bytes() + ITEM_COST).sum();
+        let all_weight: u64 = items.iter().map(|it| it.bytes() + ITEM_COST).sum();
+        assert!(held * 4 <= all_weight && held * 5 >= all_weight, "{held} of {all_weight}");
+        let smallest_assigned = plan.iter().flatten().map(|&i| items[i].bytes()).min().unwrap();
+        assert!(pool.iter().all(|&i| items[i].bytes() <= smallest_assigned));
+        let mut batches = Vec::new();
+        while !pool.is_empty() {
+            batches.push(take_batch(&mut pool, &items, 4));
         }
+        assert!(batches.len() > 4 && batches.iter().all(|b| !b.is_empty()), "{}", batches.len());
+        assert!(batches.first().unwrap().len() > batches.last().unwrap().len());
         let mut all: Vec<usize> = plan.concat();
+        all.extend(batches.concat());
         all.sort();
         assert_eq!(all, (0..items.len()).collect::<Vec<_>>(), "every item exactly once");
     }
