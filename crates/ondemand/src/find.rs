@@ -12,7 +12,7 @@ use crate::lfs::mount_of;
 use anyhow::{bail, Context, Result};
 use futures::stream::{FuturesUnordered, StreamExt};
 use odfs_client::{Client, Ctx};
-use odfs_proto::meta::{Attr, FileKind};
+use odfs_proto::meta::{Attr, DirEntry, FileKind};
 use odfs_proto::{InodeId, Timespec};
 use std::collections::VecDeque;
 use std::io::Write;
@@ -157,12 +157,12 @@ pub async fn walk_lib(client: &Client, top: &str, show: &str, t: &Tests, out: &m
             let ctx = ctx.clone();
             let plus = t.wants_attrs();
             pending.push(async move {
-                let r = client.list_dir(&ctx, ino, plus).await;
+                let r = list_with_attrs(client, &ctx, &path, ino, plus).await;
                 (path, r)
             });
         }
         let Some((path, r)) = pending.next().await else { break };
-        let entries = r.map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
+        let entries = r?;
         for e in entries {
             if e.name == b"." || e.name == b".." {
                 continue;
@@ -171,11 +171,7 @@ pub async fn walk_lib(client: &Client, top: &str, show: &str, t: &Tests, out: &m
             let name = String::from_utf8_lossy(&e.name);
             let p = format!("{path}/{name}");
             let hit = if t.wants_attrs() {
-                let a = match e.attr {
-                    Some(a) => a,
-                    None => client.getattr(&ctx, e.ino).await.map_err(|err| anyhow::anyhow!("{p}: {err}"))?,
-                };
-                t.matches(&name, &a)
+                e.attr.as_ref().is_some_and(|a| t.matches(&name, a))
             } else {
                 t.matches_name(&name, e.kind)
             };
@@ -188,6 +184,21 @@ pub async fn walk_lib(client: &Client, top: &str, show: &str, t: &Tests, out: &m
         }
     }
     Ok(seen)
+}
+
+/// The entries of directory `ino` (at `path`), each with its attributes when `plus`. The
+/// attributes a listing lacks are asked for here, inside the listing's own future: a call
+/// awaited while other listings wait unpolled could wait for ever on a connection one of them
+/// is making (the client's pool connects under a slot's lock).
+async fn list_with_attrs(client: &Client, ctx: &Ctx, path: &str, ino: InodeId, plus: bool) -> Result<Vec<DirEntry>> {
+    let mut entries = client.list_dir(ctx, ino, plus).await.map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
+    if plus {
+        for e in entries.iter_mut().filter(|e| e.attr.is_none() && e.name != b"." && e.name != b"..") {
+            let name = String::from_utf8_lossy(&e.name).into_owned();
+            e.attr = Some(client.getattr(ctx, e.ino).await.map_err(|err| anyhow::anyhow!("{path}/{name}: {err}"))?);
+        }
+    }
+    Ok(entries)
 }
 
 /// The attributes a walk through the mount gives the tests.
