@@ -103,6 +103,10 @@ impl Pool {
 
     /// A live connection to `addr`, made if needed: one of the shared ones, or the calling
     /// thread's own in a lane.
+    ///
+    /// A slot is made by one connect at a time, in a task of its own: a caller parked
+    /// unpolled (one of several calls in a `FuturesUnordered` whose owner awaits another
+    /// call) must never hold a slot that another call waits for, or both wait for ever.
     pub async fn conn(&self, addr: SocketAddr, transport: Transport) -> Result<Conn, RpcError> {
         let lane = LANE.with(|l| l.get());
         // One stream per peer is enough for a lane: its thread waits for each call in turn.
@@ -112,18 +116,26 @@ impl Pool {
             let mut slots = self.slots.lock().expect("pool lock");
             slots.entry((addr, transport, lane, i)).or_default().clone()
         };
-        let mut guard = slot.lock().await;
-        if let Some(c) = guard.as_ref() {
-            if !c.is_closed() {
+        // The common case, no wait: the slot is free and holds a live connection.
+        if let Ok(guard) = slot.try_lock() {
+            if let Some(c) = guard.as_ref().filter(|c| !c.is_closed()) {
                 return Ok(c.clone());
             }
         }
-        let c = match transport {
-            Transport::Quic => self.quic.connect(addr).await?,
-            Transport::Tcp => crate::tcp::connect(&self.cred, addr).await?,
-        };
-        *guard = Some(c.clone());
-        Ok(c)
+        let (quic, cred) = (self.quic.clone(), self.cred.clone());
+        let task = tokio::spawn(async move {
+            let mut guard = slot.lock().await;
+            if let Some(c) = guard.as_ref().filter(|c| !c.is_closed()) {
+                return Ok(c.clone());
+            }
+            let c = match transport {
+                Transport::Quic => quic.connect(addr).await?,
+                Transport::Tcp => crate::tcp::connect(&cred, addr).await?,
+            };
+            *guard = Some(c.clone());
+            Ok(c)
+        });
+        task.await.map_err(|e| RpcError::Connect { addr, reason: format!("the connect task ended: {e}") })?
     }
 
     /// Calls `req` on `addr`, retrying transport failures with backoff until the retry deadline.

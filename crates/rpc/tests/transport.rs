@@ -76,6 +76,27 @@ async fn calls_succeed_and_multiplex_on_both_transports() {
     }
 }
 
+/// A call polled once (it starts connecting) and then left unpolled, as one of several calls
+/// in a stream whose owner awaits another call, must not keep other calls from the peer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_left_unpolled_while_connecting_holds_up_no_other_call() {
+    let site = SiteKey::from_bytes([1; 32]);
+    let cred = JobCredential::derive(&site, "job-1").unwrap();
+    let srv = start(&cred).await;
+    for (addr, t) in [(srv.quic, Transport::Quic), (srv.tcp, Transport::Tcp)] {
+        let pool = Pool::new(cred.clone(), quick()).unwrap();
+        let h = RequestHeader::default();
+        let (first, second) = (StatTarget { target: 7 }, StatTarget { target: 9 });
+        let mut parked = std::pin::pin!(pool.call(addr, t, &h, &first));
+        assert!(futures::poll!(parked.as_mut()).is_pending(), "{t:?}: the first call is connecting");
+        let other = tokio::time::timeout(Duration::from_secs(20), pool.call(addr, t, &h, &second))
+            .await
+            .unwrap_or_else(|_| panic!("{t:?}: the second call waited for the unpolled first one"));
+        assert_eq!(other.unwrap().capacity, 9);
+        assert_eq!(parked.await.unwrap().capacity, 7);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn other_jobs_credential_is_refused() {
     let site = SiteKey::from_bytes([1; 32]);
