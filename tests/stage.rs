@@ -87,7 +87,7 @@ fn assert_odfs_tree(fs: &LocalFs, dir: &str, sums: &BTreeMap<String, String>) {
 }
 
 #[test]
-fn stage_in_from_s3_is_byte_identical_and_every_agent_moves_a_quarter() {
+fn stage_in_from_s3_is_byte_identical_and_every_agent_moves_its_share() {
     let tmp = tempfile::tempdir().unwrap();
     let s3 = S3Server::s3s(&tmp.path().join("s3"), &["data"]);
     let sums = make_tree(&s3.object_path("data", "set"), 1000, &[200 << 20, (200 << 20) + 12345, 210 << 20]);
@@ -100,8 +100,13 @@ fn stage_in_from_s3_is_byte_identical_and_every_agent_moves_a_quarter() {
     assert!(out.contains("split files: 0 verified as written (stored's CRC32C), 3 read back"), "{out}");
     let sh = shares(&out);
     assert_eq!(sh.len(), 4, "one line per agent:\n{out}");
+    // Each agent starts with its share of the 16 MiB ranges (nine, eight, eight, eight: 20.0% to
+    // 22.5% of the 640 MiB); the small files, the three short ranges and four 16 MiB ranges
+    // (the smallest quarter of the work, each item weighed at its bytes + 64 KiB) wait in the
+    // pool for the agents that run low. So no agent moves less than 20% (19.99%) nor more than
+    // its start and the whole pool (40.0%).
     for s in &sh {
-        assert!((20.0..=30.0).contains(s), "each agent moves 25% ± 20% of the bytes: {sh:?}\n{out}");
+        assert!((19.0..=41.0).contains(s), "each agent moves its share of the bytes: {sh:?}\n{out}");
     }
     assert_odfs_tree(&fs, "/in", &sums);
 
@@ -440,8 +445,14 @@ fn stage_in_from_a_posix_tree_keeps_modes_and_times_and_resumes() {
     let fs = LocalFs::up(4, &[]);
     let out = ok(odfs_stage(&fs, &[], &["stage-in", src.to_str().unwrap(), "odfs:/pfs"]));
     assert!(out.contains("301 files"), "{out}");
+    // The 100 MiB file is split into six 16 MiB ranges and one of 4 MiB. The 16 MiB ranges are
+    // spread first (largest first onto the least-loaded agent: two, two, one, one); the small
+    // files and the 4 MiB range wait in the pool (the smallest quarter of the work, each item
+    // weighed at its bytes + 64 KiB) and go to whichever agents run low. So every agent fills
+    // at least one 16 MiB range (14.7% of the 109 MiB) and none more than two and the whole
+    // pool (41.3%).
     for s in shares(&out) {
-        assert!((15.0..=35.0).contains(&s), "the large file is spread over every agent:\n{out}");
+        assert!((14.0..=42.0).contains(&s), "the large file is spread over every agent:\n{out}");
     }
     assert_odfs_tree(&fs, "/pfs", &sums);
     let rt = runtime();
