@@ -187,9 +187,9 @@ pub async fn walk_lib(client: &Client, top: &str, show: &str, t: &Tests, out: &m
 }
 
 /// The entries of directory `ino` (at `path`), each with its attributes when `plus`. The
-/// attributes a listing lacks are asked for here, inside the listing's own future: a call
-/// awaited while other listings wait unpolled could wait for ever on a connection one of them
-/// is making (the client's pool connects under a slot's lock).
+/// attributes a listing lacks are asked for here, inside the listing's own future, not
+/// awaited while other listings wait unpolled (see "Connections are made in tasks of their
+/// own" in docs/architecture.md).
 async fn list_with_attrs(client: &Client, ctx: &Ctx, path: &str, ino: InodeId, plus: bool) -> Result<Vec<DirEntry>> {
     let mut entries = client.list_dir(ctx, ino, plus).await.map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
     if plus {

@@ -199,6 +199,11 @@ const ITEM_COST: u64 = 64 << 10;
 /// The pool holds back at most this fraction (1/n) of the balanced work.
 const POOL_DIVISOR: u64 = 4;
 
+/// An item's weight when the pool is filled and emptied: its bytes and `ITEM_COST`.
+fn weight(it: &WorkItem) -> u64 {
+    it.bytes() + ITEM_COST
+}
+
 /// Splits items into each of `n` agents' first share and a pool handed out as agents run low
 /// (`run_pass`). Items `prefer` names an agent for go to it. Of the rest, the smallest, up to
 /// a quarter of their weight, wait in the pool, largest first: enough to even out agents that
@@ -225,14 +230,13 @@ fn split_work(
         }
     }
     order.sort_by_key(|&i| std::cmp::Reverse(items[i].bytes()));
-    let weight = |i: usize| items[i].bytes() + ITEM_COST;
-    let total: u64 = order.iter().map(|&i| weight(i)).sum();
+    let total: u64 = order.iter().map(|&i| weight(&items[i])).sum();
     let (mut pool, mut held) = (VecDeque::new(), 0u64);
     while let Some(&i) = order.last() {
-        if (held + weight(i)) * POOL_DIVISOR > total {
+        if (held + weight(&items[i])) * POOL_DIVISOR > total {
             break;
         }
-        held += weight(i);
+        held += weight(&items[i]);
         pool.push_front(i);
         order.pop();
     }
@@ -249,11 +253,11 @@ fn split_work(
 /// (guided self-scheduling: large batches while much is left, small ones at the end, so the
 /// agents end together), at least one.
 fn take_batch(pool: &mut VecDeque<usize>, items: &[WorkItem], n: usize) -> Vec<usize> {
-    let left: u64 = pool.iter().map(|&i| items[i].bytes() + ITEM_COST).sum();
+    let left: u64 = pool.iter().map(|&i| weight(&items[i])).sum();
     let want = left / (2 * n as u64).max(1);
     let (mut batch, mut got) = (Vec::new(), 0u64);
     while let Some(i) = pool.pop_front() {
-        got += items[i].bytes() + ITEM_COST;
+        got += weight(&items[i]);
         batch.push(i);
         if got >= want {
             break;
@@ -392,8 +396,8 @@ pub(crate) async fn run_pass(
     let mut finished: BTreeSet<usize> = BTreeSet::new();
     let mut silent_since: HashMap<usize, Instant> = HashMap::new();
     // Polls and adds run side by side, never one awaited while the others wait unpolled: a
-    // call parked in a stream nobody polls can hold the connection slot another call needs
-    // (the pool connects under the slot's lock), and the coordinator would wait for ever.
+    // call parked in a stream nobody polls must not be what another call waits for (a parked
+    // connect once held the rpc pool's slot so, and the coordinator waited for ever).
     let poll = |a: usize, after: Duration, low_water: u32| {
         async move {
             tokio::time::sleep(after).await;
@@ -666,8 +670,8 @@ mod tests {
         assert!(lo > 0 && hi - lo <= 16 << 20, "{loads:?}");
         // The pool: the smallest items, about a quarter of the weight, handed out in batches
         // that shrink as it empties.
-        let held: u64 = pool.iter().map(|&i| items[i].bytes() + ITEM_COST).sum();
-        let all_weight: u64 = items.iter().map(|it| it.bytes() + ITEM_COST).sum();
+        let held: u64 = pool.iter().map(|&i| weight(&items[i])).sum();
+        let all_weight: u64 = items.iter().map(weight).sum();
         assert!(held * 4 <= all_weight && held * 5 >= all_weight, "{held} of {all_weight}");
         let smallest_assigned = plan.iter().flatten().map(|&i| items[i].bytes()).min().unwrap();
         assert!(pool.iter().all(|&i| items[i].bytes() <= smallest_assigned));
