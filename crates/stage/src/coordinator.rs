@@ -398,7 +398,10 @@ pub(crate) async fn run_pass(
     // Polls and adds run side by side, never one awaited while the others wait unpolled: a
     // call parked in a stream nobody polls must not be what another call waits for (a parked
     // connect once held the rpc pool's slot so, and the coordinator waited for ever).
-    let poll = |a: usize, after: Duration, low_water: u32| {
+    // An open agent's poll is also answered at its low water (for a batch); a closed one's
+    // only at its end.
+    let poll = |a: usize, after: Duration, open: bool| {
+        let low_water = if open { low_water } else { 0 };
         async move {
             tokio::time::sleep(after).await;
             let asked = Instant::now();
@@ -407,9 +410,10 @@ pub(crate) async fn run_pass(
         }
         .boxed()
     };
-    let add = |a: usize, add: Vec<usize>, last: bool| {
-        let req = StageAdd { run, items: add.iter().map(|&i| items[i].clone()).collect(), last };
-        async move { Event::Added { a, sent: p.client.call(p.ctx, p.agents[a].1, &req).await, add, last } }.boxed()
+    let add = |a: usize, batch: Vec<usize>, last: bool| {
+        let req = StageAdd { run, items: batch.iter().map(|&i| items[i].clone()).collect(), last };
+        async move { Event::Added { a, sent: p.client.call(p.ctx, p.agents[a].1, &req).await, add: batch, last } }
+            .boxed()
     };
     // An unfinished agent has a poll or an add in flight, at most one of each: the poll that
     // asks for a batch goes again only once the batch is answered (so it sees the items
@@ -418,14 +422,13 @@ pub(crate) async fn run_pass(
     let (mut adding, mut polling) = (vec![false; n], vec![false; n]);
     for &a in &started {
         polling[a] = true;
-        calls.push(poll(a, Duration::ZERO, if open[a] { low_water } else { 0 }));
+        calls.push(poll(a, Duration::ZERO, open[a]));
     }
     while let Some(event) = calls.next().await {
         match event {
             Event::Polled { a, asked, reply } => {
                 polling[a] = false;
                 let node = p.agents[a].0;
-                let mut topping_up = false;
                 match reply {
                     Ok(st) => {
                         silent_since.remove(&a);
@@ -452,7 +455,6 @@ pub(crate) async fn run_pass(
                                 adding[b] = true;
                                 calls.push(add(b, if b == a { batch.clone() } else { Vec::new() }, last));
                             }
-                            topping_up = true;
                         }
                     }
                     Err(e) => {
@@ -464,13 +466,14 @@ pub(crate) async fn run_pass(
                         }
                     }
                 }
-                if !finished.contains(&a) && !topping_up && !adding[a] {
+                // An agent given a batch (or a close) is polled again when it is answered.
+                if !finished.contains(&a) && !adding[a] {
                     // A poll answered early without news (a failing agent, a close refused) is
                     // not repeated at once.
                     let early = asked.elapsed() < POLL_WAIT / 2;
                     let after = if early { POLL_WAIT.saturating_sub(asked.elapsed()) } else { Duration::ZERO };
                     polling[a] = true;
-                    calls.push(poll(a, after, if open[a] { low_water } else { 0 }));
+                    calls.push(poll(a, after, open[a]));
                 }
             }
             Event::Added { a, add: batch, last, sent } => {
@@ -500,7 +503,7 @@ pub(crate) async fn run_pass(
                     // After a refusal, not at once: its poll would ask for the same again.
                     let after = if refused { POLL_WAIT } else { Duration::ZERO };
                     polling[a] = true;
-                    calls.push(poll(a, after, if open[a] { low_water } else { 0 }));
+                    calls.push(poll(a, after, open[a]));
                 }
             }
         }
