@@ -1,6 +1,6 @@
 //! Mount life cycle through `odfs local up` / `odfs local down`: the mount appears, teardown
 //! never hangs (also with a dead or stopped odfs-fuse, or dead daemons), and a mount left
-//! behind is cleaned by the next `up` or `down`.
+//! behind is cleaned by the next `up` or `down`; an interrupted command leaves nothing running.
 
 use odfs_tests::*;
 use std::path::Path;
@@ -112,4 +112,82 @@ fn next_up_cleans_a_mount_left_by_a_dead_run() {
     assert_eq!(std::fs::read(dir.path().join("mnt/g")).unwrap(), data);
     let all = pids(dir.path(), None);
     down_without_hanging(dir.path(), &all);
+}
+
+/// The processes (other than this test's) whose command line names `dir`: a local
+/// filesystem's daemons and odfs-fuse all take their configs from under its root.
+fn processes_naming(dir: &Path) -> Vec<String> {
+    let needle = dir.as_os_str().as_encoded_bytes();
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
+        if pid != std::process::id() && cmd.windows(needle.len()).any(|w| w == needle) {
+            found.push(format!("{pid}: {}", String::from_utf8_lossy(&cmd).replace('\0', " ")));
+        }
+    }
+    found
+}
+
+/// Mount points at or under `dir`.
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let dir = dir.to_str().unwrap();
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    info.lines().filter_map(|l| l.split(' ').nth(4)).filter(|m| m.starts_with(dir)).map(String::from).collect()
+}
+
+/// Ctrl-C during `odfs demo`, once its filesystem is up and mounted: the demo unmounts and
+/// stops everything it started and exits 130, as an interrupted command does; no daemon (they
+/// run in sessions of their own, out of the terminal's reach) and no mount is left.
+#[test]
+fn an_interrupted_demo_leaves_no_process_and_no_mount() {
+    use std::io::{BufRead, Read};
+    assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing: this test mounts a FUSE filesystem");
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("demo");
+    let mut child = std::process::Command::new(bin_dir().join("odfs"))
+        .args(["demo", "--root", root.to_str().unwrap(), "--nodes", "2", "--dataset-mib", "64", "--no-bench"])
+        .env("ODFS_BIN_DIR", bin_dir())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut said = String::new();
+    while !said.contains("ready in") {
+        let n = stdout.read_line(&mut said).unwrap();
+        assert!(n > 0, "the demo ended before its filesystem was up: {said}");
+    }
+    let mnt = root.join("fs/mnt");
+    assert!(mounted(&mnt), "{said}");
+    let running = processes_naming(&root);
+    assert!(running.len() > 2, "the demo's daemons are not running: {running:?}");
+
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "the demo did not end within 60 s of SIGINT");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert_eq!(status.code(), Some(130), "exit status after SIGINT: {status}; stderr: {stderr}");
+    assert!(stderr.contains("interrupted (SIGINT)"), "{stderr}");
+    assert_eq!(processes_naming(&root), Vec::<String>::new(), "left running after SIGINT; stderr: {stderr}");
+    assert_eq!(mounts_under(&root), Vec::<String>::new(), "left mounted after SIGINT; stderr: {stderr}");
+}
+
+/// A node count meant for a cluster is refused before anything starts.
+#[test]
+fn local_up_refuses_more_nodes_than_one_machine_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = odfs(&["local", "up", "--root", dir.path().to_str().unwrap(), "--nodes", "100000", "--no-mount"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "100,000 local nodes were accepted: {stderr}");
+    assert!(stderr.contains("--nodes 100000") && stderr.contains("at most 64"), "{stderr}");
+    assert!(!dir.path().join("local.state.toml").exists(), "state written for a refused start");
+    assert_eq!(processes_naming(dir.path()), Vec::<String>::new());
 }

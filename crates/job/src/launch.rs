@@ -215,7 +215,7 @@ pub fn spawn_fuse(
     if allow_other {
         args.push(OsStr::new("--allow-other"));
     }
-    let pid = procs::spawn_detached(&bin, &args, log)?;
+    let pid = procs::spawn_detached(&bin, &args, client_config, log)?;
     Ok(ProcEntry { service: "fuse".into(), node, pid, config: client_config.to_path_buf(), log: log.to_path_buf() })
 }
 

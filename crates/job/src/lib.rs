@@ -14,12 +14,14 @@
 //! - `start`, `stop`, `cleanup`: the protocols.
 //! - `slurm`: the few Slurm commands used, and the message left in the job's output file.
 //! - `creds`: whose S3 credentials a job's stages use.
+//! - `interrupt`: what `odfs local up`, `odfs demo` and `odfs bench` stop when interrupted.
 
 pub mod board;
 pub mod cleanup;
 pub mod creds;
 pub mod directives;
 pub mod hostlist;
+pub mod interrupt;
 pub mod launch;
 pub mod local;
 pub mod record;

@@ -213,9 +213,19 @@ fn up_once(opts: &UpOptions, root: &Path, layout: DirLayout) -> Result<LocalStat
     Ok(state)
 }
 
+/// Most nodes `odfs local up` starts: each is two or three daemons with runtimes of their own on
+/// one machine, and more than this is a typo (a count meant for a real cluster) rather than a
+/// test.
+pub const MAX_NODES: u32 = 64;
+
 /// The options' own sense; returns the default layout they ask for.
 fn check_options(opts: &UpOptions) -> Result<DirLayout> {
     anyhow::ensure!(opts.nodes >= 1, "--nodes must be at least 1");
+    anyhow::ensure!(
+        opts.nodes <= MAX_NODES,
+        "--nodes {}: odfs local runs every node's daemons on this machine, at most {MAX_NODES} nodes",
+        opts.nodes
+    );
     anyhow::ensure!(opts.targets_per_node >= 1, "--targets-per-node must be at least 1");
     let metas = metas(opts);
     anyhow::ensure!(
@@ -352,14 +362,16 @@ fn plan_nodes(
 }
 
 /// Starts every node's daemons, each in its node's directory, recording them in `state`.
+/// Starts every node's daemons, saving the state after each one: `odfs local down` then finds
+/// every process even of an `up` that was killed half way.
 fn start_nodes(root: &Path, nodes: &[NodeLaunch], state: &mut LocalState) -> Result<()> {
     for n in nodes {
         n.start(&node_dir(root, n.node), |p| {
             state.procs.push(p);
-            Ok(())
+            state.save(root)
         })?;
     }
-    state.save(root)
+    Ok(())
 }
 
 /// After a failed `up`: unmounts, stops every process and removes the state file.
@@ -382,6 +394,7 @@ fn start_mount(root: &Path, mp: &Path, state: &mut LocalState, timeout: Duration
     let cfg = client_config_path(root);
     let log = node_dir(root, 0).join("fuse.log");
     let fuse = launch::spawn_fuse(&cfg, &mp, false, &log, 0)?;
+    crate::interrupt::mounted(&mp);
     let pid = fuse.pid;
     state.procs.push(fuse);
     state.mounts.push(mp.clone());

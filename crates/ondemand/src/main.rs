@@ -171,7 +171,10 @@ fn main() {
     // The S3 SDK warns about files it cannot find on its own; odfs's errors name them when
     // they matter (no credentials found), so those warnings would only say it twice.
     odfs_service::init_logging("warn,aws_runtime=error,aws_config=error");
-    if let Err(e) = cli.cmd.run(cli.fs.as_deref()) {
+    let result = cli.cmd.run(cli.fs.as_deref());
+    // A signal's teardown (`odfs_job::interrupt`) ends the process itself once it is done.
+    odfs_job::interrupt::hold_exit_while_stopping();
+    if let Err(e) = result {
         let e = format!("{e:#}");
         eprintln!("{}", if e.starts_with("odfs: ") { e } else { format!("odfs: {e}") });
         std::process::exit(1);
@@ -541,6 +544,7 @@ impl DemoArgs {
             keep: self.keep,
             bench: !self.no_bench,
         };
+        odfs_job::interrupt::stop_started_on_signals()?;
         demo::run(&o)
     }
 }
@@ -625,6 +629,7 @@ struct BenchArgs {
 
 impl BenchArgs {
     fn run(self) -> Result<()> {
+        odfs_job::interrupt::stop_started_on_signals()?;
         if self.startup {
             self.startup()
         } else if self.shards {
@@ -758,6 +763,7 @@ enum LocalCmd {
 struct LocalUpArgs {
     #[arg(long)]
     root: PathBuf,
+    /// Nodes, each its own daemons on this machine (at most 64).
     #[arg(long, default_value_t = 4)]
     nodes: u32,
     /// Do not mount the filesystem.
@@ -854,6 +860,9 @@ impl LocalUpArgs {
             metrics_port: self.metrics_port,
             mount,
         };
+        // Interrupted, `up` leaves nothing; once it has returned, what it started is the
+        // user's until `odfs local down`.
+        odfs_job::interrupt::stop_started_on_signals()?;
         let st = local::up(&opts)?;
         for m in &st.mounts {
             println!("mounted at {}", m.display());

@@ -84,7 +84,9 @@ pub fn mount_tmpfs(dir: &Path, size: &str) -> Result<()> {
         nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
         Some(format!("size={size},mode=0700").as_str()),
     )
-    .with_context(|| format!("cannot mount the RAM target (tmpfs size={size}) at {}", dir.display()))
+    .with_context(|| format!("cannot mount the RAM target (tmpfs size={size}) at {}", dir.display()))?;
+    crate::interrupt::mounted(dir);
+    Ok(())
 }
 
 /// Runs `f` on a helper thread and gives up waiting after `limit` (the thread is left behind
@@ -120,6 +122,7 @@ fn ensure_fusectl() {
 /// lazy unmount. Returns what it did, one line per step; an error only if the mount is still
 /// there after every step.
 pub fn unmount(path: &Path) -> Result<Vec<String>> {
+    crate::interrupt::unmounted(path);
     let mut did = Vec::new();
     let Some(m) = mount_at(path) else { return Ok(did) };
     let p = path.to_path_buf();

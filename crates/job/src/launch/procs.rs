@@ -24,11 +24,19 @@ pub fn binary(name: &str) -> Result<PathBuf> {
 
 /// Starts `bin --config cfg` in its own session, output appended to `log`. Returns its pid.
 pub fn spawn_daemon(bin: &Path, cfg: &Path, log: &Path) -> Result<u32> {
-    spawn_detached(bin, &[std::ffi::OsStr::new("--config"), cfg.as_os_str()], log)
+    spawn_detached(bin, &[std::ffi::OsStr::new("--config"), cfg.as_os_str()], cfg, log)
 }
 
-/// Starts `bin args…` in its own session, output appended to `log`. Returns its pid.
-pub fn spawn_detached(bin: &Path, args: &[&std::ffi::OsStr], log: &Path) -> Result<u32> {
+/// Starts `bin args…` in its own session, output appended to `log`; `marker` is the argument
+/// [`runs`] knows it by. Returns its pid. The process is recorded for `crate::interrupt`.
+pub fn spawn_detached(bin: &Path, args: &[&std::ffi::OsStr], marker: &Path, log: &Path) -> Result<u32> {
+    let pid = crate::interrupt::spawn_recorded(marker, || spawn_in_session(bin, args, log))?;
+    wait_command_line(pid);
+    Ok(pid)
+}
+
+/// Starts `bin args…` in its own session, output appended to `log`, reaped by a thread.
+fn spawn_in_session(bin: &Path, args: &[&std::ffi::OsStr], log: &Path) -> Result<u32> {
     let out = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -46,7 +54,6 @@ pub fn spawn_detached(bin: &Path, args: &[&std::ffi::OsStr], log: &Path) -> Resu
         let mut child = child;
         let _ = child.wait();
     });
-    wait_command_line(pid);
     Ok(pid)
 }
 
@@ -118,6 +125,7 @@ pub fn stop_all(procs: &[(u32, &Path)], grace: Duration) -> Vec<u32> {
     while start.elapsed() < Duration::from_secs(2) && killed.iter().any(|&(p, m)| runs(p, m)) {
         std::thread::sleep(Duration::from_millis(10));
     }
+    crate::interrupt::stopped(&procs.iter().map(|&(p, _)| p).collect::<Vec<_>>());
     killed.into_iter().map(|(p, _)| p).collect()
 }
 

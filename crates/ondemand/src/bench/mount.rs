@@ -390,6 +390,7 @@ fn mount_floor(src: &Path, at: &Path) -> Result<Option<PathBuf>> {
         at.display(),
         String::from_utf8_lossy(&out.stderr).trim()
     );
+    odfs_job::interrupt::mounted(at);
     eprintln!("bench: FUSE floor: bindfs {} at {}", src.display(), at.display());
     Ok(Some(at.to_path_buf()))
 }

@@ -72,6 +72,7 @@ struct Server(Child);
 
 impl Drop for Server {
     fn drop(&mut self) {
+        odfs_job::interrupt::child_ended(self.0.id());
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -113,6 +114,7 @@ fn start_server(data: &Path, port: u16, key: &str, secret: &str, log: &Path) -> 
         .stdin(Stdio::null())
         .spawn()
         .context("cannot start s3s-fs (cargo install s3s-fs --features binary; scripts/test installs it)")?;
+    odfs_job::interrupt::child_started(child.id());
     let server = Server(child);
     let t = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {

@@ -1,0 +1,190 @@
+//! An interrupted command leaves nothing running: `odfs local up`, `odfs demo` and `odfs bench`
+//! call [`stop_started_on_signals`], and then SIGINT (Ctrl-C), SIGTERM or SIGHUP unmounts every
+//! mount this process made and stops every daemon it started, and the process exits with
+//! 128 + the signal's number (docs/architecture.md, "Failure handling").
+//!
+//! Owns the record of what this process started and has not stopped or unmounted yet (every
+//! spawn of `launch::procs`, every mount announced with [`mounted`], every helper child
+//! announced with [`child_started`]), and the thread that acts on those signals. Daemons run
+//! in sessions of their own, so no terminal signal reaches them: without this record a Ctrl-C
+//! during `odfs demo` left eleven daemons and a mount behind.
+
+use crate::launch::{mount, procs};
+use anyhow::{bail, Context, Result};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+/// What this process started and has not stopped yet.
+#[derive(Default)]
+struct Started {
+    /// Processes: pid and the marker `procs::runs` knows them by.
+    procs: Vec<(u32, PathBuf)>,
+    /// Other children of this process not yet waited for (so their pids are still theirs).
+    children: Vec<u32>,
+    mounts: Vec<PathBuf>,
+}
+
+static STARTED: Mutex<Started> = Mutex::new(Started { procs: Vec::new(), children: Vec::new(), mounts: Vec::new() });
+
+/// Set once a signal's teardown has begun: no new process is started after it, and the main
+/// thread does not exit under it (see [`hold_exit_while_stopping`]).
+static STOPPING: AtomicBool = AtomicBool::new(false);
+
+/// The write end of the pipe the signal handler writes the signal's number to (-1: none).
+static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
+
+/// How long stopped daemons get to exit on SIGTERM before they are killed.
+const GRACE: Duration = Duration::from_secs(2);
+
+fn started() -> MutexGuard<'static, Started> {
+    // The record stays usable after a panic elsewhere: teardown needs it most then.
+    STARTED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs `spawn` (which starts one process and returns its pid) and records the process under
+/// `marker`; refused once a teardown has begun, so nothing it could miss starts after it.
+pub(crate) fn spawn_recorded(marker: &Path, spawn: impl FnOnce() -> Result<u32>) -> Result<u32> {
+    let mut s = started();
+    if STOPPING.load(Ordering::SeqCst) {
+        bail!("interrupted: no more processes are started");
+    }
+    let pid = spawn()?;
+    s.procs.push((pid, marker.to_path_buf()));
+    Ok(pid)
+}
+
+/// Forgets processes that were stopped.
+pub(crate) fn stopped(pids: &[u32]) {
+    started().procs.retain(|(p, _)| !pids.contains(p));
+}
+
+/// Records a child process (a helper server of a benchmark), killed on a signal; it must not
+/// be waited for before [`child_ended`], or its pid could name another process by then.
+pub fn child_started(pid: u32) {
+    started().children.push(pid);
+}
+
+/// Forgets a child about to be killed and waited for.
+pub fn child_ended(pid: u32) {
+    started().children.retain(|&p| p != pid);
+}
+
+/// Records a mount this process made, to be unmounted on a signal. One taken down some other
+/// way than `launch::mount::unmount` stays recorded, which is harmless: a path with no mount
+/// is not unmounted again.
+pub fn mounted(path: &Path) {
+    let mut s = started();
+    if !s.mounts.iter().any(|m| m == path) {
+        s.mounts.push(path.to_path_buf());
+    }
+}
+
+/// Forgets a mount that was unmounted (`launch::mount::unmount` does so itself).
+pub fn unmounted(path: &Path) {
+    started().mounts.retain(|m| m != path);
+}
+
+/// From now on SIGINT, SIGTERM and SIGHUP stop what this process started (mounts first, as
+/// `odfs local down` does, then processes) and exit with 128 + the signal. Idempotent.
+pub fn stop_started_on_signals() -> Result<()> {
+    if SIGNAL_PIPE.load(Ordering::SeqCst) >= 0 {
+        return Ok(());
+    }
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("cannot make the signal pipe")?;
+    SIGNAL_PIPE.store(std::os::fd::IntoRawFd::into_raw_fd(write), Ordering::SeqCst);
+    std::thread::Builder::new()
+        .name("odfs-signals".into())
+        .spawn(move || wait_and_tear_down(read))
+        .context("cannot start the signal thread")?;
+    // SA_RESTART: the main thread's system calls go on while the teardown runs, rather than
+    // failing with EINTR and ending the process before it is done.
+    let action = nix::sys::signal::SigAction::new(
+        nix::sys::signal::SigHandler::Handler(on_signal),
+        nix::sys::signal::SaFlags::SA_RESTART,
+        nix::sys::signal::SigSet::empty(),
+    );
+    for sig in [nix::sys::signal::SIGINT, nix::sys::signal::SIGTERM, nix::sys::signal::SIGHUP] {
+        // SAFETY: the handler only loads an atomic and calls write(2), both async-signal-safe.
+        unsafe { nix::sys::signal::sigaction(sig, &action) }.with_context(|| format!("cannot handle {sig}"))?;
+    }
+    Ok(())
+}
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    let fd = SIGNAL_PIPE.load(Ordering::SeqCst);
+    if fd >= 0 {
+        let b = sig as u8;
+        // SAFETY: write(2) of one byte from a live local; async-signal-safe.
+        unsafe { libc::write(fd, (&b as *const u8).cast(), 1) };
+    }
+}
+
+/// The signal thread: waits for the first signal, tears down, exits.
+fn wait_and_tear_down(read: OwnedFd) {
+    let mut b = [0u8; 1];
+    loop {
+        // SAFETY: reads one byte into a live buffer from a descriptor this thread owns.
+        let n = unsafe { libc::read(read.as_raw_fd(), b.as_mut_ptr().cast(), 1) };
+        if n == 1 {
+            break;
+        }
+        if n == 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            return;
+        }
+    }
+    let sig = b[0] as i32;
+    let name = nix::sys::signal::Signal::try_from(sig).map(|s| s.as_str()).unwrap_or("a signal");
+    let s = take_for_teardown();
+    eprintln!(
+        "odfs: interrupted ({name}): unmounting {} mount(s) and stopping {} process(es) this command started",
+        s.mounts.len(),
+        s.procs.len() + s.children.len()
+    );
+    tear_down(&s);
+    std::process::exit(128 + sig);
+}
+
+/// Marks the teardown begun and takes the record; a spawn under way finishes first (it holds
+/// the record's lock), and none starts after.
+fn take_for_teardown() -> Started {
+    let mut s = started();
+    STOPPING.store(true, Ordering::SeqCst);
+    std::mem::take(&mut *s)
+}
+
+/// Unmounts the FUSE mounts (newest first: a daemon stopped under its mount would leave a dead
+/// one), stops the daemons and kills the other children, then unmounts the rest (RAM targets,
+/// which the stopped daemons held open); says what went wrong.
+fn tear_down(s: &Started) {
+    let (fuse, other): (Vec<&PathBuf>, Vec<&PathBuf>) =
+        s.mounts.iter().rev().partition(|m| mount::mount_at(m).is_some_and(|e| e.fstype.starts_with("fuse")));
+    fuse.into_iter().for_each(|m| unmount(m));
+    for &pid in &s.children {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::SIGKILL);
+    }
+    let pids: Vec<(u32, &Path)> = s.procs.iter().map(|(p, m)| (*p, m.as_path())).collect();
+    let killed = procs::stop_all(&pids, GRACE);
+    if !killed.is_empty() {
+        eprintln!("odfs: killed {killed:?} after they ignored SIGTERM");
+    }
+    other.into_iter().for_each(|m| unmount(m));
+}
+
+fn unmount(m: &Path) {
+    match mount::unmount(m) {
+        Ok(steps) => steps.iter().filter(|s| !s.starts_with("unmounted ")).for_each(|s| eprintln!("odfs: {s}")),
+        Err(e) => eprintln!("odfs: cannot unmount {}: {e:#}", m.display()),
+    }
+}
+
+/// Called by the main thread before it exits: while a signal's teardown runs, waits for it to
+/// end the process (with its own exit status) instead of ending it first, which would leave
+/// what the teardown had not stopped yet.
+pub fn hold_exit_while_stopping() {
+    while STOPPING.load(Ordering::SeqCst) {
+        std::thread::park_timeout(Duration::from_secs(1));
+    }
+}
