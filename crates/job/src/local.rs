@@ -361,9 +361,8 @@ fn plan_nodes(
     Ok(nodes)
 }
 
-/// Starts every node's daemons, each in its node's directory, recording them in `state`.
-/// Starts every node's daemons, saving the state after each one: `odfs local down` then finds
-/// every process even of an `up` that was killed half way.
+/// Starts every node's daemons, each in its node's directory, recording them in `state`, saved
+/// after each one: `odfs local down` then finds every process even of an `up` killed half way.
 fn start_nodes(root: &Path, nodes: &[NodeLaunch], state: &mut LocalState) -> Result<()> {
     for n in nodes {
         n.start(&node_dir(root, n.node), |p| {

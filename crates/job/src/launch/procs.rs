@@ -30,9 +30,13 @@ pub fn spawn_daemon(bin: &Path, cfg: &Path, log: &Path) -> Result<u32> {
 /// Starts `bin args…` in its own session, output appended to `log`; `marker` is the argument
 /// [`runs`] knows it by. Returns its pid. The process is recorded for `crate::interrupt`.
 pub fn spawn_detached(bin: &Path, args: &[&std::ffi::OsStr], marker: &Path, log: &Path) -> Result<u32> {
-    let pid = crate::interrupt::spawn_recorded(marker, || spawn_in_session(bin, args, log))?;
-    wait_command_line(pid);
-    Ok(pid)
+    // Recorded only once its command line shows, which is how `runs` (and so a teardown on a
+    // signal) knows it.
+    crate::interrupt::spawn_recorded(marker, || {
+        let pid = spawn_in_session(bin, args, log)?;
+        wait_command_line(pid);
+        Ok(pid)
+    })
 }
 
 /// Starts `bin args…` in its own session, output appended to `log`, reaped by a thread.
