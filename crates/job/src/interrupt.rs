@@ -1,10 +1,11 @@
 //! An interrupted command leaves nothing running: `odfs local up`, `odfs demo` and `odfs bench`
 //! call [`stop_started_on_signals`], and then SIGINT (Ctrl-C), SIGTERM or SIGHUP unmounts every
 //! mount this process made and stops every daemon it started, and the process exits with
-//! 128 + the signal's number (docs/architecture.md, "Failure handling").
+//! 128 + the signal's number (docs/architecture.md, "Failure handling"). `odfs bench --startup`
+//! is the exception: its filesystems are started by `odfs start` processes, as a job's are.
 //!
 //! Owns the record of what this process started and has not stopped or unmounted yet (every
-//! spawn of `launch::procs`, every mount announced with [`mounted`], every helper child
+//! spawn of `launch::procs`, every mount announced with [`mounting`], every helper child
 //! announced with [`child_started`]), and the thread that acts on those signals. Daemons run
 //! in sessions of their own, so no terminal signal reaches them: without this record a Ctrl-C
 //! during `odfs demo` left eleven daemons and a mount behind.
@@ -25,13 +26,24 @@ struct Started {
     /// Other children of this process not yet waited for (so their pids are still theirs).
     children: Vec<u32>,
     mounts: Vec<PathBuf>,
+    /// The command is ending on its own ([`disarm`]): a signal now ends the process at once.
+    disarmed: bool,
 }
 
-static STARTED: Mutex<Started> = Mutex::new(Started { procs: Vec::new(), children: Vec::new(), mounts: Vec::new() });
+static STARTED: Mutex<Started> =
+    Mutex::new(Started { procs: Vec::new(), children: Vec::new(), mounts: Vec::new(), disarmed: false });
 
-/// Set once a signal's teardown has begun: no new process is started after it, and the main
-/// thread does not exit under it (see [`hold_exit_while_stopping`]).
+/// Set (under the record's lock) once a signal's teardown has begun: nothing new is started or
+/// mounted after it, and no other thread ends the process under it ([`disarm`], and the panic
+/// hook of [`stop_started_on_signals`]).
 static STOPPING: AtomicBool = AtomicBool::new(false);
+
+/// The name of the thread that acts on the signals.
+const SIGNAL_THREAD: &str = "odfs-signals";
+
+/// Longest a thread waits for a teardown to end the process before going on (every step of a
+/// teardown is bounded, together well within this).
+const HOLD_LIMIT: Duration = Duration::from_secs(60);
 
 /// The write end of the pipe the signal handler writes the signal's number to (-1: none).
 static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
@@ -61,10 +73,16 @@ pub(crate) fn stopped(pids: &[u32]) {
     started().procs.retain(|(p, _)| !pids.contains(p));
 }
 
-/// Records a child process (a helper server of a benchmark), killed on a signal; it must not
-/// be waited for before [`child_ended`], or its pid could name another process by then.
+/// Records a child process (a helper server of a benchmark), killed on a signal (at once if a
+/// teardown has begun). It must not be waited for before [`child_ended`], or its pid could
+/// name another process by the time it is killed.
 pub fn child_started(pid: u32) {
-    started().children.push(pid);
+    let mut s = started();
+    if STOPPING.load(Ordering::SeqCst) {
+        kill(pid);
+    } else {
+        s.children.push(pid);
+    }
 }
 
 /// Forgets a child about to be killed and waited for.
@@ -72,17 +90,22 @@ pub fn child_ended(pid: u32) {
     started().children.retain(|&p| p != pid);
 }
 
-/// Records a mount this process made, to be unmounted on a signal. One taken down some other
-/// way than `launch::mount::unmount` stays recorded, which is harmless: a path with no mount
-/// is not unmounted again.
-pub fn mounted(path: &Path) {
+/// Records a mount about to be made at `path`, to be unmounted on a signal; refused once a
+/// teardown has begun. Recorded before it exists, so no mount is made unseen by a teardown: a
+/// path with no mount (one never made, or taken down some other way than
+/// `launch::mount::unmount`) is not unmounted.
+pub fn mounting(path: &Path) -> Result<()> {
     let mut s = started();
+    if STOPPING.load(Ordering::SeqCst) {
+        bail!("interrupted: nothing more is mounted");
+    }
     if !s.mounts.iter().any(|m| m == path) {
         s.mounts.push(path.to_path_buf());
     }
+    Ok(())
 }
 
-/// Forgets a mount that was unmounted (`launch::mount::unmount` does so itself).
+/// Forgets a mount that was taken down (`launch::mount::unmount` does so itself).
 pub fn unmounted(path: &Path) {
     started().mounts.retain(|m| m != path);
 }
@@ -96,9 +119,18 @@ pub fn stop_started_on_signals() -> Result<()> {
     let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("cannot make the signal pipe")?;
     SIGNAL_PIPE.store(std::os::fd::IntoRawFd::into_raw_fd(write), Ordering::SeqCst);
     std::thread::Builder::new()
-        .name("odfs-signals".into())
+        .name(SIGNAL_THREAD.into())
         .spawn(move || wait_and_tear_down(read))
         .context("cannot start the signal thread")?;
+    // A thread that fails because the teardown took its mount or daemons away, or cannot print
+    // once the terminal hung up (SIGHUP), must not end the process before the teardown does.
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if STOPPING.load(Ordering::SeqCst) && std::thread::current().name() != Some(SIGNAL_THREAD) {
+            hold();
+        }
+        previous(info);
+    }));
     // SA_RESTART: the main thread's system calls go on while the teardown runs, rather than
     // failing with EINTR and ending the process before it is done.
     let action = nix::sys::signal::SigAction::new(
@@ -136,55 +168,85 @@ fn wait_and_tear_down(read: OwnedFd) {
         }
     }
     let sig = b[0] as i32;
-    let name = nix::sys::signal::Signal::try_from(sig).map(|s| s.as_str()).unwrap_or("a signal");
-    let s = take_for_teardown();
-    eprintln!(
-        "odfs: interrupted ({name}): unmounting {} mount(s) and stopping {} process(es) this command started",
-        s.mounts.len(),
-        s.procs.len() + s.children.len()
-    );
-    tear_down(&s);
+    if let Some(s) = take_for_teardown() {
+        let name = nix::sys::signal::Signal::try_from(sig).map(|s| s.as_str()).unwrap_or("a signal");
+        say(format_args!(
+            "odfs: interrupted ({name}): unmounting {} mount(s) and stopping {} process(es) this command started",
+            s.mounts.len(),
+            s.procs.len() + s.children.len()
+        ));
+        // Whatever fails in it, the process still ends here, with the signal's status.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tear_down(&s)));
+    }
     std::process::exit(128 + sig);
 }
 
-/// Marks the teardown begun and takes the record; a spawn under way finishes first (it holds
-/// the record's lock), and none starts after.
-fn take_for_teardown() -> Started {
+/// Marks the teardown begun and takes the record (None once [`disarm`]ed); a spawn under way
+/// finishes first (it holds the record's lock), and none starts after. The helper children
+/// are killed here, under the lock: one whose owner is about to wait for it is then either
+/// forgotten already or still unwaited, so its pid is still its own.
+fn take_for_teardown() -> Option<Started> {
     let mut s = started();
+    if s.disarmed {
+        return None;
+    }
     STOPPING.store(true, Ordering::SeqCst);
-    std::mem::take(&mut *s)
+    s.children.iter().for_each(|&pid| kill(pid));
+    Some(std::mem::take(&mut *s))
+}
+
+fn kill(pid: u32) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::SIGKILL);
 }
 
 /// Unmounts the FUSE mounts (newest first: a daemon stopped under its mount would leave a dead
-/// one), stops the daemons and kills the other children, then unmounts the rest (RAM targets,
-/// which the stopped daemons held open); says what went wrong.
+/// one), stops the daemons, then unmounts the rest (RAM targets, which the stopped daemons held
+/// open); says what went wrong.
 fn tear_down(s: &Started) {
     let (fuse, other): (Vec<&PathBuf>, Vec<&PathBuf>) =
         s.mounts.iter().rev().partition(|m| mount::mount_at(m).is_some_and(|e| e.fstype.starts_with("fuse")));
     fuse.into_iter().for_each(|m| unmount(m));
-    for &pid in &s.children {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::SIGKILL);
-    }
     let pids: Vec<(u32, &Path)> = s.procs.iter().map(|(p, m)| (*p, m.as_path())).collect();
     let killed = procs::stop_all(&pids, GRACE);
     if !killed.is_empty() {
-        eprintln!("odfs: killed {killed:?} after they ignored SIGTERM");
+        say(format_args!("odfs: killed {killed:?} after they ignored SIGTERM"));
     }
     other.into_iter().for_each(|m| unmount(m));
 }
 
 fn unmount(m: &Path) {
     match mount::unmount(m) {
-        Ok(steps) => steps.iter().filter(|s| !s.starts_with("unmounted ")).for_each(|s| eprintln!("odfs: {s}")),
-        Err(e) => eprintln!("odfs: cannot unmount {}: {e:#}", m.display()),
+        Ok(steps) => steps.iter().filter(|s| !s.starts_with("unmounted ")).for_each(|s| say(format_args!("odfs: {s}"))),
+        Err(e) => say(format_args!("odfs: cannot unmount {}: {e:#}", m.display())),
     }
 }
 
-/// Called by the main thread before it exits: while a signal's teardown runs, waits for it to
-/// end the process (with its own exit status) instead of ending it first, which would leave
-/// what the teardown had not stopped yet.
-pub fn hold_exit_while_stopping() {
-    while STOPPING.load(Ordering::SeqCst) {
+/// One line on stderr, or nothing if it cannot be written (a terminal that hung up): unlike
+/// `eprintln!`, never a panic in the middle of a teardown.
+fn say(line: std::fmt::Arguments) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// The main thread's last step, and `odfs local up`'s once it is up: while a signal's teardown
+/// runs, waits for it to end the process (with the signal's status) rather than ending it
+/// first with the teardown half done; otherwise a later signal ends the process at once, what
+/// it started left as it is (the command is done with it).
+pub fn disarm() {
+    {
+        let mut s = started();
+        if !STOPPING.load(Ordering::SeqCst) {
+            s.disarmed = true;
+            return;
+        }
+    }
+    hold();
+}
+
+/// Waits for the teardown under way to end the process (at most [`HOLD_LIMIT`]).
+fn hold() {
+    let t = std::time::Instant::now();
+    while t.elapsed() < HOLD_LIMIT {
         std::thread::park_timeout(Duration::from_secs(1));
     }
 }

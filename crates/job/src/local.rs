@@ -392,8 +392,8 @@ fn start_mount(root: &Path, mp: &Path, state: &mut LocalState, timeout: Duration
     let mp = mp.canonicalize()?;
     let cfg = client_config_path(root);
     let log = node_dir(root, 0).join("fuse.log");
+    crate::interrupt::mounting(&mp)?;
     let fuse = launch::spawn_fuse(&cfg, &mp, false, &log, 0)?;
-    crate::interrupt::mounted(&mp);
     let pid = fuse.pid;
     state.procs.push(fuse);
     state.mounts.push(mp.clone());

@@ -172,8 +172,8 @@ fn main() {
     // they matter (no credentials found), so those warnings would only say it twice.
     odfs_service::init_logging("warn,aws_runtime=error,aws_config=error");
     let result = cli.cmd.run(cli.fs.as_deref());
-    // A signal's teardown (`odfs_job::interrupt`) ends the process itself once it is done.
-    odfs_job::interrupt::hold_exit_while_stopping();
+    // A signal's teardown (`odfs_job::interrupt`) under way ends the process itself.
+    odfs_job::interrupt::disarm();
     if let Err(e) = result {
         let e = format!("{e:#}");
         eprintln!("{}", if e.starts_with("odfs: ") { e } else { format!("odfs: {e}") });
@@ -864,6 +864,7 @@ impl LocalUpArgs {
         // user's until `odfs local down`.
         odfs_job::interrupt::stop_started_on_signals()?;
         let st = local::up(&opts)?;
+        odfs_job::interrupt::disarm();
         for m in &st.mounts {
             println!("mounted at {}", m.display());
         }

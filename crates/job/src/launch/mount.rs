@@ -77,6 +77,7 @@ pub fn wait_mounted(path: &Path, deadline: Instant, mut check: impl FnMut() -> R
 pub fn mount_tmpfs(dir: &Path, size: &str) -> Result<()> {
     use anyhow::Context;
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    crate::interrupt::mounting(dir)?;
     nix::mount::mount(
         Some("odfs-ram"),
         dir,
@@ -84,9 +85,7 @@ pub fn mount_tmpfs(dir: &Path, size: &str) -> Result<()> {
         nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
         Some(format!("size={size},mode=0700").as_str()),
     )
-    .with_context(|| format!("cannot mount the RAM target (tmpfs size={size}) at {}", dir.display()))?;
-    crate::interrupt::mounted(dir);
-    Ok(())
+    .with_context(|| format!("cannot mount the RAM target (tmpfs size={size}) at {}", dir.display()))
 }
 
 /// Runs `f` on a helper thread and gives up waiting after `limit` (the thread is left behind
@@ -122,7 +121,13 @@ fn ensure_fusectl() {
 /// lazy unmount. Returns what it did, one line per step; an error only if the mount is still
 /// there after every step.
 pub fn unmount(path: &Path) -> Result<Vec<String>> {
+    let did = unmount_escalating(path)?;
     crate::interrupt::unmounted(path);
+    Ok(did)
+}
+
+/// The steps of [`unmount`].
+fn unmount_escalating(path: &Path) -> Result<Vec<String>> {
     let mut did = Vec::new();
     let Some(m) = mount_at(path) else { return Ok(did) };
     let p = path.to_path_buf();

@@ -186,12 +186,9 @@ impl Minimum {
 /// inside is the note saying that `name` was not measured because it could not be mounted.
 pub fn mount_here(fs: MinimumFs, at: &Path, name: &str) -> Result<std::result::Result<BackgroundSession, String>> {
     std::fs::create_dir_all(at)?;
-    let session = fs.mount(at).map_err(|e| not_measured(name, at, &e));
-    if session.is_ok() {
-        // Its reader threads end with this process, leaving a dead mount unless unmounted.
-        odfs_job::interrupt::mounted(at);
-    }
-    Ok(session)
+    // Its reader threads end with this process, leaving a dead mount unless unmounted.
+    odfs_job::interrupt::mounting(at)?;
+    Ok(fs.mount(at).map_err(|e| not_measured(name, at, &e)))
 }
 
 /// The note for a minimum that could not be mounted.

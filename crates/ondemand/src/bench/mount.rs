@@ -375,6 +375,7 @@ fn memory_note() -> Option<String> {
 fn mount_floor(src: &Path, at: &Path) -> Result<Option<PathBuf>> {
     std::fs::create_dir_all(src)?;
     std::fs::create_dir_all(at)?;
+    odfs_job::interrupt::mounting(at)?;
     let out = match Command::new("bindfs").arg(src).arg(at).output() {
         Ok(out) => out,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -390,7 +391,6 @@ fn mount_floor(src: &Path, at: &Path) -> Result<Option<PathBuf>> {
         at.display(),
         String::from_utf8_lossy(&out.stderr).trim()
     );
-    odfs_job::interrupt::mounted(at);
     eprintln!("bench: FUSE floor: bindfs {} at {}", src.display(), at.display());
     Ok(Some(at.to_path_buf()))
 }
