@@ -9,7 +9,11 @@ use odfs_proto::meta::{SetSealed, StepChange, StepPhase};
 use odfs_proto::{InodeId, RequestHeader, Timespec};
 
 fn read_only(ino: InodeId) -> RemoteError {
-    RemoteError::new(ErrorCode::ReadOnly, format!("inode {ino} is sealed (odfs unseal makes it writable)"))
+    // metad knows inodes, not paths; the caller's error names the path it worked on.
+    RemoteError::new(
+        ErrorCode::ReadOnly,
+        format!("read-only: inode {ino} is in a sealed tree (`odfs unseal` on the tree makes it writable)"),
+    )
 }
 
 impl Namespace {
