@@ -297,12 +297,14 @@ impl Agent {
     async fn execute(self: Arc<Self>, run: Arc<Run>, req: StageStart, more: Option<mpsc::UnboundedReceiver<WorkItem>>) {
         let items = req.items.clone();
         let fail_all = |msg: String| {
+            // Closed first: every item added so far is counted, and any later add is refused.
+            run.more.lock().expect("more lock").take();
+            let n = run.items_total.load(Ordering::Relaxed);
             let mut r = run.results.lock().expect("results lock");
-            // Items added later are refused (the run is finished), so they fail at the coordinator.
-            for i in 0..items.len() {
+            for i in 0..n {
                 r.push(ItemResult { index: i as u32, error: Some(msg.clone()), ..ItemResult::default() });
             }
-            run.errors.store(items.len() as u64, Ordering::Relaxed);
+            run.errors.store(n, Ordering::Relaxed);
             run.finish();
         };
         let client = match self.client().await {

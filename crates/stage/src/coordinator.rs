@@ -390,7 +390,15 @@ pub(crate) async fn run_pass(
     }
     // An agent is topped up while it still has this many items to finish, so it never runs dry.
     let low_water = 2 * if p.limits.concurrency == 0 { DEFAULT_CONCURRENCY } else { p.limits.concurrency };
-    let mut results: Vec<ItemResult> = vec![ItemResult::default(); items.len()];
+    // An item counts as done only on its agent's word: one no agent reported on (never handed
+    // out, or lost with its agent) has failed.
+    let mut results: Vec<ItemResult> = (0..items.len())
+        .map(|i| ItemResult {
+            index: i as u32,
+            error: Some("no stage agent reported a result for it".into()),
+            ..ItemResult::default()
+        })
+        .collect();
     let mut failed: Vec<(usize, String)> = Vec::new();
     let mut counters: HashMap<usize, StageCounters> = HashMap::new();
     let mut finished: BTreeSet<usize> = BTreeSet::new();
