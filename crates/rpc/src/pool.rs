@@ -101,6 +101,11 @@ impl Pool {
         &self.cfg
     }
 
+    /// The job credential its connections prove.
+    pub fn credential(&self) -> &JobCredential {
+        &self.cred
+    }
+
     /// A live connection to `addr`, made if needed: one of the shared ones, or the calling
     /// thread's own in a lane.
     ///

@@ -100,6 +100,12 @@ async fn server_handshake(s: &mut TcpStream, key: &[u8; 32]) -> Result<(), Strin
 
 /// Connects to a bulk listener and proves the job credential.
 pub async fn connect(cred: &JobCredential, addr: SocketAddr) -> Result<Conn, RpcError> {
+    let (r, w) = connect_stream(cred, addr).await?.into_split();
+    Ok(Conn::new(r, w, format!("tcp {addr}")))
+}
+
+/// Connects to a bulk listener and proves the job credential: the stream, ready for frames.
+pub async fn connect_stream(cred: &JobCredential, addr: SocketAddr) -> Result<TcpStream, RpcError> {
     let mut s = tokio::time::timeout(HANDSHAKE_TIMEOUT, TcpStream::connect(addr))
         .await
         .map_err(|_| RpcError::Connect { addr, reason: "connect timed out".into() })?
@@ -109,8 +115,7 @@ pub async fn connect(cred: &JobCredential, addr: SocketAddr) -> Result<Conn, Rpc
         .await
         .map_err(|_| RpcError::Connect { addr, reason: "handshake timed out".into() })?
         .map_err(|reason| RpcError::Connect { addr, reason })?;
-    let (r, w) = s.into_split();
-    Ok(Conn::new(r, w, format!("tcp {addr}")))
+    Ok(s)
 }
 
 /// Binds a bulk listener; a taken port is a clear error.

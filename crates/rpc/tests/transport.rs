@@ -339,3 +339,87 @@ async fn request_payloads_arrive_page_aligned_whole_and_intact_on_both_transport
         }
     }
 }
+
+/// Everything `pipe` holds, spliced out into a file and read back.
+fn drain_pipe(pipe: &mut odfs_rpc::splice::Pipe) -> Vec<u8> {
+    use std::io::{Read, Seek};
+    use std::os::fd::AsRawFd;
+    let mut f = tempfile::tempfile().unwrap();
+    if pipe.held() > 0 {
+        pipe.splice_all_into(f.as_raw_fd()).unwrap();
+    }
+    f.rewind().unwrap();
+    let mut out = Vec::new();
+    f.read_to_end(&mut out).unwrap();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spliced_reply_puts_exactly_its_payload_in_the_pipe_from_a_buffer_or_a_file() {
+    use odfs_proto::codec::FileSpan;
+    use odfs_proto::storage::{ChunkData, ReadChunk};
+    use odfs_rpc::splice::{Pipe, SpliceStream};
+    let site = SiteKey::from_bytes([1; 32]);
+    let cred = JobCredential::derive(&site, "job-1").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let content: Vec<u8> = (0..(3 << 20) + 123).map(|j: usize| (j * 13 + j / 4099) as u8).collect();
+    let path = dir.path().join("chunk");
+    std::fs::write(&path, &content).unwrap();
+    let mut r = Router::new();
+    // Target 1 answers from a buffer, target 2 from the file (sendfile), target 0 refuses.
+    r.add::<ReadChunk, _, _>(move |_h: RequestHeader, q: ReadChunk| {
+        let path = path.clone();
+        async move {
+            let total = (3 << 20) + 123;
+            let at = (q.offset as usize).min(total);
+            let end = (at + q.len as usize).min(total);
+            match q.target {
+                0 => Err(RemoteError::new(ErrorCode::NoSpace, "target 0 is full")),
+                _ if at == end => Ok(ChunkData::default()),
+                1 => {
+                    let all = std::fs::read(&path).unwrap();
+                    Ok(ChunkData { data: all[at..end].to_vec(), ..Default::default() })
+                }
+                _ => {
+                    let file = Arc::new(std::fs::File::open(&path).unwrap());
+                    let span = FileSpan { file, offset: q.offset, len: (end - at) as u32 };
+                    Ok(ChunkData { spans: vec![span], ..Default::default() })
+                }
+            }
+        }
+    });
+    let srv = start_with(&cred, Arc::new(r)).await;
+    let mut s = SpliceStream::connect(&cred, srv.tcp).await.unwrap();
+    let h = RequestHeader::default();
+    for target in [1, 2] {
+        for (offset, len) in [(0u64, 1u32 << 20), (4097, 300_001), ((3 << 20) - 10, 1 << 20), (5 << 20, 4096)] {
+            let mut pipe = Pipe::new(2 << 20).unwrap();
+            pipe.write_all(b"head").unwrap();
+            let call = s.send(&h, &ReadChunk { target, ino: odfs_proto::InodeId(7), offset, len }).await.unwrap();
+            let n = s.receive_into::<ReadChunk>(call, &mut pipe).await.unwrap();
+            let at = (offset as usize).min(content.len());
+            let want = &content[at..(at + len as usize).min(content.len())];
+            assert_eq!(n, want.len(), "target {target}, {len} bytes at {offset}");
+            let got = drain_pipe(&mut pipe);
+            assert!(got[..4] == *b"head" && got[4..] == *want, "target {target}, {len} bytes at {offset}: the bytes");
+        }
+    }
+    // A refusal comes back as itself, and the stream goes on.
+    let mut pipe = Pipe::new(2 << 20).unwrap();
+    let call = s.send(&h, &ReadChunk { target: 0, ino: odfs_proto::InodeId(7), offset: 0, len: 10 }).await.unwrap();
+    let e = s.receive_into::<ReadChunk>(call, &mut pipe).await.unwrap_err();
+    assert_eq!(e.to_remote().code, ErrorCode::NoSpace, "{e}");
+    assert_eq!(pipe.held(), 0, "a refusal puts nothing in the pipe");
+    let call = s.send(&h, &ReadChunk { target: 2, ino: odfs_proto::InodeId(7), offset: 10, len: 20 }).await.unwrap();
+    assert_eq!(s.receive_into::<ReadChunk>(call, &mut pipe).await.unwrap(), 20);
+    assert_eq!(drain_pipe(&mut pipe), content[10..30]);
+    // A reply larger than the pipe can hold is refused before any of it is taken.
+    let mut small = Pipe::new(64 << 10).unwrap();
+    let call =
+        s.send(&h, &ReadChunk { target: 2, ino: odfs_proto::InodeId(7), offset: 0, len: 1 << 20 }).await.unwrap();
+    assert!(s.receive_into::<ReadChunk>(call, &mut small).await.is_err(), "a 1 MiB reply into a 64 KiB pipe");
+    assert_eq!(small.held(), 0);
+    // Another job's credential gets no stream.
+    let other = JobCredential::derive(&SiteKey::from_bytes([2; 32]), "job-1").unwrap();
+    assert!(SpliceStream::connect(&other, srv.tcp).await.is_err(), "another job's credential is refused");
+}
