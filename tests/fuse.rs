@@ -1386,3 +1386,121 @@ fn the_networked_fuse_minimum_reads_its_files_bytes() {
     }
     MinimumFs::unmount(session).unwrap();
 }
+
+/// The mount's own count of FUSE requests of kind `kind` (`odfs stats --json` through it).
+fn mount_count(m: &FuseMount, kind: &str) -> u64 {
+    let out = Command::new(bin_dir().join("odfs"))
+        .args(["stats", "--json"])
+        .env_remove("ODFS_FS")
+        .env("ODFS_MOUNT", &m.path)
+        .current_dir("/")
+        .output()
+        .expect("run odfs stats");
+    let st: odfs_proto::stats::FsStats =
+        serde_json::from_str(&stdout_ok(&out, "odfs stats through the mount")).expect("stats JSON");
+    let me = st.services.iter().find(|s| s.kind == Some(odfs_proto::mgmt::ServiceKind::Client)).expect("the mount");
+    me.stats.as_ref().expect("its counts").methods.iter().filter(|o| o.name == kind).map(|o| o.count).sum()
+}
+
+/// Makes sure odfs-fuse can have the 2 MiB pipes spliced reads need: root with
+/// `CAP_SYS_RESOURCE` has them; a root without it (some containers) needs `fs.pipe-max-size`.
+fn allow_splice_pipes() {
+    let path = "/proc/sys/fs/pipe-max-size";
+    let now: usize = fs::read_to_string(path).expect(path).trim().parse().expect("a number");
+    if now < 2 << 20 {
+        fs::write(path, (2usize << 20).to_string())
+            .unwrap_or_else(|e| panic!("spliced reads need pipes of 2 MiB: raising {path} failed: {e}"));
+    }
+}
+
+/// `len` bytes at `offset` of `path`, read with `O_DIRECT` (each read one FUSE READ of its own).
+fn read_direct(path: &Path, offset: u64, len: usize) -> Vec<u8> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path).expect("open O_DIRECT");
+    let layout = std::alloc::Layout::from_size_align(len.max(4096), 4096).unwrap();
+    // SAFETY: a fresh allocation of `layout`, freed below; read into as plain bytes.
+    let buf = unsafe { std::slice::from_raw_parts_mut(std::alloc::alloc_zeroed(layout), len) };
+    let mut got = 0;
+    while got < len {
+        match f.read_at(&mut buf[got..], offset + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) => panic!("O_DIRECT read of {len} at {offset}: {e}"),
+        }
+    }
+    let out = buf[..got].to_vec();
+    // SAFETY: allocated above with this layout.
+    unsafe { std::alloc::dealloc(buf.as_mut_ptr(), layout) };
+    out
+}
+
+#[test]
+fn large_reads_are_spliced_into_the_kernel_and_read_what_copied_reads_read() {
+    allow_splice_pipes();
+    // Four nodes, default stripe: a file's chunks are on this node's target (read from the
+    // chunk file) and on three others (asked of their stored).
+    let fs = LocalFs::up(4, &[]);
+    let data = pattern(5 << 20, 11);
+    let end = (9 << 20) + 4321;
+    let tail = pattern(4321, 12);
+    let mut want = data.clone();
+    want.resize(9 << 20, 0); // a hole of 4 MiB
+    want.extend_from_slice(&tail);
+    {
+        let m = FuseMount::start(&fs);
+        let mut f = File::create(m.p("ckpt")).unwrap();
+        f.write_all(&data).unwrap();
+        f.write_all_at(&tail, 9 << 20).unwrap();
+        f.sync_all().unwrap();
+    }
+    // Mounted afresh (nothing of the file in the kernel's page cache): reads reach odfs-fuse.
+    let m = FuseMount::start(&fs);
+    assert!(m.log_text().contains("are spliced into /dev/fuse"), "{}", m.log_text());
+    assert_eq!(fs::metadata(m.p("ckpt")).unwrap().len(), end as u64);
+    assert_bytes(&fs::read(m.p("ckpt")).unwrap(), &want, "a sequential read of the whole file");
+    let spliced = mount_count(&m, "read (spliced)");
+    assert!(spliced >= 8, "the sequential read's 1 MiB READs were spliced: {spliced}");
+    // READs of any offset and length, across chunks and targets, into the hole, over the end.
+    for (offset, len) in [(0u64, 1 << 20), (12_345, 300_001), ((5 << 20) - 4096, 1 << 20), ((9 << 20) - 100, 1 << 20)] {
+        let got = read_direct(&m.p("ckpt"), offset, len);
+        let to = (offset as usize + len).min(end);
+        assert_bytes(&got, &want[offset as usize..to], &format!("{len} bytes at {offset}"));
+    }
+    assert!(read_direct(&m.p("ckpt"), end as u64, 1 << 20).is_empty(), "a read at the end reads nothing");
+    // (The read over the end is cut by the kernel to what the file holds: one page, copied.)
+    assert!(mount_count(&m, "read (spliced)") >= spliced + 3, "the large direct reads were spliced too");
+    // Writes are seen by the next spliced read (the mount drains its own first).
+    let fresh = pattern(1 << 20, 13);
+    OpenOptions::new().write(true).open(m.p("ckpt")).unwrap().write_all_at(&fresh, 2 << 20).unwrap();
+    want[2 << 20..3 << 20].copy_from_slice(&fresh);
+    assert_bytes(&read_direct(&m.p("ckpt"), 2 << 20, 1 << 20), &fresh, "a spliced read after a write");
+    drop(m);
+
+    // The same through a mount that copies (`splice_reads = false`): the same bytes.
+    let cfg = fs.root().join("copy.toml");
+    let text = fs::read_to_string(fs.config_path()).unwrap();
+    assert!(text.contains("splice_reads = true"), "{text}");
+    fs::write(&cfg, text.replace("splice_reads = true", "splice_reads = false")).unwrap();
+    let copy_root = tempfile::tempdir().unwrap();
+    let mnt = copy_root.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let mut child = Command::new(odfs_fuse_bin())
+        .args(["--fs".as_ref(), cfg.as_os_str(), "--mountpoint".as_ref(), mnt.as_os_str()])
+        .stdout(File::create(copy_root.path().join("log")).unwrap())
+        .stderr(File::create(copy_root.path().join("err")).unwrap())
+        .spawn()
+        .unwrap();
+    let log = || fs::read_to_string(copy_root.path().join("err")).unwrap_or_default();
+    let t = Instant::now();
+    while mount_line(&mnt).is_none_or(|l| l.fstype != "fuse.odfs") {
+        assert!(t.elapsed() < Duration::from_secs(10), "the copying mount did not come up: {}", log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let copied = fs::read(mnt.join("ckpt"));
+    let direct = read_direct(&mnt.join("ckpt"), 12_345, 300_001);
+    assert!(log().contains("reads are not spliced: splice_reads is off"), "{}", log());
+    let _ = Command::new("fusermount3").arg("-u").arg(&mnt).status();
+    let _ = child.wait();
+    assert_bytes(&copied.unwrap(), &want, "the whole file through the copying mount");
+    assert_bytes(&direct, &want[12_345..312_346], "an O_DIRECT read through the copying mount");
+}

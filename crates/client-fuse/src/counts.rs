@@ -23,6 +23,7 @@ const KINDS: &[&str] = &[
     "getattr",
     "open",
     "read",
+    "read (spliced)",
     "write",
     "flush",
     "release",

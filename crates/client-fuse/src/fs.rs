@@ -88,6 +88,8 @@ pub struct Shared {
     callers: Callers,
     /// What the mount answered, by kind (`odfs stats` through the mount).
     counts: Arc<Counts>,
+    /// READ replies spliced into the FUSE device.
+    pub splicer: crate::splice::Splicer,
 }
 
 impl Shared {
@@ -404,6 +406,7 @@ impl OdfsFuse {
                 filled: Arc::new(Filled::default()),
                 callers: Callers::default(),
                 counts,
+                splicer: Default::default(),
             }),
         }
     }
@@ -1017,7 +1020,7 @@ impl Filesystem for OdfsFuse {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -1027,6 +1030,24 @@ impl Filesystem for OdfsFuse {
         reply: ReplyData,
     ) {
         let Some((f, reply)) = self.open_file(fh, reply) else { return };
+        if self.shared.splicer.wants(size) {
+            let (s, t0, unique) = (self.shared.clone(), Instant::now(), req.unique().0);
+            self.shared.rt.spawn(async move {
+                if s.splicer.reply(unique, &f.handle, offset, size).await {
+                    // Answered through the device: fuser's reply object must not answer again
+                    // (dropped unsent it would send EIO). Forgetting it keeps only its share of
+                    // the session's device alive, which lives as long as the mount anyway.
+                    std::mem::forget(reply);
+                    return s.count("read (spliced)", t0, false);
+                }
+                let failed =
+                    answer(reply, "read", f.handle.read(offset, size).await.map_err(Into::into), |reply, d| {
+                        reply.data(&d)
+                    });
+                s.count("read", t0, failed);
+            });
+            return;
+        }
         self.spawn("read", reply, async move { Ok(f.handle.read(offset, size).await?) }, |reply, d| reply.data(&d));
     }
 

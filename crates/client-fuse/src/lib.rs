@@ -31,6 +31,7 @@ pub mod minimum;
 pub mod mount;
 pub mod passthrough;
 mod reader;
+pub mod splice;
 
 pub use error::FuseError;
 pub use fs::OdfsFuse;

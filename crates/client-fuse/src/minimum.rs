@@ -3,7 +3,8 @@
 //! `FOPEN_KEEP_CACHE | FOPEN_NOFLUSH`, cached listings). It does no I/O and keeps no state, so
 //! what a workload costs on it is what the FUSE protocol itself costs on this machine — the
 //! bound under any FUSE filesystem, odfs included. `odfs bench --mount` reads its small files
-//! on it, mounted the way odfs-fuse mounts (same reader threads, cloned descriptors).
+//! on it, mounted the way odfs-fuse mounts (same reader threads; cloned descriptors, as
+//! odfs-fuse has them where it does not splice its reads).
 //!
 //! Its tree is the small-file tree of the benchmark: `/d{k}/s{i}` for `i < files`,
 //! `k = i % dirs`, each file `template` with its first 8 bytes replaced by `i` (little-endian);

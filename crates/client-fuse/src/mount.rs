@@ -20,6 +20,7 @@ use crate::FuseError;
 use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
 use odfs_client::{Client, ClientConfig, ClientError};
 use std::io::ErrorKind;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,11 +29,12 @@ use tracing::{info, warn};
 
 /// The kernel's FUSE device.
 pub const DEV_FUSE: &str = "/dev/fuse";
-/// Threads reading requests from /dev/fuse (each with its own cloned descriptor), one per
-/// core of the machines measured. A thread waits out the round trip of a metadata request it
-/// runs itself (`reader`); four threads kept more of those in flight (creates +6%, unlinks
-/// +5-10%) but cost a third of the cached small-file reads (each request then woke an idle
-/// thread instead of finding one about to read: epochs 55-71k -> 45-49k files/s).
+/// Threads reading requests from /dev/fuse (each with its own cloned descriptor unless reads
+/// are spliced), one per core of the machines measured. A thread waits out the round trip of
+/// a metadata request it runs itself (`reader`); four threads kept more of those in flight
+/// (creates +6%, unlinks +5-10%) but cost a third of the cached small-file reads (each
+/// request then woke an idle thread instead of finding one about to read: epochs 55-71k ->
+/// 45-49k files/s).
 pub(crate) const SESSION_THREADS: usize = 2;
 /// Workers of the adapter's tokio runtime, where every request runs.
 const RUNTIME_WORKERS: usize = 2;
@@ -126,9 +128,19 @@ pub fn run(args: &MountArgs) -> Result<(), FuseError> {
 
     let fs = OdfsFuse::new(client.clone(), rt.handle().clone());
     let shared = fs.shared();
-    let mut session = Session::new(fs, &mountpoint, &session_config(&cfg.job.id, args.allow_other))
+    let splice = shared.splicer.check(&client);
+    let mut session_cfg = session_config(&cfg.job.id, args.allow_other);
+    // A spliced reply goes to the descriptor its request was read from: with every reader
+    // thread reading the session's own (no clones), that is the one descriptor kept.
+    session_cfg.clone_fd = splice.is_err();
+    let mut session = Session::new(fs, &mountpoint, &session_cfg)
         .map_err(|e| FuseError::Mount { path: mountpoint.clone(), source: e })?;
     shared.set_notifier(session.notifier());
+    match splice.map(|()| shared.splicer.enable(session.as_fd())) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warn!(error = %e, "reads are not spliced: the FUSE device cannot be duplicated"),
+        Err(why) => info!("reads are not spliced: {why}"),
+    }
     info!(mountpoint = %mountpoint.display(), job = %cfg.job.id, "mounted");
     tune_readahead(&mountpoint);
     rt.spawn(stop_on_signal(signals, shared.clone(), session.unmount_callable(), mountpoint.clone()));

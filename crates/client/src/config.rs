@@ -33,13 +33,20 @@ pub struct ClientConfig {
     /// delegation, docs/architecture.md "Create delegations"); false sends every create and
     /// unlink to metad. Default true.
     pub create_delegations: bool,
-    /// Chunks read ahead of a sequential reader.
+    /// Chunks read ahead of a sequential reader whose reads are copied (spliced reads, see
+    /// `splice_reads`, ride the kernel's read-ahead instead).
     pub readahead_chunks: u32,
     /// Chunks on this node's own targets are read straight from their chunk files, with no
     /// request to stored (docs/architecture.md, "A node reads its own chunks itself"); a
     /// target whose directory this client cannot see or read is read through stored. Default
     /// true.
     pub local_reads: bool,
+    /// Through the mount, a read of at least 128 KiB is answered by splicing its bytes into
+    /// `/dev/fuse`: a remote chunk's from the socket, a local one's from its chunk file, with
+    /// no copy of odfs-fuse's (docs/architecture.md, "Spliced reads"). Needs `bulk_transport`
+    /// "tcp" and pipes of 2 MiB (root, or `fs.pipe-max-size` at least 2097152); where either is
+    /// missing the mount says why once and reads as before. Default true.
+    pub splice_reads: bool,
     /// Through the mount, a read-only open of a file of at most this many bytes fetches the
     /// whole file and hands it to the kernel's page cache before it is answered, so its reads
     /// need no request (docs/architecture.md, "Small files filled at open"). 0: never;
@@ -81,6 +88,7 @@ impl Default for ClientConfig {
             create_delegations: true,
             readahead_chunks: 4,
             local_reads: true,
+            splice_reads: true,
             fill_at_open_bytes: 1 << 20,
             prefetch_bytes: None,
             global_locks: true,

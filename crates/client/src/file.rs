@@ -521,6 +521,26 @@ impl InodeData {
         Ok(assemble(futures::future::try_join_all(futs).await?, (end - offset) as usize))
     }
 
+    /// [`Self::read`]'s bytes appended to `pipe` after `head(n)`, `n` the number of them, with
+    /// no copy of this process's (see `splice_read`). `Err` leaves the pipe holding part of it.
+    pub(crate) async fn read_into_pipe(
+        self: &Arc<Self>,
+        client: &Client,
+        offset: u64,
+        len: u32,
+        pipe: &mut odfs_rpc::splice::Pipe,
+        head: impl FnOnce(usize) -> [u8; 16],
+    ) -> Result<usize> {
+        self.drain(client).await?;
+        let size = self.ws.lock().await.size;
+        let n = (offset + len as u64).min(size).saturating_sub(offset);
+        pipe.write_all(&head(n as usize)).map_err(|e| ClientError::new(odfs_proto::ErrorCode::Io, e.to_string()))?;
+        if n > 0 {
+            client.splice_segments(self.ino, self.layout.segments(offset, n).collect(), pipe).await?;
+        }
+        Ok(n as usize)
+    }
+
     /// The read-ahead chunks covering `[offset, end)`; for a sequential reader, more of them
     /// are started beyond `end`.
     fn read_ahead(self: &Arc<Self>, client: &Client, offset: u64, end: u64, size: u64) -> BTreeMap<u64, ChunkFuture> {
@@ -665,6 +685,23 @@ impl FileHandle {
             return Err(ClientError::new(odfs_proto::ErrorCode::Access, "file is not open for reading"));
         }
         self.data.read(&self.client, offset, len).await
+    }
+
+    /// Like [`Self::read`], the bytes appended to `pipe` after `head(n)` (the FUSE reply's
+    /// header: `n` is the reply's length) instead of returned; `Ok(n)`. A FUSE daemon then
+    /// splices the pipe into `/dev/fuse`. `Err` leaves the pipe holding part of the reply: it
+    /// must not be used again.
+    pub async fn read_into_pipe(
+        &self,
+        offset: u64,
+        len: u32,
+        pipe: &mut odfs_rpc::splice::Pipe,
+        head: impl FnOnce(usize) -> [u8; 16],
+    ) -> Result<usize> {
+        if !self.readable {
+            return Err(ClientError::new(odfs_proto::ErrorCode::Access, "file is not open for reading"));
+        }
+        self.data.read_into_pipe(&self.client, offset, len, pipe, head).await
     }
 
     /// Writes made to the file's chunk file without this library (FUSE passthrough: the kernel

@@ -84,7 +84,9 @@ pub(crate) struct Inner {
     /// Small files read ahead of their opens.
     pub prefetch: crate::prefetch::Prefetch,
     /// This node's targets whose chunks are read from their files.
-    local: crate::local_read::LocalReads,
+    pub(crate) local: crate::local_read::LocalReads,
+    /// Streams to stored that spliced reads take their replies from.
+    pub(crate) splice: crate::splice_read::SpliceStreams,
     /// Which lock owners of this client took file locks on which inodes.
     pub(crate) locks: crate::locks::LockOwners,
 }
@@ -261,6 +263,7 @@ impl Client {
             locks: Default::default(),
             prefetch: crate::prefetch::Prefetch::new(prefetch_limit),
             local: crate::local_read::LocalReads::new(local_reads, node),
+            splice: Default::default(),
         });
         let client = Client { inner };
         client.keep_sessions(&stop_rx);

@@ -337,7 +337,7 @@ pub fn run(o: &MountBenchOptions) -> Result<(Vec<Phase>, bool, Vec<String>)> {
             pids: state.procs.iter().map(|p| p.pid).collect(),
             phases: Vec::new(),
             dropped: true,
-            notes: memory_note().into_iter().collect(),
+            notes: memory_note().into_iter().chain(splice_note(&fsroot)).collect(),
         };
         run_phases(o, &fio, &reports, &mut sides)?;
         Ok((sides.phases, sides.dropped, sides.notes))
@@ -368,6 +368,14 @@ fn memory_note() -> Option<String> {
             kib >> 20
         )
     })
+}
+
+/// Whether the mount splices its large reads, or why not, as its log (node 0's) says.
+fn splice_note(fsroot: &Path) -> Option<String> {
+    let log = std::fs::read_to_string(local::node_dir(fsroot, 0).join("fuse.log")).ok()?;
+    let line = log.lines().find(|l| l.contains("are spliced into /dev/fuse") || l.contains("reads are not spliced"))?;
+    let said = line.split_once("odfs_client_fuse::").map_or(line, |(_, rest)| rest);
+    Some(format!("odfs mount: {}", said.split_once(": ").map_or(said, |(_, what)| what)))
 }
 
 /// Mounts the FUSE floor: bindfs (a plain libfuse passthrough, default caching) of `src` at
