@@ -54,7 +54,7 @@ impl Splicer {
     /// reads: a reply must reach the descriptor its request came from).
     pub fn enable(&self, fuse: BorrowedFd<'_>) -> std::io::Result<()> {
         let _ = self.fuse.set(fuse.try_clone_to_owned()?);
-        info!("reads of at least {} KiB are spliced into /dev/fuse", MIN_SPLICED >> 10);
+        info!("reads of {} KiB to {} MiB are spliced into /dev/fuse", MIN_SPLICED >> 10, MAX_SPLICED >> 20);
         Ok(())
     }
 

@@ -41,11 +41,11 @@ pub struct ClientConfig {
     /// target whose directory this client cannot see or read is read through stored. Default
     /// true.
     pub local_reads: bool,
-    /// Through the mount, a read of at least 128 KiB is answered by splicing its bytes into
+    /// Through the mount, a read of 128 KiB to 1 MiB is answered by splicing its bytes into
     /// `/dev/fuse`: a remote chunk's from the socket, a local one's from its chunk file, with
     /// no copy of odfs-fuse's (docs/architecture.md, "Spliced reads"). Needs `bulk_transport`
-    /// "tcp" and pipes of 2 MiB (root, or `fs.pipe-max-size` at least 2097152); where either is
-    /// missing the mount says why once and reads as before. Default true.
+    /// "tcp" and pipes of 2 MiB (root with `CAP_SYS_RESOURCE`, or `fs.pipe-max-size` at least
+    /// 2097152); where either is missing the mount says why once and copies. Default true.
     pub splice_reads: bool,
     /// Through the mount, a read-only open of a file of at most this many bytes fetches the
     /// whole file and hands it to the kernel's page cache before it is answered, so its reads

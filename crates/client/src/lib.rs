@@ -3,10 +3,10 @@
 //!
 //! Owns: finding services through mgmtd, namespace calls to metad, striping arithmetic applied to
 //! parallel chunk I/O on stored (a node's own chunks read from their files, reads spliced into a
-//! pipe for a FUSE daemon), read-ahead for
-//! sequential reads, write-behind with bounded memory, per-inode state so that handles in one
-//! process see each other's writes, and close-to-open consistency across processes. It never
-//! touches a mount; FUSE-specific behaviour lives in client-fuse.
+//! pipe for a FUSE daemon), read-ahead for sequential reads, write-behind with bounded memory,
+//! per-inode state so that handles in one process see each other's writes, and close-to-open
+//! consistency across processes. It never touches a mount; FUSE-specific behaviour lives in
+//! client-fuse.
 
 mod attr_cache;
 pub mod cluster;

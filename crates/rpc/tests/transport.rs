@@ -392,8 +392,9 @@ async fn a_spliced_reply_puts_exactly_its_payload_in_the_pipe_from_a_buffer_or_a
     let mut s = SpliceStream::connect(&cred, srv.tcp).await.unwrap();
     let h = RequestHeader::default();
     for target in [1, 2] {
-        for (offset, len) in [(0u64, 1u32 << 20), (4097, 300_001), ((3 << 20) - 10, 1 << 20), (5 << 20, 4096)] {
-            let mut pipe = Pipe::new(2 << 20).unwrap();
+        // Pipes of 1 MiB: what any process may make (`fs.pipe-max-size` by default).
+        for (offset, len) in [(0u64, 512u32 << 10), (4097, 300_001), ((3 << 20) - 10, 512 << 10), (5 << 20, 4096)] {
+            let mut pipe = Pipe::new(1 << 20).unwrap();
             pipe.write_all(b"head").unwrap();
             let call = s.send(&h, &ReadChunk { target, ino: odfs_proto::InodeId(7), offset, len }).await.unwrap();
             let n = s.receive_into::<ReadChunk>(call, &mut pipe).await.unwrap();
@@ -405,7 +406,7 @@ async fn a_spliced_reply_puts_exactly_its_payload_in_the_pipe_from_a_buffer_or_a
         }
     }
     // A refusal comes back as itself, and the stream goes on.
-    let mut pipe = Pipe::new(2 << 20).unwrap();
+    let mut pipe = Pipe::new(1 << 20).unwrap();
     let call = s.send(&h, &ReadChunk { target: 0, ino: odfs_proto::InodeId(7), offset: 0, len: 10 }).await.unwrap();
     let e = s.receive_into::<ReadChunk>(call, &mut pipe).await.unwrap_err();
     assert_eq!(e.to_remote().code, ErrorCode::NoSpace, "{e}");
@@ -416,8 +417,8 @@ async fn a_spliced_reply_puts_exactly_its_payload_in_the_pipe_from_a_buffer_or_a
     // A reply larger than the pipe can hold is refused before any of it is taken.
     let mut small = Pipe::new(64 << 10).unwrap();
     let call =
-        s.send(&h, &ReadChunk { target: 2, ino: odfs_proto::InodeId(7), offset: 0, len: 1 << 20 }).await.unwrap();
-    assert!(s.receive_into::<ReadChunk>(call, &mut small).await.is_err(), "a 1 MiB reply into a 64 KiB pipe");
+        s.send(&h, &ReadChunk { target: 2, ino: odfs_proto::InodeId(7), offset: 0, len: 512 << 10 }).await.unwrap();
+    assert!(s.receive_into::<ReadChunk>(call, &mut small).await.is_err(), "a 512 KiB reply into a 64 KiB pipe");
     assert_eq!(small.held(), 0);
     // Another job's credential gets no stream.
     let other = JobCredential::derive(&SiteKey::from_bytes([2; 32]), "job-1").unwrap();
