@@ -495,12 +495,10 @@ impl InodeData {
 
     /// Reads up to `len` bytes at `offset`; holes read as zeros; short at end of file.
     pub(crate) async fn read(self: &Arc<Self>, client: &Client, offset: u64, len: u32) -> Result<ReadBuf> {
-        self.drain(client).await?;
-        let size = self.ws.lock().await.size;
-        if offset >= size || len == 0 {
+        let (end, size) = self.drained_end(client, offset, len).await?;
+        if end == offset {
             return Ok(ReadBuf::Owned(Vec::new()));
         }
-        let end = (offset + len as u64).min(size);
         let cached = self.read_ahead(client, offset, end, size);
         let cs = self.layout.chunk_size as u64;
         let futs = self.layout.segments(offset, end - offset).map(|seg| {
@@ -521,6 +519,15 @@ impl InodeData {
         Ok(assemble(futures::future::try_join_all(futs).await?, (end - offset) as usize))
     }
 
+    /// Where a read of `len` bytes at `offset` ends (never before `offset`: at or past the end
+    /// of the file it reads nothing), once this process's own writes have reached stored; and
+    /// the file's size.
+    async fn drained_end(self: &Arc<Self>, client: &Client, offset: u64, len: u32) -> Result<(u64, u64)> {
+        self.drain(client).await?;
+        let size = self.ws.lock().await.size;
+        Ok(((offset + len as u64).min(size).max(offset), size))
+    }
+
     /// [`Self::read`]'s bytes appended to `pipe` after `head(n)`, `n` the number of them, with
     /// no copy of this process's (see `splice_read`). `Err` leaves the pipe holding part of it.
     pub(crate) async fn read_into_pipe(
@@ -531,9 +538,7 @@ impl InodeData {
         pipe: &mut odfs_rpc::splice::Pipe,
         head: impl FnOnce(usize) -> [u8; 16],
     ) -> Result<usize> {
-        self.drain(client).await?;
-        let size = self.ws.lock().await.size;
-        let n = (offset + len as u64).min(size).saturating_sub(offset);
+        let n = self.drained_end(client, offset, len).await?.0 - offset;
         pipe.write_all(&head(n as usize)).map_err(|e| ClientError::new(odfs_proto::ErrorCode::Io, e.to_string()))?;
         if n > 0 {
             client.splice_segments(self.ino, self.layout.segments(offset, n).collect(), pipe).await?;

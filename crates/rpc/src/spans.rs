@@ -110,9 +110,11 @@ fn send_buf(sock: &OwnedFd, mut buf: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// Zeros sent or spliced for bytes a file does not have (a hole, a file that ended early).
+pub(crate) static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+
 /// Sends `left` zero bytes: the rest of a span whose file ended early.
 fn send_zeros(sock: &OwnedFd, mut left: usize) -> io::Result<()> {
-    static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
     while left > 0 {
         let len = left.min(ZEROS.len());
         send_buf(sock, &ZEROS[..len])?;

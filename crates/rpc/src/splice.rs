@@ -88,7 +88,7 @@ impl Pipe {
 
     /// Appends `len` zero bytes.
     pub fn write_zeros(&mut self, mut len: usize) -> io::Result<()> {
-        static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+        use crate::spans::ZEROS;
         while len > 0 {
             let n = len.min(ZEROS.len());
             self.write_all(&ZEROS[..n])?;
