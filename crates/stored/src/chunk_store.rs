@@ -358,9 +358,10 @@ impl ChunkStore {
     /// Where the bytes of a read of up to `len` bytes at `offset` are, for the transport to
     /// send from the chunk file itself (`FileSpan`: sendfile on TCP) instead of through a
     /// buffer: shorter than asked where the file ends, `None` when there are no bytes (a missing
-    /// file, or past its end). Holes read as zeros, as for `read`. The span's pages are asked of
-    /// the disk now (`POSIX_FADV_WILLNEED`), so the reads of the spans in flight overlap on the
-    /// disk while the stream sends them one after another.
+    /// file, or past its end). Holes read as zeros, as for `read`. The disk is left to the
+    /// kernel's read-ahead on the chunk file's cached descriptor: `sendfile` reads through it,
+    /// so a sequential reader's requests find its window already read and grown (up to the
+    /// device's `read_ahead_kb`); asking for exactly the span would read that and no further.
     pub async fn read_span(
         &self,
         target: TargetId,
@@ -644,18 +645,22 @@ fn range_span(root: &Path, r: &ChunkRange, open: Option<Arc<File>>) -> io::Resul
             None => return Ok(None),
         },
     };
-    span_of(file, r.offset, r.len)
+    let span = span_of(file, r.offset, r.len)?;
+    // A batch's files are small and each read once: asked of the disk together, their reads
+    // overlap while the stream sends them one after another.
+    if let Some(s) = &span {
+        syscall::will_need(&s.file, s.offset, s.len as u64);
+    }
+    Ok(span)
 }
 
-/// The span of up to `len` bytes of `file` at `offset` (`None`: none there), its pages asked
-/// of the disk now.
+/// The span of up to `len` bytes of `file` at `offset` (`None`: none there).
 fn span_of(file: Arc<File>, offset: u64, len: u32) -> io::Result<Option<FileSpan>> {
     let size = file.metadata()?.len();
     let n = size.saturating_sub(offset).min(len as u64) as u32;
     if n == 0 {
         return Ok(None);
     }
-    syscall::will_need(&file, offset, n as u64);
     Ok(Some(FileSpan { file, offset, len: n }))
 }
 
