@@ -1,9 +1,10 @@
 //! One multiplexed connection: many requests in flight over a single byte stream (a QUIC
 //! bidirectional stream or a TCP connection), replies paired to callers by call id.
 
+use crate::recycle::Recycled;
 use crate::spans::{self, FrameSink};
 use crate::RpcError;
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes};
 use odfs_proto::codec::{self, Frame, FrameHead, FRAME_FIXED, KIND_REQUEST, MAX_FRAME};
 use odfs_proto::{RequestHeader, Rpc};
 use std::any::Any;
@@ -114,19 +115,16 @@ async fn read_vec<R: AsyncRead + Unpin>(r: &mut R, len: usize) -> std::io::Resul
 }
 
 /// [`read_vec`] into a buffer whose first byte sits on a [`PAYLOAD_ALIGN`] boundary when `len`
-/// is at least that: it is allocated that much longer and starts past the slack.
+/// is at least that, recycled once its last reference is dropped (`crate::recycle`).
 async fn read_aligned<R: AsyncRead + Unpin>(r: &mut R, len: usize) -> std::io::Result<Bytes> {
     if len < PAYLOAD_ALIGN {
         return Ok(read_vec(r, len).await?.into());
     }
-    let mut buf = BytesMut::with_capacity(len + PAYLOAD_ALIGN - 1);
-    let pad = buf.as_ptr().align_offset(PAYLOAD_ALIGN);
-    buf.resize(pad, 0);
-    buf.advance(pad);
+    let mut buf = Recycled::take(len);
     while buf.len() < len {
         // Limited to what remains: the read never takes the next frame's bytes.
         let want = len - buf.len();
-        if r.read_buf(&mut (&mut buf).limit(want)).await? == 0 {
+        if r.read_buf(&mut buf.vec().limit(want)).await? == 0 {
             return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
     }
