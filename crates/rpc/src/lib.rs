@@ -3,8 +3,9 @@
 //! Owns: the per-job credential (derived from the site key and the job id), QUIC endpoints with
 //! mutual TLS that refuse any peer without the job's credential, TCP bulk streams authenticated
 //! with the same credential, a connection that multiplexes many typed requests over one stream,
-//! the server-side router and its per-request statistics, file spans sent by sendfile, chunk replies spliced into a pipe, large request
-//! payloads read into recycled aligned buffers, and the client-side connection pool with retries.
+//! the server-side router and its per-request statistics, file spans sent by sendfile, chunk
+//! replies spliced into a pipe, large request payloads read into recycled aligned buffers, and
+//! the client-side connection pool with retries.
 //! It knows nothing of what requests mean; services register handlers.
 
 pub mod conn;

@@ -516,9 +516,9 @@ fn seq_files(o: &MountBenchOptions, dir: &Path) -> Vec<PathBuf> {
 /// filesystem moving a file's bytes between processes over TCP and serving them through its
 /// FUSE daemon must spend on this machine (odfs's default-stripe reads are such reads), and
 /// the rate it gets from these files as they lie, one disk stream each (a striped file's chunk
-/// files give the disk more streams, so odfs may read faster). Once served from this process (the readers' scheduling group), once
-/// from a process of its own session as every FUSE daemon runs (`super::minimum`). One line
-/// each, or why it was skipped.
+/// files give the disk more streams, so odfs may read faster). Once served from this process
+/// (the readers' scheduling group), once from a process of its own session as every FUSE daemon
+/// runs (`super::minimum`). One line each, or why it was skipped.
 fn fuse_network_minimum(
     o: &MountBenchOptions,
     fio: &Path,
@@ -550,7 +550,8 @@ const NETWORK_MINIMUM_RUNS: usize = 3;
 /// connection per file: a sender thread reads its file cold in 1 MiB blocks and writes them to
 /// the connection, a receiver thread reads them into a buffer. No FUSE, no protocol, no
 /// daemon: the CPU that moving file data between processes over TCP costs on this machine, and
-/// the rate of these files read so (one disk stream each, as the FUSE + network minimum). One line with every run, or why it was skipped.
+/// the rate of these files read so (one disk stream each, as the FUSE + network minimum). One
+/// line with every run, or why it was skipped.
 fn network_minimum(o: &MountBenchOptions, files: &[PathBuf]) -> Result<String> {
     eprintln!("bench: network minimum: {} files read cold through loopback TCP", files.len());
     let mut runs = Vec::new();
