@@ -8,7 +8,8 @@
 //! reads of many small files in random order, and two more epochs of those reads with the
 //! caches kept (a training job's dataset). The metadata and
 //! small-file phases are plain file-system calls from worker threads, so on odfs they go through
-//! the kernel and FUSE like any application's. Every phase also runs on a plain FUSE
+//! the kernel and FUSE like any application's; the sequential write and read also run on odfs
+//! with `O_DIRECT` (odfs's own part, without the mount's page cache). Every phase also runs on a plain FUSE
 //! passthrough of the same disk (bindfs, when installed): the FUSE floor; the sequential read
 //! also runs with only loopback TCP between the disk and the reader (the network minimum), and
 //! on the FUSE minimum fed over loopback TCP (the FUSE + network minimum; the minima also read
@@ -477,6 +478,8 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
         randread_iops(fio, fio_common(dir), &reports.join(format!("{side}-randread.json")), o).map(Some)
     })?;
     sides.push("rand read 4k", "IOPS", 0.0, &s);
+    let note = odfs_past_page_cache(o, fio, reports, sides)?;
+    sides.notes.push(note);
     let fs = MinimumFs::new(0, 0, Vec::new(), false).with_large(o.jobs as u64, o.job_size);
     let (at, name) = (sides.minimum_dir(), "FUSE minimum");
     let note = match minimum::mount_here(fs, &at, name)? {
@@ -504,6 +507,52 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
     };
     sides.notes.extend(notes);
     Ok(())
+}
+
+/// The sequential write and read above on the mount again, with `O_DIRECT` (new files beside
+/// the others, removed after): the same chunk path, disks and network, without the mount's page
+/// cache. A buffered FUSE read or write copies every byte once more than a plain directory's,
+/// between the reader's or writer's buffer and the mount's page cache (docs/architecture.md,
+/// "What a buffered read through the mount costs"); this line shows what odfs's own part
+/// costs, against the plain directory's buffered phases of the table. One line.
+fn odfs_past_page_cache(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &Sides) -> Result<String> {
+    eprintln!("bench: odfs with O_DIRECT: sequential write, then read (page cache dropped)");
+    let dir = sides.mnt.join("fio-direct");
+    let seq_bytes = o.jobs as u64 * o.job_size;
+    let phase = |write: bool| -> Result<(f64, f64)> {
+        let mut args = fio_files("seq", &dir, SEQ_FILES, o);
+        if write {
+            args.extend(SEQ_WRITE.map(String::from));
+        } else {
+            args.extend(["--rw=read", "--bs=1M"].map(String::from));
+        }
+        args.push("--direct=1".into());
+        drop_caches();
+        let cpu = CpuMeter::start(&sides.pids);
+        let (what, report) =
+            if write { ("write", "odfs-direct-seq-write.json") } else { ("read", "odfs-direct-seq-read.json") };
+        let r = run_fio(fio, &args, &reports.join(report))?;
+        let cpu = cpu.stop();
+        r.expect_bytes(what, seq_bytes)?;
+        Ok((r.bw_bytes(what)? / MIB, cpu))
+    };
+    let measured =
+        std::fs::create_dir_all(&dir).map_err(anyhow::Error::from).and_then(|()| Ok((phase(true)?, phase(false)?)));
+    let removed = std::fs::remove_dir_all(&dir);
+    let ((w, w_cpu), (r, r_cpu)) = measured.context("odfs with O_DIRECT")?;
+    removed.with_context(|| format!("removing {}", dir.display()))?;
+    // Against the plain directory's CPU in the buffered phases of this run, where it ran.
+    let plain_cpu = |name: &str| sides.phases.iter().find(|p| p.name == name).and_then(|p| p.plain_cpu);
+    let vs = |cpu: f64, name: &str| match plain_cpu(name) {
+        Some(p) if p > 0.0 => format!("{cpu:.1} CPU-s, {:.2}x the plain directory's {name}", cpu / p),
+        _ => format!("{cpu:.1} CPU-s"),
+    };
+    Ok(format!(
+        "odfs past the mount's page cache (O_DIRECT, as the seq phases): seq write {w:.0} MiB/s ({}), \
+         seq read {r:.0} MiB/s ({})",
+        vs(w_cpu, "seq write"),
+        vs(r_cpu, "seq read")
+    ))
 }
 
 /// The sequential files fio wrote in `dir`.
