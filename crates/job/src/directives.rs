@@ -106,10 +106,12 @@ impl Directives {
 
 /// The help text listing every directive (printed with errors).
 pub const HELP: &str = "stage-in SRC DST [--seal] | stage-out SRC DST | \
-                        drain SRC DST [--settle SECS] [--keep K] [--concurrency N] [--max-bandwidth SIZE] [--delete-after-upload] | stripe-count N | chunk-size SIZE | pool NAME | placement local|rotate | \
+                        drain SRC DST [--settle SECS] [--keep K] [--concurrency N] [--max-bandwidth SIZE] [--share PCT] [--delete-after-upload] | stripe-count N | chunk-size SIZE | pool NAME | placement local|rotate | \
                         endpoint-url URL | region NAME | path-style | profile NAME | concurrency N | max-bandwidth SIZE";
 
-/// Splits one directive's arguments (blanks; quotes group).
+/// Splits one directive's arguments (blanks; quotes group). An unquoted `#` that starts a word
+/// starts a comment to the end of the line, as in the shell the script is written for (`#ODFS
+/// stage-out /out s3://b/out   # the results`); one inside a word (`s3://b/a#1`) is kept.
 fn words(s: &str) -> Result<Vec<String>, String> {
     let mut out = Vec::new();
     let mut cur: Option<String> = None;
@@ -118,6 +120,7 @@ fn words(s: &str) -> Result<Vec<String>, String> {
         match (quote, c) {
             (Some(q), c) if c == q => quote = None,
             (Some(_), c) => cur.get_or_insert_with(String::new).push(c),
+            (None, '#') if cur.is_none() => break,
             (None, '"' | '\'') => {
                 quote = Some(c);
                 cur.get_or_insert_with(String::new);
@@ -379,6 +382,26 @@ mod tests {
     }
 
     #[test]
+    fn a_comment_ends_a_directive_as_in_the_shell() {
+        let d = parse(
+            "#ODFS stage-in s3://ds/imagenet /data --seal   # on every node, verified\n\
+             #ODFS stage-out /results s3://runs/%u/%j # after the job\n\
+             #ODFS drain /ckpt s3://runs/%j/ckpt --keep 3 #each checkpoint\n\
+             #ODFS stage-in 's3://b/x # y' /a#1\n#ODFS pool ram#2\n",
+            "9",
+            "ana",
+        )
+        .unwrap();
+        assert_eq!(d.stage_in[0], Transfer { src: "s3://ds/imagenet".into(), dst: "odfs:/data".into(), seal: true });
+        assert_eq!(d.stage_out[0].dst, "s3://runs/ana/9");
+        assert_eq!((d.drain[0].dst.as_str(), d.drain[0].keep), ("s3://runs/9/ckpt", 3));
+        // Quoted, or inside a word, `#` is part of the argument.
+        assert_eq!(d.stage_in[1], Transfer { src: "s3://b/x # y".into(), dst: "odfs:/a#1".into(), seal: false });
+        assert_eq!(d.pool.as_deref(), Some("ram#2"));
+        assert!(parse("#ODFS # stage-in s3://b/x /d\n", "1", "u").unwrap_err().contains("no directive"));
+    }
+
+    #[test]
     fn a_drain_is_also_the_stage_out_of_its_pair() {
         let d = parse(
             "#ODFS drain /ckpt s3://runs/%j/ckpt --settle 5 --keep 3 --max-bandwidth 100M --share 10%\n",
@@ -434,6 +457,16 @@ mod tests {
         let d = parse(include_str!("../../../slurm/examples/drain.sbatch"), "9", "cy").unwrap();
         assert_eq!((d.drain[0].dst.as_str(), d.drain[0].keep, d.drain[0].share), ("s3://runs/cy/9/ckpt", 3, Some(0.1)));
         assert_eq!(d.stage_out.len(), 2, "the drain's pair and /results");
+        // The batch script the README shows, comments and all.
+        let readme = include_str!("../../../README.md");
+        let script = readme
+            .split("```sh\n")
+            .find(|block| block.starts_with("#!/bin/bash\n#SBATCH"))
+            .and_then(|block| block.split("```").next())
+            .expect("the README shows a batch script");
+        let r = parse(script, "5", "ana").unwrap();
+        assert_eq!((r.stage_in.len(), r.stage_out.len(), r.drain.len()), (1, 2, 1));
+        assert_eq!(r.drain[0].keep, 3);
     }
 
     #[test]
