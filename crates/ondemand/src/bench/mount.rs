@@ -2,24 +2,23 @@
 //! directory of the same disk, in one run, with ratios and CPU time.
 //!
 //! Owns the mount-mode phases: fio sequential write and read and 4 KiB random reads (fio's JSON
-//! report gives the rates), a checkpoint storm (every writer a large file at once, read back
-//! cold by the others; on odfs with local placement and with the default stripe), mdtest-easy
-//! style metadata (each worker its own directory), many workers in one shared directory, cold
-//! reads of many small files in random order, and two more epochs of those reads with the
-//! caches kept (a training job's dataset). The metadata and
-//! small-file phases are plain file-system calls from worker threads, so on odfs they go through
-//! the kernel and FUSE like any application's; the sequential write and read also run on odfs
-//! with `O_DIRECT` (odfs's own part, without the mount's page cache). Every phase also runs on a plain FUSE
-//! passthrough of the same disk (bindfs, when installed): the FUSE floor; the sequential read
-//! also runs with only loopback TCP between the disk and the reader (the network minimum), and
-//! on the FUSE minimum fed over loopback TCP (the FUSE + network minimum; the minima also read
-//! in the checkpoint read's shape, 4 MiB reads of another reader's file), the sequential write
-//! on the FUSE minimum and on one that sends every WRITE over loopback TCP to the plain
-//! directory's disk (the FUSE + network minimum for writes); the read minimum, the
-//! creates and the small reads also run on the FUSE minimum, served from this process and from
-//! a process of its own session (`super::minimum`). The
-//! requests that reach metad during each odfs phase are counted (metad's `GetStats`), so what
-//! the caches answer shows. The filesystem is started and stopped through [`odfs_job::local`].
+//! report gives the rates), a checkpoint storm (every writer a large file at once, read back cold
+//! by the others; on odfs with local placement and with the default stripe), mdtest-easy style
+//! metadata (each worker its own directory), many workers in one shared directory, cold reads of
+//! many small files in random order, and two more epochs of those reads with the caches kept (a
+//! training job's dataset). The metadata and small-file phases are plain file-system calls from
+//! worker threads, so on odfs they go through the kernel and FUSE like any application's; the
+//! sequential write and read also run on odfs with `O_DIRECT` (odfs's own part, without the mount's
+//! page cache). Every phase also runs on a plain FUSE passthrough of the same disk (bindfs, when
+//! installed): the FUSE floor; the sequential read also runs with only loopback TCP between the
+//! disk and the reader (the network minimum), and on the FUSE minimum fed over loopback TCP (the
+//! FUSE + network minimum; the minima also read in the checkpoint read's shape, 4 MiB reads of
+//! another reader's file), the sequential write on the FUSE minimum and on one that sends every
+//! WRITE over loopback TCP to the plain directory's disk (the FUSE + network minimum for writes);
+//! the read minimum, the creates and the small reads also run on the FUSE minimum, served from this
+//! process and from a process of its own session (`super::minimum`). The requests that reach metad
+//! during each odfs phase are counted (metad's `GetStats`), so what the caches answer shows. The
+//! filesystem is started and stopped through [`odfs_job::local`].
 
 use super::minimum::{self, Minimum, MinimumSpec};
 use super::{close, drop_caches, fill_pattern, parallel, CpuMeter, Phase};
@@ -446,6 +445,9 @@ const SEQ_FILES: &str = "seq.$jobnum.0";
 /// fio's arguments of the sequential write, on every side and on the FUSE minimum.
 const SEQ_WRITE: [&str; 3] = ["--rw=write", "--bs=1M", "--end_fsync=1"];
 
+/// fio's arguments of the sequential read, likewise.
+const SEQ_READ: [&str; 2] = ["--rw=read", "--bs=1M"];
+
 /// Sequential write and read, 4 KiB random reads.
 fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sides) -> Result<()> {
     let seq_bytes = o.jobs as u64 * o.job_size;
@@ -465,7 +467,7 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
     eprintln!("bench: fio sequential read (page cache dropped)");
     let s = sides.run(true, |dir, side| {
         let mut args = fio_common(dir);
-        args.extend(["--rw=read", "--bs=1M"].map(String::from));
+        args.extend(SEQ_READ.map(String::from));
         let r = run_fio(fio, &args, &reports.join(format!("{side}-seq-read.json")))?;
         r.expect_bytes("read", seq_bytes)?;
         Ok(Some(r.bw_bytes("read")? / MIB))
@@ -528,7 +530,7 @@ fn odfs_past_page_cache(o: &MountBenchOptions, fio: &Path, reports: &Path, sides
         if write {
             args.extend(SEQ_WRITE.map(String::from));
         } else {
-            args.extend(["--rw=read", "--bs=1M"].map(String::from));
+            args.extend(SEQ_READ.map(String::from));
         }
         args.push("--direct=1".into());
         drop_caches();
@@ -681,7 +683,7 @@ fn fuse_minimum_large(
     let rates = (|| -> Result<[(f64, f64); 3]> {
         drop_caches();
         let mut args = files.clone();
-        args.extend(["--rw=read", "--bs=1M"].map(String::from));
+        args.extend(SEQ_READ.map(String::from));
         let cpu = CpuMeter::start(&pids);
         let r = run_fio(fio, &args, &reports.join(format!("{report}-seq-read.json")))?;
         let seq_cpu = cpu.stop();
