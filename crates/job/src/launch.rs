@@ -73,6 +73,8 @@ pub struct NodeLaunch {
     pub precreate_chunk_files: usize,
     /// Chunk writes of at least this many bytes bypass stored's page cache (0: none).
     pub direct_write_min_bytes: usize,
+    /// stored drops what a single sequential reader has read from its page cache.
+    pub drop_behind_reads: bool,
     /// How long each daemon waits for mgmtd (None: the daemons' default).
     pub register_timeout_secs: Option<u64>,
     /// Node 0's mgmtd serves the job's Prometheus metrics here (None: not at all).
@@ -146,6 +148,7 @@ impl NodeLaunch {
             io_backend: self.io_backend.clone(),
             precreate_chunk_files: self.precreate_chunk_files,
             direct_write_min_bytes: self.direct_write_min_bytes,
+            drop_behind_reads: self.drop_behind_reads,
             register_timeout_secs: self.register_timeout_secs.unwrap_or(d.register_timeout_secs),
             ..d
         }

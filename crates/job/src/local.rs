@@ -354,6 +354,7 @@ fn plan_nodes(
             io_backend: opts.io_backend.clone(),
             precreate_chunk_files: opts.precreate_chunk_files,
             direct_write_min_bytes: opts.direct_write_min_bytes,
+            drop_behind_reads: true,
             register_timeout_secs: None,
             metrics: opts.metrics_port.map(|p| std::net::SocketAddr::new(opts.bind, p)),
         });

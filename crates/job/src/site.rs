@@ -68,6 +68,9 @@ pub struct SiteOndemand {
     /// Chunk writes of at least this many bytes (4 KiB-aligned) go to the disk with
     /// `O_DIRECT`, past the node's page cache (0: every write through the page cache).
     pub direct_write_min_bytes: usize,
+    /// stored drops from the node's page cache what a single sequential reader has read of a
+    /// chunk file, once sent (the reader's own node caches it); false keeps every page.
+    pub drop_behind_reads: bool,
     /// Port on the job's first node where its mgmtd serves Prometheus metrics (`GET /metrics`,
     /// plain HTTP, every address of the node); none by default. One job per node at a time
     /// can have it (a second one runs without metrics, logged in its mgmtd.log).
@@ -112,6 +115,7 @@ impl Default for SiteOndemand {
             io_backend: "auto".into(),
             precreate_chunk_files: odfs_stored::config::DEFAULT_PRECREATE_CHUNK_FILES,
             direct_write_min_bytes: odfs_stored::config::DEFAULT_DIRECT_WRITE_MIN_BYTES,
+            drop_behind_reads: true,
             metrics_port: None,
             ready_timeout_secs: 60,
             stage_timeout_secs: 3000,
@@ -259,6 +263,7 @@ mod tests {
         let (cfg, _) = SiteConfig::load(Some(&p)).unwrap();
         assert_eq!(cfg.ondemand.data_paths.len(), 2);
         assert_eq!(cfg.ondemand.direct_write_min_bytes, 1 << 20, "the example states the default");
+        assert!(cfg.ondemand.drop_behind_reads, "the example states the default");
         // Users' own credentials: the example turns on no shared staging account.
         assert_eq!((cfg.stage.credentials_file.as_deref(), cfg.stage.profile.as_deref()), (None, None));
     }

@@ -292,6 +292,7 @@ fn node_launch(
         io_backend: o.io_backend.clone(),
         precreate_chunk_files: o.precreate_chunk_files,
         direct_write_min_bytes: o.direct_write_min_bytes,
+        drop_behind_reads: o.drop_behind_reads,
         register_timeout_secs: Some(o.ready_timeout_secs),
         metrics: o.metrics_port.map(|p| std::net::SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), p)),
     }

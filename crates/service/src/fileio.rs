@@ -57,6 +57,16 @@ pub fn will_need(file: &File, offset: u64, len: u64) {
     };
 }
 
+/// Asks the kernel to drop the cached pages of `len` bytes of `file` at `offset`
+/// (`POSIX_FADV_DONTNEED`; whole folios only, and none still in use). Only advice: a failure
+/// is ignored, the pages stay cached.
+pub fn dont_need(file: &File, offset: u64, len: u64) {
+    // SAFETY: posix_fadvise takes no memory; the descriptor is open for the call.
+    let _ = unsafe {
+        libc::posix_fadvise(file.as_raw_fd(), offset as libc::off_t, len as libc::off_t, libc::POSIX_FADV_DONTNEED)
+    };
+}
+
 /// Opens `path` read-only; `None` when there is no such file (a chunk file not written yet, a
 /// hole to its readers), an error for anything else.
 pub fn open_existing(path: &Path) -> io::Result<Option<File>> {

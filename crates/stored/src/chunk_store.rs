@@ -90,6 +90,10 @@ pub struct StoreOptions {
     /// the disk with `O_DIRECT`, past the page cache (0: never; docs/architecture.md, "Large
     /// chunk writes skip stored's page cache").
     pub direct_write_min: usize,
+    /// Drop from the page cache what a single sequential reader has read of a chunk file, once
+    /// sent (`drop_behind`; docs/architecture.md, "Stored drops what a single sequential reader
+    /// has read").
+    pub drop_behind: bool,
 }
 
 impl Default for StoreOptions {
@@ -102,6 +106,7 @@ impl Default for StoreOptions {
             precreate: 0,
             precreate_min_idle: 0.5,
             direct_write_min: crate::config::DEFAULT_DIRECT_WRITE_MIN_BYTES,
+            drop_behind: true,
         }
     }
 }
@@ -121,6 +126,8 @@ struct Inner {
     /// Chunk requests served (reads, writes, truncates, punches, syncs, removals): precreation
     /// runs only while it stands still.
     requests: Arc<AtomicU64>,
+    /// `StoreOptions::drop_behind`.
+    drop_behind: bool,
 }
 
 struct Target {
@@ -248,7 +255,15 @@ impl ChunkStore {
         }
         let fd_cap = opts.fd_cache.min(nofile_limit() / 2).max(1);
         info!(backend = backend_name, fd_cache = fd_cap, "chunk store opened");
-        Ok(ChunkStore { inner: Arc::new(Inner { targets, fds: FdCache::new(fd_cap), backend_name, requests }) })
+        Ok(ChunkStore {
+            inner: Arc::new(Inner {
+                targets,
+                fds: FdCache::new(fd_cap),
+                backend_name,
+                requests,
+                drop_behind: opts.drop_behind,
+            }),
+        })
     }
 
     /// "io_uring" or "syscall".
@@ -375,7 +390,24 @@ impl ChunkStore {
             return Ok(None);
         }
         let Some(file) = self.file(t, ino, false).await? else { return Ok(None) };
-        span_of(file, offset, len).map_err(|e| t.err("read", ino, e))
+        let span = span_of(file, offset, len).map_err(|e| t.err("read", ino, e))?;
+        if let Some(s) = &span {
+            self.drop_behind(t, ino, s);
+        }
+        Ok(span)
+    }
+
+    /// Drops from the page cache what a single sequential reader of this chunk file has left
+    /// behind (`drop_behind`: far enough back that it has been sent), on the blocking pool and
+    /// not waited for: it is advice, and the read does not depend on it.
+    fn drop_behind(&self, t: &Target, ino: InodeId, s: &FileSpan) {
+        if !self.inner.drop_behind {
+            return;
+        }
+        if let Some(r) = self.inner.fds.read_behind((t.id, ino), s.offset, s.len as u64) {
+            let file = s.file.clone();
+            tokio::task::spawn_blocking(move || syscall::dont_need(&file, r.start, r.end - r.start));
+        }
     }
 
     /// The spans of several chunk files' ranges of one target, found in a single blocking call

@@ -59,6 +59,11 @@ pub struct StoredConfig {
     /// through the page cache). See docs/architecture.md "Large chunk writes skip stored's page
     /// cache".
     pub direct_write_min_bytes: usize,
+    /// Drop from this node's page cache what a single sequential reader has read of a chunk
+    /// file, once sent: the reader's own node caches it (default true; false leaves every page
+    /// to the kernel). See docs/architecture.md "Stored drops what a single sequential reader
+    /// has read".
+    pub drop_behind_reads: bool,
 }
 
 impl odfs_service::DaemonConfig for StoredConfig {
@@ -82,6 +87,7 @@ impl Default for StoredConfig {
             worker_threads: odfs_service::DEFAULT_WORKER_THREADS,
             precreate_chunk_files: DEFAULT_PRECREATE_CHUNK_FILES,
             direct_write_min_bytes: DEFAULT_DIRECT_WRITE_MIN_BYTES,
+            drop_behind_reads: true,
         }
     }
 }

@@ -1,7 +1,8 @@
 //! A bounded, least-recently-used cache of open chunk files, keyed by (target, inode).
 //!
-//! Owns only the table of `Arc<File>`s: it never opens, unlinks or does I/O on a file (the chunk
-//! store does). An evicted or invalidated file is closed when the last in-flight operation holding
+//! Owns only the table of `Arc<File>`s and, with each, what its reads have looked like
+//! (`drop_behind::Stream`, which lives exactly as long as the cached descriptor): it never
+//! opens, unlinks or does I/O on a file (the chunk store does). An evicted or invalidated file is closed when the last in-flight operation holding
 //! its `Arc` finishes, so eviction never pulls a descriptor from under the kernel.
 //!
 //! Removal races: a miss opens the file outside the lock, so a concurrent remove could unlink the
@@ -9,9 +10,11 @@
 //! Every invalidation bumps a generation; a miss records the generation before opening and the
 //! insert is refused when it moved. The store invalidates both before and after unlinking.
 
+use crate::drop_behind::Stream;
 use odfs_proto::{InodeId, TargetId};
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
+use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Identifies one chunk file.
@@ -34,6 +37,7 @@ struct Inner {
 struct Entry {
     file: Arc<File>,
     tick: u64,
+    stream: Stream,
 }
 
 /// A lookup that missed: open the file, then hand this back to [`FdCache::insert`].
@@ -94,8 +98,15 @@ impl FdCache {
         inner.tick += 1;
         let tick = inner.tick;
         inner.order.insert(tick, key);
-        inner.map.insert(key, Entry { file: file.clone(), tick });
+        inner.map.insert(key, Entry { file: file.clone(), tick, stream: Stream::default() });
         file
+    }
+
+    /// Notes a read of `len` bytes at `offset` of the cached file of `key`: the range its
+    /// reader has left behind, to drop from the page cache now (`drop_behind`). `None` when
+    /// there is none, or the file is not cached.
+    pub(crate) fn read_behind(&self, key: ChunkKey, offset: u64, len: u64) -> Option<Range<u64>> {
+        self.lock().map.get_mut(&key)?.stream.read(offset, len)
     }
 
     /// Drops the cached file of `key`, if any, and refuses inserts of files opened before now.

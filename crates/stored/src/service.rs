@@ -110,6 +110,7 @@ pub async fn run(cfg: StoredConfig, shutdown: Shutdown) -> Result<(), StoreError
         backend: backend(&cfg.io_backend)?,
         precreate: cfg.precreate_chunk_files,
         direct_write_min: cfg.direct_write_min_bytes,
+        drop_behind: cfg.drop_behind_reads,
         ..StoreOptions::default()
     };
     let store = ChunkStore::open_with(&targets, opts)?;

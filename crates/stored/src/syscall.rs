@@ -16,7 +16,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub(crate) use odfs_service::fileio::{read_at, read_nowait, will_need, NoWait};
+pub(crate) use odfs_service::fileio::{dont_need, read_at, read_nowait, will_need, NoWait};
 
 /// Alignment of `O_DIRECT` writes: offsets, lengths and buffers (the page size, a multiple of
 /// any disk's logical block).

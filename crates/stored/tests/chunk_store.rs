@@ -106,6 +106,7 @@ both_backends!(
     concurrent_first_writes_to_a_pooled_chunk_all_land,
     many_ranges_read_at_once,
     large_aligned_writes_go_past_the_page_cache,
+    a_single_sequential_reader_leaves_no_copy_behind,
 );
 
 async fn round_trip_odd_offsets(backend: IoBackend) {
@@ -923,4 +924,85 @@ async fn large_aligned_writes_go_past_the_page_cache(backend: IoBackend) {
     store.write(T, ino, MIB as u64, pattern(51, MIB), false).await.unwrap();
     let path = store.chunk_path(T, ino).unwrap();
     assert!(cached_pages(&path, MIB, MIB) > 0, "a buffered write's pages are not cached");
+}
+
+/// Waits (up to 20 s: the drops run on the blocking pool, not waited for by the read) until
+/// `done` holds; false if it never did.
+fn eventually(mut done: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::time::Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    done()
+}
+
+/// Reads the whole chunk file of `ino` as spans, 1 MiB at a time from the start, as a
+/// sequential reader's requests come; the bytes sent.
+async fn read_spans_forward(store: &ChunkStore, ino: InodeId, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len);
+    for off in (0..len).step_by(1 << 20) {
+        let span = store.read_span(T, ino, off as u64, 1 << 20).await.expect("read_span").expect("bytes");
+        out.extend_from_slice(&span_bytes(&[span]));
+    }
+    out
+}
+
+/// What a single sequential reader has read of a chunk file is dropped from stored's page cache
+/// (well behind where it reads: its front stays cached); a second reader of the file keeps its
+/// pages from then on; `drop_behind: false` keeps every page.
+async fn a_single_sequential_reader_leaves_no_copy_behind(backend: IoBackend) {
+    const MIB: usize = 1 << 20;
+    const LEN: usize = 48 * MIB;
+    let data = pattern(61, LEN);
+    let dir = tempfile::tempdir().unwrap();
+    let open = |name: &str, drop_behind| {
+        let opts = StoreOptions { backend, direct_write_min: 0, drop_behind, ..StoreOptions::default() };
+        ChunkStore::open_with(&[TargetConfig { id: T, path: dir.path().join(name) }], opts).unwrap()
+    };
+    // Written through the page cache and synced: every page cached and clean.
+    let write = |store: ChunkStore, ino: InodeId| {
+        let data = data.clone();
+        async move {
+            for off in (0..LEN).step_by(MIB) {
+                store.write(T, ino, off as u64, data[off..off + MIB].to_vec(), false).await.unwrap();
+            }
+            let path = store.chunk_path(T, ino).unwrap();
+            std::fs::File::open(&path).unwrap().sync_all().unwrap();
+            path
+        }
+    };
+    let store = open("t1", true);
+    let ino = InodeId::new(5, 1);
+    let path = write(store.clone(), ino).await;
+    // Pages of a file in memory (tmpfs) cannot be dropped: only the bytes can be checked there.
+    let in_memory = nix::sys::statfs::statfs(&path).unwrap().filesystem_type() == nix::sys::statfs::TMPFS_MAGIC;
+    assert_eq!(cached_pages(&path, 0, LEN), LEN / 4096, "the written file is cached before it is read");
+
+    assert!(read_spans_forward(&store, ino, LEN).await == data, "the sequential read sends the file's bytes");
+    if !in_memory {
+        assert!(
+            eventually(|| cached_pages(&path, 0, 24 * MIB) == 0),
+            "the first half stays cached after the reader passed it: {} pages",
+            cached_pages(&path, 0, 24 * MIB)
+        );
+        assert!(cached_pages(&path, LEN - 8 * MIB, 8 * MIB) > 0, "the reader's front was dropped too");
+    }
+
+    // A second reader from the start: the file is shared, its pages stay.
+    assert!(read_spans_forward(&store, ino, LEN).await == data, "the second read sends the file's bytes");
+    // Give any drop a chance to run before the check below (none may be asked).
+    let ino2 = InodeId::new(5, 2);
+    write(store.clone(), ino2).await;
+    assert!(read_spans_forward(&store, ino2, LEN).await == data);
+    assert!(eventually(|| in_memory || cached_pages(&store.chunk_path(T, ino2).unwrap(), 0, 24 * MIB) == 0));
+    assert_eq!(cached_pages(&path, 0, LEN), LEN / 4096, "a file read twice lost pages to drop-behind");
+
+    // Off: a single sequential reader leaves every page cached.
+    let store = open("t2", false);
+    let path = write(store.clone(), ino).await;
+    assert!(read_spans_forward(&store, ino, LEN).await == data);
+    assert_eq!(cached_pages(&path, 0, LEN), LEN / 4096, "pages dropped with drop_behind off");
 }
