@@ -17,18 +17,18 @@ use std::ops::Range;
 /// must have left the socket (a page still referenced is not dropped, and a failed drop makes
 /// the kernel drain every CPU's page lists). Far more than a reader has in flight per target
 /// (the mount's read-ahead is 1 MiB windows).
-pub(crate) const LAG: u64 = 16 << 20;
+const LAG: u64 = 16 << 20;
 
 /// Ranges are dropped whole folios at a time (a folio partly outside the range stays): the
 /// largest page-cache folio (2 MiB, a PMD) bounds their alignment.
-pub(crate) const ALIGN: u64 = 2 << 20;
+const ALIGN: u64 = 2 << 20;
 
 /// Smallest range worth a call: one `fadvise` per this much read, not per read.
-pub(crate) const BATCH: u64 = 4 << 20;
+const BATCH: u64 = 4 << 20;
 
 /// A read this far behind the front is not the stream's own: the requests of one reader
 /// arrive out of order only within what it has in flight.
-pub(crate) const SLACK: u64 = 8 << 20;
+const SLACK: u64 = 8 << 20;
 
 /// The reads of one open chunk file as seen so far.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

@@ -2,8 +2,9 @@
 //!
 //! Owns only the table of `Arc<File>`s and, with each, what its reads have looked like
 //! (`drop_behind::Stream`, which lives exactly as long as the cached descriptor): it never
-//! opens, unlinks or does I/O on a file (the chunk store does). An evicted or invalidated file is closed when the last in-flight operation holding
-//! its `Arc` finishes, so eviction never pulls a descriptor from under the kernel.
+//! opens, unlinks or does I/O on a file (the chunk store does). An evicted or invalidated file
+//! is closed when the last in-flight operation holding its `Arc` finishes, so eviction never
+//! pulls a descriptor from under the kernel.
 //!
 //! Removal races: a miss opens the file outside the lock, so a concurrent remove could unlink the
 //! path between that open and the insert, leaving a descriptor of a deleted file in the cache.
