@@ -11,6 +11,7 @@ use odfs_tests::*;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 const KIB: u64 = 1024;
 
@@ -474,7 +475,6 @@ fn local_placement_puts_each_new_file_on_its_writers_node() {
 #[test]
 fn a_removed_files_chunk_files_are_emptied_and_become_the_next_files() {
     use std::os::unix::fs::MetadataExt;
-    use std::time::Duration;
     // Recycling alone: no empty files made ahead next to the recycled ones.
     let fs = LocalFs::up(4, &["--pool", "nvme", "--ram-pool", "64M", "--precreate-chunk-files", "0"]);
     let m = FuseMount::start(&fs);
@@ -628,4 +628,73 @@ fn node0_nvme_target(fs: &LocalFs, m: &FuseMount) -> (u32, PathBuf) {
         .find(|(id, _, pool)| pool == "nvme" && nodes.contains(&(*id, 0)))
         .map(|(id, dir, _)| (id, dir))
         .expect("node 0 has a target in pool nvme")
+}
+
+/// Bytes of `path` in the page cache (`fincore`, which reads nothing of it).
+fn resident(path: &Path) -> u64 {
+    let out = Command::new("fincore").args(["--bytes", "--noheadings", "--output", "RES"]).arg(path).output();
+    let out = out.expect("fincore (util-linux) runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.trim().parse().unwrap_or_else(|_| panic!("fincore {} printed {text:?}", path.display()))
+}
+
+/// Drops `path`'s clean pages from the page cache.
+fn evict(path: &Path) {
+    use std::os::fd::AsRawFd;
+    let f = fs::File::open(path).unwrap();
+    // SAFETY: posix_fadvise takes no memory; the descriptor is open for the call.
+    assert_eq!(unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
+}
+
+#[test]
+fn a_node_reading_its_own_chunks_once_from_start_to_end_leaves_no_copy_behind() {
+    const MIB: u64 = 1 << 20;
+    let (fs, m) = up();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // 128 MiB in 1 MiB chunks over the pool's 4 targets, written by node 1: node 0's chunk file
+    // holds 32 MiB of it, and node 0's mount has none of it cached.
+    let data = pattern(128 * MIB as usize, 41);
+    let ino = rt.block_on(async {
+        let c = fs.node_client(1).await;
+        let (a, h) = c.create_open(&Ctx::root(), InodeId::ROOT, b"big", 0o644, false, None).await.unwrap();
+        h.write(0, &data).await.unwrap();
+        h.close().await.unwrap();
+        a.attr.ino.0
+    });
+    let (_, dir) = node0_nvme_target(&fs, &m);
+    let chunk = chunk_file(&dir, ino).expect("node 0's target holds a chunk file of big");
+    assert_eq!(fs::metadata(&chunk).unwrap().len(), 32 * MIB);
+
+    let node0 = |drop_behind: bool| {
+        let mut cfg = fs.config().one_shot();
+        (cfg.node, cfg.drop_behind_reads) = (0, drop_behind);
+        rt.block_on(Client::connect(cfg)).unwrap()
+    };
+    let read = |c: &Client, what: &str| rt.block_on(async { assert_bytes(&lib_read(c, "/big").await, &data, what) });
+
+    // Read once by a client of node 0, start to end: node 0's chunks come from the chunk file
+    // (its stored sends none of them), and the pages the reader left behind are dropped; the
+    // last 16 MiB it read stay (they may still be in flight). (Through node 0's mount, FUSE may
+    // also move spliced pages of the chunk file into the mount's own cache, so a client
+    // library's copied reads are what shows the drops.)
+    evict(&chunk);
+    let c = node0(true);
+    let moved = stored_moved(&fs, || read(&c, "big, read once by node 0"));
+    assert!(moved[0] < MIB, "node 0's stored moved {} bytes for node 0's reads", moved[0]);
+    assert!(
+        wait_until(Duration::from_secs(10), || resident(&chunk) <= 20 * MIB),
+        "after one read, {} bytes of node 0's 32 MiB chunk file are still cached",
+        resident(&chunk)
+    );
+    // A second read by the same client marks the file shared: from then on its pages stay.
+    read(&c, "big, read again by node 0");
+    assert!(
+        wait_until(Duration::from_secs(10), || resident(&chunk) == 32 * MIB),
+        "read twice, node 0's chunk file keeps only {} of its 32 MiB cached",
+        resident(&chunk)
+    );
+    // With drop_behind_reads off in the client config, a single read keeps every page.
+    evict(&chunk);
+    read(&node0(false), "big, read once by node 0 with drop_behind_reads off");
+    assert_eq!(resident(&chunk), 32 * MIB, "drop_behind_reads = false keeps what was read");
 }

@@ -41,6 +41,12 @@ pub struct ClientConfig {
     /// target whose directory this client cannot see or read is read through stored. Default
     /// true.
     pub local_reads: bool,
+    /// A chunk file of this node's that one reader reads from start to end (a shard, a
+    /// checkpoint) has the pages it left behind dropped from the page cache, since the mount's
+    /// page cache holds what was read; a file read again, by a second reader or at random
+    /// keeps them (docs/architecture.md, "Stored drops what a single sequential reader has
+    /// read"; stored does the same for the reads it serves). Default true.
+    pub drop_behind_reads: bool,
     /// Through the mount, a read of 128 KiB to 1 MiB is answered by splicing its bytes into
     /// `/dev/fuse`: a remote chunk's from the socket, a local one's from its chunk file, with
     /// no copy of odfs-fuse's (docs/architecture.md, "Spliced reads"). Needs `bulk_transport`
@@ -88,6 +94,7 @@ impl Default for ClientConfig {
             create_delegations: true,
             readahead_chunks: 4,
             local_reads: true,
+            drop_behind_reads: true,
             splice_reads: true,
             fill_at_open_bytes: 1 << 20,
             prefetch_bytes: None,

@@ -243,7 +243,7 @@ impl Client {
         let budget_units = (cfg.write_behind_bytes / 4096).max(256) as usize;
         // A prefetch reads what leases cover: a client that caches nothing prefetches nothing.
         let prefetch_limit = if cfg.attr_cache_ms > 0 { cfg.prefetch_limit() } else { 0 };
-        let (local_reads, node) = (cfg.local_reads, cfg.node);
+        let (local_reads, node, drop_behind) = (cfg.local_reads, cfg.node, cfg.drop_behind_reads);
         let inner = Arc::new(Inner {
             client_id: rand::random::<u64>() | 1,
             next_request: AtomicU64::new(1),
@@ -262,7 +262,7 @@ impl Client {
             delegations: Arc::new(Delegations::new()),
             locks: Default::default(),
             prefetch: crate::prefetch::Prefetch::new(prefetch_limit),
-            local: crate::local_read::LocalReads::new(local_reads, node),
+            local: crate::local_read::LocalReads::new(local_reads, node, drop_behind),
             splice: Default::default(),
         });
         let client = Client { inner };
@@ -487,7 +487,11 @@ impl Client {
     pub(crate) async fn read_chunk(&self, target: TargetId, ino: InodeId, offset: u64, len: u32) -> Result<Vec<u8>> {
         if let Some(dir) = self.inner.local.dir(&self.inner.cluster, target) {
             match crate::local_read::read(&dir, ino, offset, len as usize).await {
-                Ok(data) => return Ok(data),
+                Ok(data) => {
+                    let path = odfs_proto::layout::chunk_path(&dir, ino);
+                    self.inner.local.read_behind(target, ino, &path, offset, data.len() as u64);
+                    return Ok(data);
+                }
                 Err(e) => self.inner.local.failed(target, &dir, &e),
             }
         }

@@ -4,12 +4,15 @@
 //!
 //! Owns which of the node's targets may be read so — each checked once: the cluster view puts
 //! it on this node and its directory's `target.id` names it, so a client that cannot see the
-//! directory stored sees never reads a missing chunk file as a hole — and the reads themselves.
+//! directory stored sees never reads a missing chunk file as a hole — the reads themselves, and
+//! dropping from the page cache what a single sequential reader of a chunk file has left behind
+//! (as stored does for the reads it serves, `odfs_service::drop_behind`).
 
 use crate::cluster::Cluster;
 use odfs_proto::layout::{chunk_path, TARGET_ID_FILE};
 use odfs_proto::storage::ChunkRange;
 use odfs_proto::{InodeId, NodeIndex, TargetId};
+use odfs_service::drop_behind::Stream;
 use odfs_service::fileio;
 use std::collections::HashMap;
 use std::fs::File;
@@ -17,6 +20,14 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use tracing::{info, warn};
+
+/// Reads this large are followed for drop-behind, as stored follows those it sends from the
+/// chunk file; smaller ones (a small file's, a random reader's) keep their pages.
+const FOLLOWED_MIN: u64 = 64 << 10;
+
+/// Chunk files whose reads are followed at once; past this, one is forgotten (it starts
+/// afresh if read again, as a chunk file whose descriptor stored's cache closed).
+const STREAMS_MAX: usize = 4096;
 
 /// The targets whose chunks this client reads itself.
 pub(crate) struct LocalReads {
@@ -27,11 +38,15 @@ pub(crate) struct LocalReads {
     /// are read through stored (another node's target, a directory this client cannot see, a
     /// read that failed).
     decided: Mutex<HashMap<TargetId, Option<PathBuf>>>,
+    /// The client config's `drop_behind_reads`.
+    drop_behind: bool,
+    /// What the reads of each chunk file read here looked like so far.
+    streams: Mutex<HashMap<(TargetId, InodeId), Stream>>,
 }
 
 impl LocalReads {
-    pub(crate) fn new(on: bool, node: NodeIndex) -> LocalReads {
-        LocalReads { on, node, decided: Mutex::new(HashMap::new()) }
+    pub(crate) fn new(on: bool, node: NodeIndex, drop_behind: bool) -> LocalReads {
+        LocalReads { on, node, decided: Mutex::new(HashMap::new()), drop_behind, streams: Mutex::new(HashMap::new()) }
     }
 
     /// The directory of `target` when its chunks are read straight from their files.
@@ -73,6 +88,33 @@ impl LocalReads {
     pub(crate) fn failed(&self, target: TargetId, dir: &Path, e: &io::Error) {
         warn!(target, dir = %dir.display(), error = %e, "reading a chunk file of this node failed; its target's chunks are read through stored");
         self.decided.lock().expect("local reads lock").insert(target, None);
+    }
+
+    /// Notes a read of `len` bytes at `offset` of `ino`'s chunk file `path` on `target`, read
+    /// here, and drops from the page cache what a single sequential reader has left behind of
+    /// it (docs/architecture.md, "Stored drops what a single sequential reader has read": the
+    /// mount's page cache holds the bytes read). On the blocking pool, not waited for: advice,
+    /// which the read does not depend on.
+    pub(crate) fn read_behind(&self, target: TargetId, ino: InodeId, path: &Path, offset: u64, len: u64) {
+        if !self.drop_behind || len < FOLLOWED_MIN {
+            return;
+        }
+        let behind = {
+            let mut streams = self.streams.lock().expect("drop-behind streams lock");
+            if streams.len() >= STREAMS_MAX && !streams.contains_key(&(target, ino)) {
+                let any = *streams.keys().next().expect("a full table has a key");
+                streams.remove(&any);
+            }
+            streams.entry((target, ino)).or_default().read(offset, len)
+        };
+        if let Some(r) = behind {
+            let path = path.to_path_buf();
+            tokio::task::spawn_blocking(move || {
+                if let Ok(Some(f)) = fileio::open_existing(&path) {
+                    fileio::dont_need(&f, r.start, r.end - r.start);
+                }
+            });
+        }
     }
 }
 

@@ -47,7 +47,11 @@ impl Client {
         let mut plan = Vec::with_capacity(segs.len());
         for seg in segs {
             let source = match self.inner.local.dir(&self.inner.cluster, seg.target) {
-                Some(dir) => Source::Local(chunk_path(&dir, ino)),
+                Some(dir) => {
+                    let path = chunk_path(&dir, ino);
+                    self.inner.local.read_behind(seg.target, ino, &path, seg.local_offset, seg.len);
+                    Source::Local(path)
+                }
                 None => {
                     let (addr, _) = self.inner.cluster.target_addr(seg.target, Transport::Tcp)?;
                     let mut s = self.splice_stream(addr).await?;

@@ -73,7 +73,8 @@ pub struct NodeLaunch {
     pub precreate_chunk_files: usize,
     /// Chunk writes of at least this many bytes bypass stored's page cache (0: none).
     pub direct_write_min_bytes: usize,
-    /// stored drops what a single sequential reader has read from its page cache.
+    /// stored, and the client for its node's own chunks, drop what a single sequential reader
+    /// has read from the page cache.
     pub drop_behind_reads: bool,
     /// How long each daemon waits for mgmtd (None: the daemons' default).
     pub register_timeout_secs: Option<u64>,
@@ -135,7 +136,7 @@ impl NodeLaunch {
         }
     }
 
-    fn stored_config(&self) -> StoredConfig {
+    pub(crate) fn stored_config(&self) -> StoredConfig {
         let d = StoredConfig::default();
         StoredConfig {
             job: self.job.clone(),
@@ -175,6 +176,7 @@ impl NodeLaunch {
             bulk_transport: bulk,
             node: self.node,
             retry_secs: retry_secs.unwrap_or(d.retry_secs),
+            drop_behind_reads: self.drop_behind_reads,
             ..d
         }
     }

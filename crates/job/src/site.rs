@@ -68,8 +68,9 @@ pub struct SiteOndemand {
     /// Chunk writes of at least this many bytes (4 KiB-aligned) go to the disk with
     /// `O_DIRECT`, past the node's page cache (0: every write through the page cache).
     pub direct_write_min_bytes: usize,
-    /// stored drops from the node's page cache what a single sequential reader has read of a
-    /// chunk file, once sent (the reader's own node caches it); false keeps every page.
+    /// stored (and the client, for its node's own chunks) drops from the node's page cache what
+    /// a single sequential reader has read of a chunk file, once sent (the reader's own node
+    /// caches it); false keeps every page.
     pub drop_behind_reads: bool,
     /// Port on the job's first node where its mgmtd serves Prometheus metrics (`GET /metrics`,
     /// plain HTTP, every address of the node); none by default. One job per node at a time

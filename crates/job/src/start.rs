@@ -933,10 +933,8 @@ mod tests {
     use super::*;
     use crate::spec::JobUser;
 
-    #[test]
-    fn directives_change_the_sites_default_layout() {
-        let site = SiteConfig::default();
-        let spec = JobSpec {
+    fn one_node_spec() -> JobSpec {
+        JobSpec {
             job_id: "7".into(),
             nodes: vec!["n0".into()],
             index: 0,
@@ -944,7 +942,36 @@ mod tests {
             features: vec!["odfs".into()],
             stdout: None,
             slurm: false,
+        }
+    }
+
+    #[test]
+    fn the_sites_drop_behind_setting_reaches_stored_and_the_mount() {
+        let mut site = SiteConfig::default();
+        let (spec, addr) = (one_node_spec(), SocketAddr::from(([127, 0, 0, 1], 1)));
+        let plan = Plan {
+            mgmtd: addr,
+            metad: addr,
+            stored: addr,
+            bulk: addr,
+            agent: addr,
+            data_dirs: vec![PathBuf::from("/nvme")],
+            ram_dir: None,
+            mount: PathBuf::from("/mnt/odfs/7"),
+            job_dir: PathBuf::from("/var/lib/odfs/jobs/7"),
         };
+        for on in [true, false] {
+            site.ondemand.drop_behind_reads = on;
+            let node = node_launch(&plan, &spec, &site, site.ondemand.layout(), 1);
+            assert_eq!(node.stored_config().drop_behind_reads, on, "stored's config");
+            assert_eq!(node.client_config(odfs_rpc::Transport::Tcp, None).drop_behind_reads, on, "the mount's config");
+        }
+    }
+
+    #[test]
+    fn directives_change_the_sites_default_layout() {
+        let site = SiteConfig::default();
+        let spec = one_node_spec();
         let none = job_layout(&site, &spec, &Directives::default()).unwrap();
         assert_eq!(none, site.ondemand.layout());
         assert!(!none.local);

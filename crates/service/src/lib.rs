@@ -5,11 +5,13 @@
 //! the address file a launcher waits for, the registration + heartbeat link to mgmtd, and the
 //! life cycle of a registered daemon (`lifecycle`: own client pool, servers, registration,
 //! teardown order), and how busy the node's CPUs and disks are (`load`, for background work
-//! that must stay out of the job's way), and the reads of local files that never stall a runtime
-//! (`fileio`, stored's and the client's). It holds no filesystem logic.
+//! that must stay out of the job's way), the reads of local files that never stall a runtime
+//! (`fileio`, stored's and the client's) and which pages of them a sequential reader has left
+//! behind (`drop_behind`). It holds no filesystem logic.
 
 pub mod config;
 pub mod daemon;
+pub mod drop_behind;
 pub mod fileio;
 pub mod lifecycle;
 pub mod load;

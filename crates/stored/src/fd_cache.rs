@@ -11,8 +11,8 @@
 //! Every invalidation bumps a generation; a miss records the generation before opening and the
 //! insert is refused when it moved. The store invalidates both before and after unlinking.
 
-use crate::drop_behind::Stream;
 use odfs_proto::{InodeId, TargetId};
+use odfs_service::drop_behind::Stream;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::ops::Range;

@@ -8,7 +8,6 @@
 
 pub mod chunk_store;
 pub mod config;
-mod drop_behind;
 pub mod error;
 mod fd_cache;
 mod precreate;

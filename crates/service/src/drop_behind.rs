@@ -1,9 +1,10 @@
-//! Drop-behind: which pages of a chunk file a sequential reader has left behind, for stored to
-//! drop from its page cache once they are sent. Owns only that decision, per open chunk file;
-//! the chunk store makes the call (`POSIX_FADV_DONTNEED`).
+//! Drop-behind: which pages of a chunk file a sequential reader has left behind, to drop from
+//! the page cache once they are sent. Owns only that decision, per chunk file; whoever reads
+//! the file makes the call (`fileio::dont_need`): stored for the reads it serves, the client for
+//! the chunks of its own node it reads itself.
 //!
-//! A reader through the mount keeps what it read in its own node's page cache, so stored's
-//! cached copy of a chunk file read once from start to end is a second one, in memory the job
+//! A reader through the mount keeps what it read in its own node's page cache, so the chunk
+//! file's cached copy of a chunk read once from start to end is a second one, in memory the job
 //! wants, and filling it costs a page allocation per 4 KiB (docs/architecture.md, "Stored drops
 //! what a single sequential reader has read"). Only one kind of reader is followed: one stream
 //! moving forward. A read well behind the stream's front — a second reader, a re-read, a random
@@ -14,7 +15,7 @@
 use std::ops::Range;
 
 /// How far behind the stream's front a page must be before it is dropped: the bytes sent
-/// must have left the socket (a page still referenced is not dropped, and a failed drop makes
+/// must have left the socket or pipe (a page still referenced is not dropped, and a failed drop makes
 /// the kernel drain every CPU's page lists). Far more than a reader has in flight per target
 /// (the mount's read-ahead is 1 MiB windows).
 const LAG: u64 = 16 << 20;
@@ -32,7 +33,7 @@ const SLACK: u64 = 8 << 20;
 
 /// The reads of one open chunk file as seen so far.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub(crate) struct Stream {
+pub struct Stream {
     state: State,
 }
 
@@ -50,7 +51,7 @@ enum State {
 
 impl Stream {
     /// Notes a read of `len` bytes at `offset`; returns the range to drop now, if any.
-    pub(crate) fn read(&mut self, offset: u64, len: u64) -> Option<Range<u64>> {
+    pub fn read(&mut self, offset: u64, len: u64) -> Option<Range<u64>> {
         let end = offset.saturating_add(len);
         let (front, dropped) = match self.state {
             State::Shared => return None,
