@@ -674,9 +674,9 @@ fn a_node_reading_its_own_chunks_once_from_start_to_end_leaves_no_copy_behind() 
 
     // Read once by a client of node 0, start to end: node 0's chunks come from the chunk file
     // (its stored sends none of them), and the pages the reader left behind are dropped; the
-    // last 16 MiB it read stay (they may still be in flight). (Through node 0's mount, FUSE may
-    // also move spliced pages of the chunk file into the mount's own cache, so a client
-    // library's copied reads are what shows the drops.)
+    // last 16 MiB it read stay (they may still be in flight). (Through node 0's mount, the
+    // kernel may move the pages spliced from the chunk file into the mount's own cache, gone
+    // from the chunk file's with or without drops: a library client's copied reads show them.)
     evict(&chunk);
     let c = node0(true);
     let moved = stored_moved(&fs, || read(&c, "big, read once by node 0"));
