@@ -488,8 +488,7 @@ impl Client {
         if let Some(dir) = self.inner.local.dir(&self.inner.cluster, target) {
             match crate::local_read::read(&dir, ino, offset, len as usize).await {
                 Ok(data) => {
-                    let path = odfs_proto::layout::chunk_path(&dir, ino);
-                    self.inner.local.read_behind(target, ino, &path, offset, data.len() as u64);
+                    self.inner.local.read_behind(target, ino, &dir, offset, data.len() as u64);
                     return Ok(data);
                 }
                 Err(e) => self.inner.local.failed(target, &dir, &e),

@@ -90,12 +90,12 @@ impl LocalReads {
         self.decided.lock().expect("local reads lock").insert(target, None);
     }
 
-    /// Notes a read of `len` bytes at `offset` of `ino`'s chunk file `path` on `target`, read
-    /// here, and drops from the page cache what a single sequential reader has left behind of
-    /// it (docs/architecture.md, "Stored drops what a single sequential reader has read": the
-    /// mount's page cache holds the bytes read). On the blocking pool, not waited for: advice,
-    /// which the read does not depend on.
-    pub(crate) fn read_behind(&self, target: TargetId, ino: InodeId, path: &Path, offset: u64, len: u64) {
+    /// Notes a read of `len` bytes at `offset` of `ino`'s chunk file on `target` (directory
+    /// `dir`), read here, and drops from the page cache what a single sequential reader has left
+    /// behind of it (docs/architecture.md, "Stored drops what a single sequential reader has
+    /// read": the mount's page cache holds the bytes read). On the blocking pool, not waited
+    /// for: advice, which the read does not depend on.
+    pub(crate) fn read_behind(&self, target: TargetId, ino: InodeId, dir: &Path, offset: u64, len: u64) {
         if !self.drop_behind || len < FOLLOWED_MIN {
             return;
         }
@@ -108,7 +108,7 @@ impl LocalReads {
             streams.entry((target, ino)).or_default().read(offset, len)
         };
         if let Some(r) = behind {
-            let path = path.to_path_buf();
+            let path = chunk_path(dir, ino);
             tokio::task::spawn_blocking(move || {
                 if let Ok(Some(f)) = fileio::open_existing(&path) {
                     fileio::dont_need(&f, r.start, r.end - r.start);

@@ -48,9 +48,8 @@ impl Client {
         for seg in segs {
             let source = match self.inner.local.dir(&self.inner.cluster, seg.target) {
                 Some(dir) => {
-                    let path = chunk_path(&dir, ino);
-                    self.inner.local.read_behind(seg.target, ino, &path, seg.local_offset, seg.len);
-                    Source::Local(path)
+                    self.inner.local.read_behind(seg.target, ino, &dir, seg.local_offset, seg.len);
+                    Source::Local(chunk_path(&dir, ino))
                 }
                 None => {
                     let (addr, _) = self.inner.cluster.target_addr(seg.target, Transport::Tcp)?;

@@ -15,9 +15,9 @@
 use std::ops::Range;
 
 /// How far behind the stream's front a page must be before it is dropped: the bytes sent
-/// must have left the socket or pipe (a page still referenced is not dropped, and a failed drop makes
-/// the kernel drain every CPU's page lists). Far more than a reader has in flight per target
-/// (the mount's read-ahead is 1 MiB windows).
+/// must have left the socket or pipe (a page still referenced is not dropped, and a failed
+/// drop makes the kernel drain every CPU's page lists). Far more than a reader has in flight
+/// per target (the mount's read-ahead is 1 MiB windows).
 const LAG: u64 = 16 << 20;
 
 /// Ranges are dropped whole folios at a time (a folio partly outside the range stays): the
