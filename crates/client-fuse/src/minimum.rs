@@ -16,6 +16,12 @@
 //! request and one reply per READ, received into a buffer the reply is written from. That is
 //! the least any filesystem whose bytes reach its FUSE daemon over a network can do per READ
 //! (no protocol, no metadata, no daemon between), so it bounds every such read path of odfs.
+//! With [`MinimumFs::with_disk_large`] they are instead read for each READ from real files on
+//! the disk, `O_DIRECT` into a buffer of the reader thread that the reply is written from: the
+//! disk's DMA fills it, no page cache but the mount's holds the bytes, and the only copy is
+//! the kernel's into the mount's page cache. That is the least any filesystem whose FUSE daemon
+//! serves bytes from a disk can do per READ (no network, protocol or daemon between), so it
+//! bounds every buffered read through a FUSE mount of data on disk, odfs's included.
 //! With [`MinimumFs::with_remote_writes`] a WRITE to a file it made is instead sent over
 //! loopback TCP to a [`WriteServer`], which writes the bytes into a file of a real directory
 //! (`O_DIRECT` where aligned, as stored writes chunk data), and answered once the server has:
@@ -66,6 +72,8 @@ pub struct MinimumFs {
     large_block: Vec<u8>,
     /// Set when the large files' bytes come over TCP instead (`with_remote_large`).
     remote: Option<Remote>,
+    /// Set when the large files' bytes come from files on the disk instead (`with_disk_large`).
+    disk: Option<Vec<DiskFile>>,
     /// Set when made files' WRITEs go over TCP to a disk (`with_remote_writes`).
     remote_writes: Option<Remote>,
     /// Set when MKDIR and CREATE are answered (`with_creates`).
@@ -117,6 +125,7 @@ impl MinimumFs {
             large_size: 0,
             large_block: Vec::new(),
             remote: None,
+            disk: None,
             remote_writes: None,
             made: None,
         }
@@ -145,6 +154,15 @@ impl MinimumFs {
         self
     }
 
+    /// Adds large files `/seq.{k}.0` of `size` bytes each whose bytes are those of the k-th of
+    /// `files`, read for each READ from the disk (see the module's documentation).
+    pub fn with_disk_large(mut self, files: &[PathBuf], size: u64) -> std::io::Result<Self> {
+        self.large = files.len() as u64;
+        self.large_size = size;
+        self.disk = Some(files.iter().map(|f| DiskFile::open(f)).collect::<std::io::Result<_>>()?);
+        Ok(self)
+    }
+
     /// Made files' WRITEs are sent to `server`, which writes them to disk, and answered once
     /// it has (see the module's documentation).
     pub fn with_remote_writes(mut self, server: &WriteServer) -> Self {
@@ -157,7 +175,8 @@ impl MinimumFs {
         let mut cfg = Config::default();
         let access = if self.made.is_some() { MountOption::RW } else { MountOption::RO };
         cfg.mount_options = vec![MountOption::FSName("odfs-minimum".into()), access, MountOption::DefaultPermissions];
-        let remote = self.remote.is_some() || self.remote_writes.is_some();
+        // Threads that wait out a round trip or the disk: as many as keep it busy.
+        let remote = self.remote.is_some() || self.remote_writes.is_some() || self.disk.is_some();
         cfg.n_threads = Some(if remote { REMOTE_THREADS } else { SESSION_THREADS });
         cfg.clone_fd = true;
         let session = Session::new(self, at, &cfg)?.spawn()?;
@@ -341,10 +360,14 @@ impl Filesystem for MinimumFs {
     ) {
         let i = match self.node(ino) {
             Some(Node::File(i)) => i,
-            Some(Node::Large(k)) => match &self.remote {
-                Some(r) => return r.read(k as usize, offset, self.large_len(offset, size), reply),
-                None => return reply.data(self.large_read(offset, size)),
-            },
+            Some(Node::Large(k)) => {
+                let len = self.large_len(offset, size);
+                return match (&self.remote, &self.disk) {
+                    (Some(r), _) => r.read(k as usize, offset, len, reply),
+                    (None, Some(files)) => files[k as usize].read(offset, len, reply),
+                    (None, None) => reply.data(self.large_read(offset, size)),
+                };
+            }
             Some(Node::Made { dir: false, .. }) => return reply.data(&[]),
             _ => return reply.error(Errno::EISDIR),
         };
@@ -637,6 +660,62 @@ impl WriteServer {
 
 /// Page size: `O_DIRECT`'s alignment of offsets, lengths and buffers.
 const PAGE: usize = 4096;
+
+/// A large file of the disk-backed minimum: its descriptors, buffered and `O_DIRECT`.
+struct DiskFile {
+    buffered: File,
+    /// `None` where the file system refuses `O_DIRECT` (the reads are then buffered).
+    direct: Option<File>,
+}
+
+thread_local! {
+    /// A reader thread's buffer for disk-backed READs: the longest read, from a page boundary.
+    static DISK_BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; LARGE_MAX_READ + PAGE]);
+}
+
+/// Reads into all of `buf` from `offset`, short only at the file's end (a short reply would
+/// read as the file's end to the kernel).
+fn read_full(f: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut done = 0;
+    while done < buf.len() {
+        match f.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+impl DiskFile {
+    fn open(path: &Path) -> std::io::Result<DiskFile> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let buffered = File::open(path)?;
+        let direct = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path).ok();
+        Ok(DiskFile { buffered, direct })
+    }
+
+    /// Replies to a READ of `len` bytes at `offset` with the file's bytes, read for it.
+    fn read(&self, offset: u64, len: usize, reply: ReplyData) {
+        DISK_BUF.with_borrow_mut(|space| {
+            let pad = space.as_ptr().align_offset(PAGE);
+            // O_DIRECT needs the length aligned too: a READ ending in the file's last partial
+            // page asks for the whole page and gets what there is.
+            let want = len.next_multiple_of(PAGE);
+            let buf = &mut space[pad..pad + want];
+            let read = match &self.direct {
+                Some(f) if offset.is_multiple_of(PAGE as u64) => read_full(f, buf, offset),
+                _ => read_full(&self.buffered, &mut buf[..len], offset),
+            };
+            match read {
+                Ok(n) => reply.data(&buf[..n.min(len)]),
+                Err(e) => reply.error(Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO))),
+            }
+        });
+    }
+}
 
 /// Answers one connection's writes until it closes.
 fn serve_writes(mut conn: TcpStream, dir: &Path) {

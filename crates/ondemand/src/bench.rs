@@ -77,6 +77,8 @@ pub struct Phase {
     pub plain_cpu: Option<f64>,
     /// The same phase on a plain FUSE passthrough of the same disk (bindfs), where measured.
     pub floor: Option<f64>,
+    /// CPU seconds of that phase on the FUSE floor: the tool's and bindfs's own.
+    pub floor_cpu: Option<f64>,
     /// Requests that reached metad (every shard) during the odfs run, where counted.
     pub meta_requests: Option<u64>,
 }
@@ -88,7 +90,17 @@ impl Phase {
 
     /// A phase measured on odfs alone so far (the other sides are filled in when measured).
     pub fn odfs_only(name: &'static str, unit: &'static str, odfs: f64, cpu: f64) -> Phase {
-        Phase { name, unit, odfs, plain: None, odfs_cpu: cpu, plain_cpu: None, floor: None, meta_requests: None }
+        Phase {
+            name,
+            unit,
+            odfs,
+            plain: None,
+            odfs_cpu: cpu,
+            plain_cpu: None,
+            floor: None,
+            floor_cpu: None,
+            meta_requests: None,
+        }
     }
 
     /// odfs against the FUSE floor.

@@ -43,7 +43,11 @@ pub struct MinimumSpec {
     /// served by this process too (`FileServer`): the FUSE + network minimum.
     #[arg(long, num_args = 1..)]
     pub remote_large: Vec<PathBuf>,
-    /// Size of each large file in bytes (with `--remote-large`).
+    /// Large files `/seq.{k}.0` whose every READ is an `O_DIRECT` read of these files into the
+    /// buffer the reply is written from: the FUSE + disk minimum.
+    #[arg(long, num_args = 1..)]
+    pub disk_large: Vec<PathBuf>,
+    /// Size of each large file in bytes (with `--remote-large` or `--disk-large`).
     #[arg(long, default_value_t = 0)]
     pub large_size: u64,
     /// With `--creates`: every WRITE is sent over loopback TCP to a server of this process that
@@ -76,6 +80,9 @@ impl MinimumSpec {
             fs = fs.with_remote_large(&server, self.large_size);
             servers._files = Some(server);
         }
+        if !self.disk_large.is_empty() {
+            fs = fs.with_disk_large(&self.disk_large, self.large_size).context("opening the large files")?;
+        }
         if let Some(dir) = &self.remote_writes {
             let server = WriteServer::start(dir).with_context(|| format!("serving writes into {}", dir.display()))?;
             fs = fs.with_remote_writes(&server);
@@ -103,6 +110,11 @@ impl MinimumSpec {
             a.push(format!("--large-size={}", self.large_size).into());
             a.push("--remote-large".into());
             a.extend(self.remote_large.iter().map(|p| p.clone().into()));
+        }
+        if !self.disk_large.is_empty() {
+            a.push(format!("--large-size={}", self.large_size).into());
+            a.push("--disk-large".into());
+            a.extend(self.disk_large.iter().map(|p| p.clone().into()));
         }
         if let Some(dir) = &self.remote_writes {
             a.push("--remote-writes".into());

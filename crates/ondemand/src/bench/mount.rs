@@ -30,6 +30,7 @@ use odfs_rpc::Transport;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -155,6 +156,8 @@ impl MountBenchOptions {
              small: {} files of {} KiB in {} directories, {} workers; read cold in random order, then\n\
              twice more in other random orders with caches kept (epochs 2 and 3)\n\
              FUSE floor: the same phases on bindfs (libfuse passthrough, default caching) of the same disk\n\
+             CPU-s: the tool's (fio's, or this process's workers) and the side's own processes: every odfs\n\
+             daemon and odfs-fuse for odfs, bindfs for the floor, none for the plain directory\n\
              odfs: chunk data over {:?}, metadata over {:?}\n",
             self.jobs,
             self.job_size >> 20,
@@ -207,6 +210,8 @@ struct Sides {
     counter: Option<MetaCounter>,
     /// Daemons and odfs-fuse.
     pids: Vec<u32>,
+    /// The FUSE floor's daemon (bindfs), whose CPU counts for the floor as odfs's for odfs.
+    floor_pids: Vec<u32>,
     phases: Vec<Phase>,
     dropped: bool,
     /// Lines printed under the table.
@@ -259,11 +264,11 @@ impl Sides {
             let after = self.counter.as_ref().map(|c| c.total()).transpose()?;
             odfs.push((o, before.zip(after).map(|(b, a)| a.saturating_sub(b).saturating_sub(shards))));
         }
-        let mut side = |dir: &Option<PathBuf>, name: &str| -> Result<Vec<Option<Sample>>> {
-            (0..cold.len()).map(|i| dir.as_ref().map(|d| one(d, name, &[], i)).transpose()).collect()
+        let mut side = |dir: &Option<PathBuf>, name: &str, pids: &[u32]| -> Result<Vec<Option<Sample>>> {
+            (0..cold.len()).map(|i| dir.as_ref().map(|d| one(d, name, pids, i)).transpose()).collect()
         };
-        let plain = side(&self.plain, "plain")?;
-        let floor = side(&self.floor, "floor")?;
+        let plain = side(&self.plain, "plain", &[])?;
+        let floor = side(&self.floor, "floor", &self.floor_pids)?;
         self.dropped &= dropped;
         let secs = |s: &Option<Sample>| s.map(|s| format!("{:.1} s", s.secs)).unwrap_or_else(|| "-".into());
         let mut out = Vec::new();
@@ -291,6 +296,8 @@ impl Sides {
             odfs_cpu: s.odfs.cpu,
             plain_cpu: s.plain.map(|x| x.cpu),
             floor: s.floor.as_ref().map(value),
+            // Without bindfs's own process the floor's CPU would be the tool's alone.
+            floor_cpu: s.floor.filter(|_| !self.floor_pids.is_empty()).map(|x| x.cpu),
             meta_requests: s.meta,
         });
     }
@@ -329,10 +336,12 @@ pub fn run(o: &MountBenchOptions) -> Result<(Vec<Phase>, bool, Vec<String>)> {
     let state = local::up(&up)?;
     let result = (|| {
         anyhow::ensure!(state.procs.iter().any(|p| p.service == "fuse"), "odfs local up started no odfs-fuse process");
+        let floor = if o.skip_floor { None } else { mount_floor(&floor_src, &floor)? };
         let mut sides = Sides {
             mnt: mnt.clone(),
             plain: (!o.skip_plain).then(|| plain.clone()),
-            floor: if o.skip_floor { None } else { mount_floor(&floor_src, &floor)? },
+            floor_pids: floor.as_deref().map(floor_daemon).unwrap_or_default(),
+            floor,
             counter: Some(MetaCounter::connect(&fsroot)?),
             pids: state.procs.iter().map(|p| p.pid).collect(),
             phases: Vec::new(),
@@ -401,6 +410,27 @@ fn mount_floor(src: &Path, at: &Path) -> Result<Option<PathBuf>> {
     );
     eprintln!("bench: FUSE floor: bindfs {} at {}", src.display(), at.display());
     Ok(Some(at.to_path_buf()))
+}
+
+/// The bindfs process serving the floor at `at` (it forks away from the bench when it mounts),
+/// found by its command line; none, with a note, when it cannot be found.
+fn floor_daemon(at: &Path) -> Vec<u32> {
+    let serves = |cmdline: &[u8]| {
+        let mut args = cmdline.split(|&b| b == 0).filter(|a| !a.is_empty());
+        let is_bindfs = args.next().is_some_and(|a| a.rsplit(|&b| b == b'/').next() == Some(&b"bindfs"[..]));
+        is_bindfs && args.any(|a| Path::new(std::ffi::OsStr::from_bytes(a)) == at)
+    };
+    let pids: Vec<u32> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| serves(&c)))
+        .collect();
+    if pids.is_empty() {
+        eprintln!("bench: bindfs's process for {} not found: the FUSE floor's CPU is not shown", at.display());
+    }
+    pids
 }
 
 /// Removes what a previous run left, never descending into a live mount.
@@ -499,13 +529,13 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
     let notes = match &sides.plain {
         Some(plain) => {
             let files = seq_files(o, &plain.join("fio"));
-            let mut notes = vec![network_minimum(o, &files)?];
+            let mut notes = vec![fuse_disk_minimum(o, fio, reports, &files, &at)?, network_minimum(o, &files)?];
             notes.extend(fuse_network_minimum(o, fio, reports, &files, &at)?);
             notes.push(fuse_network_minimum_write(o, fio, reports, plain, &at)?);
             notes
         }
-        None => vec!["network minimum and FUSE + network minimum not measured: they use the plain directory's \
-                      disk"
+        None => vec!["FUSE + disk, network and FUSE + network minima not measured: they use the plain \
+                      directory's disk"
             .into()],
     };
     sides.notes.extend(notes);
@@ -597,6 +627,29 @@ fn fuse_network_minimum(
         });
     }
     Ok(notes)
+}
+
+/// The sequential and 4 KiB random reads on the FUSE minimum whose every READ is an `O_DIRECT`
+/// read of the plain directory's `files` into the buffer its reply is written from: the disk
+/// fills that buffer, and the only copy of each byte before the reader's is the kernel's into
+/// the mount's page cache, so this is the least CPU a buffered read through any FUSE mount of
+/// data on a disk costs on this machine (odfs's reads, which also cross the network or a chunk
+/// file's page cache, cost more by design). Served from this process: the least of all.
+fn fuse_disk_minimum(
+    o: &MountBenchOptions,
+    fio: &Path,
+    reports: &Path,
+    files: &[PathBuf],
+    at: &Path,
+) -> Result<String> {
+    let spec =
+        MinimumSpec { at: at.to_path_buf(), disk_large: files.to_vec(), large_size: o.job_size, ..Default::default() };
+    let what = "each READ an O_DIRECT read of the plain directory's files";
+    let name = "FUSE + disk minimum";
+    Ok(match Minimum::mount(&spec, false, name)? {
+        Ok(m) => fuse_minimum_large(o, fio, reports, at, m, what, name)?,
+        Err(skipped) => skipped,
+    })
 }
 
 /// Runs of the network minimum: it is short and its spread wide, so every run is printed.
@@ -1284,13 +1337,13 @@ fn small_read(dir: &Path, o: &MountBenchOptions, epoch: u64) -> Result<()> {
 /// Renders results as a Markdown table with a unit column.
 pub fn render(phases: &[Phase]) -> String {
     let mut s = String::from(
-        "| phase | unit | odfs | plain | ratio | FUSE floor | vs floor | metad requests | odfs CPU-s | plain CPU-s |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
+        "| phase | unit | odfs | plain | ratio | FUSE floor | vs floor | metad requests | odfs CPU-s | plain CPU-s | floor CPU-s |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
     for p in phases {
         s.push_str(&format!(
-            "| {} | {} | {:.0} | {} | {} | {} | {} | {} | {:.1} | {} |\n",
+            "| {} | {} | {:.0} | {} | {} | {} | {} | {} | {:.1} | {} | {} |\n",
             p.name,
             p.unit,
             p.odfs,
@@ -1301,6 +1354,7 @@ pub fn render(phases: &[Phase]) -> String {
             opt(p.meta_requests.map(|v| v.to_string())),
             p.odfs_cpu,
             opt(p.plain_cpu.map(|v| format!("{v:.1}"))),
+            opt(p.floor_cpu.map(|v| format!("{v:.1}"))),
         ));
     }
     s
