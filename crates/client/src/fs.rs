@@ -76,6 +76,8 @@ pub(crate) struct Inner {
     /// Files this client's own unlink or rename just removed, whose chunks are kept a moment
     /// (see `reclaim`).
     removed: Mutex<HashMap<InodeId, Attr>>,
+    /// This client's unlinks and renames in flight, which opens of a removed file wait for.
+    removals: crate::removing::Removals,
     /// What the program on top counted of its own operations (a mount: every FUSE request,
     /// those answered from the caches included), shown by `fs_stats` beside the services'.
     ops: std::sync::OnceLock<OpStats>,
@@ -258,6 +260,7 @@ impl Client {
             runtime: tokio::runtime::Handle::current(),
             stripes: Mutex::new(HashMap::new()),
             removed: Mutex::new(HashMap::new()),
+            removals: Default::default(),
             ops: std::sync::OnceLock::new(),
             delegations: Arc::new(Delegations::new()),
             locks: Default::default(),
@@ -1096,6 +1099,7 @@ impl Client {
     /// went back to the log). Creates metad refused (a name taken by another client while
     /// this one was cut off) are reported and dropped from the caches.
     async fn send_batch(&self, batch: Vec<(u64, Deferred)>) -> bool {
+        let _removal = self.inner.removals.begin();
         let Some(&(last, _)) = batch.last() else { return true };
         let mut by_shard: std::collections::BTreeMap<u16, Vec<Deferred>> = std::collections::BTreeMap::new();
         for (_, e) in &batch {
@@ -1186,6 +1190,7 @@ impl Client {
         name: &[u8],
         req: &R,
     ) -> Result<()> {
+        let _removal = self.inner.removals.begin();
         self.inner.cache.forget_entry(parent, name);
         let t = self.ticket();
         let r = self.entry_call(ctx, parent, name, req).await;
@@ -1215,6 +1220,7 @@ impl Client {
         flags: u32,
     ) -> Result<()> {
         self.register_local_opens().await;
+        let _removal = self.inner.removals.begin();
         self.inner.cache.forget_entry(parent, name);
         self.inner.cache.forget_entry(new_parent, new_name);
         let req = Rename { parent, name: name.to_vec(), new_parent, new_name: new_name.to_vec(), flags };
@@ -1481,10 +1487,14 @@ impl Client {
         let registered = h.request_id;
         let attr = match self.meta_as(&h, Self::shard_of(ino), &Open { ino, read, write, register: true }).await {
             // Removed by this client a moment ago (see `REMOVED_GRACE`): the old file, for reading.
-            Err(e) if e.code() == ErrorCode::NotFound && !write && !truncate => match self.removed_attr(ino) {
-                Some(a) => return self.handle_for(ctx, a, read, false, 0),
-                None => return Err(e),
-            },
+            // The removal's reply may still be on its way (see `removing`): after it.
+            Err(e) if e.code() == ErrorCode::NotFound && !write && !truncate => {
+                self.inner.removals.settled(self.inner.removals.mark()).await;
+                match self.removed_attr(ino) {
+                    Some(a) => return self.handle_for(ctx, a, read, false, 0),
+                    None => return Err(e),
+                }
+            }
             r => r?,
         };
         self.cache_attr(&attr, t);

@@ -19,6 +19,7 @@ mod local_read;
 pub mod locks;
 pub mod path;
 mod prefetch;
+mod removing;
 mod seal;
 mod splice_read;
 pub mod vxattr;
