@@ -106,15 +106,14 @@ impl MinimumSpec {
         if self.no_open {
             a.push("--no-open".into());
         }
-        if !self.remote_large.is_empty() {
-            a.push(format!("--large-size={}", self.large_size).into());
-            a.push("--remote-large".into());
-            a.extend(self.remote_large.iter().map(|p| p.clone().into()));
+        for (flag, files) in [("--remote-large", &self.remote_large), ("--disk-large", &self.disk_large)] {
+            if !files.is_empty() {
+                a.push(flag.into());
+                a.extend(files.iter().map(|p| p.clone().into()));
+            }
         }
-        if !self.disk_large.is_empty() {
+        if !self.remote_large.is_empty() || !self.disk_large.is_empty() {
             a.push(format!("--large-size={}", self.large_size).into());
-            a.push("--disk-large".into());
-            a.extend(self.disk_large.iter().map(|p| p.clone().into()));
         }
         if let Some(dir) = &self.remote_writes {
             a.push("--remote-writes".into());
