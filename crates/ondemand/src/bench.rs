@@ -14,6 +14,7 @@ pub mod mount;
 pub mod shards;
 pub mod stage;
 pub mod startup;
+mod transport;
 
 use anyhow::{Context, Result};
 use odfs_client::{Client, ClientConfig, Ctx};

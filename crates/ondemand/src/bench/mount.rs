@@ -21,6 +21,7 @@
 //! filesystem is started and stopped through [`odfs_job::local`].
 
 use super::minimum::{self, Minimum, MinimumSpec};
+use super::transport;
 use super::{close, drop_caches, fill_pattern, parallel, CpuMeter, Phase};
 use anyhow::{bail, Context, Result};
 use odfs_client_fuse::minimum::MinimumFs;
@@ -518,7 +519,7 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
     let note = match minimum::mount_here(fs, &at, name)? {
         Ok(session) => {
             let m = Minimum::Here(session, Default::default());
-            fuse_minimum_large(o, fio, reports, &at, m, "bytes from memory", name)?
+            fuse_minimum_large(o, fio, reports, &at, m, "bytes from memory", name)?.0
         }
         Err(skipped) => skipped,
     };
@@ -529,7 +530,11 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
     let notes = match &sides.plain {
         Some(plain) => {
             let files = seq_files(o, &plain.join("fio"));
-            let mut notes = vec![fuse_disk_minimum(o, fio, reports, &files, &at)?, network_minimum(o, &files)?];
+            let (disk, disk_cpu) = fuse_disk_minimum(o, fio, reports, &files, &at)?;
+            let tcp = tcp_minimum(o)?;
+            let mut notes = vec![disk, network_minimum(o, &files)?];
+            notes.extend(tcp.as_ref().map(|(line, _)| line.clone()));
+            notes.extend(read_bound(sides, disk_cpu, tcp.map(|(_, cpu)| cpu)));
             notes.extend(fuse_network_minimum(o, fio, reports, &files, &at)?);
             notes.push(fuse_network_minimum_write(o, fio, reports, plain, &at)?);
             notes
@@ -622,7 +627,7 @@ fn fuse_network_minimum(
     let mut notes = Vec::new();
     for (apart, name) in [(false, "FUSE + network minimum"), (true, "FUSE + network minimum in its own session")] {
         notes.push(match Minimum::mount(&spec, apart, name)? {
-            Ok(m) => fuse_minimum_large(o, fio, reports, at, m, what, name)?,
+            Ok(m) => fuse_minimum_large(o, fio, reports, at, m, what, name)?.0,
             Err(skipped) => skipped,
         });
     }
@@ -634,22 +639,89 @@ fn fuse_network_minimum(
 /// fills that buffer, and the only copy of each byte before the reader's is the kernel's into
 /// the mount's page cache, so this is the least CPU a buffered read through any FUSE mount of
 /// data on a disk costs on this machine (odfs's reads, which also cross the network or a chunk
-/// file's page cache, cost more by design). Served from this process: the least of all.
+/// file's page cache, cost more by design). Served from this process: the least of all. The
+/// line (or why it was skipped) and its sequential read's CPU-s.
 fn fuse_disk_minimum(
     o: &MountBenchOptions,
     fio: &Path,
     reports: &Path,
     files: &[PathBuf],
     at: &Path,
-) -> Result<String> {
+) -> Result<(String, Option<f64>)> {
     let spec =
         MinimumSpec { at: at.to_path_buf(), disk_large: files.to_vec(), large_size: o.job_size, ..Default::default() };
     let what = "each READ an O_DIRECT read of the plain directory's files";
     let name = "FUSE + disk minimum";
     Ok(match Minimum::mount(&spec, false, name)? {
-        Ok(m) => fuse_minimum_large(o, fio, reports, at, m, what, name)?,
-        Err(skipped) => skipped,
+        Ok(m) => {
+            let (line, seq_cpu) = fuse_minimum_large(o, fio, reports, at, m, what, name)?;
+            (line, Some(seq_cpu))
+        }
+        Err(skipped) => (skipped, None),
     })
+}
+
+/// Runs of the TCP minimum per way of sending: short, so several.
+const TCP_MINIMUM_RUNS: usize = 3;
+
+/// The share of a default-stripe file's bytes on other nodes than the reader's: one chunk in
+/// `stripe` is on the reader's own target (each local node has one).
+fn remote_share(o: &MountBenchOptions) -> (u64, u64) {
+    let stripe = (odfs_proto::layout::DEFAULT_STRIPE_COUNT.max(1) as u64).min(o.nodes.max(1) as u64);
+    (stripe - 1, stripe)
+}
+
+/// What the sequential read's bytes on other nodes cost to move between processes over
+/// loopback TCP, the cheapest ways there are (`super::transport`): one stream per fio job at
+/// once, each way of sending run several times. One line with every run, and the least CPU-s
+/// of them; `None` when no byte is on another node.
+fn tcp_minimum(o: &MountBenchOptions) -> Result<Option<(String, f64)>> {
+    let (remote, stripe) = remote_share(o);
+    let bytes = o.jobs as u64 * o.job_size / stripe * remote;
+    if bytes == 0 {
+        return Ok(None);
+    }
+    eprintln!("bench: TCP minimum: {} MiB through loopback TCP, no disk, no copy on receipt", bytes >> 20);
+    let (mut runs, mut least) = (Vec::new(), f64::INFINITY);
+    for how in transport::SendBy::ALL {
+        let mut cpus = Vec::new();
+        for _ in 0..TCP_MINIMUM_RUNS {
+            let cpu = CpuMeter::start(&[]);
+            let moved = transport::move_bytes(o.jobs, bytes, how)?;
+            let cpu = cpu.stop();
+            anyhow::ensure!(moved == bytes, "the TCP minimum moved {moved} of {bytes} bytes");
+            least = least.min(cpu);
+            cpus.push(format!("{cpu:.2}"));
+        }
+        runs.push(format!("sent by {} {} CPU-s", how.name(), cpus.join(" / ")));
+    }
+    let line = format!(
+        "TCP minimum ({remote}/{stripe} of the seq read's bytes, the default stripe's share on other nodes, \
+         {} MiB over {} loopback connections, from a buffer, spliced out of the socket without a copy): {}",
+        bytes >> 20,
+        o.jobs,
+        runs.join(", ")
+    );
+    Ok(Some((line, least)))
+}
+
+/// The least CPU any buffered read of the sequential files striped the default way can cost:
+/// all their bytes served from the disk through FUSE (`disk`, the FUSE + disk minimum's
+/// sequential read) and the share on other nodes moved over TCP besides (`tcp`, the least TCP
+/// minimum), against the plain directory's and odfs's sequential read of this run. One line,
+/// or `None` where a part is missing.
+fn read_bound(sides: &Sides, disk: Option<f64>, tcp: Option<f64>) -> Option<String> {
+    let (disk, tcp) = (disk?, tcp?);
+    let phase = sides.phases.iter().find(|p| p.name == "seq read")?;
+    let plain = phase.plain_cpu.filter(|p| *p > 0.0)?;
+    let bound = disk + tcp;
+    Some(format!(
+        "default-stripe read bound: FUSE + disk minimum {disk:.1} + TCP minimum {tcp:.1} = {bound:.1} CPU-s, \
+         {:.2}x the plain directory's seq read ({plain:.1} CPU-s); odfs {:.1} CPU-s ({:.2}x)",
+        bound / plain,
+        phase.odfs_cpu,
+        phase.odfs_cpu / plain
+    ))
 }
 
 /// Runs of the network minimum: it is short and its spread wide, so every run is printed.
@@ -716,7 +788,7 @@ fn send_through_tcp(files: &[PathBuf]) -> Result<u64> {
 /// The sequential and 4 KiB random reads above and the checkpoint read's shape, on the FUSE
 /// minimum's large files (bytes replied from memory on the reader thread, or as `minimum`
 /// serves them): what FUSE alone allows these reads on this machine, for any filesystem that
-/// serves them through its daemon. One line, or why it was skipped.
+/// serves them through its daemon. One line, and its sequential read's CPU-s.
 fn fuse_minimum_large(
     o: &MountBenchOptions,
     fio: &Path,
@@ -725,7 +797,7 @@ fn fuse_minimum_large(
     minimum: Minimum,
     what: &str,
     name: &str,
-) -> Result<String> {
+) -> Result<(String, f64)> {
     eprintln!("bench: {name}, large files: sequential read, then 4 KiB random read");
     let report = name.replace([' ', '+'], "-");
     let mut files = fio_files("seq", at, SEQ_FILES, o);
@@ -759,10 +831,11 @@ fn fuse_minimum_large(
     let [(seq, seq_cpu), (iops, rand_cpu), (ckpt, ckpt_cpu)] =
         rates.with_context(|| format!("reading the {name}'s large files"))?;
     unmounted?;
-    Ok(format!(
+    let line = format!(
         "{name}, large files ({what}): seq read {seq:.0} MiB/s ({seq_cpu:.1} CPU-s), \
          rand read 4k {iops:.0} IOPS ({rand_cpu:.1} CPU-s), ckpt-shaped read {ckpt:.0} MiB/s ({ckpt_cpu:.1} CPU-s)"
-    ))
+    );
+    Ok((line, seq_cpu))
 }
 
 /// The sequential write above on the FUSE minimum whose every WRITE is sent over loopback TCP
