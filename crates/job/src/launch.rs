@@ -78,6 +78,8 @@ pub struct NodeLaunch {
     pub drop_behind_reads: bool,
     /// How long each daemon waits for mgmtd (None: the daemons' default).
     pub register_timeout_secs: Option<u64>,
+    /// stored's runtime threads (None: stored's default).
+    pub stored_worker_threads: Option<usize>,
     /// Node 0's mgmtd serves the job's Prometheus metrics here (None: not at all).
     pub metrics: Option<SocketAddr>,
 }
@@ -151,6 +153,7 @@ impl NodeLaunch {
             direct_write_min_bytes: self.direct_write_min_bytes,
             drop_behind_reads: self.drop_behind_reads,
             register_timeout_secs: self.register_timeout_secs.unwrap_or(d.register_timeout_secs),
+            worker_threads: self.stored_worker_threads.unwrap_or(d.worker_threads),
             ..d
         }
     }

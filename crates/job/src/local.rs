@@ -356,10 +356,20 @@ fn plan_nodes(
             direct_write_min_bytes: opts.direct_write_min_bytes,
             drop_behind_reads: true,
             register_timeout_secs: None,
+            stored_worker_threads: Some(stored_workers(opts.nodes)),
             metrics: opts.metrics_port.map(|p| std::net::SocketAddr::new(opts.bind, p)),
         });
     }
     Ok(nodes)
+}
+
+/// Runtime threads of each node's stored: the node's share of this machine's cores, never more
+/// than stored's default. The nodes share the machine, so the default's threads for every one of
+/// them would be more runtime threads than cores, and each request they serve would more often
+/// wake one that sleeps (docs/architecture.md, "A local filesystem's daemons share the machine").
+fn stored_workers(nodes: u32) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / nodes.max(1) as usize).clamp(1, odfs_service::DEFAULT_WORKER_THREADS)
 }
 
 /// Starts every node's daemons, each in its node's directory, recording them in `state`, saved
@@ -574,4 +584,23 @@ fn wait_restarted(root: &Path, p: &ProcEntry, timeout: Duration) -> Result<()> {
 pub fn credential(root: &Path) -> Result<JobCredential> {
     let cfg = ClientConfig::load(&client_config_path(root))?;
     Ok(cfg.job.credential()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stored_workers;
+    use odfs_service::DEFAULT_WORKER_THREADS;
+
+    #[test]
+    fn each_node_s_stored_gets_its_share_of_the_cores_and_never_more_than_the_default() {
+        let cores = std::thread::available_parallelism().unwrap().get();
+        assert_eq!(stored_workers(1), cores.min(DEFAULT_WORKER_THREADS));
+        assert_eq!(stored_workers(u32::MAX), 1, "nodes beyond the cores still get one thread");
+        assert_eq!(stored_workers(0), cores.min(DEFAULT_WORKER_THREADS), "no nodes reads as one");
+        for nodes in 1..=16 {
+            let w = stored_workers(nodes);
+            assert!((1..=DEFAULT_WORKER_THREADS).contains(&w), "{nodes} nodes: {w} threads");
+            assert!(w == 1 || w * nodes as usize <= cores, "{nodes} nodes x {w} threads > {cores} cores");
+        }
+    }
 }

@@ -294,6 +294,7 @@ fn node_launch(
         direct_write_min_bytes: o.direct_write_min_bytes,
         drop_behind_reads: o.drop_behind_reads,
         register_timeout_secs: Some(o.ready_timeout_secs),
+        stored_worker_threads: None,
         metrics: o.metrics_port.map(|p| std::net::SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), p)),
     }
 }
