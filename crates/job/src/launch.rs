@@ -154,7 +154,6 @@ impl NodeLaunch {
             drop_behind_reads: self.drop_behind_reads,
             register_timeout_secs: self.register_timeout_secs.unwrap_or(d.register_timeout_secs),
             worker_threads: self.stored_worker_threads.unwrap_or(d.worker_threads),
-            ..d
         }
     }
 
