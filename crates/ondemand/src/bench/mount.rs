@@ -751,38 +751,29 @@ fn network_minimum(o: &MountBenchOptions, files: &[PathBuf]) -> Result<String> {
 /// Sends every file through a loopback TCP connection of its own at once; bytes received.
 fn send_through_tcp(files: &[PathBuf]) -> Result<u64> {
     const BLOCK: usize = 1 << 20;
-    std::thread::scope(|s| {
-        let (mut senders, mut receivers) = (Vec::new(), Vec::new());
-        for f in files {
-            let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-            let addr = listener.local_addr()?;
-            senders.push(s.spawn(move || -> Result<()> {
-                let (mut conn, _) = listener.accept()?;
-                let mut file = std::fs::File::open(f).with_context(|| format!("cannot open {}", f.display()))?;
-                let mut buf = vec![0u8; BLOCK];
-                loop {
-                    match file.read(&mut buf)? {
-                        0 => return Ok(()),
-                        n => conn.write_all(&buf[..n])?,
-                    }
+    transport::over_loopback(
+        files.len(),
+        |k, mut conn| {
+            let f = &files[k];
+            let mut file = std::fs::File::open(f).with_context(|| format!("cannot open {}", f.display()))?;
+            let mut buf = vec![0u8; BLOCK];
+            loop {
+                match file.read(&mut buf)? {
+                    0 => return Ok(()),
+                    n => conn.write_all(&buf[..n])?,
                 }
-            }));
-            receivers.push(s.spawn(move || -> Result<u64> {
-                let mut conn = std::net::TcpStream::connect(addr)?;
-                let (mut buf, mut total) = (vec![0u8; BLOCK], 0u64);
-                loop {
-                    match conn.read(&mut buf)? {
-                        0 => return Ok(total),
-                        n => total += n as u64,
-                    }
+            }
+        },
+        |mut conn| {
+            let (mut buf, mut total) = (vec![0u8; BLOCK], 0u64);
+            loop {
+                match conn.read(&mut buf)? {
+                    0 => return Ok(total),
+                    n => total += n as u64,
                 }
-            }));
-        }
-        for t in senders {
-            t.join().map_err(|_| anyhow::anyhow!("a sender panicked"))??;
-        }
-        receivers.into_iter().map(|r| r.join().map_err(|_| anyhow::anyhow!("a receiver panicked"))?).sum()
-    })
+            }
+        },
+    )
 }
 
 /// The sequential and 4 KiB random reads above and the checkpoint read's shape, on the FUSE

@@ -41,24 +41,41 @@ impl SendBy {
     }
 }
 
-/// Moves `bytes` in total over `streams` loopback connections at once (a sender and a
-/// receiver thread each, as `streams` readers of as many files would); bytes received.
+/// Moves `bytes` in total over `streams` loopback connections at once (as `streams` readers of
+/// as many files would), each spliced out on receipt; bytes received.
 pub(crate) fn move_bytes(streams: usize, bytes: u64, how: SendBy) -> Result<u64> {
     let streams = streams.max(1);
     let each = bytes / streams as u64;
+    over_loopback(
+        streams,
+        |k, conn| {
+            let share = if k == 0 { each + bytes % streams as u64 } else { each };
+            send(conn, share, how).with_context(|| format!("sending by {}", how.name()))
+        },
+        |conn| receive(&conn).context("splicing from the socket"),
+    )
+}
+
+/// Runs `streams` loopback TCP connections at once, each with a sender thread running
+/// `send(k, connection)` for stream `k` and a receiver thread running `receive(connection)`;
+/// the bytes the receivers report, summed.
+pub(crate) fn over_loopback<S, R>(streams: usize, send: S, receive: R) -> Result<u64>
+where
+    S: Fn(usize, TcpStream) -> Result<()> + Sync,
+    R: Fn(TcpStream) -> Result<u64> + Sync,
+{
+    let (send, receive) = (&send, &receive);
     std::thread::scope(|s| {
         let (mut senders, mut receivers) = (Vec::new(), Vec::new());
         for k in 0..streams {
-            let share = if k == 0 { each + bytes % streams as u64 } else { each };
             let listener = TcpListener::bind("127.0.0.1:0").context("binding a loopback listener")?;
             let addr = listener.local_addr()?;
             senders.push(s.spawn(move || -> Result<()> {
                 let (conn, _) = listener.accept().context("accepting the receiver")?;
-                send(conn, share, how).with_context(|| format!("sending by {}", how.name()))
+                send(k, conn)
             }));
             receivers.push(s.spawn(move || -> Result<u64> {
-                let conn = TcpStream::connect(addr).context("connecting to the sender")?;
-                receive(&conn).context("splicing from the socket")
+                receive(TcpStream::connect(addr).context("connecting to the sender")?)
             }));
         }
         for t in senders {
