@@ -58,7 +58,9 @@ pub(crate) fn move_bytes(streams: usize, bytes: u64, how: SendBy) -> Result<u64>
 
 /// Runs `streams` loopback TCP connections at once, each with a sender thread running
 /// `send(k, connection)` for stream `k` and a receiver thread running `receive(connection)`;
-/// the bytes the receivers report, summed.
+/// the bytes the receivers report, summed. Each connection is made before its threads start,
+/// so a sender never waits in `accept` for a receiver that failed: a side that fails drops its
+/// end, and the other's next call ends.
 pub(crate) fn over_loopback<S, R>(streams: usize, send: S, receive: R) -> Result<u64>
 where
     S: Fn(usize, TcpStream) -> Result<()> + Sync,
@@ -69,14 +71,10 @@ where
         let (mut senders, mut receivers) = (Vec::new(), Vec::new());
         for k in 0..streams {
             let listener = TcpListener::bind("127.0.0.1:0").context("binding a loopback listener")?;
-            let addr = listener.local_addr()?;
-            senders.push(s.spawn(move || -> Result<()> {
-                let (conn, _) = listener.accept().context("accepting the receiver")?;
-                send(k, conn)
-            }));
-            receivers.push(s.spawn(move || -> Result<u64> {
-                receive(TcpStream::connect(addr).context("connecting to the sender")?)
-            }));
+            let conn = TcpStream::connect(listener.local_addr()?).context("connecting to the sender")?;
+            let (sending, _) = listener.accept().context("accepting the receiver")?;
+            senders.push(s.spawn(move || send(k, sending)));
+            receivers.push(s.spawn(move || receive(conn)));
         }
         for t in senders {
             t.join().map_err(|_| anyhow::anyhow!("a sender panicked"))??;
