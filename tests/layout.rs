@@ -620,6 +620,69 @@ fn a_node_reads_its_own_chunks_from_their_files_and_the_others_through_stored() 
     assert!(moved[0] >= 4 * MIB as u64, "without target.id in target {id}'s directory, the storeds moved {moved:?}");
 }
 
+#[test]
+fn a_node_answers_small_reads_of_its_own_chunks_from_the_page_cache_and_asks_stored_for_cold_ones() {
+    const MIB: usize = 1 << 20;
+    const READ: usize = 4096;
+    let (fs, m) = up();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // 16 MiB in 1 MiB chunks over the pool's 4 targets, written by node 1.
+    let data = pattern(16 * MIB, 57);
+    let ino = rt.block_on(async {
+        let c = fs.node_client(1).await;
+        let (a, h) = c.create_open(&Ctx::root(), InodeId::ROOT, b"small-reads", 0o644, false, None).await.unwrap();
+        h.write(0, &data).await.unwrap();
+        h.close().await.unwrap();
+        a.attr.ino
+    });
+    // Which 1 MiB chunk of the file is the first in node 0's chunk file: its first bytes say.
+    let (_, dir) = node0_nvme_target(&fs, &m);
+    let chunk = chunk_file(&dir, ino.0).expect("node 0's target holds a chunk file of small-reads");
+    let mut head = vec![0u8; READ];
+    std::os::unix::fs::FileExt::read_exact_at(&fs::File::open(&chunk).unwrap(), &mut head, 0).unwrap();
+    let k = (0..16).find(|k| data[k * MIB..k * MIB + READ] == head[..]).expect("the chunk file starts a chunk");
+    // 4 KiB reads inside that chunk, apart (no read-ahead follows them).
+    let offsets: Vec<usize> = (0..7).map(|i| k * MIB + 8192 + i * 131_072).collect();
+    let mut cfg = fs.config().one_shot();
+    (cfg.node, cfg.local_reads) = (0, true);
+    let c = rt.block_on(Client::connect(cfg)).unwrap();
+    let read_all = |what: &str| {
+        rt.block_on(async {
+            let h = c.open(&Ctx::root(), ino, true, false, false).await.unwrap();
+            for &o in &offsets {
+                let got = h.read(o as u64, READ as u32).await.unwrap();
+                assert_bytes(&got, &data[o..o + READ], &format!("{what}: 4 KiB at {o}"));
+            }
+            h.close().await.unwrap();
+        })
+    };
+
+    // Cold: the page cache holds none of them, so node 0's stored reads them (its io_uring
+    // waits for the disk, no thread of the client's does) and sends them.
+    evict(&chunk);
+    let before = chunk_bytes_sent(&fs, 0);
+    read_all("cold");
+    let sent = chunk_bytes_sent(&fs, 0) - before;
+    assert_eq!(sent, (offsets.len() * READ) as u64, "cold small local reads: node 0's stored sent {sent} bytes");
+    // Now cached: the client reads them from the chunk file's pages, with no request to stored.
+    let before = chunk_bytes_sent(&fs, 0);
+    read_all("cached");
+    let sent = chunk_bytes_sent(&fs, 0) - before;
+    assert_eq!(sent, 0, "cached small local reads: node 0's stored sent {sent} bytes");
+}
+
+/// Chunk bytes node `node`'s stored has sent in replies so far, as `odfs stats` counts them.
+fn chunk_bytes_sent(fs: &LocalFs, node: u32) -> u64 {
+    let st: odfs_proto::stats::FsStats = serde_json::from_str(&fs.cli_ok(&["stats", "--json"])).expect("stats JSON");
+    let stored = st
+        .services
+        .iter()
+        .find(|s| s.kind == Some(odfs_proto::mgmt::ServiceKind::Storage) && s.node == node)
+        .unwrap_or_else(|| panic!("no stored of node {node} in {st:?}"));
+    let stats = stored.stats.as_ref().unwrap_or_else(|| panic!("{} not asked: {:?}", stored.name, stored.error));
+    stats.methods.iter().map(|m| m.bytes_out).sum()
+}
+
 /// Node 0's target in pool nvme: its id and directory.
 fn node0_nvme_target(fs: &LocalFs, m: &FuseMount) -> (u32, PathBuf) {
     let nodes = target_nodes(m);
@@ -638,10 +701,11 @@ fn resident(path: &Path) -> u64 {
     text.trim().parse().unwrap_or_else(|_| panic!("fincore {} printed {text:?}", path.display()))
 }
 
-/// Drops `path`'s clean pages from the page cache.
+/// Drops `path`'s pages from the page cache, written back first (a dirty page stays).
 fn evict(path: &Path) {
     use std::os::fd::AsRawFd;
     let f = fs::File::open(path).unwrap();
+    f.sync_all().unwrap();
     // SAFETY: posix_fadvise takes no memory; the descriptor is open for the call.
     assert_eq!(unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
 }

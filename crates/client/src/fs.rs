@@ -4,6 +4,7 @@ use crate::attr_cache::{AttrCache, Cached, Ticket};
 use crate::cluster::Cluster;
 use crate::delegation::{Delegations, Take, GATHER};
 use crate::file::{FileHandle, InodeData};
+use crate::local_read;
 use crate::{ClientConfig, ClientError, Result};
 use odfs_proto::meta::*;
 use odfs_proto::mgmt::{Register, ServiceKind};
@@ -486,17 +487,37 @@ impl Client {
 
     /// Up to `len` bytes of `ino`'s chunk file on `target` at `offset`, short where it ends and
     /// empty where there is none (a hole): from the file itself when the target is this node's
-    /// (short-circuit reads), else from its stored.
+    /// (short-circuit reads), else from its stored. A small local read that needs the disk is
+    /// finished by stored too (`local_read::DISK_VIA_STORED_BELOW`).
     pub(crate) async fn read_chunk(&self, target: TargetId, ino: InodeId, offset: u64, len: u32) -> Result<Vec<u8>> {
-        if let Some(dir) = self.inner.local.dir(&self.inner.cluster, target) {
-            match crate::local_read::read(&dir, ino, offset, len as usize).await {
-                Ok(data) => {
-                    self.inner.local.read_behind(target, ino, &dir, offset, data.len() as u64);
-                    return Ok(data);
-                }
-                Err(e) => self.inner.local.failed(target, &dir, &e),
+        let Some(dir) = self.inner.local.dir(&self.inner.cluster, target) else {
+            return self.read_chunk_from_store(target, ino, offset, len).await;
+        };
+        let now = local_read::read_now(&dir, ino, offset, len as usize);
+        if !now.complete && (len as usize) < local_read::DISK_VIA_STORED_BELOW {
+            let got = now.data.len() as u32;
+            let rest = self.read_chunk_from_store(target, ino, offset + got as u64, len - got).await?;
+            if got == 0 {
+                return Ok(rest);
+            }
+            let mut data = now.data;
+            data.extend_from_slice(&rest);
+            return Ok(data);
+        }
+        match local_read::read_rest(&dir, ino, offset, len as usize, now).await {
+            Ok(data) => {
+                self.inner.local.read_behind(target, ino, &dir, offset, data.len() as u64);
+                Ok(data)
+            }
+            Err(e) => {
+                self.inner.local.failed(target, &dir, &e);
+                self.read_chunk_from_store(target, ino, offset, len).await
             }
         }
+    }
+
+    /// [`Self::read_chunk`] through the stored holding `target`.
+    async fn read_chunk_from_store(&self, target: TargetId, ino: InodeId, offset: u64, len: u32) -> Result<Vec<u8>> {
         Ok(self.store(target, &ReadChunk { target, ino, offset, len }).await?.data)
     }
 
