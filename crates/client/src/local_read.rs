@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use tracing::{info, warn};
 
 /// Reads this large are followed for drop-behind, as stored follows those it sends from the
@@ -41,12 +41,12 @@ pub(crate) struct LocalReads {
     /// The client config's `drop_behind_reads`.
     drop_behind: bool,
     /// What the reads of each chunk file read here looked like so far.
-    streams: Mutex<HashMap<(TargetId, InodeId), Stream>>,
+    streams: Arc<Mutex<HashMap<(TargetId, InodeId), Stream>>>,
 }
 
 impl LocalReads {
     pub(crate) fn new(on: bool, node: NodeIndex, drop_behind: bool) -> LocalReads {
-        LocalReads { on, node, decided: Mutex::new(HashMap::new()), drop_behind, streams: Mutex::new(HashMap::new()) }
+        LocalReads { on, node, decided: Mutex::new(HashMap::new()), drop_behind, streams: Arc::default() }
     }
 
     /// The directory of `target` when its chunks are read straight from their files.
@@ -108,8 +108,17 @@ impl LocalReads {
             streams.entry((target, ino)).or_default().read(offset, len)
         };
         if let Some(r) = behind {
-            let path = chunk_path(dir, ino);
+            let (path, streams) = (chunk_path(dir, ino), self.streams.clone());
             tokio::task::spawn_blocking(move || {
+                // Checked again when the drop runs: a second reader that came meanwhile keeps it.
+                let shared = streams
+                    .lock()
+                    .expect("drop-behind streams lock")
+                    .get(&(target, ino))
+                    .is_some_and(Stream::is_shared);
+                if shared {
+                    return;
+                }
                 if let Ok(Some(f)) = fileio::open_existing(&path) {
                     fileio::dont_need(&f, r.start, r.end - r.start);
                 }

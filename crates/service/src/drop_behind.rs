@@ -50,6 +50,12 @@ enum State {
 }
 
 impl Stream {
+    /// Whether the file has been marked shared: a drop decided earlier but not made yet must
+    /// then not be made (the pages it would drop may be another reader's by now).
+    pub fn is_shared(&self) -> bool {
+        self.state == State::Shared
+    }
+
     /// Notes a read of `len` bytes at `offset`; returns the range to drop now, if any.
     pub fn read(&mut self, offset: u64, len: u64) -> Option<Range<u64>> {
         let end = offset.saturating_add(len);
@@ -120,8 +126,11 @@ mod tests {
     fn a_second_reader_or_a_re_read_marks_the_file_shared_for_good() {
         let mut s = Stream::default();
         assert!(!forward(&mut s, 0, 40 * MIB, MIB).is_empty());
-        // Another reader starts at the beginning: nothing more is dropped, for either.
+        assert!(!s.is_shared());
+        // Another reader starts at the beginning: nothing more is dropped, for either, and a
+        // drop decided before but not made yet is called off (`is_shared`).
         assert_eq!(s.read(0, MIB), None);
+        assert!(s.is_shared());
         assert_eq!(forward(&mut s, 40 * MIB, 200 * MIB, MIB), Vec::<Range<u64>>::new());
         assert_eq!(s.state, State::Shared);
     }

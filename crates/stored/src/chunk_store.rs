@@ -404,9 +404,15 @@ impl ChunkStore {
         if !self.inner.drop_behind {
             return;
         }
-        if let Some(r) = self.inner.fds.read_behind((t.id, ino), s.offset, s.len as u64) {
-            let file = s.file.clone();
-            tokio::task::spawn_blocking(move || syscall::dont_need(&file, r.start, r.end - r.start));
+        let key = (t.id, ino);
+        if let Some(r) = self.inner.fds.read_behind(key, s.offset, s.len as u64) {
+            let (file, inner) = (s.file.clone(), self.inner.clone());
+            // Checked again when the drop runs: a second reader that came meanwhile keeps it.
+            tokio::task::spawn_blocking(move || {
+                if !inner.fds.shared(key) {
+                    syscall::dont_need(&file, r.start, r.end - r.start);
+                }
+            });
         }
     }
 

@@ -110,6 +110,12 @@ impl FdCache {
         self.lock().map.get_mut(&key)?.stream.read(offset, len)
     }
 
+    /// Whether the cached file of `key` has been marked shared since (`Stream::is_shared`):
+    /// then a drop decided before must not be made. A file no longer cached keeps its drop.
+    pub(crate) fn shared(&self, key: ChunkKey) -> bool {
+        self.lock().map.get(&key).is_some_and(|e| e.stream.is_shared())
+    }
+
     /// Drops the cached file of `key`, if any, and refuses inserts of files opened before now.
     pub(crate) fn invalidate(&self, key: ChunkKey) {
         let mut g = self.lock();
