@@ -1387,6 +1387,42 @@ fn the_networked_fuse_minimum_reads_its_files_bytes() {
     MinimumFs::unmount(session).unwrap();
 }
 
+/// The striped FUSE minimum (the bound `odfs bench --mount` sets the default stripe's 4 KiB
+/// random reads) stripes as the default layout does, seen from one of four nodes: the first
+/// chunk of every four is read from the disk files, the other three fetched over TCP. Given
+/// files of different bytes on each side, every chunk must read as its side's.
+#[test]
+fn the_striped_fuse_minimum_reads_one_chunk_in_four_from_disk_and_the_rest_over_tcp() {
+    use odfs_client_fuse::minimum::{FileServer, MinimumFs, STRIPE_UNIT};
+    assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing: this test mounts a FUSE filesystem");
+    let dir = tempfile::tempdir().unwrap();
+    let unit = STRIPE_UNIT as usize;
+    let size = 9 * unit;
+    let (remote, disk) = (pattern(size, 60), pattern(size, 61));
+    let (rf, df) = (dir.path().join("remote"), dir.path().join("disk"));
+    fs::write(&rf, &remote).unwrap();
+    fs::write(&df, &disk).unwrap();
+    let server = FileServer::start(std::slice::from_ref(&rf)).unwrap();
+    let at = dir.path().join("mnt");
+    fs::create_dir_all(&at).unwrap();
+    let session = MinimumFs::new(0, 0, Vec::new(), false)
+        .with_remote_large(&server, size as u64)
+        .with_disk_large(std::slice::from_ref(&df), size as u64)
+        .unwrap()
+        .with_threads(3)
+        .mount(&at)
+        .unwrap();
+    let p = at.join("seq.0.0");
+    for chunk in 0..9 {
+        // Each read one READ of its own (O_DIRECT), from inside the chunk.
+        let offset = chunk * unit + 8192;
+        let got = read_direct(&p, offset as u64, 4096);
+        let want = if chunk % 4 == 0 { &disk } else { &remote };
+        assert_bytes(&got, &want[offset..offset + 4096], &format!("chunk {chunk}"));
+    }
+    MinimumFs::unmount(session).unwrap();
+}
+
 /// The mount's own count of FUSE requests of kind `kind` (`odfs stats --json` through it).
 fn mount_count(m: &FuseMount, kind: &str) -> u64 {
     let out = Command::new(bin_dir().join("odfs"))

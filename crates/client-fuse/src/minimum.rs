@@ -22,6 +22,11 @@
 //! the kernel's into the mount's page cache. That is the least any filesystem whose FUSE daemon
 //! serves bytes from a disk can do per READ (no network, protocol or daemon between), so it
 //! bounds every buffered read through a FUSE mount of data on disk, odfs's included.
+//! With both (`with_remote_large` and `with_disk_large`) the large files are striped as odfs's
+//! default layout stripes a file over four nodes, seen from one of them: of every four
+//! [`STRIPE_UNIT`] chunks, the first is read from the disk and the other three are fetched over
+//! TCP. A READ costs what it must cost there at least, so this minimum bounds every read of a
+//! default-striped file through the mount of one of its four nodes.
 //! With [`MinimumFs::with_remote_writes`] a WRITE to a file it made is instead sent over
 //! loopback TCP to a [`WriteServer`], which writes the bytes into a file of a real directory
 //! (`O_DIRECT` where aligned, as stored writes chunk data), and answered once the server has:
@@ -78,6 +83,8 @@ pub struct MinimumFs {
     remote_writes: Option<Remote>,
     /// Set when MKDIR and CREATE are answered (`with_creates`).
     made: Option<Made>,
+    /// Reader threads, when not the default for the tree (`with_threads`).
+    threads: Option<usize>,
 }
 
 /// What MKDIR and CREATE made: how many inodes, and the directories by parent and name.
@@ -90,6 +97,12 @@ struct Made {
 /// Reader threads of the networked minimum: each waits out its READ's round trip, so there are
 /// as many as keep the sender busy (odfs-fuse's reads wait on tasks, not on its reader threads).
 const REMOTE_THREADS: usize = 8;
+
+/// The chunk of the striped minimum (odfs's default chunk size).
+pub const STRIPE_UNIT: u64 = odfs_proto::layout::DEFAULT_CHUNK_SIZE as u64;
+/// Nodes a striped minimum's file is spread over (odfs's default stripe count); this node
+/// holds the first chunk of every such many.
+const STRIPE_NODES: u64 = 4;
 
 /// The large files repeat a pattern this long (a multiple of every read's alignment).
 const LARGE_PERIOD: usize = 1 << 20;
@@ -128,6 +141,7 @@ impl MinimumFs {
             disk: None,
             remote_writes: None,
             made: None,
+            threads: None,
         }
     }
 
@@ -170,6 +184,14 @@ impl MinimumFs {
         self
     }
 
+    /// Served by `n` reader threads instead of the default (`SESSION_THREADS`, or
+    /// `REMOTE_THREADS` where a READ or WRITE waits on the network or the disk): a minimum whose
+    /// threads wait out round trips reaches its best rate only with enough of them.
+    pub fn with_threads(mut self, n: usize) -> Self {
+        self.threads = Some(n.max(1));
+        self
+    }
+
     /// Mounts the tree at `at` (root only: `mount(2)`); unmounted when the session is dropped.
     pub fn mount(self, at: &Path) -> std::io::Result<BackgroundSession> {
         let mut cfg = Config::default();
@@ -177,7 +199,7 @@ impl MinimumFs {
         cfg.mount_options = vec![MountOption::FSName("odfs-minimum".into()), access, MountOption::DefaultPermissions];
         // Threads that wait out a round trip or the disk: as many as keep it busy.
         let remote = self.remote.is_some() || self.remote_writes.is_some() || self.disk.is_some();
-        cfg.n_threads = Some(if remote { REMOTE_THREADS } else { SESSION_THREADS });
+        cfg.n_threads = Some(self.threads.unwrap_or(if remote { REMOTE_THREADS } else { SESSION_THREADS }));
         cfg.clone_fd = true;
         let session = Session::new(self, at, &cfg)?.spawn()?;
         // Read-ahead as odfs-fuse's mount has it (READs of up to 1 MiB, not 128 KiB).
@@ -363,6 +385,9 @@ impl Filesystem for MinimumFs {
             Some(Node::Large(k)) => {
                 let len = self.large_len(offset, size);
                 return match (&self.remote, &self.disk) {
+                    (Some(_), Some(files)) if (offset / STRIPE_UNIT).is_multiple_of(STRIPE_NODES) => {
+                        files[k as usize].read(offset, len, reply)
+                    }
                     (Some(r), _) => r.read(k as usize, offset, len, reply),
                     (None, Some(files)) => files[k as usize].read(offset, len, reply),
                     (None, None) => reply.data(self.large_read(offset, size)),

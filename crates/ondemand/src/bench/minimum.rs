@@ -44,7 +44,10 @@ pub struct MinimumSpec {
     #[arg(long, num_args = 1..)]
     pub remote_large: Vec<PathBuf>,
     /// Large files `/seq.{k}.0` whose every READ is an `O_DIRECT` read of these files into the
-    /// buffer the reply is written from: the FUSE + disk minimum.
+    /// buffer the reply is written from: the FUSE + disk minimum. With `--remote-large` as
+    /// well (the same files), they are striped as the default layout stripes a file over four
+    /// nodes, seen from one: one 1 MiB chunk in four read from the disk so, the other three
+    /// fetched over TCP (the FUSE + striped minimum).
     #[arg(long, num_args = 1..)]
     pub disk_large: Vec<PathBuf>,
     /// Size of each large file in bytes (with `--remote-large` or `--disk-large`).
@@ -55,6 +58,9 @@ pub struct MinimumSpec {
     /// writes.
     #[arg(long)]
     pub remote_writes: Option<PathBuf>,
+    /// Reader threads (default: 2, or 8 where a READ or WRITE waits on the network or disk).
+    #[arg(long)]
+    pub threads: Option<usize>,
 }
 
 /// The servers behind a minimum's networked files, kept for as long as it is mounted.
@@ -82,6 +88,9 @@ impl MinimumSpec {
         }
         if !self.disk_large.is_empty() {
             fs = fs.with_disk_large(&self.disk_large, self.large_size).context("opening the large files")?;
+        }
+        if let Some(n) = self.threads {
+            fs = fs.with_threads(n);
         }
         if let Some(dir) = &self.remote_writes {
             let server = WriteServer::start(dir).with_context(|| format!("serving writes into {}", dir.display()))?;
@@ -118,6 +127,9 @@ impl MinimumSpec {
         if let Some(dir) = &self.remote_writes {
             a.push("--remote-writes".into());
             a.push(dir.clone().into());
+        }
+        if let Some(n) = self.threads {
+            a.push(format!("--threads={n}").into());
         }
         a
     }

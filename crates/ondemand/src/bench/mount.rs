@@ -13,7 +13,8 @@
 //! installed): the FUSE floor; the sequential read also runs with only loopback TCP between the
 //! disk and the reader (the network minimum), and on the FUSE minimum fed over loopback TCP (the
 //! FUSE + network minimum; the minima also read in the checkpoint read's shape, 4 MiB reads of
-//! another reader's file), the sequential write on the FUSE minimum and on one that sends every
+//! another reader's file), the 4 KiB random read on one striped as the default layout is (the
+//! FUSE + striped minimum, at several reader thread counts), the sequential write on the FUSE minimum and on one that sends every
 //! WRITE over loopback TCP to the plain directory's disk (the FUSE + network minimum for writes);
 //! the read minimum, the creates and the small reads also run on the FUSE minimum, served from this
 //! process and from a process of its own session (`super::minimum`). The requests that reach metad
@@ -536,6 +537,7 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
             notes.extend(tcp.as_ref().map(|(line, _)| line.clone()));
             notes.extend(read_bound(sides, disk_cpu, tcp.map(|(_, cpu)| cpu)));
             notes.extend(fuse_network_minimum(o, fio, reports, &files, &at)?);
+            notes.push(fuse_striped_minimum(o, fio, reports, sides, &files, &at)?);
             notes.push(fuse_network_minimum_write(o, fio, reports, plain, &at)?);
             notes
         }
@@ -632,6 +634,73 @@ fn fuse_network_minimum(
         });
     }
     Ok(notes)
+}
+
+/// Reader threads the FUSE + striped minimum is measured with: its threads wait out their
+/// READs, so its rate rises with them until the cores are busy, then falls as they crowd.
+const STRIPED_MINIMUM_THREADS: [usize; 3] = [8, 16, 32];
+
+/// The 4 KiB random read above on the FUSE minimum whose files are striped as the default
+/// layout stripes them over four nodes, seen from one (`MinimumSpec` with both remote and disk
+/// files): one READ in four an `O_DIRECT` read of the plain directory's files, three fetched
+/// over loopback TCP. Served from a process of its own session, as odfs-fuse is, with several
+/// reader thread counts; the best rate is the most any FUSE filesystem serving default-striped
+/// files over a network reached here, and its CPU per READ says how many READs the machine's
+/// cores could do at most, were every one busy with nothing else. One line, with odfs's rate of
+/// this run against both.
+fn fuse_striped_minimum(
+    o: &MountBenchOptions,
+    fio: &Path,
+    reports: &Path,
+    sides: &Sides,
+    files: &[PathBuf],
+    at: &Path,
+) -> Result<String> {
+    let name = "FUSE + striped minimum in its own session";
+    let mut runs = Vec::new();
+    let (mut best, mut least_cpu) = (0.0f64, f64::INFINITY);
+    for threads in STRIPED_MINIMUM_THREADS {
+        let spec = MinimumSpec {
+            at: at.to_path_buf(),
+            remote_large: files.to_vec(),
+            disk_large: files.to_vec(),
+            large_size: o.job_size,
+            threads: Some(threads),
+            ..Default::default()
+        };
+        let minimum = match Minimum::mount(&spec, true, name)? {
+            Ok(m) => m,
+            Err(skipped) => return Ok(skipped),
+        };
+        eprintln!("bench: {name}, {threads} reader threads: 4 KiB random read");
+        let pids: Vec<u32> = minimum.pid().into_iter().collect();
+        let measured = (|| -> Result<(f64, f64)> {
+            let mut args = fio_files("seq", at, SEQ_FILES, o);
+            args.push("--readonly".into());
+            drop_caches();
+            let cpu = CpuMeter::start(&pids);
+            let report = reports.join(format!("FUSE-striped-minimum-{threads}-randread.json"));
+            let iops = randread_iops(fio, args, &report, o)?;
+            Ok((iops, cpu.stop()))
+        })();
+        let unmounted = minimum.unmount().with_context(|| format!("unmounting the {name}"));
+        let (iops, cpu) = measured.with_context(|| format!("reading the {name}'s large files"))?;
+        unmounted?;
+        let per_read = cpu / (iops * o.randread_secs as f64).max(1.0);
+        best = best.max(iops);
+        least_cpu = least_cpu.min(per_read);
+        runs.push(format!("{threads} threads {iops:.0} IOPS ({:.0} us CPU per read)", per_read * 1e6));
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let odfs = sides.phases.iter().find(|p| p.name == "rand read 4k").map(|p| p.odfs);
+    Ok(format!(
+        "{name}, large files (1 READ in 4 an O_DIRECT read of the plain directory's files, 3 fetched over \
+         loopback TCP, sendfile from them), rand read 4k: {}; best {best:.0} IOPS, at most {:.0} with all {cores} \
+         cores busy at its least CPU per read; odfs's default stripe {}",
+        runs.join(", "),
+        cores / least_cpu,
+        odfs.map_or("not measured".into(), |v| format!("{v:.0} IOPS ({:.2}x the best)", v / best)),
+    ))
 }
 
 /// The sequential and 4 KiB random reads on the FUSE minimum whose every READ is an `O_DIRECT`
