@@ -102,7 +102,7 @@ const REMOTE_THREADS: usize = 8;
 pub const STRIPE_UNIT: u64 = odfs_proto::layout::DEFAULT_CHUNK_SIZE as u64;
 /// Nodes a striped minimum's file is spread over (odfs's default stripe count); this node
 /// holds the first chunk of every such many.
-const STRIPE_NODES: u64 = 4;
+const STRIPE_NODES: u64 = odfs_proto::layout::DEFAULT_STRIPE_COUNT as u64;
 
 /// The large files repeat a pattern this long (a multiple of every read's alignment).
 const LARGE_PERIOD: usize = 1 << 20;

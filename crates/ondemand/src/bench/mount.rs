@@ -14,8 +14,9 @@
 //! disk and the reader (the network minimum), and on the FUSE minimum fed over loopback TCP (the
 //! FUSE + network minimum; the minima also read in the checkpoint read's shape, 4 MiB reads of
 //! another reader's file), the 4 KiB random read on one striped as the default layout is (the
-//! FUSE + striped minimum, at several reader thread counts), the sequential write on the FUSE minimum and on one that sends every
-//! WRITE over loopback TCP to the plain directory's disk (the FUSE + network minimum for writes);
+//! FUSE + striped minimum, at several reader thread counts), the sequential write on the FUSE
+//! minimum and on one that sends every WRITE over loopback TCP to the plain directory's disk
+//! (the FUSE + network minimum for writes);
 //! the read minimum, the creates and the small reads also run on the FUSE minimum, served from this
 //! process and from a process of its own session (`super::minimum`). The requests that reach metad
 //! during each odfs phase are counted (metad's `GetStats`), so what the caches answer shows. The
