@@ -676,8 +676,7 @@ fn fuse_striped_minimum(
         eprintln!("bench: {name}, {threads} reader threads: 4 KiB random read");
         let pids: Vec<u32> = minimum.pid().into_iter().collect();
         let measured = (|| -> Result<(f64, f64)> {
-            let mut args = fio_files("seq", at, SEQ_FILES, o);
-            args.push("--readonly".into());
+            let args = minimum_fio_files(o, at);
             drop_caches();
             let cpu = CpuMeter::start(&pids);
             let report = reports.join(format!("FUSE-striped-minimum-{threads}-randread.json"));
@@ -861,8 +860,7 @@ fn fuse_minimum_large(
 ) -> Result<(String, f64)> {
     eprintln!("bench: {name}, large files: sequential read, then 4 KiB random read");
     let report = name.replace([' ', '+'], "-");
-    let mut files = fio_files("seq", at, SEQ_FILES, o);
-    files.push("--readonly".into());
+    let files = minimum_fio_files(o, at);
     // CPU-s as for every phase: fio's and this process's, where a minimum served here runs,
     // and the serving process's.
     let pids: Vec<u32> = minimum.pid().into_iter().collect();
@@ -1072,6 +1070,14 @@ fn read_as_ckpt(o: &MountBenchOptions, files: &[PathBuf], labelled: bool) -> Res
 fn ckpt_randread(fio: &Path, report: &Path, dir: &Path, o: &MountBenchOptions) -> Result<f64> {
     probe_direct(&ckpt_path(dir, 0))?;
     randread_iops(fio, fio_files("ckpt", dir, "rank$jobnum.pt", o), report, o)
+}
+
+/// fio's arguments naming a FUSE minimum's large files at `at`, opened read-only (the minimum
+/// is mounted read-only).
+fn minimum_fio_files(o: &MountBenchOptions, at: &Path) -> Vec<String> {
+    let mut files = fio_files("seq", at, SEQ_FILES, o);
+    files.push("--readonly".into());
+    files
 }
 
 /// fio's arguments naming one file per job in `dir` (`format`, fio's `filename_format`), each
