@@ -493,6 +493,9 @@ impl Client {
         let Some(dir) = self.inner.local.dir(&self.inner.cluster, target) else {
             return self.read_chunk_from_store(target, ino, offset, len).await;
         };
+        // Noted before the read, as every reader of a chunk file notes (`read_behind`); a read
+        // short enough to be finished by stored is never followed.
+        self.inner.local.read_behind(target, ino, &dir, offset, len as u64);
         let now = local_read::read_now(&dir, ino, offset, len as usize);
         if !now.complete && (len as usize) < local_read::DISK_VIA_STORED_BELOW {
             let got = now.data.len() as u32;
@@ -505,10 +508,7 @@ impl Client {
             return Ok(data);
         }
         match local_read::read_rest(&dir, ino, offset, len as usize, now).await {
-            Ok(data) => {
-                self.inner.local.read_behind(target, ino, &dir, offset, data.len() as u64);
-                Ok(data)
-            }
+            Ok(data) => Ok(data),
             Err(e) => {
                 self.inner.local.failed(target, &dir, &e);
                 self.read_chunk_from_store(target, ino, offset, len).await

@@ -12,13 +12,13 @@ use crate::cluster::Cluster;
 use odfs_proto::layout::{chunk_path, TARGET_ID_FILE};
 use odfs_proto::storage::ChunkRange;
 use odfs_proto::{InodeId, NodeIndex, TargetId};
-use odfs_service::drop_behind::Stream;
+use odfs_service::drop_behind::Followed;
 use odfs_service::fileio;
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use tracing::{info, warn};
 
 /// Reads this large are followed for drop-behind, as stored follows those it sends from the
@@ -41,12 +41,12 @@ pub(crate) struct LocalReads {
     /// The client config's `drop_behind_reads`.
     drop_behind: bool,
     /// What the reads of each chunk file read here looked like so far.
-    streams: Arc<Mutex<HashMap<(TargetId, InodeId), Stream>>>,
+    streams: Mutex<HashMap<(TargetId, InodeId), Followed>>,
 }
 
 impl LocalReads {
     pub(crate) fn new(on: bool, node: NodeIndex, drop_behind: bool) -> LocalReads {
-        LocalReads { on, node, decided: Mutex::new(HashMap::new()), drop_behind, streams: Arc::default() }
+        LocalReads { on, node, decided: Mutex::new(HashMap::new()), drop_behind, streams: Mutex::default() }
     }
 
     /// The directory of `target` when its chunks are read straight from their files.
@@ -91,37 +91,32 @@ impl LocalReads {
     }
 
     /// Notes a read of `len` bytes at `offset` of `ino`'s chunk file on `target` (directory
-    /// `dir`), read here, and drops from the page cache what a single sequential reader has left
-    /// behind of it (docs/architecture.md, "Stored drops what a single sequential reader has
-    /// read": the mount's page cache holds the bytes read). On the blocking pool, not waited
-    /// for: advice, which the read does not depend on.
+    /// `dir`), about to be made here, and drops from the page cache what a single sequential
+    /// reader has left behind of it (docs/architecture.md, "Stored drops what a single
+    /// sequential reader has read": the mount's page cache holds the bytes read). Noted before
+    /// the bytes are read, so that a drop decided earlier never takes pages a second reader has
+    /// just read (`drop_behind::Followed`). On the blocking pool, not waited for: advice, which
+    /// the read does not depend on.
     pub(crate) fn read_behind(&self, target: TargetId, ino: InodeId, dir: &Path, offset: u64, len: u64) {
         if !self.drop_behind || len < FOLLOWED_MIN {
             return;
         }
-        let behind = {
+        let followed = {
             let mut streams = self.streams.lock().expect("drop-behind streams lock");
             if streams.len() >= STREAMS_MAX && !streams.contains_key(&(target, ino)) {
                 let any = *streams.keys().next().expect("a full table has a key");
                 streams.remove(&any);
             }
-            streams.entry((target, ino)).or_default().read(offset, len)
+            streams.entry((target, ino)).or_default().clone()
         };
-        if let Some(r) = behind {
-            let (path, streams) = (chunk_path(dir, ino), self.streams.clone());
+        if let Some(r) = followed.read(offset, len) {
+            let path = chunk_path(dir, ino);
             tokio::task::spawn_blocking(move || {
-                // Checked again when the drop runs: a second reader that came meanwhile keeps it.
-                let shared = streams
-                    .lock()
-                    .expect("drop-behind streams lock")
-                    .get(&(target, ino))
-                    .is_some_and(Stream::is_shared);
-                if shared {
-                    return;
-                }
-                if let Ok(Some(f)) = fileio::open_existing(&path) {
-                    fileio::dont_need(&f, r.start, r.end - r.start);
-                }
+                followed.drop_unless_shared(|| {
+                    if let Ok(Some(f)) = fileio::open_existing(&path) {
+                        fileio::dont_need(&f, r.start, r.end - r.start);
+                    }
+                })
             });
         }
     }
@@ -145,6 +140,8 @@ fn names_target(dir: &Path, target: TargetId) -> Result<(), String> {
 /// 19.2k/19.0k against 23.2k/23.3k IOPS, 16 KiB 231/240 against 270/293 MiB/s, 32 KiB about
 /// even (454/420 against 405/446), 64 KiB 583/642 against 494/566.
 pub(crate) const DISK_VIA_STORED_BELOW: usize = 32 << 10;
+// `Client::read_chunk` notes only reads it makes here: those it sends to stored are too short to follow.
+const _: () = assert!(DISK_VIA_STORED_BELOW as u64 <= FOLLOWED_MIN);
 
 /// What [`read_now`] got without waiting.
 pub(crate) struct Now {

@@ -13,6 +13,7 @@
 //! more than with the cache kept.
 
 use std::ops::Range;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// How far behind the stream's front a page must be before it is dropped: the bytes sent
 /// must have left the socket or pipe (a page still referenced is not dropped, and a failed
@@ -80,6 +81,39 @@ impl Stream {
     }
 }
 
+/// One chunk file's [`Stream`], shared by the reads noted into it and the drops they decide.
+/// A read is noted before its bytes are read, and a drop holds the stream while it is made:
+/// a second reader noted before the drop calls it off, one noted after waits for it and then
+/// reads its pages back, so no drop ever takes pages a later reader has just read.
+#[derive(Debug, Default, Clone)]
+pub struct Followed(Arc<Mutex<Stream>>);
+
+impl Followed {
+    /// [`Stream::read`], for a read about to be made.
+    pub fn read(&self, offset: u64, len: u64) -> Option<Range<u64>> {
+        self.lock().read(offset, len)
+    }
+
+    /// Whether the file has been marked shared ([`Stream::is_shared`]).
+    pub fn is_shared(&self) -> bool {
+        self.lock().is_shared()
+    }
+
+    /// Runs `drop` (a drop [`Self::read`] decided) unless the file has been marked shared
+    /// since, holding the stream meanwhile.
+    pub fn drop_unless_shared(&self, drop: impl FnOnce()) {
+        let stream = self.lock();
+        if !stream.is_shared() {
+            drop();
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Stream> {
+        // A stream is plain data, whole after any panic: a poisoned lock still holds it.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 fn align_down(x: u64) -> u64 {
     x - x % ALIGN
 }
@@ -133,6 +167,20 @@ mod tests {
         assert!(s.is_shared());
         assert_eq!(forward(&mut s, 40 * MIB, 200 * MIB, MIB), Vec::<Range<u64>>::new());
         assert_eq!(s.state, State::Shared);
+    }
+
+    #[test]
+    fn a_drop_is_called_off_by_a_reader_noted_before_it_is_made() {
+        let f = Followed::default();
+        let decided = (0..40).filter_map(|i| f.read(i * MIB, MIB)).next().expect("a drop");
+        let made = std::cell::Cell::new(false);
+        f.drop_unless_shared(|| made.set(true));
+        assert!(made.get(), "with no other reader the drop {decided:?} is made");
+        let again = (40..80).filter_map(|i| f.read(i * MIB, MIB)).next().expect("a later drop");
+        assert_eq!(f.read(0, MIB), None, "a re-read from the start");
+        let made = std::cell::Cell::new(false);
+        f.drop_unless_shared(|| made.set(true));
+        assert!(!made.get() && f.is_shared(), "the drop {again:?} decided before the re-read is not made");
     }
 
     #[test]

@@ -405,13 +405,11 @@ impl ChunkStore {
             return;
         }
         let key = (t.id, ino);
-        if let Some(r) = self.inner.fds.read_behind(key, s.offset, s.len as u64) {
-            let (file, inner) = (s.file.clone(), self.inner.clone());
+        if let Some((r, followed)) = self.inner.fds.read_behind(key, s.offset, s.len as u64) {
+            let file = s.file.clone();
             // Checked again when the drop runs: a second reader that came meanwhile keeps it.
             tokio::task::spawn_blocking(move || {
-                if !inner.fds.shared(key) {
-                    syscall::dont_need(&file, r.start, r.end - r.start);
-                }
+                followed.drop_unless_shared(|| syscall::dont_need(&file, r.start, r.end - r.start))
             });
         }
     }

@@ -1,10 +1,10 @@
 //! A bounded, least-recently-used cache of open chunk files, keyed by (target, inode).
 //!
 //! Owns only the table of `Arc<File>`s and, with each, what its reads have looked like
-//! (`drop_behind::Stream`, which lives exactly as long as the cached descriptor): it never
-//! opens, unlinks or does I/O on a file (the chunk store does). An evicted or invalidated file
-//! is closed when the last in-flight operation holding its `Arc` finishes, so eviction never
-//! pulls a descriptor from under the kernel.
+//! (`drop_behind::Followed`, which lives as long as the cached descriptor and the drops it
+//! decided): it never opens, unlinks or does I/O on a file (the chunk store does). An evicted
+//! or invalidated file is closed when the last in-flight operation holding its `Arc` finishes,
+//! so eviction never pulls a descriptor from under the kernel.
 //!
 //! Removal races: a miss opens the file outside the lock, so a concurrent remove could unlink the
 //! path between that open and the insert, leaving a descriptor of a deleted file in the cache.
@@ -12,7 +12,7 @@
 //! insert is refused when it moved. The store invalidates both before and after unlinking.
 
 use odfs_proto::{InodeId, TargetId};
-use odfs_service::drop_behind::Stream;
+use odfs_service::drop_behind::Followed;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::ops::Range;
@@ -38,7 +38,7 @@ struct Inner {
 struct Entry {
     file: Arc<File>,
     tick: u64,
-    stream: Stream,
+    stream: Followed,
 }
 
 /// A lookup that missed: open the file, then hand this back to [`FdCache::insert`].
@@ -99,21 +99,17 @@ impl FdCache {
         inner.tick += 1;
         let tick = inner.tick;
         inner.order.insert(tick, key);
-        inner.map.insert(key, Entry { file: file.clone(), tick, stream: Stream::default() });
+        inner.map.insert(key, Entry { file: file.clone(), tick, stream: Followed::default() });
         file
     }
 
-    /// Notes a read of `len` bytes at `offset` of the cached file of `key`: the range its
-    /// reader has left behind, to drop from the page cache now (`drop_behind`). `None` when
-    /// there is none, or the file is not cached.
-    pub(crate) fn read_behind(&self, key: ChunkKey, offset: u64, len: u64) -> Option<Range<u64>> {
-        self.lock().map.get_mut(&key)?.stream.read(offset, len)
-    }
-
-    /// Whether the cached file of `key` has been marked shared since (`Stream::is_shared`):
-    /// then a drop decided before must not be made. A file no longer cached keeps its drop.
-    pub(crate) fn shared(&self, key: ChunkKey) -> bool {
-        self.lock().map.get(&key).is_some_and(|e| e.stream.is_shared())
+    /// Notes a read of `len` bytes at `offset` of the cached file of `key`, about to be made:
+    /// the range its reader has left behind, to drop from the page cache now (`drop_behind`),
+    /// with the file's stream, which the drop holds while it is made
+    /// (`Followed::drop_unless_shared`). `None` when there is none, or the file is not cached.
+    pub(crate) fn read_behind(&self, key: ChunkKey, offset: u64, len: u64) -> Option<(Range<u64>, Followed)> {
+        let followed = self.lock().map.get(&key)?.stream.clone();
+        Some((followed.read(offset, len)?, followed))
     }
 
     /// Drops the cached file of `key`, if any, and refuses inserts of files opened before now.
