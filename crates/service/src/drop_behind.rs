@@ -94,11 +94,6 @@ impl Followed {
         self.lock().read(offset, len)
     }
 
-    /// Whether the file has been marked shared ([`Stream::is_shared`]).
-    pub fn is_shared(&self) -> bool {
-        self.lock().is_shared()
-    }
-
     /// Runs `drop` (a drop [`Self::read`] decided) unless the file has been marked shared
     /// since, holding the stream meanwhile.
     pub fn drop_unless_shared(&self, drop: impl FnOnce()) {
@@ -180,7 +175,7 @@ mod tests {
         assert_eq!(f.read(0, MIB), None, "a re-read from the start");
         let made = std::cell::Cell::new(false);
         f.drop_unless_shared(|| made.set(true));
-        assert!(!made.get() && f.is_shared(), "the drop {again:?} decided before the re-read is not made");
+        assert!(!made.get() && f.lock().is_shared(), "the drop {again:?} decided before the re-read is not made");
     }
 
     #[test]
