@@ -95,8 +95,7 @@ impl LocalReads {
     /// reader has left behind of it (docs/architecture.md, "Stored drops what a single
     /// sequential reader has read": the mount's page cache holds the bytes read). Noted before
     /// the bytes are read, so that a drop decided earlier never takes pages a second reader has
-    /// just read (`drop_behind::Followed`). On the blocking pool, not waited for: advice, which
-    /// the read does not depend on.
+    /// just read (`drop_behind::Followed`).
     pub(crate) fn read_behind(&self, target: TargetId, ino: InodeId, dir: &Path, offset: u64, len: u64) {
         if !self.drop_behind || len < FOLLOWED_MIN {
             return;
@@ -109,14 +108,12 @@ impl LocalReads {
             }
             streams.entry((target, ino)).or_default().clone()
         };
-        if let Some(r) = followed.read(offset, len) {
+        if let Some(due) = followed.read(offset, len) {
             let path = chunk_path(dir, ino);
-            tokio::task::spawn_blocking(move || {
-                followed.drop_unless_shared(|| {
-                    if let Ok(Some(f)) = fileio::open_existing(&path) {
-                        fileio::dont_need(&f, r.start, r.end - r.start);
-                    }
-                })
+            due.spawn(move |r| {
+                if let Ok(Some(f)) = fileio::open_existing(&path) {
+                    fileio::dont_need(&f, r.start, r.end - r.start);
+                }
             });
         }
     }
@@ -140,7 +137,8 @@ fn names_target(dir: &Path, target: TargetId) -> Result<(), String> {
 /// 19.2k/19.0k against 23.2k/23.3k IOPS, 16 KiB 231/240 against 270/293 MiB/s, 32 KiB about
 /// even (454/420 against 405/446), 64 KiB 583/642 against 494/566.
 pub(crate) const DISK_VIA_STORED_BELOW: usize = 32 << 10;
-// `Client::read_chunk` notes only reads it makes here: those it sends to stored are too short to follow.
+// `Client::read_chunk` notes only the reads it makes here: those it sends to stored are too
+// short to follow.
 const _: () = assert!(DISK_VIA_STORED_BELOW as u64 <= FOLLOWED_MIN);
 
 /// What [`read_now`] got without waiting.

@@ -89,23 +89,38 @@ impl Stream {
 pub struct Followed(Arc<Mutex<Stream>>);
 
 impl Followed {
-    /// [`Stream::read`], for a read about to be made.
-    pub fn read(&self, offset: u64, len: u64) -> Option<Range<u64>> {
-        self.lock().read(offset, len)
-    }
-
-    /// Runs `drop` (a drop [`Self::read`] decided) unless the file has been marked shared
-    /// since, holding the stream meanwhile.
-    pub fn drop_unless_shared(&self, drop: impl FnOnce()) {
-        let stream = self.lock();
-        if !stream.is_shared() {
-            drop();
-        }
+    /// [`Stream::read`], for a read about to be made: the drop it decides, if any.
+    pub fn read(&self, offset: u64, len: u64) -> Option<Due> {
+        let range = self.lock().read(offset, len)?;
+        Some(Due { range, stream: self.clone() })
     }
 
     fn lock(&self) -> MutexGuard<'_, Stream> {
         // A stream is plain data, whole after any panic: a poisoned lock still holds it.
         self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A drop [`Followed::read`] decided: the range of the chunk file to drop from the page cache.
+#[must_use = "a drop is made only by `spawn`"]
+pub struct Due {
+    range: Range<u64>,
+    stream: Followed,
+}
+
+impl Due {
+    /// Makes the drop (`drop(range)`) on the blocking pool, not waited for: advice, which no
+    /// read depends on.
+    pub fn spawn(self, drop: impl FnOnce(Range<u64>) + Send + 'static) {
+        tokio::task::spawn_blocking(move || self.make(drop));
+    }
+
+    /// Makes the drop unless the file has been marked shared since, holding the stream meanwhile.
+    fn make(self, drop: impl FnOnce(Range<u64>)) {
+        let stream = self.stream.lock();
+        if !stream.is_shared() {
+            drop(self.range.clone());
+        }
     }
 }
 
@@ -167,15 +182,14 @@ mod tests {
     #[test]
     fn a_drop_is_called_off_by_a_reader_noted_before_it_is_made() {
         let f = Followed::default();
-        let decided = (0..40).filter_map(|i| f.read(i * MIB, MIB)).next().expect("a drop");
-        let made = std::cell::Cell::new(false);
-        f.drop_unless_shared(|| made.set(true));
-        assert!(made.get(), "with no other reader the drop {decided:?} is made");
-        let again = (40..80).filter_map(|i| f.read(i * MIB, MIB)).next().expect("a later drop");
-        assert_eq!(f.read(0, MIB), None, "a re-read from the start");
-        let made = std::cell::Cell::new(false);
-        f.drop_unless_shared(|| made.set(true));
-        assert!(!made.get() && f.lock().is_shared(), "the drop {again:?} decided before the re-read is not made");
+        let decided = (0..40).find_map(|i| f.read(i * MIB, MIB)).expect("a drop");
+        let made = std::cell::Cell::new(None);
+        decided.make(|r| made.set(Some(r)));
+        assert!(made.take().is_some(), "with no other reader the drop is made");
+        let again = (40..80).find_map(|i| f.read(i * MIB, MIB)).expect("a later drop");
+        assert!(f.read(0, MIB).is_none(), "a re-read from the start");
+        again.make(|r| made.set(Some(r)));
+        assert!(made.take().is_none() && f.lock().is_shared(), "the drop decided before the re-read is not made");
     }
 
     #[test]

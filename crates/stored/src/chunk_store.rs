@@ -404,13 +404,9 @@ impl ChunkStore {
         if !self.inner.drop_behind {
             return;
         }
-        let key = (t.id, ino);
-        if let Some((r, followed)) = self.inner.fds.read_behind(key, s.offset, s.len as u64) {
+        if let Some(due) = self.inner.fds.read_behind((t.id, ino), s.offset, s.len as u64) {
             let file = s.file.clone();
-            // Checked again when the drop runs: a second reader that came meanwhile keeps it.
-            tokio::task::spawn_blocking(move || {
-                followed.drop_unless_shared(|| syscall::dont_need(&file, r.start, r.end - r.start))
-            });
+            due.spawn(move |r| syscall::dont_need(&file, r.start, r.end - r.start));
         }
     }
 

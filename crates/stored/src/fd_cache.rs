@@ -12,10 +12,9 @@
 //! insert is refused when it moved. The store invalidates both before and after unlinking.
 
 use odfs_proto::{InodeId, TargetId};
-use odfs_service::drop_behind::Followed;
+use odfs_service::drop_behind::{Due, Followed};
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Identifies one chunk file.
@@ -104,12 +103,11 @@ impl FdCache {
     }
 
     /// Notes a read of `len` bytes at `offset` of the cached file of `key`, about to be made:
-    /// the range its reader has left behind, to drop from the page cache now (`drop_behind`),
-    /// with the file's stream, which the drop holds while it is made
-    /// (`Followed::drop_unless_shared`). `None` when there is none, or the file is not cached.
-    pub(crate) fn read_behind(&self, key: ChunkKey, offset: u64, len: u64) -> Option<(Range<u64>, Followed)> {
+    /// what its reader has left behind, to drop from the page cache now (`drop_behind`). `None`
+    /// when there is none, or the file is not cached.
+    pub(crate) fn read_behind(&self, key: ChunkKey, offset: u64, len: u64) -> Option<Due> {
         let followed = self.lock().map.get(&key)?.stream.clone();
-        Some((followed.read(offset, len)?, followed))
+        followed.read(offset, len)
     }
 
     /// Drops the cached file of `key`, if any, and refuses inserts of files opened before now.
