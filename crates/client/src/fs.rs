@@ -339,20 +339,35 @@ impl Client {
     }
 
     /// Registers the files opened from the cache (unknown to metad) before a change that may
-    /// take a file's last name: metad keeps those as orphans for this client.
+    /// take a file's last name: metad keeps those as orphans for this client. Returns once
+    /// every file open here is registered, also those another request began to register: the
+    /// change must not reach metad before their registration does (two processes unlinking
+    /// their own open temporary files at once: the second found both files marked by the
+    /// first, sent its unlink at once, and metad removed its file outright).
     async fn register_local_opens(&self) {
-        let reg = self.mark_registered(|_| true);
-        if reg.files.is_empty() {
-            return;
-        }
+        let Registering { files, guards } = self.mark_registered(|_| true);
         let mut by_shard: HashMap<u16, Vec<(InodeId, u64)>> = HashMap::new();
-        for f in reg.files {
+        for f in files {
             by_shard.entry(f.0.shard()).or_default().push(f);
         }
         for (shard, files) in by_shard {
             if let Err(e) = self.meta(&Ctx::root(), shard, &Reopen { files }).await {
                 warn!(shard, error = %e, "cannot register open files before a change");
             }
+        }
+        drop(guards);
+        self.registrations_sent().await;
+    }
+
+    /// Waits until the registrations of files open here that other requests are sending have
+    /// been answered (each holds its file's `registering` lock while it is on its way).
+    async fn registrations_sent(&self) {
+        let on_their_way: Vec<_> = {
+            let map = self.inner.inodes.lock().expect("inodes lock");
+            map.values().filter(|d| d.registered() != 0).map(|d| d.registering.clone()).collect()
+        };
+        for registering in on_their_way {
+            drop(registering.lock().await);
         }
     }
 
