@@ -850,11 +850,11 @@ fn an_open_unlinked_file_keeps_every_operation() {
 #[test]
 fn temporary_files_of_several_processes_stay_usable_while_others_unlink_and_rename() {
     // Two processes make, write and read back Python's TemporaryFile (a file unlinked as soon
-    // as it is made), while two others write, rename and unlink files in directories of their own, all at once
-    // on one mount. An unlink or rename first registers this client's open files with metad so
-    // that they stay orphans; one that found its open file marked by another's registration
-    // once went out before that registration arrived, and metad removed the file outright:
-    // fstat or close then failed with ENOENT, for 2-4% of the temporary files.
+    // as it is made), while two others write, rename and unlink files in directories of their
+    // own, all at once on one mount. An unlink or rename first registers this client's open
+    // files with metad so that they stay orphans; one that found its open file marked by
+    // another's registration once went out before that registration arrived, and metad removed
+    // the file outright: fstat or close then failed with ENOENT, for 2-4% of the temporary files.
     let fs = LocalFs::up(2, &["--chunk-size", "65536"]);
     let m = FuseMount::start(&fs);
     fs::create_dir(m.p("tmp")).unwrap();

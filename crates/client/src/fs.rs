@@ -341,9 +341,9 @@ impl Client {
     /// Registers the files opened from the cache (unknown to metad) before a change that may
     /// take a file's last name: metad keeps those as orphans for this client. Returns once
     /// every file open here is registered, also those another request began to register: the
-    /// change must not reach metad before their registration does (two processes unlinking
-    /// their own open temporary files at once: the second found both files marked by the
-    /// first, sent its unlink at once, and metad removed its file outright).
+    /// change must not reach metad before their registration does (a process unlinking its own
+    /// files marked another's open temporary file as it registered it; that process's unlink,
+    /// finding nothing left to register, reached metad first, and metad removed the file).
     async fn register_local_opens(&self) {
         let Registering { files, guards } = self.mark_registered(|_| true);
         let mut by_shard: HashMap<u16, Vec<(InodeId, u64)>> = HashMap::new();
