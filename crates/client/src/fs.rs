@@ -360,11 +360,12 @@ impl Client {
     }
 
     /// Waits until the registrations of files open here that other requests are sending have
-    /// been answered (each holds its file's `registering` lock while it is on its way).
+    /// been answered (each holds its file's `registering` lock while it is on its way; only
+    /// those held now are waited for, so an unlink with none on their way clones nothing).
     async fn registrations_sent(&self) {
         let on_their_way: Vec<_> = {
             let map = self.inner.inodes.lock().expect("inodes lock");
-            map.values().filter(|d| d.registered() != 0).map(|d| d.registering.clone()).collect()
+            map.values().filter(|d| d.registering.try_lock().is_err()).map(|d| d.registering.clone()).collect()
         };
         for registering in on_their_way {
             drop(registering.lock().await);
