@@ -1,10 +1,11 @@
 //! Real tools on a real mount: fio with data verification, tar of a real source tree, git,
-//! `cp -a` + `diff -r`, a Python script using `os` and `shutil`, and CPython's own test suite
-//! for files and the OS. Each checks outcomes the tool itself verifies (checksums, object
+//! `cp -a` + `diff -r`, a Python script using `os` and `shutil`, a training job's file formats
+//! (NumPy, safetensors, HDF5, tar shards) across two clients, and CPython's own test suite for
+//! files and the OS. Each checks outcomes the tool itself verifies (checksums, object
 //! hashes, exit status, the suite's verdict) and the bytes on the mount.
 //!
 //! Needs root, /dev/fuse and the tools (scripts/test installs fio, git, python3 and its test
-//! suite, tar, diffutils).
+//! suite, numpy, h5py and safetensors, tar, diffutils).
 
 use odfs_tests::*;
 use std::collections::BTreeMap;
@@ -284,6 +285,118 @@ fn python_os_and_shutil_operations() {
     let out = run(Command::new("python3").arg("-c").arg(PY_OS_SHUTIL).arg(&m.path));
     assert_eq!(out.trim(), "ok");
     assert!(fs::read_dir(&m.path).unwrap().next().is_none(), "rmtree left entries behind");
+}
+
+/// The file formats of a training job, each written through one client and read back through
+/// another (argv[1] and argv[2]: one directory through two mounts): a checkpoint storm of four
+/// processes at once (`np.save` and safetensors, then fsync), read back whole and mapped; HDF5
+/// with its default file locking, gzip-compressed chunks and SWMR appends; a NumPy memmap
+/// written through the mapping; WebDataset-style tar shards streamed. Every value is compared.
+const PY_ML_FORMATS: &str = r#"
+import hashlib, io, multiprocessing, os, sys, tarfile
+import h5py, numpy as np
+from safetensors import safe_open
+from safetensors.numpy import load_file, save_file
+A, B = sys.argv[1], sys.argv[2]
+
+def tensors(rank):
+    rng = np.random.default_rng(rank)
+    return {f"layer{i}.weight": rng.standard_normal((512, 512 + i), dtype=np.float32) for i in range(8)}
+
+def save_rank(rank):
+    arr = np.random.default_rng(100 + rank).integers(0, 1 << 62, size=4 << 20)
+    np.save(os.path.join(A, f"ckpt/rank{rank}.npy"), arr)
+    p = os.path.join(A, f"ckpt/rank{rank}.safetensors")
+    save_file(tensors(rank), p)
+    for q in (p, os.path.join(A, f"ckpt/rank{rank}.npy")):
+        with open(q, "rb+") as f:
+            os.fsync(f.fileno())
+
+def checkpoints():
+    os.makedirs(os.path.join(A, "ckpt"))
+    with multiprocessing.Pool(4) as pool:
+        pool.map(save_rank, range(4))
+    for rank in range(4):
+        want = np.random.default_rng(100 + rank).integers(0, 1 << 62, size=4 << 20)
+        for mode in (None, "r"):
+            assert np.array_equal(np.load(os.path.join(B, f"ckpt/rank{rank}.npy"), mmap_mode=mode), want), rank
+        p, ref = os.path.join(B, f"ckpt/rank{rank}.safetensors"), tensors(rank)
+        got = load_file(p)
+        assert got.keys() == ref.keys() and all(np.array_equal(got[k], ref[k]) for k in ref), rank
+        with safe_open(p, framework="numpy") as f:
+            assert np.array_equal(f.get_slice("layer3.weight")[7:9], ref["layer3.weight"][7:9])
+
+def hdf5():
+    p = os.path.join(A, "d.h5")
+    x = np.random.default_rng(1).standard_normal((2000, 512)).astype(np.float32)
+    with h5py.File(p, "w", libver="latest") as f:
+        f.create_dataset("x", data=x, chunks=(100, 512), compression="gzip")
+        f.attrs["n"] = 2000
+    with h5py.File(os.path.join(B, "d.h5"), "r") as f:
+        assert np.array_equal(f["x"][:], x) and f.attrs["n"] == 2000
+    with h5py.File(p, "a", libver="latest") as f:
+        d = f.create_dataset("y", shape=(0,), maxshape=(None,), dtype="i8", chunks=(1024,))
+        f.swmr_mode = True
+        for k in range(5):
+            d.resize(((k + 1) * 1000,))
+            d[k * 1000:] = np.arange(k * 1000, (k + 1) * 1000)
+            d.flush()
+    with h5py.File(os.path.join(B, "d.h5"), "r", swmr=True) as f:
+        assert np.array_equal(f["y"][:], np.arange(5000)) and np.array_equal(f["x"][:], x)
+
+def memmap():
+    m = np.lib.format.open_memmap(os.path.join(A, "mm.npy"), mode="w+", dtype=np.float64, shape=(2_000_000,))
+    m[:] = np.arange(2_000_000)
+    m.flush()
+    del m
+    assert np.array_equal(np.load(os.path.join(B, "mm.npy"), mmap_mode="r"), np.arange(2_000_000))
+
+def shards():
+    want = {}
+    for s in range(4):
+        with tarfile.open(os.path.join(A, f"shard-{s:04d}.tar"), "w") as t:
+            for k in range(300):
+                b = os.urandom(1000 + (k * 37) % 20000)
+                name = f"{s:04d}{k:05d}.jpg"
+                want[name] = hashlib.sha256(b).hexdigest()
+                info = tarfile.TarInfo(name)
+                info.size = len(b)
+                t.addfile(info, io.BytesIO(b))
+    got = {}
+    for s in range(4):
+        with tarfile.open(os.path.join(B, f"shard-{s:04d}.tar"), "r|") as t:
+            for m in t:
+                got[m.name] = hashlib.sha256(t.extractfile(m).read()).hexdigest()
+    assert got == want
+
+if __name__ == "__main__":
+    for step in (checkpoints, hdf5, memmap, shards):
+        step()
+    print("ok")
+"#;
+
+/// A training job's file formats, with the libraries that write them (NumPy, safetensors, h5py
+/// with its bundled HDF5; scripts/test installs them): written through one client and read
+/// through another, in a default-striped directory and in a local-placement one (passed through
+/// on the writer's node).
+#[test]
+fn training_file_formats_written_through_one_client_read_back_through_another() {
+    let found = Command::new("python3").args(["-c", "import numpy, h5py, safetensors"]).output().expect("run python3");
+    assert!(
+        found.status.success(),
+        "numpy, h5py or safetensors is missing (scripts/test installs them into its virtualenv): {}",
+        String::from_utf8_lossy(&found.stderr)
+    );
+    let fs = LocalFs::up(4, &[]);
+    let a = FuseMount::start(&fs);
+    let b = FuseMount::start_at(&fs, "mnt2", &[]);
+    fs::create_dir(a.p("striped")).unwrap();
+    fs::create_dir(a.p("local")).unwrap();
+    fs.cli_ok(&["setstripe", "--local", "-c", "1", &a.p("local").to_string_lossy()]);
+    for dir in ["striped", "local"] {
+        let out = run(Command::new("python3").arg("-c").arg(PY_ML_FORMATS).arg(a.p(dir)).arg(b.p(dir)));
+        assert_eq!(out.trim(), "ok", "{dir}");
+    }
 }
 
 /// Modules of CPython's own test suite that work files and directories hard: `os`, `posix`,

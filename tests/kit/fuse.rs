@@ -55,15 +55,21 @@ impl FuseMount {
     }
 
     pub fn start_with(fs: &LocalFs, extra: &[&str]) -> FuseMount {
+        Self::start_at(fs, "mnt", extra)
+    }
+
+    /// A mount at `ROOT/{name}` (its log `ROOT/{name}.log`, `fuse.log` for the first): a second
+    /// client of the same filesystem, with caches of its own, beside the first.
+    pub fn start_at(fs: &LocalFs, name: &str, extra: &[&str]) -> FuseMount {
         assert!(
             Path::new("/dev/fuse").exists(),
             "/dev/fuse is missing: these tests mount a FUSE filesystem and need the fuse kernel module \
              (modprobe fuse) and, in a container, the device (--device /dev/fuse)"
         );
-        let path = fs.root().join("mnt");
+        let path = fs.root().join(name);
         fs::create_dir_all(&path).expect("mount point");
         let path = path.canonicalize().expect("canonical mount point");
-        let log = fs.root().join("fuse.log");
+        let log = fs.root().join(if name == "mnt" { "fuse.log".to_string() } else { format!("{name}.log") });
         let out = File::create(&log).expect("fuse log");
         let child = Command::new(odfs_fuse_bin())
             .arg("--fs")
