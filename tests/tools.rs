@@ -287,6 +287,12 @@ fn python_os_and_shutil_operations() {
     assert!(fs::read_dir(&m.path).unwrap().next().is_none(), "rmtree left entries behind");
 }
 
+/// Fails the test, naming `what`, unless `python3 -c {import}` succeeds.
+fn require_python(import: &str, what: &str) {
+    let found = Command::new("python3").args(["-c", import]).output().expect("run python3");
+    assert!(found.status.success(), "{what} is missing: {}", String::from_utf8_lossy(&found.stderr));
+}
+
 /// The file formats of a training job, each written through one client and read back through
 /// another (argv[1] and argv[2]: one directory through two mounts): a checkpoint storm of four
 /// processes at once (`np.save` and safetensors, then fsync), read back whole and mapped; HDF5
@@ -381,11 +387,9 @@ if __name__ == "__main__":
 /// on the writer's node).
 #[test]
 fn training_file_formats_written_through_one_client_read_back_through_another() {
-    let found = Command::new("python3").args(["-c", "import numpy, h5py, safetensors"]).output().expect("run python3");
-    assert!(
-        found.status.success(),
-        "numpy, h5py or safetensors is missing (scripts/test installs them into its virtualenv): {}",
-        String::from_utf8_lossy(&found.stderr)
+    require_python(
+        "import numpy, h5py, safetensors",
+        "numpy, h5py or safetensors (scripts/test installs them into its virtualenv)",
     );
     let fs = LocalFs::up(4, &[]);
     let a = FuseMount::start(&fs);
@@ -436,12 +440,7 @@ const CPYTHON_TESTS: &[&str] = &[
 
 #[test]
 fn cpythons_own_file_and_os_tests_pass_on_the_mount_as_an_ordinary_user() {
-    let found = Command::new("python3").args(["-c", "import test.support"]).output().expect("run python3");
-    assert!(
-        found.status.success(),
-        "CPython's test suite is missing (scripts/test installs libpython3.11-testsuite): {}",
-        String::from_utf8_lossy(&found.stderr)
-    );
+    require_python("import test.support", "CPython's test suite (scripts/test installs libpython3.11-testsuite)");
     // An ordinary user, as the job's user is: the suite's permission checks run (as root most
     // are skipped).
     let user = TestUser::create("py");
