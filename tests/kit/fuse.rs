@@ -58,8 +58,8 @@ impl FuseMount {
         Self::start_at(fs, "mnt", extra)
     }
 
-    /// A mount at `ROOT/{name}` (its log `ROOT/{name}.log`, `fuse.log` for the first): a second
-    /// client of the same filesystem, with caches of its own, beside the first.
+    /// A mount at `ROOT/{name}`, its log `ROOT/{name}.log`: with another name than the first's
+    /// (`mnt`), a second client of the same filesystem, with caches of its own.
     pub fn start_at(fs: &LocalFs, name: &str, extra: &[&str]) -> FuseMount {
         assert!(
             Path::new("/dev/fuse").exists(),
@@ -69,7 +69,7 @@ impl FuseMount {
         let path = fs.root().join(name);
         fs::create_dir_all(&path).expect("mount point");
         let path = path.canonicalize().expect("canonical mount point");
-        let log = fs.root().join(if name == "mnt" { "fuse.log".to_string() } else { format!("{name}.log") });
+        let log = fs.root().join(format!("{name}.log"));
         let out = File::create(&log).expect("fuse log");
         let child = Command::new(odfs_fuse_bin())
             .arg("--fs")
