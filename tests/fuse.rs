@@ -1423,6 +1423,49 @@ fn the_striped_fuse_minimum_reads_one_chunk_in_four_from_disk_and_the_rest_over_
     MinimumFs::unmount(session).unwrap();
 }
 
+/// The striped FUSE minimum over the kernel's io_uring transport for FUSE (the bound
+/// `odfs bench --mount` sets the default stripe's 4 KiB random reads with the cheapest FUSE
+/// transport there is) stripes as the `/dev/fuse` one does, answers through its rings, and
+/// serves every byte right: each chunk from its side, the file's short last page, reads at
+/// offsets `O_DIRECT` cannot take, and a missing name as ENOENT.
+#[test]
+fn the_io_uring_fuse_minimum_reads_one_chunk_in_four_from_disk_and_the_rest_over_tcp() {
+    use odfs_client_fuse::minimum::STRIPE_UNIT;
+    use odfs_client_fuse::uring_minimum::{self, TransportAllowed, UringSpec};
+    use std::os::unix::fs::OpenOptionsExt;
+    assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing: this test mounts a FUSE filesystem");
+    let _allowed = TransportAllowed::new().expect("this test needs the kernel's FUSE io_uring transport (6.14+, root)");
+    let dir = tempfile::tempdir().unwrap();
+    let unit = STRIPE_UNIT as usize;
+    let size = 9 * unit + 12_345;
+    let (remote, disk) = (pattern(size, 62), pattern(size, 63));
+    let (rf, df) = (dir.path().join("remote"), dir.path().join("disk"));
+    fs::write(&rf, &remote).unwrap();
+    fs::write(&df, &disk).unwrap();
+    let at = dir.path().join("mnt");
+    fs::create_dir_all(&at).unwrap();
+    let spec = UringSpec { remote: vec![rf], disk: vec![df], size: size as u64, entries: 4 };
+    let mounted = uring_minimum::mount(&spec, &at).unwrap();
+    let want: Vec<u8> = (0..size).map(|i| if (i / unit).is_multiple_of(4) { disk[i] } else { remote[i] }).collect();
+    let p = at.join("seq.0.0");
+    for chunk in 0..9 {
+        let offset = chunk * unit + 8192;
+        assert_bytes(&read_direct(&p, offset as u64, 4096), &want[offset..offset + 4096], &format!("chunk {chunk}"));
+    }
+    assert_bytes(&fs::read(&p).unwrap(), &want, "whole file, buffered");
+    let end = 9 * unit;
+    assert_bytes(&read_direct(&p, end as u64, 16_384), &want[end..], "the short last page, O_DIRECT");
+    // FUSE passes an O_DIRECT read at any offset; one inside a local chunk is read buffered.
+    let f = OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(&p).unwrap();
+    let mut buf = vec![0u8; 1000];
+    assert_eq!(f.read_at(&mut buf, 100).unwrap(), 1000);
+    assert_bytes(&buf, &want[100..1100], "an unaligned O_DIRECT read of a local chunk");
+    drop(f);
+    assert_eq!(fs::metadata(at.join("seq.1.0")).unwrap_err().raw_os_error(), Some(libc::ENOENT));
+    let answered = mounted.unmount().unwrap();
+    assert!(answered >= 9, "only {answered} requests were answered through the rings");
+}
+
 /// The mount's own count of FUSE requests of kind `kind` (`odfs stats --json` through it).
 fn mount_count(m: &FuseMount, kind: &str) -> u64 {
     let out = Command::new(bin_dir().join("odfs"))

@@ -18,7 +18,8 @@
 //! file itself, and the adapter publishes what it wrote at close and fsync.
 //!
 //! Also here, for benchmarks only: `minimum`, a synthetic FUSE filesystem that measures what
-//! FUSE itself costs.
+//! FUSE itself costs, and `uring_minimum`, its striped large files over the kernel's io_uring
+//! transport for FUSE.
 
 pub mod attr;
 pub mod callers;
@@ -32,6 +33,7 @@ pub mod mount;
 pub mod passthrough;
 mod reader;
 pub mod splice;
+pub mod uring_minimum;
 
 pub use error::FuseError;
 pub use fs::OdfsFuse;

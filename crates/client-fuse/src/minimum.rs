@@ -593,6 +593,11 @@ pub struct FileServer {
 }
 
 impl FileServer {
+    /// The loopback port serving each file, in the order given to [`FileServer::start`].
+    pub fn addrs(&self) -> &[SocketAddr] {
+        &self.addrs
+    }
+
     /// Serves `files`, each on a loopback port of its own.
     pub fn start(files: &[PathBuf]) -> std::io::Result<FileServer> {
         let mut listeners = Vec::new();
@@ -624,7 +629,8 @@ impl Listener {
                     return;
                 }
                 let (Ok(conn), serve) = (conn, serve.clone()) else { continue };
-                std::thread::spawn(move || serve(conn));
+                // Named, so that a profile tells the server's CPU from the FUSE daemon's.
+                let _ = std::thread::Builder::new().name("minimum-server".into()).spawn(move || serve(conn));
             }
         });
         Ok(Listener { addr, stop, thread: Some(thread) })

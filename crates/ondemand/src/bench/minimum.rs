@@ -12,6 +12,7 @@
 use super::fill_pattern;
 use anyhow::{Context, Result};
 use odfs_client_fuse::minimum::{BackgroundSession, FileServer, MinimumFs, WriteServer};
+use odfs_client_fuse::uring_minimum::{self, UringSpec};
 use odfs_job::launch::procs;
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
@@ -58,9 +59,15 @@ pub struct MinimumSpec {
     /// writes.
     #[arg(long)]
     pub remote_writes: Option<PathBuf>,
-    /// Reader threads (default: 2, or 8 where a READ or WRITE waits on the network or disk).
+    /// Reader threads (default: 2, or 8 where a READ or WRITE waits on the network or disk);
+    /// with `--uring`, ring entries per CPU queue (default 32).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Serve the striped large files (`--remote-large` and `--disk-large`, the same files)
+    /// through the kernel's io_uring transport for FUSE instead of `/dev/fuse` reads and writes
+    /// (`odfs_client_fuse::uring_minimum`).
+    #[arg(long)]
+    pub uring: bool,
 }
 
 /// The servers behind a minimum's networked files, kept for as long as it is mounted.
@@ -131,6 +138,9 @@ impl MinimumSpec {
         if let Some(n) = self.threads {
             a.push(format!("--threads={n}").into());
         }
+        if self.uring {
+            a.push("--uring".into());
+        }
         a
     }
 }
@@ -142,12 +152,35 @@ const READY: &str = "mounted";
 /// standard input ends (the benchmark closes it, or dies), then unmounts.
 pub fn serve(spec: &MinimumSpec) -> Result<()> {
     std::fs::create_dir_all(&spec.at).with_context(|| format!("cannot create {}", spec.at.display()))?;
+    if spec.uring {
+        return serve_uring(spec);
+    }
     let (fs, _server) = spec.fs()?;
     let session = fs.mount(&spec.at).with_context(|| format!("cannot mount at {}", spec.at.display()))?;
     println!("{READY}");
     std::io::stdout().flush()?;
     let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
     MinimumFs::unmount(session).context("unmounting the FUSE minimum")
+}
+
+/// `odfs fuse-minimum --uring`: the striped large files over FUSE's io_uring transport.
+fn serve_uring(spec: &MinimumSpec) -> Result<()> {
+    anyhow::ensure!(
+        !spec.remote_large.is_empty() && spec.remote_large.len() == spec.disk_large.len(),
+        "--uring serves striped large files: give as many files to --remote-large as to --disk-large"
+    );
+    let u = UringSpec {
+        remote: spec.remote_large.clone(),
+        disk: spec.disk_large.clone(),
+        size: spec.large_size,
+        entries: spec.threads.unwrap_or(32),
+    };
+    let mounted =
+        uring_minimum::mount(&u, &spec.at).with_context(|| format!("cannot mount at {}", spec.at.display()))?;
+    println!("{READY}");
+    std::io::stdout().flush()?;
+    let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+    mounted.unmount().context("unmounting the FUSE io_uring minimum").map(drop)
 }
 
 /// A mounted minimum.

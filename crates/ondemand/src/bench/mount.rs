@@ -14,7 +14,8 @@
 //! disk and the reader (the network minimum), and on the FUSE minimum fed over loopback TCP (the
 //! FUSE + network minimum; the minima also read in the checkpoint read's shape, 4 MiB reads of
 //! another reader's file), the 4 KiB random read on one striped as the default layout is (the
-//! FUSE + striped minimum, at several reader thread counts), the sequential write on the FUSE
+//! FUSE + striped minimum, at several reader thread counts, over fuser's `/dev/fuse` transport and
+//! over the kernel's io_uring transport for FUSE), the sequential write on the FUSE
 //! minimum and on one that sends every WRITE over loopback TCP to the plain directory's disk
 //! (the FUSE + network minimum for writes);
 //! the read minimum, the creates and the small reads also run on the FUSE minimum, served from this
@@ -538,7 +539,7 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
             notes.extend(tcp.as_ref().map(|(line, _)| line.clone()));
             notes.extend(read_bound(sides, disk_cpu, tcp.map(|(_, cpu)| cpu)));
             notes.extend(fuse_network_minimum(o, fio, reports, &files, &at)?);
-            notes.push(fuse_striped_minimum(o, fio, reports, sides, &files, &at)?);
+            notes.extend(fuse_striped_minimum(o, fio, reports, sides, &files, &at)?);
             notes.push(fuse_network_minimum_write(o, fio, reports, plain, &at)?);
             notes
         }
@@ -641,14 +642,20 @@ fn fuse_network_minimum(
 /// READs, so its rate rises with them until the cores are busy, then falls as they crowd.
 const STRIPED_MINIMUM_THREADS: [usize; 3] = [8, 16, 32];
 
+/// Ring entries per CPU queue the FUSE io_uring + striped minimum is measured with: requests
+/// each queue holds at once (fio keeps 64 in flight over the two queues).
+const URING_MINIMUM_ENTRIES: [usize; 3] = [16, 32, 64];
+
 /// The 4 KiB random read above on the FUSE minimum whose files are striped as the default
 /// layout stripes them over four nodes, seen from one (`MinimumSpec` with both remote and disk
 /// files): one READ in four an `O_DIRECT` read of the plain directory's files, three fetched
 /// over loopback TCP. Served from a process of its own session, as odfs-fuse is, with several
-/// reader thread counts; the best rate is the most any FUSE filesystem serving default-striped
-/// files over a network reached here, and its CPU per READ says how many READs the machine's
-/// cores could do at most, were every one busy with nothing else. One line, with odfs's rate of
-/// this run against both.
+/// reader thread counts over fuser's `/dev/fuse` transport (as odfs-fuse's), then over the
+/// kernel's io_uring transport for FUSE with several ring sizes (`uring_minimum`, the
+/// cheapest transport this kernel has); the best rate of each is the most any FUSE
+/// filesystem serving default-striped files over a network reached here with it, and its CPU
+/// per READ says how many READs the machine's cores could do at most, were every one busy
+/// with nothing else. Two lines, with odfs's rate of this run against each best.
 fn fuse_striped_minimum(
     o: &MountBenchOptions,
     fio: &Path,
@@ -656,30 +663,58 @@ fn fuse_striped_minimum(
     sides: &Sides,
     files: &[PathBuf],
     at: &Path,
-) -> Result<String> {
+) -> Result<Vec<String>> {
+    let odfs = sides.phases.iter().find(|p| p.name == "rand read 4k").map(|p| p.odfs);
+    let spec = MinimumSpec {
+        at: at.to_path_buf(),
+        remote_large: files.to_vec(),
+        disk_large: files.to_vec(),
+        large_size: o.job_size,
+        ..Default::default()
+    };
     let name = "FUSE + striped minimum in its own session";
+    let mut notes = vec![striped_runs(o, fio, reports, &spec, name, &STRIPED_MINIMUM_THREADS, "threads", odfs)?];
+    let name = "FUSE io_uring + striped minimum in its own session";
+    notes.push(match odfs_client_fuse::uring_minimum::TransportAllowed::new() {
+        Ok(_allowed) => {
+            let spec = MinimumSpec { uring: true, ..spec };
+            striped_runs(o, fio, reports, &spec, name, &URING_MINIMUM_ENTRIES, "ring entries per queue", odfs)?
+        }
+        Err(e) => format!("{name} not measured: {e}"),
+    });
+    Ok(notes)
+}
+
+/// The striped minimum `spec` mounted with each of `counts` (reader threads, or ring entries:
+/// `what`) and read with 4 KiB random reads. One line, with odfs's rate `odfs` against the
+/// best, or why it was not measured.
+#[allow(clippy::too_many_arguments)]
+fn striped_runs(
+    o: &MountBenchOptions,
+    fio: &Path,
+    reports: &Path,
+    spec: &MinimumSpec,
+    name: &str,
+    counts: &[usize],
+    what: &str,
+    odfs: Option<f64>,
+) -> Result<String> {
     let mut runs = Vec::new();
     let (mut best, mut least_cpu) = (0.0f64, f64::INFINITY);
-    for threads in STRIPED_MINIMUM_THREADS {
-        let spec = MinimumSpec {
-            at: at.to_path_buf(),
-            remote_large: files.to_vec(),
-            disk_large: files.to_vec(),
-            large_size: o.job_size,
-            threads: Some(threads),
-            ..Default::default()
-        };
+    for &n in counts {
+        let spec = MinimumSpec { threads: Some(n), ..spec.clone() };
         let minimum = match Minimum::mount(&spec, true, name)? {
             Ok(m) => m,
             Err(skipped) => return Ok(skipped),
         };
-        eprintln!("bench: {name}, {threads} reader threads: 4 KiB random read");
+        eprintln!("bench: {name}, {n} {what}: 4 KiB random read");
         let pids: Vec<u32> = minimum.pid().into_iter().collect();
         let measured = (|| -> Result<(f64, f64)> {
-            let args = minimum_fio_files(o, at);
+            let args = minimum_fio_files(o, &spec.at);
             drop_caches();
             let cpu = CpuMeter::start(&pids);
-            let report = reports.join(format!("FUSE-striped-minimum-{threads}-randread.json"));
+            let tag = if spec.uring { "uring" } else { "striped" };
+            let report = reports.join(format!("FUSE-{tag}-minimum-{n}-randread.json"));
             let iops = randread_iops(fio, args, &report, o)?;
             Ok((iops, cpu.stop()))
         })();
@@ -689,10 +724,9 @@ fn fuse_striped_minimum(
         let per_read = cpu / (iops * o.randread_secs as f64).max(1.0);
         best = best.max(iops);
         least_cpu = least_cpu.min(per_read);
-        runs.push(format!("{threads} threads {iops:.0} IOPS ({:.0} us CPU per read)", per_read * 1e6));
+        runs.push(format!("{n} {what} {iops:.0} IOPS ({:.0} us CPU per read)", per_read * 1e6));
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-    let odfs = sides.phases.iter().find(|p| p.name == "rand read 4k").map(|p| p.odfs);
     Ok(format!(
         "{name}, large files (1 READ in 4 an O_DIRECT read of the plain directory's files, 3 fetched over \
          loopback TCP, sendfile from them), rand read 4k: {}; best {best:.0} IOPS, at most {:.0} with all {cores} \

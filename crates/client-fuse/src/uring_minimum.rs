@@ -1,0 +1,689 @@
+//! The FUSE-over-io_uring minimum: the striped large files of [`crate::minimum`] served through
+//! the kernel's io_uring transport for FUSE (kernel 6.14+, `enable_uring`) instead of reads
+//! and writes of `/dev/fuse`, so that the least a default-striped 4 KiB read costs through FUSE
+//! is measured with the cheapest transport this kernel has, not only with fuser's.
+//!
+//! fuser has no io_uring transport, so this speaks the protocol itself, for the few requests a
+//! read-only tree of large files needs (LOOKUP, GETATTR, OPEN, READ, RELEASE and what the
+//! kernel asks around them). One thread per CPU queue owns an io_uring with one ring entry per
+//! request it may hold; a READ never leaves that thread: one chunk in four (this node's) is an
+//! `O_DIRECT` read of the plain directory's file straight into the entry's payload buffer, the
+//! other three a request to the [`FileServer`] and its bytes received into that same buffer,
+//! each submitted on the same ring as the reply and the fetch of the next request. Before the
+//! ring is ready (and for FORGET and INTERRUPT, which never use it) requests arrive on
+//! `/dev/fuse` and are answered there.
+
+use crate::fs::{MAX_BACKGROUND, MAX_WRITE};
+use crate::minimum::{FileServer, STRIPE_UNIT};
+use io_uring::{opcode, squeue, types, IoUring};
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// Nodes a striped file is spread over; this node holds the first chunk of every such many.
+const STRIPE_NODES: u64 = odfs_proto::layout::DEFAULT_STRIPE_COUNT as u64;
+/// Longest READ the mount asks for (FUSE's `max_pages` 256 = 1 MiB, odfs-fuse's `MAX_WRITE`),
+/// the size of a ring entry's payload buffer.
+const MAX_IO: usize = MAX_WRITE as usize;
+/// Page size: `O_DIRECT`'s alignment.
+const PAGE: usize = 4096;
+/// TTL of every entry and attribute reply (the tree never changes).
+const TTL_SECS: u64 = 3600;
+
+// FUSE opcodes (include/uapi/linux/fuse.h).
+const LOOKUP: u32 = 1;
+const FORGET: u32 = 2;
+const GETATTR: u32 = 3;
+const OPEN: u32 = 14;
+const READ: u32 = 15;
+const STATFS: u32 = 17;
+const RELEASE: u32 = 18;
+const FLUSH: u32 = 25;
+const INIT: u32 = 26;
+const OPENDIR: u32 = 27;
+const READDIR: u32 = 28;
+const RELEASEDIR: u32 = 29;
+const INTERRUPT: u32 = 36;
+const DESTROY: u32 = 38;
+const BATCH_FORGET: u32 = 42;
+
+// INIT flags: the first word, then `flags2` (bits 32 and up).
+const FUSE_ASYNC_READ: u64 = 1 << 0;
+const FUSE_BIG_WRITES: u64 = 1 << 5;
+const FUSE_ASYNC_DIO: u64 = 1 << 15;
+const FUSE_MAX_PAGES: u64 = 1 << 22;
+const FUSE_INIT_EXT: u64 = 1 << 30;
+const FUSE_OVER_IO_URING: u64 = 1 << 41;
+
+// The io_uring commands of FUSE, and its ring entry's header buffer.
+const CMD_REGISTER: u32 = 1;
+const CMD_COMMIT_AND_FETCH: u32 = 2;
+/// `struct fuse_uring_req_header`: `in_out` (128), `op_in` (128), `ring_ent_in_out` (32).
+const RING_HEADER: usize = 288;
+const OP_IN: usize = 128;
+const ENT_COMMIT_ID: usize = 264;
+const ENT_PAYLOAD_SZ: usize = 272;
+
+/// What [`mount`] serves: the striped large files and how many ring entries per queue.
+pub struct UringSpec {
+    /// Where file `k` (`/seq.{k}.0`)'s chunks on other nodes are fetched from (over TCP).
+    pub remote: Vec<PathBuf>,
+    /// Where file `k`'s chunks on this node are read from (`O_DIRECT`); as many as `remote`.
+    pub disk: Vec<PathBuf>,
+    /// Size of each file.
+    pub size: u64,
+    /// Ring entries (requests held at once) per CPU queue.
+    pub entries: usize,
+}
+
+/// A mounted io_uring minimum: unmounted (and its threads joined) by [`UringMount::unmount`].
+pub struct UringMount {
+    at: PathBuf,
+    dev: RawFd,
+    dev_thread: JoinHandle<()>,
+    queues: Vec<JoinHandle<u64>>,
+    _server: FileServer,
+}
+
+/// What every thread shares: the tree and where its bytes come from.
+struct Tree {
+    dev: RawFd,
+    size: u64,
+    /// Per file: an `O_DIRECT` descriptor of the plain directory's file.
+    direct: Vec<File>,
+    /// Per file: a buffered descriptor of it (READs answered on `/dev/fuse`).
+    buffered: Vec<File>,
+    /// Per file: the [`FileServer`] port serving it.
+    addrs: Vec<SocketAddr>,
+}
+
+/// Mounts the minimum at `at` and serves it from threads of this process until unmounted.
+/// Fails when the kernel offers no io_uring transport (`enable_uring` off, or too old).
+pub fn mount(spec: &UringSpec, at: &Path) -> std::io::Result<UringMount> {
+    if spec.remote.len() != spec.disk.len() || spec.disk.is_empty() || spec.entries == 0 {
+        return Err(std::io::Error::other("the io_uring minimum needs as many remote as disk files, and entries"));
+    }
+    let server = FileServer::start(&spec.remote)?;
+    let (mut direct, mut buffered) = (Vec::new(), Vec::new());
+    for f in &spec.disk {
+        direct.push(std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(f)?);
+        buffered.push(File::open(f)?);
+    }
+    let dev = mount_fuse(at)?;
+    let tree = Arc::new(Tree { dev, size: spec.size, direct, buffered, addrs: server.addrs().to_vec() });
+    let refused = match init(&tree) {
+        Ok(offered) if offered & FUSE_OVER_IO_URING != 0 => None,
+        Ok(_) => Some(std::io::Error::other(format!(
+            "the kernel offers no FUSE io_uring transport ({ENABLE_URING} is not Y, or the kernel is older than 6.14)"
+        ))),
+        Err(e) => Some(e),
+    };
+    if let Some(e) = refused {
+        let _ = unmount_at(at);
+        // SAFETY: the descriptor `mount_fuse` opened, used by no thread.
+        unsafe { libc::close(dev) };
+        return Err(e);
+    }
+    let t = tree.clone();
+    let dev_thread = std::thread::Builder::new().name("fuse-dev".into()).spawn(move || serve_dev(&t))?;
+    // Every CPU's queue must be registered before any request uses the rings.
+    let mut queues = Vec::new();
+    for qid in 0..possible_cpus()? {
+        let (t, entries) = (tree.clone(), spec.entries);
+        queues.push(std::thread::Builder::new().name(format!("fuse-ring-{qid}")).spawn(move || {
+            let mut answered = 0;
+            if let Err(e) = serve_queue(&t, qid as u16, entries, &mut answered) {
+                eprintln!("odfs fuse-minimum: io_uring queue {qid}: {e}");
+            }
+            answered
+        })?);
+    }
+    crate::mount::tune_readahead(&at.canonicalize()?);
+    Ok(UringMount { at: at.to_path_buf(), dev, dev_thread, queues, _server: server })
+}
+
+impl UringMount {
+    /// Unmounts and waits for every serving thread. Returns how many requests were answered
+    /// through the rings (the rest came on `/dev/fuse`).
+    pub fn unmount(self) -> std::io::Result<u64> {
+        let r = unmount_at(&self.at);
+        let _ = self.dev_thread.join();
+        let answered = self.queues.into_iter().map(|q| q.join().unwrap_or(0)).sum();
+        // SAFETY: the descriptor `mount_fuse` opened; every thread using it has ended.
+        unsafe { libc::close(self.dev) };
+        r.map(|()| answered)
+    }
+}
+
+/// The kernel's switch for FUSE's io_uring transport: a FUSE daemon may ask for it only while
+/// this is `Y` (it changes nothing for daemons that do not ask, as fuser's do not).
+pub const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// The io_uring transport allowed for as long as this lives (`ENABLE_URING` set to `Y`), and
+/// the switch put back as it was when dropped.
+pub struct TransportAllowed {
+    was: Option<String>,
+}
+
+impl TransportAllowed {
+    /// Allows the transport; fails when this kernel has none (no `ENABLE_URING`) or it cannot
+    /// be switched on (not root).
+    pub fn new() -> std::io::Result<TransportAllowed> {
+        let was = std::fs::read_to_string(ENABLE_URING).map_err(|e| {
+            std::io::Error::new(e.kind(), format!("this kernel has no FUSE io_uring transport ({ENABLE_URING}: {e})"))
+        })?;
+        if was.trim() == "Y" {
+            return Ok(TransportAllowed { was: None });
+        }
+        std::fs::write(ENABLE_URING, "Y")
+            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot allow FUSE io_uring ({ENABLE_URING}: {e})")))?;
+        Ok(TransportAllowed { was: Some(was.trim().to_string()) })
+    }
+}
+
+impl Drop for TransportAllowed {
+    fn drop(&mut self) {
+        if let Some(was) = &self.was {
+            let _ = std::fs::write(ENABLE_URING, was);
+        }
+    }
+}
+
+/// Opens `/dev/fuse` and mounts a read-only FUSE filesystem on it at `at`.
+fn mount_fuse(at: &Path) -> std::io::Result<RawFd> {
+    let dev = std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse")?;
+    let fd = dev.as_raw_fd();
+    let opts = format!("fd={fd},rootmode=40000,user_id=0,group_id=0,default_permissions,allow_other");
+    let c = |s: &str| CString::new(s).map_err(std::io::Error::other);
+    let (src, target, fstype, data) =
+        (c("odfs-minimum")?, c(&at.to_string_lossy())?, c("fuse.odfs-minimum")?, c(&opts)?);
+    // SAFETY: every pointer is a NUL-terminated string alive for the call.
+    let r = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
+            data.as_ptr().cast(),
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // The descriptor lives as long as the mount's serving threads (the process).
+    Ok(std::os::fd::IntoRawFd::into_raw_fd(dev))
+}
+
+fn unmount_at(at: &Path) -> std::io::Result<()> {
+    let target = CString::new(at.to_string_lossy().as_bytes()).map_err(std::io::Error::other)?;
+    // SAFETY: a NUL-terminated path alive for the call.
+    if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The kernel's CPU queues: one per possible CPU (`/sys/devices/system/cpu/possible`).
+fn possible_cpus() -> std::io::Result<usize> {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/possible")?;
+    let last = text.trim().rsplit(['-', ',']).next().and_then(|n| n.parse::<usize>().ok());
+    last.map(|n| n + 1).ok_or_else(|| std::io::Error::other(format!("cannot read possible CPUs from {text:?}")))
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+fn put32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+fn put64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+/// Reads INIT from `/dev/fuse` and answers it, asking for the io_uring transport where the
+/// kernel offers it. Returns the flags the kernel offered.
+fn init(tree: &Tree) -> std::io::Result<u64> {
+    let mut buf = vec![0u8; MAX_IO + PAGE];
+    // SAFETY: `buf` is writable for its length; the descriptor is open.
+    let n = unsafe { libc::read(tree.dev, buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let n = n as usize;
+    let (opcode, unique) = (u32_at(&buf, 4), u64_at(&buf, 8));
+    if n < 40 + 24 || opcode != INIT {
+        return Err(std::io::Error::other(format!("expected INIT from the kernel, got opcode {opcode}")));
+    }
+    let a = &buf[40..n];
+    let (major, minor, readahead) = (u32_at(a, 0), u32_at(a, 4), u32_at(a, 8));
+    let mut offered = u32_at(a, 12) as u64;
+    if offered & FUSE_INIT_EXT != 0 && a.len() >= 20 {
+        offered |= (u32_at(a, 16) as u64) << 32;
+    }
+    let want = FUSE_ASYNC_READ | FUSE_BIG_WRITES | FUSE_ASYNC_DIO | FUSE_MAX_PAGES | FUSE_INIT_EXT | FUSE_OVER_IO_URING;
+    let flags = offered & want;
+    // struct fuse_init_out, 64 bytes.
+    let mut out = [0u8; 16 + 64];
+    put32(&mut out, 0, 16 + 64);
+    put64(&mut out, 8, unique);
+    let o = &mut out[16..];
+    put32(o, 0, major.min(7));
+    put32(o, 4, minor);
+    put32(o, 8, readahead);
+    put32(o, 12, flags as u32);
+    // As odfs-fuse asks (`fs::ask_io`): as many background requests in flight, as large WRITEs.
+    o[16..18].copy_from_slice(&MAX_BACKGROUND.to_le_bytes());
+    o[18..20].copy_from_slice(&(MAX_BACKGROUND / 4 * 3).to_le_bytes()); // congestion_threshold
+    put32(o, 20, MAX_WRITE); // max_write
+    put32(o, 24, 1); // time_gran
+    o[28..30].copy_from_slice(&((MAX_IO / PAGE) as u16).to_le_bytes()); // max_pages
+    put32(o, 32, (flags >> 32) as u32); // flags2
+                                        // SAFETY: `out` holds the reply; the descriptor is open.
+    if unsafe { libc::write(tree.dev, out.as_ptr().cast(), out.len()) } != out.len() as isize {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(offered)
+}
+
+/// A request's answer: done (`error`, and `len` bytes of out arguments written), or a READ of
+/// file `k` still to be fetched.
+enum Answer {
+    Done { error: i32, len: usize },
+    Read { k: usize, offset: u64, len: usize },
+}
+
+/// The node a file's inode is: root 1, file `k` is `2 + k`.
+fn file_of(tree: &Tree, ino: u64) -> Option<usize> {
+    (ino >= 2 && ((ino - 2) as usize) < tree.direct.len()).then(|| (ino - 2) as usize)
+}
+
+/// `struct fuse_attr` (88 bytes) of inode `ino` into `o`.
+fn put_attr(tree: &Tree, ino: u64, o: &mut [u8]) {
+    o[..88].fill(0);
+    put64(o, 0, ino);
+    let (size, mode, nlink) =
+        if ino == 1 { (0, libc::S_IFDIR | 0o555, 2) } else { (tree.size, libc::S_IFREG | 0o444, 1) };
+    put64(o, 8, size);
+    put64(o, 16, size.div_ceil(512));
+    put32(o, 60, mode);
+    put32(o, 64, nlink);
+    put32(o, 80, PAGE as u32); // blksize
+}
+
+/// Answers request `opcode` for inode `ino`, with its op header `op_in` and the rest of its
+/// arguments `rest`; out arguments go into `out`.
+fn answer(tree: &Tree, opcode: u32, ino: u64, op_in: &[u8], rest: &[u8], out: &mut [u8]) -> Answer {
+    let done = |len| Answer::Done { error: 0, len };
+    let fail = |e: i32| Answer::Done { error: -e, len: 0 };
+    match opcode {
+        LOOKUP => {
+            let name = rest.split(|&b| b == 0).next().unwrap_or(&[]);
+            let k = std::str::from_utf8(name)
+                .ok()
+                .and_then(|n| n.strip_prefix("seq.")?.strip_suffix(".0")?.parse::<usize>().ok())
+                .filter(|&k| ino == 1 && k < tree.direct.len());
+            let Some(k) = k else { return fail(libc::ENOENT) };
+            // struct fuse_entry_out: nodeid, generation, entry_valid, attr_valid, nsecs, attr.
+            out[..40].fill(0);
+            put64(out, 0, 2 + k as u64);
+            put64(out, 16, TTL_SECS);
+            put64(out, 24, TTL_SECS);
+            put_attr(tree, 2 + k as u64, &mut out[40..]);
+            done(128)
+        }
+        GETATTR => {
+            if ino != 1 && file_of(tree, ino).is_none() {
+                return fail(libc::ENOENT);
+            }
+            out[..16].fill(0);
+            put64(out, 0, TTL_SECS);
+            put_attr(tree, ino, &mut out[16..]);
+            done(104)
+        }
+        OPEN | OPENDIR => {
+            // struct fuse_open_out: fh 0, FOPEN_KEEP_CACHE (for OPEN), no backing.
+            out[..16].fill(0);
+            if opcode == OPEN {
+                put32(out, 8, 1 << 1);
+            }
+            done(16)
+        }
+        READ => {
+            let Some(k) = file_of(tree, ino) else { return fail(libc::EISDIR) };
+            let (offset, size) = (u64_at(op_in, 8), u32_at(op_in, 16) as u64);
+            let len = size.min(tree.size.saturating_sub(offset)) as usize;
+            if len == 0 {
+                return done(0);
+            }
+            Answer::Read { k, offset, len }
+        }
+        READDIR => done(0),
+        STATFS => {
+            out[..80].fill(0);
+            put32(out, 40, PAGE as u32);
+            put32(out, 44, 255);
+            put32(out, 48, PAGE as u32);
+            done(80)
+        }
+        RELEASE | RELEASEDIR | FLUSH | DESTROY => done(0),
+        _ => fail(libc::ENOSYS),
+    }
+}
+
+/// Whether chunk data at `offset` is this node's (an `O_DIRECT` read) or another's (TCP).
+fn local_chunk(offset: u64) -> bool {
+    (offset / STRIPE_UNIT).is_multiple_of(STRIPE_NODES)
+}
+
+/// Answers what arrives on `/dev/fuse` (everything before the rings are ready; FORGET and
+/// INTERRUPT always) until the connection ends. READs here are fetched synchronously.
+fn serve_dev(tree: &Tree) {
+    let mut buf = vec![0u8; MAX_IO + PAGE];
+    let mut out = AlignedBuf::new(16 + MAX_IO);
+    let mut conns: Vec<Option<TcpStream>> = tree.addrs.iter().map(|_| None).collect();
+    loop {
+        // SAFETY: `buf` is writable for its length; the descriptor stays open.
+        let n = unsafe { libc::read(tree.dev, buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 {
+            match std::io::Error::last_os_error().raw_os_error() {
+                Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::ENOENT) => continue,
+                _ => return,
+            }
+        }
+        let n = n as usize;
+        if n < 40 {
+            return;
+        }
+        let (opcode, unique, ino) = (u32_at(&buf, 4), u64_at(&buf, 8), u64_at(&buf, 16));
+        if matches!(opcode, FORGET | BATCH_FORGET | INTERRUPT) {
+            continue;
+        }
+        let args = &buf[40..n];
+        let op_len = match opcode {
+            READ => 40,
+            GETATTR => 16,
+            OPEN | OPENDIR => 8,
+            _ => 0,
+        };
+        let (op_in, rest) = args.split_at(op_len.min(args.len()));
+        let body = out.as_mut_slice();
+        let (error, len) = match answer(tree, opcode, ino, op_in, rest, &mut body[16..]) {
+            Answer::Done { error, len } => (error, len),
+            Answer::Read { k, offset, len } => match fetch_sync(tree, &mut conns, k, offset, &mut body[16..16 + len]) {
+                Ok(()) => (0, len),
+                Err(e) => (-e.raw_os_error().unwrap_or(libc::EIO), 0),
+            },
+        };
+        put32(body, 0, (16 + len) as u32);
+        put32(body, 4, error as u32);
+        put64(body, 8, unique);
+        // SAFETY: `body` holds the reply's bytes; the descriptor stays open.
+        let _ = unsafe { libc::write(tree.dev, body.as_ptr().cast(), 16 + len) };
+    }
+}
+
+/// A READ's bytes fetched without the ring (the `/dev/fuse` path).
+fn fetch_sync(
+    tree: &Tree,
+    conns: &mut [Option<TcpStream>],
+    k: usize,
+    offset: u64,
+    into: &mut [u8],
+) -> std::io::Result<()> {
+    if local_chunk(offset) {
+        // Buffered (the reply's bytes start 16 bytes into its buffer): rare, before the rings.
+        return tree.buffered[k].read_exact_at(into, offset);
+    }
+    let conn = match &mut conns[k] {
+        Some(c) => c,
+        slot => slot.insert(connect(tree.addrs[k])?),
+    };
+    conn.write_all(&range_request(offset, into.len()))?;
+    conn.read_exact(into)
+}
+
+fn connect(addr: SocketAddr) -> std::io::Result<TcpStream> {
+    let s = TcpStream::connect(addr)?;
+    s.set_nodelay(true)?;
+    Ok(s)
+}
+
+/// The [`FileServer`]'s request for `len` bytes at `offset`.
+fn range_request(offset: u64, len: usize) -> [u8; 16] {
+    let mut req = [0u8; 16];
+    req[..8].copy_from_slice(&offset.to_le_bytes());
+    req[8..].copy_from_slice(&(len as u64).to_le_bytes());
+    req
+}
+
+/// A page-aligned buffer (`O_DIRECT` reads land in it).
+struct AlignedBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the buffer is owned memory; whoever holds it uses it from one thread at a time.
+unsafe impl Send for AlignedBuf {}
+
+impl AlignedBuf {
+    fn layout(len: usize) -> std::alloc::Layout {
+        std::alloc::Layout::from_size_align(len.next_multiple_of(PAGE), PAGE).expect("a valid layout")
+    }
+    fn new(len: usize) -> AlignedBuf {
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(Self::layout(len)) };
+        assert!(!ptr.is_null(), "out of memory for a ring buffer");
+        AlignedBuf { ptr, len }
+    }
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` is valid for `len` bytes, borrowed mutably through `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, Self::layout(self.len)) }
+    }
+}
+
+/// One ring entry: its header and payload buffers (registered with the kernel), the iovecs
+/// naming them, its connections to the file servers, and the range request being sent.
+struct Entry {
+    header: AlignedBuf,
+    payload: AlignedBuf,
+    iov: [libc::iovec; 2],
+    conns: Vec<Option<TcpStream>>,
+    request: [u8; 16],
+    /// Bytes the READ in progress asked for.
+    want: usize,
+    /// The file whose connection the READ in progress uses, if it is fetched over TCP.
+    fetching: Option<usize>,
+}
+
+/// What a completion is for (low bits of its `user_data`; the entry index above them).
+const FETCHED: u64 = 0;
+const SENT: u64 = 1;
+const FILLED: u64 = 2;
+
+fn tag(entry: usize, what: u64) -> u64 {
+    ((entry as u64) << 2) | what
+}
+
+/// Serves CPU queue `qid` with `entries` ring entries until the connection ends, counting the
+/// requests it answered in `answered`.
+fn serve_queue(tree: &Tree, qid: u16, entries: usize, answered: &mut u64) -> std::io::Result<()> {
+    let mut ring: IoUring<squeue::Entry128> =
+        IoUring::builder().setup_single_issuer().setup_defer_taskrun().build((entries * 4) as u32)?;
+    let mut ents: Vec<Entry> = (0..entries)
+        .map(|_| Entry {
+            header: AlignedBuf::new(RING_HEADER),
+            payload: AlignedBuf::new(MAX_IO),
+            iov: [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; 2],
+            conns: tree.addrs.iter().map(|_| None).collect(),
+            request: [0; 16],
+            want: 0,
+            fetching: None,
+        })
+        .collect();
+    for (i, e) in ents.iter_mut().enumerate() {
+        e.iov = [
+            libc::iovec { iov_base: e.header.ptr.cast(), iov_len: RING_HEADER },
+            libc::iovec { iov_base: e.payload.ptr.cast(), iov_len: MAX_IO },
+        ];
+        let sqe = ring_cmd(tree.dev, CMD_REGISTER, 0, qid, Some(e.iov.as_ptr() as u64)).user_data(tag(i, FETCHED));
+        push(&mut ring, &sqe)?;
+    }
+    ring.submit()?;
+    loop {
+        ring.submit_and_wait(1)?;
+        let done: Vec<(u64, i32)> = ring.completion().map(|c| (c.user_data(), c.result())).collect();
+        for (data, res) in done {
+            let (i, what) = ((data >> 2) as usize, data & 3);
+            let next = match what {
+                FETCHED if res < 0 => {
+                    // The connection ended (unmount) or the kernel refused the entry.
+                    return match -res {
+                        libc::ENOTCONN | libc::ENODEV | libc::ECANCELED => Ok(()),
+                        e => Err(std::io::Error::from_raw_os_error(e)),
+                    };
+                }
+                FETCHED => {
+                    *answered += 1;
+                    on_request(tree, qid, i, &mut ents[i])
+                }
+                // A failed send fails its linked receive too, which answers the READ.
+                SENT => continue,
+                _ => filled(tree, qid, i, &mut ents[i], res),
+            };
+            for sqe in next {
+                push(&mut ring, &sqe)?;
+            }
+        }
+    }
+}
+
+/// Entry `i`'s READ bytes arrived (`res` of them, or -errno): answers the READ. A fetch that
+/// failed or came short (the server closes at a range past its file's end) is an EIO, and its
+/// connection is dropped; a disk read comes short only at the file's end.
+fn filled(tree: &Tree, qid: u16, i: usize, e: &mut Entry, res: i32) -> Vec<squeue::Entry128> {
+    let fetched = e.fetching.take();
+    let failed = res < 0 || (fetched.is_some() && (res as usize) < e.want);
+    if failed {
+        if let Some(k) = fetched {
+            e.conns[k] = None;
+        }
+        let errno = if res < 0 && res != -libc::ECANCELED { -res } else { libc::EIO };
+        return commit(tree, qid, i, e, errno, 0);
+    }
+    let n = (res as usize).min(e.want);
+    commit(tree, qid, i, e, 0, n)
+}
+
+/// Pushes `sqe`, submitting what is queued first when the submission queue is full.
+fn push(ring: &mut IoUring<squeue::Entry128>, sqe: &squeue::Entry128) -> std::io::Result<()> {
+    // SAFETY: every buffer an entry names lives in `ents` for as long as the ring does.
+    while unsafe { ring.submission().push(sqe) }.is_err() {
+        ring.submit()?;
+    }
+    Ok(())
+}
+
+/// A FUSE io_uring command (`IORING_OP_URING_CMD` on `/dev/fuse`): REGISTER with the entry's
+/// iovecs at `iov`, or COMMIT_AND_FETCH of `commit_id`.
+fn ring_cmd(dev: RawFd, cmd: u32, commit_id: u64, qid: u16, iov: Option<u64>) -> squeue::Entry128 {
+    // struct fuse_uring_cmd_req: flags, commit_id, qid.
+    let mut area = [0u8; 80];
+    area[8..16].copy_from_slice(&commit_id.to_le_bytes());
+    area[16..18].copy_from_slice(&qid.to_le_bytes());
+    let mut op = opcode::UringCmd80::new(types::Fd(dev), cmd).cmd(area);
+    if iov.is_some() {
+        op = op.addr(iov);
+    }
+    let sqe = op.build();
+    if iov.is_none() {
+        return sqe;
+    }
+    // REGISTER's `len` is the number of iovecs (2), a field the builder does not set.
+    // SAFETY: an `Entry128` is a `repr(C)` 128-byte SQE; `len` is the u32 at byte 24.
+    let mut raw: [u8; 128] = unsafe { std::mem::transmute(sqe) };
+    raw[24..28].copy_from_slice(&2u32.to_le_bytes());
+    // SAFETY: the same bytes back, with a valid `len`.
+    unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(raw) }
+}
+
+/// A request arrived in entry `i`: answered at once (its commit), or its READ started.
+fn on_request(tree: &Tree, qid: u16, i: usize, e: &mut Entry) -> Vec<squeue::Entry128> {
+    let header = e.header.as_mut_slice();
+    let (opcode, ino) = (u32_at(header, 4), u64_at(header, 16));
+    let payload_sz = u32_at(header, ENT_PAYLOAD_SZ) as usize;
+    let mut op_in = [0u8; OP_IN];
+    op_in.copy_from_slice(&header[OP_IN..2 * OP_IN]);
+    let rest: Vec<u8> = e.payload.as_mut_slice()[..payload_sz.min(MAX_IO)].to_vec();
+    let mut out = [0u8; 256];
+    match answer(tree, opcode, ino, &op_in, &rest, &mut out) {
+        Answer::Done { error, len } => {
+            e.payload.as_mut_slice()[..len].copy_from_slice(&out[..len]);
+            commit(tree, qid, i, e, -error, len)
+        }
+        Answer::Read { k, offset, len } => {
+            e.want = len;
+            if local_chunk(offset) {
+                // Into the page-aligned payload: O_DIRECT wherever the offset allows (its length
+                // rounded up to a page; the file's end makes it short), else buffered.
+                let (fd, want) = if offset.is_multiple_of(PAGE as u64) {
+                    (tree.direct[k].as_raw_fd(), len.next_multiple_of(PAGE))
+                } else {
+                    (tree.buffered[k].as_raw_fd(), len)
+                };
+                let sqe = opcode::Read::new(types::Fd(fd), e.payload.ptr, want as u32)
+                    .offset(offset)
+                    .build()
+                    .user_data(tag(i, FILLED));
+                return vec![sqe.into()];
+            }
+            let fd = match &mut e.conns[k] {
+                Some(c) => c.as_raw_fd(),
+                slot => match connect(tree.addrs[k]) {
+                    Ok(c) => slot.insert(c).as_raw_fd(),
+                    Err(err) => return commit(tree, qid, i, e, err.raw_os_error().unwrap_or(libc::EIO), 0),
+                },
+            };
+            e.request = range_request(offset, len);
+            e.fetching = Some(k);
+            let send = opcode::Send::new(types::Fd(fd), e.request.as_ptr(), 16)
+                .build()
+                .flags(squeue::Flags::IO_LINK)
+                .user_data(tag(i, SENT));
+            let recv = opcode::Recv::new(types::Fd(fd), e.payload.ptr, len as u32)
+                .flags(libc::MSG_WAITALL)
+                .build()
+                .user_data(tag(i, FILLED));
+            vec![send.into(), recv.into()]
+        }
+    }
+}
+
+/// Entry `i`'s reply (`errno`, or `len` payload bytes) committed, and the next request asked.
+fn commit(tree: &Tree, qid: u16, i: usize, e: &mut Entry, errno: i32, len: usize) -> Vec<squeue::Entry128> {
+    let header = e.header.as_mut_slice();
+    let unique = u64_at(header, 8);
+    let commit_id = u64_at(header, ENT_COMMIT_ID);
+    let len = if errno != 0 { 0 } else { len };
+    // struct fuse_out_header in `in_out`: len, error, unique.
+    put32(header, 0, (16 + len) as u32);
+    put32(header, 4, (-errno) as u32);
+    put64(header, 8, unique);
+    put32(header, ENT_PAYLOAD_SZ, len as u32);
+    vec![ring_cmd(tree.dev, CMD_COMMIT_AND_FETCH, commit_id, qid, None).user_data(tag(i, FETCHED))]
+}
