@@ -109,6 +109,7 @@ pub fn mount(spec: &UringSpec, at: &Path) -> std::io::Result<UringMount> {
     if spec.remote.len() != spec.disk.len() || spec.disk.is_empty() || spec.entries == 0 {
         return Err(std::io::Error::other("the io_uring minimum needs as many remote as disk files, and entries"));
     }
+    let queue_count = possible_cpus()?;
     let server = FileServer::start(&spec.remote)?;
     let (mut direct, mut buffered) = (Vec::new(), Vec::new());
     for f in &spec.disk {
@@ -134,7 +135,7 @@ pub fn mount(spec: &UringSpec, at: &Path) -> std::io::Result<UringMount> {
     let dev_thread = std::thread::Builder::new().name("fuse-dev".into()).spawn(move || serve_dev(&t))?;
     // Every CPU's queue must be registered before any request uses the rings.
     let mut queues = Vec::new();
-    for qid in 0..possible_cpus()? {
+    for qid in 0..queue_count {
         let (t, entries) = (tree.clone(), spec.entries);
         queues.push(std::thread::Builder::new().name(format!("fuse-ring-{qid}")).spawn(move || {
             let mut answered = 0;
@@ -546,7 +547,11 @@ fn serve_queue(tree: &Tree, qid: u16, entries: usize, answered: &mut u64) -> std
     }
     ring.submit()?;
     loop {
-        ring.submit_and_wait(1)?;
+        match ring.submit_and_wait(1) {
+            // A signal, or completions to reap before more can be submitted: go on.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EBUSY)) => {}
+            r => drop(r?),
+        }
         let done: Vec<(u64, i32)> = ring.completion().map(|c| (c.user_data(), c.result())).collect();
         for (data, res) in done {
             let (i, what) = ((data >> 2) as usize, data & 3);

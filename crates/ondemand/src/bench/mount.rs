@@ -672,33 +672,40 @@ fn fuse_striped_minimum(
         large_size: o.job_size,
         ..Default::default()
     };
-    let name = "FUSE + striped minimum in its own session";
-    let mut notes = vec![striped_runs(o, fio, reports, &spec, name, &STRIPED_MINIMUM_THREADS, "threads", odfs)?];
-    let name = "FUSE io_uring + striped minimum in its own session";
+    let dev =
+        Sweep { name: "FUSE + striped minimum in its own session", counts: &STRIPED_MINIMUM_THREADS, what: "threads" };
+    let mut notes = vec![striped_runs(o, fio, reports, &spec, &dev, odfs)?];
+    let uring = Sweep {
+        name: "FUSE io_uring + striped minimum in its own session",
+        counts: &URING_MINIMUM_ENTRIES,
+        what: "ring entries per queue",
+    };
     notes.push(match odfs_client_fuse::uring_minimum::TransportAllowed::new() {
-        Ok(_allowed) => {
-            let spec = MinimumSpec { uring: true, ..spec };
-            striped_runs(o, fio, reports, &spec, name, &URING_MINIMUM_ENTRIES, "ring entries per queue", odfs)?
-        }
-        Err(e) => format!("{name} not measured: {e}"),
+        Ok(_allowed) => striped_runs(o, fio, reports, &MinimumSpec { uring: true, ..spec }, &uring, odfs)?,
+        Err(e) => format!("{} not measured: {e}", uring.name),
     });
     Ok(notes)
 }
 
-/// The striped minimum `spec` mounted with each of `counts` (reader threads, or ring entries:
-/// `what`) and read with 4 KiB random reads. One line, with odfs's rate `odfs` against the
-/// best, or why it was not measured.
-#[allow(clippy::too_many_arguments)]
+/// One minimum measured at several sizes: its name, the sizes (reader threads or ring entries)
+/// and what they count.
+struct Sweep<'a> {
+    name: &'a str,
+    counts: &'a [usize],
+    what: &'a str,
+}
+
+/// The striped minimum `spec` mounted at each of the sweep's sizes and read with 4 KiB random
+/// reads. One line, with odfs's rate `odfs` against the best, or why it was not measured.
 fn striped_runs(
     o: &MountBenchOptions,
     fio: &Path,
     reports: &Path,
     spec: &MinimumSpec,
-    name: &str,
-    counts: &[usize],
-    what: &str,
+    sweep: &Sweep,
     odfs: Option<f64>,
 ) -> Result<String> {
+    let Sweep { name, counts, what } = *sweep;
     let mut runs = Vec::new();
     let (mut best, mut least_cpu) = (0.0f64, f64::INFINITY);
     for &n in counts {
