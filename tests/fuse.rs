@@ -1431,7 +1431,7 @@ fn the_striped_fuse_minimum_reads_one_chunk_in_four_from_disk_and_the_rest_over_
 #[test]
 fn the_io_uring_fuse_minimum_reads_one_chunk_in_four_from_disk_and_the_rest_over_tcp() {
     use odfs_client_fuse::minimum::STRIPE_UNIT;
-    use odfs_client_fuse::uring_minimum::{self, TransportAllowed, UringSpec};
+    use odfs_client_fuse::uring_minimum::{self, TransportAllowed, UringSource, UringSpec};
     use std::os::unix::fs::OpenOptionsExt;
     assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing: this test mounts a FUSE filesystem");
     let _allowed = TransportAllowed::new().expect("this test needs the kernel's FUSE io_uring transport (6.14+, root)");
@@ -1444,7 +1444,8 @@ fn the_io_uring_fuse_minimum_reads_one_chunk_in_four_from_disk_and_the_rest_over
     fs::write(&df, &disk).unwrap();
     let at = dir.path().join("mnt");
     fs::create_dir_all(&at).unwrap();
-    let spec = UringSpec { remote: vec![rf], disk: vec![df], size: size as u64, entries: 4 };
+    let spec =
+        UringSpec { source: UringSource::Striped { remote: vec![rf], disk: vec![df], size: size as u64 }, entries: 4 };
     let mounted = uring_minimum::mount(&spec, &at).unwrap();
     let want: Vec<u8> = (0..size).map(|i| if (i / unit).is_multiple_of(4) { disk[i] } else { remote[i] }).collect();
     let p = at.join("seq.0.0");
@@ -1464,6 +1465,42 @@ fn the_io_uring_fuse_minimum_reads_one_chunk_in_four_from_disk_and_the_rest_over
     assert_eq!(fs::metadata(at.join("seq.1.0")).unwrap_err().raw_os_error(), Some(libc::ENOENT));
     let answered = mounted.unmount().unwrap();
     assert!(answered >= 9, "only {answered} requests were answered through the rings");
+}
+
+/// The io_uring minimum serving a running odfs's files (`UringSource::Odfs`: each READ read
+/// through odfs's client library, as odfs-fuse reads) returns the bytes written through the
+/// mount, whole and at 4 KiB `O_DIRECT` offsets in every chunk, through its rings.
+#[test]
+fn the_io_uring_fuse_minimum_serves_an_odfs_files_bytes_through_the_client_library() {
+    use odfs_client_fuse::uring_minimum::{self, TransportAllowed, UringSource, UringSpec};
+    assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing: this test mounts a FUSE filesystem");
+    let _allowed = TransportAllowed::new().expect("this test needs the kernel's FUSE io_uring transport (6.14+, root)");
+    let fs = LocalFs::up(4, &[]);
+    let m = FuseMount::start(&fs);
+    let sizes = [(5 << 20) + 4321, 3 << 20];
+    let data: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(k, &n)| pattern(n, 70 + k as u64)).collect();
+    for (k, d) in data.iter().enumerate() {
+        fs::write(m.path.join(format!("seq.{k}.0")), d).unwrap();
+    }
+    let at = fs.root().join("uring");
+    fs::create_dir_all(&at).unwrap();
+    let spec = UringSpec { source: UringSource::Odfs { fs: fs.config_path(), files: 2 }, entries: 4 };
+    let mounted = uring_minimum::mount(&spec, &at).unwrap();
+    for (k, d) in data.iter().enumerate() {
+        let p = at.join(format!("seq.{k}.0"));
+        assert_eq!(fs::metadata(&p).unwrap().len(), d.len() as u64);
+        assert_bytes(&fs::read(&p).unwrap(), d, &format!("file {k}, buffered"));
+        for chunk in 0..d.len() / (1 << 20) {
+            let offset = (chunk << 20) + 8192;
+            assert_bytes(
+                &read_direct(&p, offset as u64, 4096),
+                &d[offset..offset + 4096],
+                &format!("file {k} chunk {chunk}"),
+            );
+        }
+    }
+    let answered = mounted.unmount().unwrap();
+    assert!(answered >= 8, "only {answered} requests were answered through the rings");
 }
 
 /// The mount's own count of FUSE requests of kind `kind` (`odfs stats --json` through it).

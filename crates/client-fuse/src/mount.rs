@@ -37,7 +37,7 @@ pub const DEV_FUSE: &str = "/dev/fuse";
 /// 45-49k files/s).
 pub(crate) const SESSION_THREADS: usize = 2;
 /// Workers of the adapter's tokio runtime, where every request runs.
-const RUNTIME_WORKERS: usize = 2;
+pub(crate) const RUNTIME_WORKERS: usize = 2;
 
 /// What `odfs-fuse` is asked to do.
 #[derive(Debug, Clone)]

@@ -12,6 +12,11 @@
 //! each submitted on the same ring as the reply and the fetch of the next request. Before the
 //! ring is ready (and for FORGET and INTERRUPT, which never use it) requests arrive on
 //! `/dev/fuse` and are answered there.
+//!
+//! For measuring by hand, the same files can instead be a running odfs's (`UringSource::Odfs`):
+//! each READ is then a task of a runtime of odfs-fuse's shape reading through odfs's client
+//! library, its bytes copied into the entry's payload and the queue's thread woken by an
+//! eventfd on its ring to answer: odfs's read path as it is, under this transport.
 
 use crate::fs::{MAX_BACKGROUND, MAX_WRITE};
 use crate::minimum::{FileServer, STRIPE_UNIT};
@@ -70,16 +75,28 @@ const OP_IN: usize = 128;
 const ENT_COMMIT_ID: usize = 264;
 const ENT_PAYLOAD_SZ: usize = 272;
 
-/// What [`mount`] serves: the striped large files and how many ring entries per queue.
+/// What [`mount`] serves, and how many ring entries per queue.
 pub struct UringSpec {
-    /// Where file `k` (`/seq.{k}.0`)'s chunks on other nodes are fetched from (over TCP).
-    pub remote: Vec<PathBuf>,
-    /// Where file `k`'s chunks on this node are read from (`O_DIRECT`); as many as `remote`.
-    pub disk: Vec<PathBuf>,
-    /// Size of each file.
-    pub size: u64,
+    pub source: UringSource,
     /// Ring entries (requests held at once) per CPU queue.
     pub entries: usize,
+}
+
+/// Where the files `/seq.{k}.0`' bytes come from.
+pub enum UringSource {
+    /// Striped as the default layout stripes them, seen from one of four nodes.
+    Striped {
+        /// Where file `k`'s chunks on other nodes are fetched from (over TCP).
+        remote: Vec<PathBuf>,
+        /// Where file `k`'s chunks on this node are read from (`O_DIRECT`); as many as `remote`.
+        disk: Vec<PathBuf>,
+        /// Size of each file.
+        size: u64,
+    },
+    /// The files `/seq.{k}.0` (`k < files`) of a running odfs (its client config `fs`), read
+    /// through odfs's client library as odfs-fuse reads them (tasks on a runtime of two
+    /// workers): what odfs's own read path would do under this transport.
+    Odfs { fs: PathBuf, files: usize },
 }
 
 /// A mounted io_uring minimum: unmounted (and its threads joined) by [`UringMount::unmount`].
@@ -88,36 +105,54 @@ pub struct UringMount {
     dev: RawFd,
     dev_thread: JoinHandle<()>,
     queues: Vec<JoinHandle<u64>>,
-    _server: FileServer,
+    _server: Option<FileServer>,
+    /// The odfs client's runtime (`UringSource::Odfs`), dropped once every thread has ended.
+    runtime: Option<tokio::runtime::Runtime>,
 }
 
 /// What every thread shares: the tree and where its bytes come from.
 struct Tree {
     dev: RawFd,
-    size: u64,
-    /// Per file: an `O_DIRECT` descriptor of the plain directory's file.
-    direct: Vec<File>,
-    /// Per file: a buffered descriptor of it (READs answered on `/dev/fuse`).
-    buffered: Vec<File>,
-    /// Per file: the [`FileServer`] port serving it.
-    addrs: Vec<SocketAddr>,
+    /// Per file, its size.
+    sizes: Vec<u64>,
+    bytes: Bytes,
+}
+
+/// Where READs are answered from.
+enum Bytes {
+    Striped {
+        /// Per file: an `O_DIRECT` descriptor of the plain directory's file.
+        direct: Vec<File>,
+        /// Per file: a buffered descriptor of it (READs answered on `/dev/fuse`).
+        buffered: Vec<File>,
+        /// Per file: the [`FileServer`] port serving it.
+        addrs: Vec<SocketAddr>,
+    },
+    Odfs {
+        rt: tokio::runtime::Handle,
+        files: Vec<Arc<odfs_client::FileHandle>>,
+    },
 }
 
 /// Mounts the minimum at `at` and serves it from threads of this process until unmounted.
 /// Fails when the kernel offers no io_uring transport (`enable_uring` off, or too old).
 pub fn mount(spec: &UringSpec, at: &Path) -> std::io::Result<UringMount> {
-    if spec.remote.len() != spec.disk.len() || spec.disk.is_empty() || spec.entries == 0 {
-        return Err(std::io::Error::other("the io_uring minimum needs as many remote as disk files, and entries"));
+    if spec.entries == 0 {
+        return Err(std::io::Error::other("the io_uring minimum needs ring entries"));
     }
     let queue_count = possible_cpus()?;
-    let server = FileServer::start(&spec.remote)?;
-    let (mut direct, mut buffered) = (Vec::new(), Vec::new());
-    for f in &spec.disk {
-        direct.push(std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(f)?);
-        buffered.push(File::open(f)?);
-    }
+    let (sizes, bytes, server, runtime) = match &spec.source {
+        UringSource::Striped { remote, disk, size } => {
+            let (sizes, bytes, server) = striped(remote, disk, *size)?;
+            (sizes, bytes, Some(server), None)
+        }
+        UringSource::Odfs { fs, files } => {
+            let (sizes, bytes, rt) = odfs_files(fs, *files)?;
+            (sizes, bytes, None, Some(rt))
+        }
+    };
     let dev = mount_fuse(at)?;
-    let tree = Arc::new(Tree { dev, size: spec.size, direct, buffered, addrs: server.addrs().to_vec() });
+    let tree = Arc::new(Tree { dev, sizes, bytes });
     let refused = match init(&tree) {
         Ok(offered) if offered & FUSE_OVER_IO_URING != 0 => None,
         Ok(_) => Some(std::io::Error::other(format!(
@@ -146,7 +181,50 @@ pub fn mount(spec: &UringSpec, at: &Path) -> std::io::Result<UringMount> {
         })?);
     }
     crate::mount::tune_readahead(&at.canonicalize()?);
-    Ok(UringMount { at: at.to_path_buf(), dev, dev_thread, queues, _server: server })
+    Ok(UringMount { at: at.to_path_buf(), dev, dev_thread, queues, _server: server, runtime })
+}
+
+/// The striped source's files: their sizes, descriptors and the server of their remote chunks.
+fn striped(remote: &[PathBuf], disk: &[PathBuf], size: u64) -> std::io::Result<(Vec<u64>, Bytes, FileServer)> {
+    if remote.len() != disk.len() || disk.is_empty() {
+        return Err(std::io::Error::other("the io_uring minimum needs as many remote as disk files"));
+    }
+    let server = FileServer::start(remote)?;
+    let (mut direct, mut buffered) = (Vec::new(), Vec::new());
+    for f in disk {
+        direct.push(std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(f)?);
+        buffered.push(File::open(f)?);
+    }
+    let bytes = Bytes::Striped { direct, buffered, addrs: server.addrs().to_vec() };
+    Ok((vec![size; disk.len()], bytes, server))
+}
+
+/// The odfs source's files, opened for reading through a client of the filesystem `fs` (as
+/// root), with the runtime its reads run on.
+fn odfs_files(fs: &Path, count: usize) -> std::io::Result<(Vec<u64>, Bytes, tokio::runtime::Runtime)> {
+    use odfs_client::{Client, ClientConfig, Ctx};
+    let err = |e: odfs_client::ClientError| std::io::Error::other(e.to_string());
+    let cfg = ClientConfig::load(fs).map_err(err)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(crate::mount::RUNTIME_WORKERS)
+        .thread_name("odfs-fuse-rt")
+        .enable_all()
+        .build()?;
+    let (sizes, files) = rt
+        .block_on(async {
+            let client = Client::connect(cfg.clone()).await?;
+            client.register(cfg.node).await?;
+            let (mut sizes, mut files) = (Vec::new(), Vec::new());
+            for k in 0..count {
+                let attr = client.resolve(&Ctx::root(), &format!("/seq.{k}.0"), true).await?;
+                sizes.push(attr.size);
+                files.push(Arc::new(client.open(&Ctx::root(), attr.ino, true, false, false).await?));
+            }
+            Ok::<_, odfs_client::ClientError>((sizes, files))
+        })
+        .map_err(err)?;
+    let bytes = Bytes::Odfs { rt: rt.handle().clone(), files };
+    Ok((sizes, bytes, rt))
 }
 
 impl UringMount {
@@ -158,6 +236,9 @@ impl UringMount {
         let answered = self.queues.into_iter().map(|q| q.join().unwrap_or(0)).sum();
         // SAFETY: the descriptor `mount_fuse` opened; every thread using it has ended.
         unsafe { libc::close(self.dev) };
+        if let Some(rt) = self.runtime {
+            rt.shutdown_background();
+        }
         r.map(|()| answered)
     }
 }
@@ -166,34 +247,70 @@ impl UringMount {
 /// this is `Y` (it changes nothing for daemons that do not ask, as fuser's do not).
 pub const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
 
+/// Where users of [`TransportAllowed`] on this machine meet: the first file is held exclusively
+/// while the switch is changed and holds its value from before the first user; the second is
+/// held shared by every user for as long as it needs the transport.
+const SWITCH_LOCK: &str = "/tmp/.odfs-fuse-uring.switch";
+const USERS_LOCK: &str = "/tmp/.odfs-fuse-uring.users";
+
 /// The io_uring transport allowed for as long as this lives (`ENABLE_URING` set to `Y`), and
-/// the switch put back as it was when dropped.
+/// the switch put back as it was when the last such guard on the machine is dropped (a
+/// benchmark and tests may hold one at once, in processes of their own).
 pub struct TransportAllowed {
-    was: Option<String>,
+    switch: File,
+    users: File,
 }
 
 impl TransportAllowed {
     /// Allows the transport; fails when this kernel has none (no `ENABLE_URING`) or it cannot
     /// be switched on (not root).
     pub fn new() -> std::io::Result<TransportAllowed> {
+        let open = |p| std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(p);
+        let (switch, users) = (open(SWITCH_LOCK)?, open(USERS_LOCK)?);
+        flock(&switch, libc::LOCK_EX)?;
+        flock(&users, libc::LOCK_SH)?;
+        let allowed = Self::switch_on(&switch);
+        flock(&switch, libc::LOCK_UN)?;
+        allowed.map(|()| TransportAllowed { switch, users })
+    }
+
+    /// Sets the switch to `Y`, keeping what it was in `switch` unless a user before did.
+    fn switch_on(switch: &File) -> std::io::Result<()> {
         let was = std::fs::read_to_string(ENABLE_URING).map_err(|e| {
             std::io::Error::new(e.kind(), format!("this kernel has no FUSE io_uring transport ({ENABLE_URING}: {e})"))
         })?;
         if was.trim() == "Y" {
-            return Ok(TransportAllowed { was: None });
+            return Ok(());
         }
         std::fs::write(ENABLE_URING, "Y")
             .map_err(|e| std::io::Error::new(e.kind(), format!("cannot allow FUSE io_uring ({ENABLE_URING}: {e})")))?;
-        Ok(TransportAllowed { was: Some(was.trim().to_string()) })
+        switch.set_len(0)?;
+        switch.write_all_at(was.trim().as_bytes(), 0)
     }
 }
 
 impl Drop for TransportAllowed {
     fn drop(&mut self) {
-        if let Some(was) = &self.was {
-            let _ = std::fs::write(ENABLE_URING, was);
+        if flock(&self.switch, libc::LOCK_EX).is_err() {
+            return;
+        }
+        // The last user (no other holds `users`) puts the switch back and forgets its value.
+        if flock(&self.users, libc::LOCK_EX | libc::LOCK_NB).is_ok() {
+            let mut was = String::new();
+            if self.switch.read_to_string(&mut was).is_ok() && !was.is_empty() {
+                let _ = std::fs::write(ENABLE_URING, was.trim());
+                let _ = self.switch.set_len(0);
+            }
         }
     }
+}
+
+fn flock(f: &File, how: i32) -> std::io::Result<()> {
+    // SAFETY: flock(2) on an open descriptor.
+    if unsafe { libc::flock(f.as_raw_fd(), how) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Opens `/dev/fuse` and mounts a read-only FUSE filesystem on it at `at`.
@@ -304,15 +421,17 @@ enum Answer {
 
 /// The node a file's inode is: root 1, file `k` is `2 + k`.
 fn file_of(tree: &Tree, ino: u64) -> Option<usize> {
-    (ino >= 2 && ((ino - 2) as usize) < tree.direct.len()).then(|| (ino - 2) as usize)
+    (ino >= 2 && ((ino - 2) as usize) < tree.sizes.len()).then(|| (ino - 2) as usize)
 }
 
 /// `struct fuse_attr` (88 bytes) of inode `ino` into `o`.
 fn put_attr(tree: &Tree, ino: u64, o: &mut [u8]) {
     o[..88].fill(0);
     put64(o, 0, ino);
-    let (size, mode, nlink) =
-        if ino == 1 { (0, libc::S_IFDIR | 0o555, 2) } else { (tree.size, libc::S_IFREG | 0o444, 1) };
+    let (size, mode, nlink) = match file_of(tree, ino) {
+        Some(k) => (tree.sizes[k], libc::S_IFREG | 0o444, 1),
+        None => (0, libc::S_IFDIR | 0o555, 2),
+    };
     put64(o, 8, size);
     put64(o, 16, size.div_ceil(512));
     put32(o, 60, mode);
@@ -331,7 +450,7 @@ fn answer(tree: &Tree, opcode: u32, ino: u64, op_in: &[u8], rest: &[u8], out: &m
             let k = std::str::from_utf8(name)
                 .ok()
                 .and_then(|n| n.strip_prefix("seq.")?.strip_suffix(".0")?.parse::<usize>().ok())
-                .filter(|&k| ino == 1 && k < tree.direct.len());
+                .filter(|&k| ino == 1 && k < tree.sizes.len());
             let Some(k) = k else { return fail(libc::ENOENT) };
             // struct fuse_entry_out: nodeid, generation, entry_valid, attr_valid, nsecs, attr.
             out[..40].fill(0);
@@ -361,7 +480,7 @@ fn answer(tree: &Tree, opcode: u32, ino: u64, op_in: &[u8], rest: &[u8], out: &m
         READ => {
             let Some(k) = file_of(tree, ino) else { return fail(libc::EISDIR) };
             let (offset, size) = (u64_at(op_in, 8), u32_at(op_in, 16) as u64);
-            let len = size.min(tree.size.saturating_sub(offset)) as usize;
+            let len = size.min(tree.sizes[k].saturating_sub(offset)) as usize;
             if len == 0 {
                 return done(0);
             }
@@ -390,7 +509,7 @@ fn local_chunk(offset: u64) -> bool {
 fn serve_dev(tree: &Tree) {
     let mut buf = vec![0u8; MAX_IO + PAGE];
     let mut out = AlignedBuf::new(16 + MAX_IO);
-    let mut conns: Vec<Option<TcpStream>> = tree.addrs.iter().map(|_| None).collect();
+    let mut conns: Vec<Option<TcpStream>> = tree.sizes.iter().map(|_| None).collect();
     loop {
         // SAFETY: `buf` is writable for its length; the descriptor stays open.
         let n = unsafe { libc::read(tree.dev, buf.as_mut_ptr().cast(), buf.len()) };
@@ -440,13 +559,26 @@ fn fetch_sync(
     offset: u64,
     into: &mut [u8],
 ) -> std::io::Result<()> {
+    let (buffered, addrs) = match &tree.bytes {
+        Bytes::Striped { buffered, addrs, .. } => (buffered, addrs),
+        Bytes::Odfs { rt, files } => {
+            let got = rt
+                .block_on(files[k].read(offset, into.len() as u32))
+                .map_err(|_| std::io::Error::from_raw_os_error(libc::EIO))?;
+            if got.len() != into.len() {
+                return Err(std::io::Error::from_raw_os_error(libc::EIO));
+            }
+            into.copy_from_slice(&got);
+            return Ok(());
+        }
+    };
     if local_chunk(offset) {
         // Buffered (the reply's bytes start 16 bytes into its buffer): rare, before the rings.
-        return tree.buffered[k].read_exact_at(into, offset);
+        return buffered[k].read_exact_at(into, offset);
     }
     let conn = match &mut conns[k] {
         Some(c) => c,
-        slot => slot.insert(connect(tree.addrs[k])?),
+        slot => slot.insert(connect(addrs[k])?),
     };
     conn.write_all(&range_request(offset, into.len()))?;
     conn.read_exact(into)
@@ -516,6 +648,28 @@ struct Entry {
 const FETCHED: u64 = 0;
 const SENT: u64 = 1;
 const FILLED: u64 = 2;
+/// The queue's eventfd was written: READs done on the odfs client's runtime wait in `Done`.
+const WOKEN: u64 = 3;
+
+/// READs of the odfs source finished on the runtime, for the queue's thread to answer: the
+/// entry and its byte count or -errno, and the eventfd that wakes the thread.
+struct Done {
+    finished: std::sync::Mutex<Vec<(usize, i32)>>,
+    efd: RawFd,
+}
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        // SAFETY: the eventfd this owns; no task holds `Done` any more.
+        unsafe { libc::close(self.efd) };
+    }
+}
+
+/// A payload buffer's address, handed to the runtime task that fills it (the entry is its
+/// until the task reports through `Done`; the ring thread does not touch it meanwhile).
+struct PayloadPtr(*mut u8);
+// SAFETY: see above: one writer at a time, and the buffer outlives the mount's threads.
+unsafe impl Send for PayloadPtr {}
 
 fn tag(entry: usize, what: u64) -> u64 {
     ((entry as u64) << 2) | what
@@ -531,7 +685,7 @@ fn serve_queue(tree: &Tree, qid: u16, entries: usize, answered: &mut u64) -> std
             header: AlignedBuf::new(RING_HEADER),
             payload: AlignedBuf::new(MAX_IO),
             iov: [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; 2],
-            conns: tree.addrs.iter().map(|_| None).collect(),
+            conns: tree.sizes.iter().map(|_| None).collect(),
             request: [0; 16],
             want: 0,
             fetching: None,
@@ -545,6 +699,21 @@ fn serve_queue(tree: &Tree, qid: u16, entries: usize, answered: &mut u64) -> std
         let sqe = ring_cmd(tree.dev, CMD_REGISTER, 0, qid, Some(e.iov.as_ptr() as u64)).user_data(tag(i, FETCHED));
         push(&mut ring, &sqe)?;
     }
+    // SAFETY: eventfd(2) has no memory preconditions.
+    let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if efd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let done = Arc::new(Done { finished: std::sync::Mutex::new(Vec::new()), efd });
+    let mut counter = [0u8; 8];
+    let wake_sqe = |counter: &mut [u8; 8]| {
+        squeue::Entry128::from(
+            opcode::Read::new(types::Fd(efd), counter.as_mut_ptr(), 8).build().user_data(tag(0, WOKEN)),
+        )
+    };
+    if matches!(tree.bytes, Bytes::Odfs { .. }) {
+        push(&mut ring, &wake_sqe(&mut counter))?;
+    }
     ring.submit()?;
     loop {
         match ring.submit_and_wait(1) {
@@ -552,8 +721,8 @@ fn serve_queue(tree: &Tree, qid: u16, entries: usize, answered: &mut u64) -> std
             Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EBUSY)) => {}
             r => drop(r?),
         }
-        let done: Vec<(u64, i32)> = ring.completion().map(|c| (c.user_data(), c.result())).collect();
-        for (data, res) in done {
+        let completions: Vec<(u64, i32)> = ring.completion().map(|c| (c.user_data(), c.result())).collect();
+        for (data, res) in completions {
             let (i, what) = ((data >> 2) as usize, data & 3);
             let next = match what {
                 FETCHED if res < 0 => {
@@ -565,7 +734,15 @@ fn serve_queue(tree: &Tree, qid: u16, entries: usize, answered: &mut u64) -> std
                 }
                 FETCHED => {
                     *answered += 1;
-                    on_request(tree, qid, i, &mut ents[i])
+                    on_request(tree, qid, i, &mut ents[i], &done)
+                }
+                WOKEN => {
+                    let finished = std::mem::take(&mut *done.finished.lock().expect("done lock"));
+                    let mut next = vec![wake_sqe(&mut counter)];
+                    for (i, res) in finished {
+                        next.extend(filled(tree, qid, i, &mut ents[i], res));
+                    }
+                    next
                 }
                 // A failed send fails its linked receive too, which answers the READ.
                 SENT => continue,
@@ -628,7 +805,7 @@ fn ring_cmd(dev: RawFd, cmd: u32, commit_id: u64, qid: u16, iov: Option<u64>) ->
 }
 
 /// A request arrived in entry `i`: answered at once (its commit), or its READ started.
-fn on_request(tree: &Tree, qid: u16, i: usize, e: &mut Entry) -> Vec<squeue::Entry128> {
+fn on_request(tree: &Tree, qid: u16, i: usize, e: &mut Entry, done: &Arc<Done>) -> Vec<squeue::Entry128> {
     let header = e.header.as_mut_slice();
     let (opcode, ino) = (u32_at(header, 4), u64_at(header, 16));
     let payload_sz = u32_at(header, ENT_PAYLOAD_SZ) as usize;
@@ -643,13 +820,20 @@ fn on_request(tree: &Tree, qid: u16, i: usize, e: &mut Entry) -> Vec<squeue::Ent
         }
         Answer::Read { k, offset, len } => {
             e.want = len;
+            let (direct, buffered, addrs) = match &tree.bytes {
+                Bytes::Striped { direct, buffered, addrs } => (direct, buffered, addrs),
+                Bytes::Odfs { rt, files } => {
+                    read_on_runtime(rt, files[k].clone(), offset, len, i, PayloadPtr(e.payload.ptr), done.clone());
+                    return Vec::new();
+                }
+            };
             if local_chunk(offset) {
                 // Into the page-aligned payload: O_DIRECT wherever the offset allows (its length
                 // rounded up to a page; the file's end makes it short), else buffered.
                 let (fd, want) = if offset.is_multiple_of(PAGE as u64) {
-                    (tree.direct[k].as_raw_fd(), len.next_multiple_of(PAGE))
+                    (direct[k].as_raw_fd(), len.next_multiple_of(PAGE))
                 } else {
-                    (tree.buffered[k].as_raw_fd(), len)
+                    (buffered[k].as_raw_fd(), len)
                 };
                 let sqe = opcode::Read::new(types::Fd(fd), e.payload.ptr, want as u32)
                     .offset(offset)
@@ -659,7 +843,7 @@ fn on_request(tree: &Tree, qid: u16, i: usize, e: &mut Entry) -> Vec<squeue::Ent
             }
             let fd = match &mut e.conns[k] {
                 Some(c) => c.as_raw_fd(),
-                slot => match connect(tree.addrs[k]) {
+                slot => match connect(addrs[k]) {
                     Ok(c) => slot.insert(c).as_raw_fd(),
                     Err(err) => return commit(tree, qid, i, e, err.raw_os_error().unwrap_or(libc::EIO), 0),
                 },
@@ -677,6 +861,36 @@ fn on_request(tree: &Tree, qid: u16, i: usize, e: &mut Entry) -> Vec<squeue::Ent
             vec![send.into(), recv.into()]
         }
     }
+}
+
+/// Reads `len` bytes at `offset` of `file` through odfs's client as a task of `rt`, copies them
+/// into entry `i`'s payload buffer `into`, and wakes the queue's thread to answer (`done`).
+fn read_on_runtime(
+    rt: &tokio::runtime::Handle,
+    file: Arc<odfs_client::FileHandle>,
+    offset: u64,
+    len: usize,
+    i: usize,
+    into: PayloadPtr,
+    done: Arc<Done>,
+) {
+    rt.spawn(async move {
+        let into = into;
+        let res = match file.read(offset, len as u32).await {
+            Ok(got) => {
+                let n = got.len().min(len);
+                // SAFETY: the entry's payload buffer holds MAX_IO >= len bytes and is this
+                // task's until it reports below.
+                unsafe { std::ptr::copy_nonoverlapping(got.as_ptr(), into.0, n) };
+                n as i32
+            }
+            Err(_) => -libc::EIO,
+        };
+        done.finished.lock().expect("done lock").push((i, res));
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: an 8-byte write of the eventfd `done` owns.
+        unsafe { libc::write(done.efd, one.as_ptr().cast(), 8) };
+    });
 }
 
 /// Entry `i`'s reply (`errno`, or `len` payload bytes) committed, and the next request asked.

@@ -12,7 +12,7 @@
 use super::fill_pattern;
 use anyhow::{Context, Result};
 use odfs_client_fuse::minimum::{BackgroundSession, FileServer, MinimumFs, WriteServer};
-use odfs_client_fuse::uring_minimum::{self, UringSpec};
+use odfs_client_fuse::uring_minimum::{self, UringSource, UringSpec};
 use odfs_job::launch::procs;
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
@@ -68,6 +68,14 @@ pub struct MinimumSpec {
     /// (`odfs_client_fuse::uring_minimum`).
     #[arg(long)]
     pub uring: bool,
+    /// With `--uring`: serve instead the files `/seq.{k}.0` of the running odfs whose client
+    /// config this is, each READ read through odfs's client library as odfs-fuse reads them
+    /// (by hand: what odfs's read path does under the io_uring transport).
+    #[arg(long, requires = "uring")]
+    pub odfs: Option<PathBuf>,
+    /// With `--odfs`: how many files (`k` below this).
+    #[arg(long, default_value_t = 4)]
+    pub odfs_files: usize,
 }
 
 /// The servers behind a minimum's networked files, kept for as long as it is mounted.
@@ -141,6 +149,11 @@ impl MinimumSpec {
         if self.uring {
             a.push("--uring".into());
         }
+        if let Some(fs) = &self.odfs {
+            a.push("--odfs".into());
+            a.push(fs.clone().into());
+            a.push(format!("--odfs-files={}", self.odfs_files).into());
+        }
         a
     }
 }
@@ -165,16 +178,21 @@ pub fn serve(spec: &MinimumSpec) -> Result<()> {
 
 /// `odfs fuse-minimum --uring`: the striped large files over FUSE's io_uring transport.
 fn serve_uring(spec: &MinimumSpec) -> Result<()> {
-    anyhow::ensure!(
-        !spec.remote_large.is_empty() && spec.remote_large.len() == spec.disk_large.len(),
-        "--uring serves striped large files: give as many files to --remote-large as to --disk-large"
-    );
-    let u = UringSpec {
-        remote: spec.remote_large.clone(),
-        disk: spec.disk_large.clone(),
-        size: spec.large_size,
-        entries: spec.threads.unwrap_or(32),
+    let source = match &spec.odfs {
+        Some(fs) => UringSource::Odfs { fs: fs.clone(), files: spec.odfs_files },
+        None => {
+            anyhow::ensure!(
+                !spec.remote_large.is_empty() && spec.remote_large.len() == spec.disk_large.len(),
+                "--uring serves striped large files: give as many files to --remote-large as to --disk-large"
+            );
+            UringSource::Striped {
+                remote: spec.remote_large.clone(),
+                disk: spec.disk_large.clone(),
+                size: spec.large_size,
+            }
+        }
     };
+    let u = UringSpec { source, entries: spec.threads.unwrap_or(32) };
     let mounted =
         uring_minimum::mount(&u, &spec.at).with_context(|| format!("cannot mount at {}", spec.at.display()))?;
     println!("{READY}");
