@@ -404,8 +404,9 @@ fn init(tree: &Tree) -> std::io::Result<u64> {
     put32(o, 20, MAX_WRITE); // max_write
     put32(o, 24, 1); // time_gran
     o[28..30].copy_from_slice(&((MAX_IO / PAGE) as u16).to_le_bytes()); // max_pages
-    put32(o, 32, (flags >> 32) as u32); // flags2
-                                        // SAFETY: `out` holds the reply; the descriptor is open.
+                                                                        // flags2: the flags' upper half (FUSE_OVER_IO_URING among them).
+    put32(o, 32, (flags >> 32) as u32);
+    // SAFETY: `out` holds the reply; the descriptor is open.
     if unsafe { libc::write(tree.dev, out.as_ptr().cast(), out.len()) } != out.len() as isize {
         return Err(std::io::Error::last_os_error());
     }
