@@ -385,9 +385,7 @@ impl Filesystem for MinimumFs {
             Some(Node::Large(k)) => {
                 let len = self.large_len(offset, size);
                 return match (&self.remote, &self.disk) {
-                    (Some(_), Some(files)) if (offset / STRIPE_UNIT).is_multiple_of(STRIPE_NODES) => {
-                        files[k as usize].read(offset, len, reply)
-                    }
+                    (Some(_), Some(files)) if local_chunk(offset) => files[k as usize].read(offset, len, reply),
                     (Some(r), _) => r.read(k as usize, offset, len, reply),
                     (None, Some(files)) => files[k as usize].read(offset, len, reply),
                     (None, None) => reply.data(self.large_read(offset, size)),
@@ -521,10 +519,9 @@ impl Remote {
         let conn = idle.lock().expect("connection pool").pop();
         match conn {
             Some(c) => Ok(c),
-            None => TcpStream::connect(addr).and_then(|s| {
-                s.set_nodelay(true)?;
-                Ok(Conn { stream: s, buf: if buf { vec![0; LARGE_MAX_READ] } else { Vec::new() } })
-            }),
+            None => {
+                connect(*addr).map(|s| Conn { stream: s, buf: if buf { vec![0; LARGE_MAX_READ] } else { Vec::new() } })
+            }
         }
     }
 
@@ -532,10 +529,7 @@ impl Remote {
     fn read(&self, k: usize, offset: u64, len: usize, reply: ReplyData) {
         let idle = &self.idle[k].1;
         let fetched = self.take(k, true).and_then(|mut c| {
-            let mut req = [0u8; 16];
-            req[..8].copy_from_slice(&offset.to_le_bytes());
-            req[8..].copy_from_slice(&(len as u64).to_le_bytes());
-            c.stream.write_all(&req)?;
+            c.stream.write_all(&range_request(offset, len))?;
             c.stream.read_exact(&mut c.buf[..len])?;
             Ok(c)
         });
@@ -582,6 +576,27 @@ impl Remote {
             _ => Err(std::io::ErrorKind::Other.into()),
         }
     }
+}
+
+/// A connection to a minimum's server, without Nagle's delay (every request is one small write).
+pub(crate) fn connect(addr: SocketAddr) -> std::io::Result<TcpStream> {
+    let s = TcpStream::connect(addr)?;
+    s.set_nodelay(true)?;
+    Ok(s)
+}
+
+/// The [`FileServer`]'s request for `len` bytes at `offset`.
+pub(crate) fn range_request(offset: u64, len: usize) -> [u8; 16] {
+    let mut req = [0u8; 16];
+    req[..8].copy_from_slice(&offset.to_le_bytes());
+    req[8..].copy_from_slice(&(len as u64).to_le_bytes());
+    req
+}
+
+/// Whether the striped minimum's bytes at `offset` are in this node's chunk (read from the
+/// disk) or another node's (fetched over TCP).
+pub(crate) fn local_chunk(offset: u64) -> bool {
+    (offset / STRIPE_UNIT).is_multiple_of(STRIPE_NODES)
 }
 
 /// Serves byte ranges of files over loopback TCP to the networked minimum: a request is the

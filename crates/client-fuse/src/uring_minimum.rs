@@ -19,7 +19,7 @@
 //! eventfd on its ring to answer: odfs's read path as it is, under this transport.
 
 use crate::fs::{MAX_BACKGROUND, MAX_WRITE};
-use crate::minimum::{FileServer, STRIPE_UNIT};
+use crate::minimum::{connect, local_chunk, range_request, FileServer};
 use io_uring::{opcode, squeue, types, IoUring};
 use std::ffi::CString;
 use std::fs::File;
@@ -31,8 +31,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-/// Nodes a striped file is spread over; this node holds the first chunk of every such many.
-const STRIPE_NODES: u64 = odfs_proto::layout::DEFAULT_STRIPE_COUNT as u64;
 /// Longest READ the mount asks for (FUSE's `max_pages` 256 = 1 MiB, odfs-fuse's `MAX_WRITE`),
 /// the size of a ring entry's payload buffer.
 const MAX_IO: usize = MAX_WRITE as usize;
@@ -500,11 +498,6 @@ fn answer(tree: &Tree, opcode: u32, ino: u64, op_in: &[u8], rest: &[u8], out: &m
     }
 }
 
-/// Whether chunk data at `offset` is this node's (an `O_DIRECT` read) or another's (TCP).
-fn local_chunk(offset: u64) -> bool {
-    (offset / STRIPE_UNIT).is_multiple_of(STRIPE_NODES)
-}
-
 /// Answers what arrives on `/dev/fuse` (everything before the rings are ready; FORGET and
 /// INTERRUPT always) until the connection ends. READs here are fetched synchronously.
 fn serve_dev(tree: &Tree) {
@@ -585,20 +578,6 @@ fn fetch_sync(
     conn.read_exact(into)
 }
 
-fn connect(addr: SocketAddr) -> std::io::Result<TcpStream> {
-    let s = TcpStream::connect(addr)?;
-    s.set_nodelay(true)?;
-    Ok(s)
-}
-
-/// The [`FileServer`]'s request for `len` bytes at `offset`.
-fn range_request(offset: u64, len: usize) -> [u8; 16] {
-    let mut req = [0u8; 16];
-    req[..8].copy_from_slice(&offset.to_le_bytes());
-    req[8..].copy_from_slice(&(len as u64).to_le_bytes());
-    req
-}
-
 /// A page-aligned buffer (`O_DIRECT` reads land in it).
 struct AlignedBuf {
     ptr: *mut u8,
@@ -617,6 +596,10 @@ impl AlignedBuf {
         let ptr = unsafe { std::alloc::alloc_zeroed(Self::layout(len)) };
         assert!(!ptr.is_null(), "out of memory for a ring buffer");
         AlignedBuf { ptr, len }
+    }
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` is valid for `len` bytes, borrowed through `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
     fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: `ptr` is valid for `len` bytes, borrowed mutably through `self`.
@@ -807,14 +790,12 @@ fn ring_cmd(dev: RawFd, cmd: u32, commit_id: u64, qid: u16, iov: Option<u64>) ->
 
 /// A request arrived in entry `i`: answered at once (its commit), or its READ started.
 fn on_request(tree: &Tree, qid: u16, i: usize, e: &mut Entry, done: &Arc<Done>) -> Vec<squeue::Entry128> {
-    let header = e.header.as_mut_slice();
+    let (header, payload) = (e.header.as_slice(), e.payload.as_slice());
     let (opcode, ino) = (u32_at(header, 4), u64_at(header, 16));
     let payload_sz = u32_at(header, ENT_PAYLOAD_SZ) as usize;
-    let mut op_in = [0u8; OP_IN];
-    op_in.copy_from_slice(&header[OP_IN..2 * OP_IN]);
-    let rest: Vec<u8> = e.payload.as_mut_slice()[..payload_sz.min(MAX_IO)].to_vec();
+    let (op_in, rest) = (&header[OP_IN..2 * OP_IN], &payload[..payload_sz.min(MAX_IO)]);
     let mut out = [0u8; 256];
-    match answer(tree, opcode, ino, &op_in, &rest, &mut out) {
+    match answer(tree, opcode, ino, op_in, rest, &mut out) {
         Answer::Done { error, len } => {
             e.payload.as_mut_slice()[..len].copy_from_slice(&out[..len]);
             commit(tree, qid, i, e, -error, len)
