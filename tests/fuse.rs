@@ -1463,7 +1463,7 @@ fn the_io_uring_fuse_minimum_reads_one_chunk_in_four_from_disk_and_the_rest_over
     assert_bytes(&buf, &want[100..1100], "an unaligned O_DIRECT read of a local chunk");
     drop(f);
     assert_eq!(fs::metadata(at.join("seq.1.0")).unwrap_err().raw_os_error(), Some(libc::ENOENT));
-    let answered = mounted.unmount().unwrap();
+    let answered = mounted.unmount().unwrap().requests;
     assert!(answered >= 9, "only {answered} requests were answered through the rings");
 }
 
@@ -1484,23 +1484,41 @@ fn the_io_uring_fuse_minimum_serves_an_odfs_files_bytes_through_the_client_libra
     }
     let at = fs.root().join("uring");
     fs::create_dir_all(&at).unwrap();
-    let spec = UringSpec { source: UringSource::Odfs { fs: fs.config_path(), files: 2 }, entries: 4 };
-    let mounted = uring_minimum::mount(&spec, &at).unwrap();
-    for (k, d) in data.iter().enumerate() {
-        let p = at.join(format!("seq.{k}.0"));
-        assert_eq!(fs::metadata(&p).unwrap().len(), d.len() as u64);
-        assert_bytes(&fs::read(&p).unwrap(), d, &format!("file {k}, buffered"));
-        for chunk in 0..d.len() / (1 << 20) {
-            let offset = (chunk << 20) + 8192;
-            assert_bytes(
-                &read_direct(&p, offset as u64, 4096),
-                &d[offset..offset + 4096],
-                &format!("file {k} chunk {chunk}"),
-            );
+    // Through the client's runtime, then asked of stored on the rings themselves (`direct`).
+    for direct in [false, true] {
+        let source = UringSource::Odfs { fs: fs.config_path(), dir: "/".into(), files: 2, direct };
+        let mounted = uring_minimum::mount(&UringSpec { source, entries: 4 }, &at).unwrap();
+        for (k, d) in data.iter().enumerate() {
+            let p = at.join(format!("seq.{k}.0"));
+            let how = format!("file {k}, direct {direct}");
+            assert_eq!(fs::metadata(&p).unwrap().len(), d.len() as u64);
+            assert_bytes(&fs::read(&p).unwrap(), d, &format!("{how}, buffered"));
+            for chunk in 0..d.len().div_ceil(1 << 20) {
+                // In every chunk (each on its own target), and the file's short last page.
+                let offset = (chunk << 20) + if (chunk << 20) + 8192 < d.len() { 8192 } else { 4096 };
+                let len = 4096.min(d.len() - offset);
+                let got = read_direct(&p, offset as u64, 4096);
+                assert_bytes(&got, &d[offset..offset + len], &format!("{how}, chunk {chunk}"));
+            }
+        }
+        let served = mounted.unmount().unwrap();
+        assert!(
+            served.requests >= 8,
+            "only {} requests were answered through the rings (direct {direct})",
+            served.requests
+        );
+        // Every 4 KiB direct read above, at least, was asked of stored by a ring (none with
+        // `direct` off), each READ answered once.
+        let reads = data.iter().map(|d| d.len().div_ceil(1 << 20)).sum::<usize>() as u64;
+        match direct {
+            true => assert!(
+                served.asked_of_stored >= reads,
+                "only {} READs were asked of stored on the rings",
+                served.asked_of_stored
+            ),
+            false => assert_eq!(served.asked_of_stored, 0),
         }
     }
-    let answered = mounted.unmount().unwrap();
-    assert!(answered >= 8, "only {answered} requests were answered through the rings");
 }
 
 /// The mount's own count of FUSE requests of kind `kind` (`odfs stats --json` through it).

@@ -16,7 +16,11 @@
 //! For measuring by hand, the same files can instead be a running odfs's (`UringSource::Odfs`):
 //! each READ is then a task of a runtime of odfs-fuse's shape reading through odfs's client
 //! library, its bytes copied into the entry's payload and the queue's thread woken by an
-//! eventfd on its ring to answer: odfs's read path as it is, under this transport.
+//! eventfd on its ring to answer: odfs's read path as it is, under this transport. With
+//! `direct`, a READ within one chunk is instead asked of its stored by the queue's thread
+//! itself, on the ring: the `ReadChunk` request sent on an authenticated bulk stream of the
+//! entry's own, the reply's head received, then its body and bytes into the entry's payload
+//! buffer — odfs's stored and wire, with the chunk exchange where the striped minimum has it.
 
 use crate::fs::{MAX_BACKGROUND, MAX_WRITE};
 use crate::minimum::{connect, local_chunk, range_request, FileServer};
@@ -91,10 +95,11 @@ pub enum UringSource {
         /// Size of each file.
         size: u64,
     },
-    /// The files `/seq.{k}.0` (`k < files`) of a running odfs (its client config `fs`), read
+    /// The files `{dir}/seq.{k}.0` (`k < files`) of a running odfs (its client config `fs`), read
     /// through odfs's client library as odfs-fuse reads them (tasks on a runtime of two
-    /// workers): what odfs's own read path would do under this transport.
-    Odfs { fs: PathBuf, files: usize },
+    /// workers): what odfs's own read path would do under this transport. `direct`: READs
+    /// within one chunk are asked of stored by the queue's thread on its ring instead.
+    Odfs { fs: PathBuf, dir: String, files: usize, direct: bool },
 }
 
 /// A mounted io_uring minimum: unmounted (and its threads joined) by [`UringMount::unmount`].
@@ -102,7 +107,7 @@ pub struct UringMount {
     at: PathBuf,
     dev: RawFd,
     dev_thread: JoinHandle<()>,
-    queues: Vec<JoinHandle<u64>>,
+    queues: Vec<JoinHandle<Served>>,
     _server: Option<FileServer>,
     /// The odfs client's runtime (`UringSource::Odfs`), dropped once every thread has ended.
     runtime: Option<tokio::runtime::Runtime>,
@@ -129,6 +134,8 @@ enum Bytes {
     Odfs {
         rt: tokio::runtime::Handle,
         files: Vec<Arc<odfs_client::FileHandle>>,
+        /// The client whose bulk streams direct reads use (`direct`).
+        direct: Option<odfs_client::Client>,
     },
 }
 
@@ -144,8 +151,8 @@ pub fn mount(spec: &UringSpec, at: &Path) -> std::io::Result<UringMount> {
             let (sizes, bytes, server) = striped(remote, disk, *size)?;
             (sizes, bytes, Some(server), None)
         }
-        UringSource::Odfs { fs, files } => {
-            let (sizes, bytes, rt) = odfs_files(fs, *files)?;
+        UringSource::Odfs { fs, dir, files, direct } => {
+            let (sizes, bytes, rt) = odfs_files(fs, dir, *files, *direct)?;
             (sizes, bytes, None, Some(rt))
         }
     };
@@ -171,7 +178,7 @@ pub fn mount(spec: &UringSpec, at: &Path) -> std::io::Result<UringMount> {
     for qid in 0..queue_count {
         let (t, entries) = (tree.clone(), spec.entries);
         queues.push(std::thread::Builder::new().name(format!("fuse-ring-{qid}")).spawn(move || {
-            let mut answered = 0;
+            let mut answered = Served::default();
             if let Err(e) = serve_queue(&t, qid as u16, entries, &mut answered) {
                 eprintln!("odfs fuse-minimum: io_uring queue {qid}: {e}");
             }
@@ -199,7 +206,12 @@ fn striped(remote: &[PathBuf], disk: &[PathBuf], size: u64) -> std::io::Result<(
 
 /// The odfs source's files, opened for reading through a client of the filesystem `fs` (as
 /// root), with the runtime its reads run on.
-fn odfs_files(fs: &Path, count: usize) -> std::io::Result<(Vec<u64>, Bytes, tokio::runtime::Runtime)> {
+fn odfs_files(
+    fs: &Path,
+    dir: &str,
+    count: usize,
+    direct: bool,
+) -> std::io::Result<(Vec<u64>, Bytes, tokio::runtime::Runtime)> {
     use odfs_client::{Client, ClientConfig, Ctx};
     let err = |e: odfs_client::ClientError| std::io::Error::other(e.to_string());
     let cfg = ClientConfig::load(fs).map_err(err)?;
@@ -208,30 +220,43 @@ fn odfs_files(fs: &Path, count: usize) -> std::io::Result<(Vec<u64>, Bytes, toki
         .thread_name("odfs-fuse-rt")
         .enable_all()
         .build()?;
-    let (sizes, files) = rt
+    let (sizes, files, client) = rt
         .block_on(async {
             let client = Client::connect(cfg.clone()).await?;
             client.register(cfg.node).await?;
             let (mut sizes, mut files) = (Vec::new(), Vec::new());
             for k in 0..count {
-                let attr = client.resolve(&Ctx::root(), &format!("/seq.{k}.0"), true).await?;
+                let attr =
+                    client.resolve(&Ctx::root(), &format!("{}/seq.{k}.0", dir.trim_end_matches('/')), true).await?;
                 sizes.push(attr.size);
                 files.push(Arc::new(client.open(&Ctx::root(), attr.ino, true, false, false).await?));
             }
-            Ok::<_, odfs_client::ClientError>((sizes, files))
+            Ok::<_, odfs_client::ClientError>((sizes, files, client))
         })
         .map_err(err)?;
-    let bytes = Bytes::Odfs { rt: rt.handle().clone(), files };
+    let bytes = Bytes::Odfs { rt: rt.handle().clone(), files, direct: direct.then_some(client) };
     Ok((sizes, bytes, rt))
 }
 
+/// What a mount's rings answered.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Served {
+    /// Requests.
+    pub requests: u64,
+    /// READs of the odfs source answered with the bytes of stored's replies, asked and
+    /// received on the rings themselves (`direct`).
+    pub asked_of_stored: u64,
+}
+
 impl UringMount {
-    /// Unmounts and waits for every serving thread. Returns how many requests were answered
-    /// through the rings (the rest came on `/dev/fuse`).
-    pub fn unmount(self) -> std::io::Result<u64> {
+    /// Unmounts and waits for every serving thread. Returns what the rings answered (the rest
+    /// came on `/dev/fuse`).
+    pub fn unmount(self) -> std::io::Result<Served> {
         let r = unmount_at(&self.at);
         let _ = self.dev_thread.join();
-        let answered = self.queues.into_iter().map(|q| q.join().unwrap_or(0)).sum();
+        let answered = self.queues.into_iter().map(|q| q.join().unwrap_or_default()).fold(Served::default(), |a, b| {
+            Served { requests: a.requests + b.requests, asked_of_stored: a.asked_of_stored + b.asked_of_stored }
+        });
         // SAFETY: the descriptor `mount_fuse` opened; every thread using it has ended.
         unsafe { libc::close(self.dev) };
         if let Some(rt) = self.runtime {
@@ -555,7 +580,7 @@ fn fetch_sync(
 ) -> std::io::Result<()> {
     let (buffered, addrs) = match &tree.bytes {
         Bytes::Striped { buffered, addrs, .. } => (buffered, addrs),
-        Bytes::Odfs { rt, files } => {
+        Bytes::Odfs { rt, files, .. } => {
             let got = rt
                 .block_on(files[k].read(offset, into.len() as u32))
                 .map_err(|_| std::io::Error::from_raw_os_error(libc::EIO))?;
@@ -634,6 +659,9 @@ const SENT: u64 = 1;
 const FILLED: u64 = 2;
 /// The queue's eventfd was written: READs done on the odfs client's runtime wait in `Done`.
 const WOKEN: u64 = 3;
+/// A direct read stream's send, and its receive, completed (the stream index above them).
+const STREAM_SENT: u64 = 4;
+const STREAM_RECEIVED: u64 = 5;
 
 /// READs of the odfs source finished on the runtime, for the queue's thread to answer: the
 /// entry and its byte count or -errno, and the eventfd that wakes the thread.
@@ -656,12 +684,12 @@ struct PayloadPtr(*mut u8);
 unsafe impl Send for PayloadPtr {}
 
 fn tag(entry: usize, what: u64) -> u64 {
-    ((entry as u64) << 2) | what
+    ((entry as u64) << 3) | what
 }
 
 /// Serves CPU queue `qid` with `entries` ring entries until the connection ends, counting the
 /// requests it answered in `answered`.
-fn serve_queue(tree: &Tree, qid: u16, entries: usize, answered: &mut u64) -> std::io::Result<()> {
+fn serve_queue(tree: &Tree, qid: u16, entries: usize, answered: &mut Served) -> std::io::Result<()> {
     let mut ring: IoUring<squeue::Entry128> =
         IoUring::builder().setup_single_issuer().setup_defer_taskrun().build((entries * 4) as u32)?;
     let mut ents: Vec<Entry> = (0..entries)
@@ -698,6 +726,7 @@ fn serve_queue(tree: &Tree, qid: u16, entries: usize, answered: &mut u64) -> std
     if matches!(tree.bytes, Bytes::Odfs { .. }) {
         push(&mut ring, &wake_sqe(&mut counter))?;
     }
+    let mut streams = Streams::default();
     ring.submit()?;
     loop {
         match ring.submit_and_wait(1) {
@@ -707,18 +736,19 @@ fn serve_queue(tree: &Tree, qid: u16, entries: usize, answered: &mut u64) -> std
         }
         let completions: Vec<(u64, i32)> = ring.completion().map(|c| (c.user_data(), c.result())).collect();
         for (data, res) in completions {
-            let (i, what) = ((data >> 2) as usize, data & 3);
+            let (i, what) = ((data >> 3) as usize, data & 7);
             let next = match what {
                 FETCHED if res < 0 => {
                     // The connection ended (unmount) or the kernel refused the entry.
+                    answered.asked_of_stored = streams.read;
                     return match -res {
                         libc::ENOTCONN | libc::ENODEV | libc::ECANCELED => Ok(()),
                         e => Err(std::io::Error::from_raw_os_error(e)),
                     };
                 }
                 FETCHED => {
-                    *answered += 1;
-                    on_request(tree, qid, i, &mut ents[i], &done)
+                    answered.requests += 1;
+                    on_request(tree, qid, i, &mut ents[i], &done, &mut streams)
                 }
                 WOKEN => {
                     let finished = std::mem::take(&mut *done.finished.lock().expect("done lock"));
@@ -730,11 +760,17 @@ fn serve_queue(tree: &Tree, qid: u16, entries: usize, answered: &mut u64) -> std
                 }
                 // A failed send fails its linked receive too, which answers the READ.
                 SENT => continue,
+                STREAM_SENT => streams.sent(i, res, tree, qid, &mut ents),
+                STREAM_RECEIVED => streams.received(i, res, tree, qid, &mut ents),
                 _ => filled(tree, qid, i, &mut ents[i], res),
             };
             for sqe in next {
                 push(&mut ring, &sqe)?;
             }
+        }
+        // The requests this round asked of stored, sent together per stream.
+        for sqe in streams.flush() {
+            push(&mut ring, &sqe)?;
         }
     }
 }
@@ -789,7 +825,14 @@ fn ring_cmd(dev: RawFd, cmd: u32, commit_id: u64, qid: u16, iov: Option<u64>) ->
 }
 
 /// A request arrived in entry `i`: answered at once (its commit), or its READ started.
-fn on_request(tree: &Tree, qid: u16, i: usize, e: &mut Entry, done: &Arc<Done>) -> Vec<squeue::Entry128> {
+fn on_request(
+    tree: &Tree,
+    qid: u16,
+    i: usize,
+    e: &mut Entry,
+    done: &Arc<Done>,
+    streams: &mut Streams,
+) -> Vec<squeue::Entry128> {
     let (header, payload) = (e.header.as_slice(), e.payload.as_slice());
     let (opcode, ino) = (u32_at(header, 4), u64_at(header, 16));
     let payload_sz = u32_at(header, ENT_PAYLOAD_SZ) as usize;
@@ -804,7 +847,13 @@ fn on_request(tree: &Tree, qid: u16, i: usize, e: &mut Entry, done: &Arc<Done>) 
             e.want = len;
             let (direct, buffered, addrs) = match &tree.bytes {
                 Bytes::Striped { direct, buffered, addrs } => (direct, buffered, addrs),
-                Bytes::Odfs { rt, files } => {
+                Bytes::Odfs { rt, files, direct } => {
+                    if let Some(client) = direct {
+                        if streams.ask(rt, client, &files[k], offset, len, i).is_some() {
+                            e.want = len;
+                            return Vec::new();
+                        }
+                    }
                     read_on_runtime(rt, files[k].clone(), offset, len, i, PayloadPtr(e.payload.ptr), done.clone());
                     return Vec::new();
                 }
@@ -842,6 +891,202 @@ fn on_request(tree: &Tree, qid: u16, i: usize, e: &mut Entry, done: &Arc<Done>) 
                 .user_data(tag(i, FILLED));
             vec![send.into(), recv.into()]
         }
+    }
+}
+
+/// A queue's direct reads (`UringSource::Odfs` with `direct`): one bulk stream per stored
+/// target, multiplexed as odfs's client multiplexes its connections: the requests a round of
+/// completions asks for are sent together, one send per stream, and one receive per stream
+/// takes whatever replies have arrived, each copied into the payload buffer of the entry whose
+/// call it answers.
+#[derive(Default)]
+struct Streams {
+    header: Option<odfs_proto::RequestHeader>,
+    by_target: std::collections::HashMap<odfs_proto::TargetId, usize>,
+    /// Every stream made, by index (a failed one is kept, dead, until the queue ends: the ring
+    /// may still hold its buffers).
+    all: Vec<Stream>,
+    next_call: u64,
+    /// READs answered with the bytes of stored's reply.
+    read: u64,
+}
+
+struct Stream {
+    target: odfs_proto::TargetId,
+    sock: TcpStream,
+    /// Requests not sent yet, and those of the send on the ring.
+    pending: Vec<u8>,
+    sending: Vec<u8>,
+    /// Bytes received and not yet parsed into replies (`filled` of them); whether a receive
+    /// is on the ring.
+    inbuf: Vec<u8>,
+    filled: usize,
+    receiving: bool,
+    /// Calls awaiting their reply: the entry each answers, and the bytes it asked for.
+    calls: std::collections::HashMap<u64, (usize, usize)>,
+    dead: bool,
+}
+
+/// A reply frame's length prefix and fixed part.
+const REPLY_HEAD: usize = 4 + odfs_proto::codec::FRAME_FIXED;
+/// The room a stream's receive is given at least.
+const RECEIVE_ROOM: usize = 256 << 10;
+
+impl Streams {
+    /// Asks for entry `i`'s READ of `len` bytes at `offset` of `file`: a `ReadChunk` request
+    /// queued on the stream to the stored holding them (connected on first use), sent at the
+    /// round's end. `None` where the READ spans chunks or no stream could be had.
+    fn ask(
+        &mut self,
+        rt: &tokio::runtime::Handle,
+        client: &odfs_client::Client,
+        file: &odfs_client::FileHandle,
+        offset: u64,
+        len: usize,
+        i: usize,
+    ) -> Option<()> {
+        use odfs_proto::storage::ReadChunk;
+        let mut segs = file.layout().segments(offset, len as u64);
+        let seg = segs.next()?;
+        if segs.next().is_some() {
+            return None;
+        }
+        let si = match self.by_target.get(&seg.target) {
+            Some(&si) => si,
+            None => {
+                let (sock, header) = rt.block_on(client.chunk_stream(seg.target)).ok()?;
+                self.header.get_or_insert(header);
+                self.all.push(Stream {
+                    target: seg.target,
+                    sock,
+                    pending: Vec::new(),
+                    sending: Vec::new(),
+                    inbuf: Vec::new(),
+                    filled: 0,
+                    receiving: false,
+                    calls: Default::default(),
+                    dead: false,
+                });
+                self.by_target.insert(seg.target, self.all.len() - 1);
+                self.all.len() - 1
+            }
+        };
+        self.next_call += 1;
+        let req = ReadChunk { target: seg.target, ino: file.ino(), offset: seg.local_offset, len: len as u32 };
+        let frame = odfs_proto::codec::encode_request(self.next_call, self.header.as_ref()?, &req).ok()?;
+        let s = &mut self.all[si];
+        s.pending.extend_from_slice(&frame.head);
+        s.calls.insert(self.next_call, (i, len));
+        Some(())
+    }
+
+    /// The sends of requests asked since the last round, and a receive on every stream that
+    /// awaits replies and has none on the ring.
+    fn flush(&mut self) -> Vec<squeue::Entry128> {
+        let mut sqes = Vec::new();
+        for (si, s) in self.all.iter_mut().enumerate().filter(|(_, s)| !s.dead) {
+            let fd = types::Fd(s.sock.as_raw_fd());
+            if s.sending.is_empty() && !s.pending.is_empty() {
+                std::mem::swap(&mut s.sending, &mut s.pending);
+                let send = opcode::Send::new(fd, s.sending.as_ptr(), s.sending.len() as u32)
+                    .flags(libc::MSG_WAITALL)
+                    .build()
+                    .user_data(tag(si, STREAM_SENT));
+                sqes.push(send.into());
+            }
+            if !s.receiving && !s.calls.is_empty() {
+                if s.inbuf.len() - s.filled < RECEIVE_ROOM {
+                    s.inbuf.resize(s.filled + RECEIVE_ROOM, 0);
+                }
+                let room = &mut s.inbuf[s.filled..];
+                let recv = opcode::Recv::new(fd, room.as_mut_ptr(), room.len() as u32)
+                    .build()
+                    .user_data(tag(si, STREAM_RECEIVED));
+                sqes.push(recv.into());
+                s.receiving = true;
+            }
+        }
+        sqes
+    }
+
+    /// Stream `si`'s send completed (`res` bytes, or -errno).
+    fn sent(&mut self, si: usize, res: i32, tree: &Tree, qid: u16, ents: &mut [Entry]) -> Vec<squeue::Entry128> {
+        let s = &mut self.all[si];
+        if s.dead {
+            return Vec::new();
+        }
+        if res < 0 || res as usize != s.sending.len() {
+            return self.fail(si, tree, qid, ents);
+        }
+        s.sending.clear();
+        Vec::new()
+    }
+
+    /// Stream `si`'s receive completed (`res` bytes, or -errno): every whole reply in what it
+    /// holds answers its entry's READ.
+    fn received(&mut self, si: usize, res: i32, tree: &Tree, qid: u16, ents: &mut [Entry]) -> Vec<squeue::Entry128> {
+        use odfs_proto::codec::{FrameHead, KIND_REPLY_OK, MAX_FRAME};
+        let s = &mut self.all[si];
+        s.receiving = false;
+        if s.dead {
+            return Vec::new();
+        }
+        if res <= 0 {
+            return self.fail(si, tree, qid, ents);
+        }
+        s.filled += res as usize;
+        let (mut commits, mut at, mut lost) = (Vec::new(), 0, false);
+        while s.filled - at >= REPLY_HEAD {
+            let len = u32_at(&s.inbuf, at) as usize;
+            let head = (len <= MAX_FRAME).then(|| FrameHead::parse(&s.inbuf[at + 4..at + REPLY_HEAD], len).ok());
+            let Some(h) = head.flatten() else {
+                lost = true;
+                break;
+            };
+            if s.filled - at < 4 + len {
+                // The rest of this reply is still to come.
+                break;
+            }
+            let Some((i, want)) = s.calls.remove(&h.call_id) else {
+                lost = true;
+                break;
+            };
+            let got = h.payload as usize;
+            let bytes_at = at + 4 + len - got;
+            let e = &mut ents[i];
+            commits.extend(if h.kind != KIND_REPLY_OK || got > want {
+                commit(tree, qid, i, e, libc::EIO, 0)
+            } else {
+                let into = e.payload.as_mut_slice();
+                into[..got].copy_from_slice(&s.inbuf[bytes_at..bytes_at + got]);
+                // Fewer bytes than asked: the chunk file ends there, a hole inside the file.
+                into[got..want].fill(0);
+                self.read += 1;
+                commit(tree, qid, i, e, 0, want)
+            });
+            at += 4 + len;
+        }
+        if lost {
+            // A reply that does not parse, or answers no call of this stream's.
+            commits.extend(self.fail(si, tree, qid, ents));
+            return commits;
+        }
+        s.inbuf.copy_within(at..s.filled, 0);
+        s.filled -= at;
+        commits
+    }
+
+    /// Stream `si` failed: every READ it was to answer gets EIO, and it is shut down (its
+    /// buffers kept until the queue ends, as the ring may still use them).
+    fn fail(&mut self, si: usize, tree: &Tree, qid: u16, ents: &mut [Entry]) -> Vec<squeue::Entry128> {
+        let s = &mut self.all[si];
+        s.dead = true;
+        // SAFETY: shutdown of the stream's own open socket; its pending operations then end.
+        unsafe { libc::shutdown(s.sock.as_raw_fd(), libc::SHUT_RDWR) };
+        if self.by_target.get(&s.target) == Some(&si) {
+            self.by_target.remove(&s.target);
+        }
+        s.calls.drain().flat_map(|(_, (i, _))| commit(tree, qid, i, &mut ents[i], libc::EIO, 0)).collect()
     }
 }
 

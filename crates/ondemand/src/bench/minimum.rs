@@ -73,9 +73,17 @@ pub struct MinimumSpec {
     /// (by hand: what odfs's read path does under the io_uring transport).
     #[arg(long, requires = "uring")]
     pub odfs: Option<PathBuf>,
+    /// With `--odfs`: the odfs directory holding the files `seq.{k}.0`.
+    #[arg(long, default_value = "/")]
+    pub odfs_dir: String,
     /// With `--odfs`: how many files (`k` below this).
     #[arg(long, default_value_t = 4)]
     pub odfs_files: usize,
+    /// With `--odfs`: a READ within one chunk is asked of its stored by the queue's thread on
+    /// its own ring (the request sent, the reply received into the ring entry), not by a task
+    /// of the client's runtime.
+    #[arg(long, requires = "odfs")]
+    pub odfs_direct: bool,
 }
 
 /// The servers behind a minimum's networked files, kept for as long as it is mounted.
@@ -152,7 +160,11 @@ impl MinimumSpec {
         if let Some(fs) = &self.odfs {
             a.push("--odfs".into());
             a.push(fs.clone().into());
+            a.push(format!("--odfs-dir={}", self.odfs_dir).into());
             a.push(format!("--odfs-files={}", self.odfs_files).into());
+            if self.odfs_direct {
+                a.push("--odfs-direct".into());
+            }
         }
         a
     }
@@ -179,7 +191,12 @@ pub fn serve(spec: &MinimumSpec) -> Result<()> {
 /// `odfs fuse-minimum --uring`: the striped large files over FUSE's io_uring transport.
 fn serve_uring(spec: &MinimumSpec) -> Result<()> {
     let source = match &spec.odfs {
-        Some(fs) => UringSource::Odfs { fs: fs.clone(), files: spec.odfs_files },
+        Some(fs) => UringSource::Odfs {
+            fs: fs.clone(),
+            dir: spec.odfs_dir.clone(),
+            files: spec.odfs_files,
+            direct: spec.odfs_direct,
+        },
         None => {
             anyhow::ensure!(
                 !spec.remote_large.is_empty() && spec.remote_large.len() == spec.disk_large.len(),

@@ -680,11 +680,66 @@ fn fuse_striped_minimum(
         counts: &URING_MINIMUM_ENTRIES,
         what: "ring entries per queue",
     };
-    notes.push(match odfs_client_fuse::uring_minimum::TransportAllowed::new() {
-        Ok(_allowed) => striped_runs(o, fio, reports, &MinimumSpec { uring: true, ..spec }, &uring, odfs)?,
-        Err(e) => format!("{} not measured: {e}", uring.name),
-    });
+    match odfs_client_fuse::uring_minimum::TransportAllowed::new() {
+        Ok(_allowed) => {
+            notes.push(striped_runs(o, fio, reports, &MinimumSpec { uring: true, ..spec }, &uring, odfs)?);
+            notes.push(odfs_over_uring(o, fio, reports, sides, at, odfs)?);
+        }
+        Err(e) => notes.push(format!("{} not measured: {e}", uring.name)),
+    }
     Ok(notes)
+}
+
+/// The random-read phase's own files on odfs, read as that phase reads them, through the
+/// io_uring minimum with each READ asked of odfs's stored by the FUSE queue's thread on its
+/// own ring (`odfs fuse-minimum --uring --odfs-direct`): odfs's stored and wire under the
+/// transport and chunk path docs/architecture.md decides for the mount ("The FUSE transport").
+/// One line, with the mount's rate of this run against it.
+fn odfs_over_uring(
+    o: &MountBenchOptions,
+    fio: &Path,
+    reports: &Path,
+    sides: &Sides,
+    at: &Path,
+    odfs: Option<f64>,
+) -> Result<String> {
+    let name = "odfs over FUSE io_uring, chunk reads on the queues' rings";
+    let entries = URING_MINIMUM_ENTRIES[URING_MINIMUM_ENTRIES.len() - 1];
+    let fsroot = sides.mnt.parent().context("the mount has no parent directory")?;
+    let spec = MinimumSpec {
+        at: at.to_path_buf(),
+        uring: true,
+        threads: Some(entries),
+        odfs: Some(local::client_config_path(fsroot)),
+        odfs_dir: "/fio".into(),
+        odfs_files: o.jobs,
+        odfs_direct: true,
+        ..Default::default()
+    };
+    let minimum = match Minimum::mount(&spec, true, name)? {
+        Ok(m) => m,
+        Err(skipped) => return Ok(skipped),
+    };
+    eprintln!("bench: {name}: 4 KiB random read");
+    // Its CPU is odfs's as much as the minimum's: the daemons serve every READ.
+    let pids: Vec<u32> = sides.pids.iter().copied().chain(minimum.pid()).collect();
+    let measured = (|| -> Result<(f64, f64)> {
+        drop_caches();
+        let cpu = CpuMeter::start(&pids);
+        let iops = randread_iops(fio, minimum_fio_files(o, at), &reports.join("odfs-uring-randread.json"), o)?;
+        Ok((iops, cpu.stop()))
+    })();
+    let unmounted = minimum.unmount().with_context(|| format!("unmounting the {name}"));
+    let (iops, cpu) = measured.with_context(|| format!("reading odfs's files through the {name}"))?;
+    unmounted?;
+    let per_read = cpu / (iops * o.randread_secs as f64).max(1.0);
+    Ok(format!(
+        "{name} (odfs's stored and wire, the mount's default-striped files; `odfs fuse-minimum --uring \
+         --odfs-direct`, {entries} ring entries per queue), rand read 4k: {iops:.0} IOPS ({:.0} us CPU per read, \
+         odfs's daemons counted); odfs's mount {}",
+        per_read * 1e6,
+        odfs.map_or("not measured".into(), |v| format!("{v:.0} IOPS ({:.2}x this)", v / iops)),
+    ))
 }
 
 /// One minimum measured at several sizes: its name, the sizes (reader threads or ring entries)
