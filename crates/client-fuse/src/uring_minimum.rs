@@ -18,9 +18,10 @@
 //! library, its bytes copied into the entry's payload and the queue's thread woken by an
 //! eventfd on its ring to answer: odfs's read path as it is, under this transport. With
 //! `direct`, a READ within one chunk is instead asked of its stored by the queue's thread
-//! itself, on the ring: the `ReadChunk` request sent on an authenticated bulk stream of the
-//! entry's own, the reply's head received, then its body and bytes into the entry's payload
-//! buffer — odfs's stored and wire, with the chunk exchange where the striped minimum has it.
+//! itself, on the ring: its `ReadChunk` request sent on the queue's authenticated bulk stream
+//! to that stored (one per target, multiplexed: see `Streams`), the reply's bytes copied into
+//! the entry's payload buffer — odfs's stored and wire, with the chunk exchange where the
+//! striped minimum has it.
 
 use crate::fs::{MAX_BACKGROUND, MAX_WRITE};
 use crate::minimum::{connect, local_chunk, range_request, FileServer};
@@ -214,7 +215,9 @@ fn odfs_files(
 ) -> std::io::Result<(Vec<u64>, Bytes, tokio::runtime::Runtime)> {
     use odfs_client::{Client, ClientConfig, Ctx};
     let err = |e: odfs_client::ClientError| std::io::Error::other(e.to_string());
-    let cfg = ClientConfig::load(fs).map_err(err)?;
+    // One-shot: it takes no leases, which would make other clients' changes wait for it
+    // after it has gone (a lease outlives its holder by up to the lease time).
+    let cfg = ClientConfig::load(fs).map_err(err)?.one_shot();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(crate::mount::RUNTIME_WORKERS)
         .thread_name("odfs-fuse-rt")
