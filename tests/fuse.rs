@@ -1512,11 +1512,11 @@ fn the_io_uring_fuse_minimum_serves_an_odfs_files_bytes_through_the_client_libra
         let reads = data.iter().map(|d| d.len().div_ceil(1 << 20)).sum::<usize>() as u64;
         match direct {
             true => assert!(
-                served.asked_of_stored >= reads,
-                "only {} READs were asked of stored on the rings",
-                served.asked_of_stored
+                served.from_stored >= reads,
+                "only {} READs were answered from stored on the rings",
+                served.from_stored
             ),
-            false => assert_eq!(served.asked_of_stored, 0),
+            false => assert_eq!(served.from_stored, 0),
         }
     }
 }

@@ -248,7 +248,7 @@ pub struct Served {
     pub requests: u64,
     /// READs of the odfs source answered with the bytes of stored's replies, asked and
     /// received on the rings themselves (`direct`).
-    pub asked_of_stored: u64,
+    pub from_stored: u64,
 }
 
 impl UringMount {
@@ -258,7 +258,7 @@ impl UringMount {
         let r = unmount_at(&self.at);
         let _ = self.dev_thread.join();
         let answered = self.queues.into_iter().map(|q| q.join().unwrap_or_default()).fold(Served::default(), |a, b| {
-            Served { requests: a.requests + b.requests, asked_of_stored: a.asked_of_stored + b.asked_of_stored }
+            Served { requests: a.requests + b.requests, from_stored: a.from_stored + b.from_stored }
         });
         // SAFETY: the descriptor `mount_fuse` opened; every thread using it has ended.
         unsafe { libc::close(self.dev) };
@@ -743,7 +743,7 @@ fn serve_queue(tree: &Tree, qid: u16, entries: usize, answered: &mut Served) -> 
             let next = match what {
                 FETCHED if res < 0 => {
                     // The connection ended (unmount) or the kernel refused the entry.
-                    answered.asked_of_stored = streams.read;
+                    answered.from_stored = streams.read;
                     return match -res {
                         libc::ENOTCONN | libc::ENODEV | libc::ECANCELED => Ok(()),
                         e => Err(std::io::Error::from_raw_os_error(e)),

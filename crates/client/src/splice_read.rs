@@ -77,8 +77,8 @@ impl Client {
 
     /// A new bulk TCP stream to the stored holding `target`, authenticated with the job's
     /// credential, and the header of the requests sent on it: for a caller that runs its own
-    /// exchanges on it, one at a time (`odfs fuse-minimum --uring --odfs-direct`: chunk reads
-    /// sent and received on a FUSE queue's own ring). A blocking `std` stream.
+    /// exchanges on it (`odfs fuse-minimum --uring --odfs-direct`: chunk reads sent and
+    /// received on a FUSE queue's own ring). A blocking `std` stream.
     pub async fn chunk_stream(&self, target: TargetId) -> Result<(std::net::TcpStream, RequestHeader)> {
         let (addr, _) = self.inner.cluster.target_addr(target, Transport::Tcp)?;
         let s =

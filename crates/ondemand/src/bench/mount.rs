@@ -723,15 +723,8 @@ fn odfs_over_uring(
     eprintln!("bench: {name}: 4 KiB random read");
     // Its CPU is odfs's as much as the minimum's: the daemons serve every READ.
     let pids: Vec<u32> = sides.pids.iter().copied().chain(minimum.pid()).collect();
-    let measured = (|| -> Result<(f64, f64)> {
-        drop_caches();
-        let cpu = CpuMeter::start(&pids);
-        let iops = randread_iops(fio, minimum_fio_files(o, at), &reports.join("odfs-uring-randread.json"), o)?;
-        Ok((iops, cpu.stop()))
-    })();
-    let unmounted = minimum.unmount().with_context(|| format!("unmounting the {name}"));
-    let (iops, cpu) = measured.with_context(|| format!("reading odfs's files through the {name}"))?;
-    unmounted?;
+    let report = reports.join("odfs-uring-randread.json");
+    let (iops, cpu) = minimum_randread(o, fio, minimum, &pids, at, &report, name)?;
     let per_read = cpu / (iops * o.randread_secs as f64).max(1.0);
     Ok(format!(
         "{name} (odfs's stored and wire, the mount's default-striped files; `odfs fuse-minimum --uring \
@@ -740,6 +733,29 @@ fn odfs_over_uring(
         per_read * 1e6,
         odfs.map_or("not measured".into(), |v| format!("{v:.0} IOPS ({:.2}x this)", v / iops)),
     ))
+}
+
+/// The random-read phase's fio run on the large files of `minimum`, mounted at `at`, with the
+/// page cache dropped first; then the minimum unmounted. Its IOPS and the CPU-s of `pids`.
+fn minimum_randread(
+    o: &MountBenchOptions,
+    fio: &Path,
+    minimum: Minimum,
+    pids: &[u32],
+    at: &Path,
+    report: &Path,
+    name: &str,
+) -> Result<(f64, f64)> {
+    let measured = (|| -> Result<(f64, f64)> {
+        drop_caches();
+        let cpu = CpuMeter::start(pids);
+        let iops = randread_iops(fio, minimum_fio_files(o, at), report, o)?;
+        Ok((iops, cpu.stop()))
+    })();
+    let unmounted = minimum.unmount().with_context(|| format!("unmounting the {name}"));
+    let measured = measured.with_context(|| format!("reading the {name}'s large files"))?;
+    unmounted?;
+    Ok(measured)
 }
 
 /// One minimum measured at several sizes: its name, the sizes (reader threads or ring entries)
@@ -771,18 +787,9 @@ fn striped_runs(
         };
         eprintln!("bench: {name}, {n} {what}: 4 KiB random read");
         let pids: Vec<u32> = minimum.pid().into_iter().collect();
-        let measured = (|| -> Result<(f64, f64)> {
-            let args = minimum_fio_files(o, &spec.at);
-            drop_caches();
-            let cpu = CpuMeter::start(&pids);
-            let tag = if spec.uring { "uring" } else { "striped" };
-            let report = reports.join(format!("FUSE-{tag}-minimum-{n}-randread.json"));
-            let iops = randread_iops(fio, args, &report, o)?;
-            Ok((iops, cpu.stop()))
-        })();
-        let unmounted = minimum.unmount().with_context(|| format!("unmounting the {name}"));
-        let (iops, cpu) = measured.with_context(|| format!("reading the {name}'s large files"))?;
-        unmounted?;
+        let tag = if spec.uring { "uring" } else { "striped" };
+        let report = reports.join(format!("FUSE-{tag}-minimum-{n}-randread.json"));
+        let (iops, cpu) = minimum_randread(o, fio, minimum, &pids, &spec.at, &report, name)?;
         let per_read = cpu / (iops * o.randread_secs as f64).max(1.0);
         best = best.max(iops);
         least_cpu = least_cpu.min(per_read);
