@@ -430,8 +430,8 @@ fn init(tree: &Tree) -> std::io::Result<u64> {
     put32(o, 20, MAX_WRITE); // max_write
     put32(o, 24, 1); // time_gran
     o[28..30].copy_from_slice(&((MAX_IO / PAGE) as u16).to_le_bytes()); // max_pages
-                                                                        // flags2: the flags' upper half (FUSE_OVER_IO_URING among them).
-    put32(o, 32, (flags >> 32) as u32);
+    put32(o, 32, (flags >> 32) as u32); // flags2: the upper half (FUSE_OVER_IO_URING among them)
+
     // SAFETY: `out` holds the reply; the descriptor is open.
     if unsafe { libc::write(tree.dev, out.as_ptr().cast(), out.len()) } != out.len() as isize {
         return Err(std::io::Error::last_os_error());
@@ -853,7 +853,6 @@ fn on_request(
                 Bytes::Odfs { rt, files, direct } => {
                     if let Some(client) = direct {
                         if streams.ask(rt, client, &files[k], offset, len, i).is_some() {
-                            e.want = len;
                             return Vec::new();
                         }
                     }

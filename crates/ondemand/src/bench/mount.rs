@@ -475,6 +475,8 @@ fn run_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
 
 /// fio's `filename_format` of the sequential phases' files (fio's default for job "seq").
 const SEQ_FILES: &str = "seq.$jobnum.0";
+/// The directory of those files, under each side's root.
+const SEQ_DIR: &str = "fio";
 
 /// fio's arguments of the sequential write, on every side and on the FUSE minimum.
 const SEQ_WRITE: [&str; 3] = ["--rw=write", "--bs=1M", "--end_fsync=1"];
@@ -485,11 +487,11 @@ const SEQ_READ: [&str; 2] = ["--rw=read", "--bs=1M"];
 /// Sequential write and read, 4 KiB random reads.
 fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sides) -> Result<()> {
     let seq_bytes = o.jobs as u64 * o.job_size;
-    let fio_common = |dir: &Path| fio_files("seq", &dir.join("fio"), SEQ_FILES, o);
+    let fio_common = |dir: &Path| fio_files("seq", &dir.join(SEQ_DIR), SEQ_FILES, o);
 
     eprintln!("bench: fio sequential write, {} jobs x {} MiB", o.jobs, o.job_size >> 20);
     let s = sides.run(false, |dir, side| {
-        std::fs::create_dir_all(dir.join("fio"))?;
+        std::fs::create_dir_all(dir.join(SEQ_DIR))?;
         let mut args = fio_common(dir);
         args.extend(SEQ_WRITE.map(String::from));
         let r = run_fio(fio, &args, &reports.join(format!("{side}-seq-write.json")))?;
@@ -532,7 +534,7 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
     sides.notes.push(fuse_minimum_write(o, fio, reports, &spec, "FUSE minimum, large files written (bytes dropped)")?);
     let notes = match &sides.plain {
         Some(plain) => {
-            let files = seq_files(o, &plain.join("fio"));
+            let files = seq_files(o, &plain.join(SEQ_DIR));
             let (disk, disk_cpu) = fuse_disk_minimum(o, fio, reports, &files, &at)?;
             let tcp = tcp_minimum(o)?;
             let mut notes = vec![disk, network_minimum(o, &files)?];
@@ -581,7 +583,7 @@ fn odfs_past_page_cache(o: &MountBenchOptions, fio: &Path, reports: &Path, sides
         r.expect_bytes(what, seq_bytes)?;
         Ok((r.bw_bytes(what)? / MIB, cpu))
     };
-    let (r, r_cpu) = phase(&sides.mnt.join("fio"), false).context("odfs with O_DIRECT: read")?;
+    let (r, r_cpu) = phase(&sides.mnt.join(SEQ_DIR), false).context("odfs with O_DIRECT: read")?;
     let dir = sides.mnt.join("fio-direct");
     let written = std::fs::create_dir_all(&dir).map_err(anyhow::Error::from).and_then(|()| phase(&dir, true));
     let removed = std::fs::remove_dir_all(&dir);
@@ -711,7 +713,7 @@ fn odfs_over_uring(
         uring: true,
         threads: Some(entries),
         odfs: Some(local::client_config_path(fsroot)),
-        odfs_dir: "/fio".into(),
+        odfs_dir: format!("/{SEQ_DIR}"),
         odfs_files: o.jobs,
         odfs_direct: true,
         ..Default::default()
@@ -1040,7 +1042,7 @@ fn fuse_minimum_write(
         Err(skipped) => return Ok(skipped),
     };
     eprintln!("bench: {name}: sequential write, {} jobs x {} MiB", o.jobs, o.job_size >> 20);
-    let dir = spec.at.join("fio");
+    let dir = spec.at.join(SEQ_DIR);
     let written = (|| -> Result<(f64, f64)> {
         std::fs::create_dir_all(&dir)?;
         let mut args = fio_files("seq", &dir, SEQ_FILES, o);
