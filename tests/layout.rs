@@ -658,12 +658,27 @@ fn a_node_answers_small_reads_of_its_own_chunks_from_the_page_cache_and_asks_sto
     };
 
     // Cold: the page cache holds none of them, so node 0's stored reads them (its io_uring
-    // waits for the disk, no thread of the client's does) and sends them.
-    evict(&chunk);
-    let before = chunk_bytes_sent(&fs, 0);
-    read_all("cold");
-    let sent = chunk_bytes_sent(&fs, 0) - before;
-    assert_eq!(sent, (offsets.len() * READ) as u64, "cold small local reads: node 0's stored sent {sent} bytes");
+    // waits for the disk, no thread of the client's does) and sends them. The client's look
+    // into the page cache (`RWF_NOWAIT`) starts the kernel's read of a missing page without
+    // waiting for it, and on a loaded machine that read can end before the look does: then
+    // the page cache answers that read. So a few cold passes are allowed; one must have been
+    // answered wholly by stored.
+    let mut passes = Vec::new();
+    while passes.len() < 5 {
+        evict(&chunk);
+        assert_eq!(resident(&chunk), 0, "node 0's chunk file is still in the page cache after its eviction");
+        let before = chunk_bytes_sent(&fs, 0);
+        read_all("cold");
+        passes.push(chunk_bytes_sent(&fs, 0) - before);
+        if passes.last() == Some(&((offsets.len() * READ) as u64)) {
+            break;
+        }
+    }
+    assert_eq!(
+        passes.last(),
+        Some(&((offsets.len() * READ) as u64)),
+        "cold small local reads: node 0's stored sent {passes:?} bytes in each pass"
+    );
     // Now cached: the client reads them from the chunk file's pages, with no request to stored.
     let before = chunk_bytes_sent(&fs, 0);
     read_all("cached");
