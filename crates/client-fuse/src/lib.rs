@@ -21,6 +21,7 @@
 //! FUSE itself costs, and `uring_minimum`, its striped large files over the kernel's io_uring
 //! transport for FUSE.
 
+pub mod abi;
 pub mod attr;
 pub mod callers;
 pub mod counts;

@@ -23,6 +23,7 @@
 //! the entry's payload buffer — odfs's stored and wire, with the chunk exchange where the
 //! striped minimum has it.
 
+use crate::abi::{self, op, InitOut, Op, Request};
 use crate::fs::{MAX_BACKGROUND, MAX_WRITE};
 use crate::minimum::{connect, local_chunk, range_request, FileServer};
 use io_uring::{opcode, squeue, types, IoUring};
@@ -43,31 +44,6 @@ const MAX_IO: usize = MAX_WRITE as usize;
 const PAGE: usize = 4096;
 /// TTL of every entry and attribute reply (the tree never changes).
 const TTL_SECS: u64 = 3600;
-
-// FUSE opcodes (include/uapi/linux/fuse.h).
-const LOOKUP: u32 = 1;
-const FORGET: u32 = 2;
-const GETATTR: u32 = 3;
-const OPEN: u32 = 14;
-const READ: u32 = 15;
-const STATFS: u32 = 17;
-const RELEASE: u32 = 18;
-const FLUSH: u32 = 25;
-const INIT: u32 = 26;
-const OPENDIR: u32 = 27;
-const READDIR: u32 = 28;
-const RELEASEDIR: u32 = 29;
-const INTERRUPT: u32 = 36;
-const DESTROY: u32 = 38;
-const BATCH_FORGET: u32 = 42;
-
-// INIT flags: the first word, then `flags2` (bits 32 and up).
-const FUSE_ASYNC_READ: u64 = 1 << 0;
-const FUSE_BIG_WRITES: u64 = 1 << 5;
-const FUSE_ASYNC_DIO: u64 = 1 << 15;
-const FUSE_MAX_PAGES: u64 = 1 << 22;
-const FUSE_INIT_EXT: u64 = 1 << 30;
-const FUSE_OVER_IO_URING: u64 = 1 << 41;
 
 // The io_uring commands of FUSE, and its ring entry's header buffer.
 const CMD_REGISTER: u32 = 1;
@@ -160,7 +136,7 @@ pub fn mount(spec: &UringSpec, at: &Path) -> std::io::Result<UringMount> {
     let dev = mount_fuse(at)?;
     let tree = Arc::new(Tree { dev, sizes, bytes });
     let refused = match init(&tree) {
-        Ok(offered) if offered & FUSE_OVER_IO_URING != 0 => None,
+        Ok(offered) if offered & abi::init::OVER_IO_URING != 0 => None,
         Ok(_) => Some(std::io::Error::other(format!(
             "the kernel offers no FUSE io_uring transport ({ENABLE_URING} is not Y, or the kernel is older than 6.14)"
         ))),
@@ -389,9 +365,6 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 fn put32(b: &mut [u8], at: usize, v: u32) {
     b[at..at + 4].copy_from_slice(&v.to_le_bytes());
 }
-fn put64(b: &mut [u8], at: usize, v: u64) {
-    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
-}
 
 /// Reads INIT from `/dev/fuse` and answers it, asking for the io_uring transport where the
 /// kernel offers it. Returns the flags the kernel offered.
@@ -402,36 +375,27 @@ fn init(tree: &Tree) -> std::io::Result<u64> {
     if n < 0 {
         return Err(std::io::Error::last_os_error());
     }
-    let n = n as usize;
-    let (opcode, unique) = (u32_at(&buf, 4), u64_at(&buf, 8));
-    if n < 40 + 24 || opcode != INIT {
-        return Err(std::io::Error::other(format!("expected INIT from the kernel, got opcode {opcode}")));
-    }
-    let a = &buf[40..n];
-    let (major, minor, readahead) = (u32_at(a, 0), u32_at(a, 4), u32_at(a, 8));
-    let mut offered = u32_at(a, 12) as u64;
-    if offered & FUSE_INIT_EXT != 0 && a.len() >= 20 {
-        offered |= (u32_at(a, 16) as u64) << 32;
-    }
-    let want = FUSE_ASYNC_READ | FUSE_BIG_WRITES | FUSE_ASYNC_DIO | FUSE_MAX_PAGES | FUSE_INIT_EXT | FUSE_OVER_IO_URING;
-    let flags = offered & want;
-    // struct fuse_init_out, 64 bytes.
-    let mut out = [0u8; 16 + 64];
-    put32(&mut out, 0, 16 + 64);
-    put64(&mut out, 8, unique);
-    let o = &mut out[16..];
-    put32(o, 0, major.min(7));
-    put32(o, 4, minor);
-    put32(o, 8, readahead);
-    put32(o, 12, flags as u32);
+    let req = Request::parse(&buf[..n as usize]).map_err(std::io::Error::other)?;
+    let Op::Init { minor, max_readahead, flags: offered, .. } = req.op else {
+        return Err(std::io::Error::other(format!("expected INIT from the kernel, got opcode {}", req.header.opcode)));
+    };
+    use abi::init::*;
+    let want = ASYNC_READ | BIG_WRITES | ASYNC_DIO | MAX_PAGES | INIT_EXT | OVER_IO_URING;
     // As odfs-fuse asks (`fs::ask_io`): as many background requests in flight, as large WRITEs.
-    o[16..18].copy_from_slice(&MAX_BACKGROUND.to_le_bytes());
-    o[18..20].copy_from_slice(&(MAX_BACKGROUND / 4 * 3).to_le_bytes()); // congestion_threshold
-    put32(o, 20, MAX_WRITE); // max_write
-    put32(o, 24, 1); // time_gran
-    o[28..30].copy_from_slice(&((MAX_IO / PAGE) as u16).to_le_bytes()); // max_pages
-    put32(o, 32, (flags >> 32) as u32); // flags2: the upper half (FUSE_OVER_IO_URING among them)
-
+    let reply = InitOut {
+        major: 7,
+        minor,
+        max_readahead,
+        flags: offered & want,
+        max_background: MAX_BACKGROUND,
+        congestion_threshold: MAX_BACKGROUND / 4 * 3,
+        max_write: MAX_WRITE,
+        time_gran: 1,
+        max_pages: (MAX_IO / PAGE) as u16,
+    };
+    let mut out = [0u8; abi::OUT_HEADER + abi::INIT_OUT];
+    let len = reply.encode(&mut out[abi::OUT_HEADER..]);
+    out[..abi::OUT_HEADER].copy_from_slice(&abi::out_header(req.header.unique, len, 0));
     // SAFETY: `out` holds the reply; the descriptor is open.
     if unsafe { libc::write(tree.dev, out.as_ptr().cast(), out.len()) } != out.len() as isize {
         return Err(std::io::Error::last_os_error());
@@ -451,77 +415,50 @@ fn file_of(tree: &Tree, ino: u64) -> Option<usize> {
     (ino >= 2 && ((ino - 2) as usize) < tree.sizes.len()).then(|| (ino - 2) as usize)
 }
 
-/// `struct fuse_attr` (88 bytes) of inode `ino` into `o`.
-fn put_attr(tree: &Tree, ino: u64, o: &mut [u8]) {
-    o[..88].fill(0);
-    put64(o, 0, ino);
+/// The attributes of inode `ino`.
+fn attr_of(tree: &Tree, ino: u64) -> abi::Attr {
     let (size, mode, nlink) = match file_of(tree, ino) {
         Some(k) => (tree.sizes[k], libc::S_IFREG | 0o444, 1),
         None => (0, libc::S_IFDIR | 0o555, 2),
     };
-    put64(o, 8, size);
-    put64(o, 16, size.div_ceil(512));
-    put32(o, 60, mode);
-    put32(o, 64, nlink);
-    put32(o, 80, PAGE as u32); // blksize
+    abi::Attr { ino, size, blocks: size.div_ceil(512), mode, nlink, blksize: PAGE as u32, ..abi::Attr::default() }
 }
 
-/// Answers request `opcode` for inode `ino`, with its op header `op_in` and the rest of its
-/// arguments `rest`; out arguments go into `out`.
-fn answer(tree: &Tree, opcode: u32, ino: u64, op_in: &[u8], rest: &[u8], out: &mut [u8]) -> Answer {
+/// Answers request `req`; out arguments go into `out`.
+fn answer(tree: &Tree, req: &Request<'_>, out: &mut [u8]) -> Answer {
     let done = |len| Answer::Done { error: 0, len };
     let fail = |e: i32| Answer::Done { error: -e, len: 0 };
-    match opcode {
-        LOOKUP => {
-            let name = rest.split(|&b| b == 0).next().unwrap_or(&[]);
-            let k = std::str::from_utf8(name)
-                .ok()
+    let ino = req.header.nodeid;
+    match req.op {
+        Op::Lookup { name } => {
+            let k = name
+                .to_str()
                 .and_then(|n| n.strip_prefix("seq.")?.strip_suffix(".0")?.parse::<usize>().ok())
                 .filter(|&k| ino == 1 && k < tree.sizes.len());
             let Some(k) = k else { return fail(libc::ENOENT) };
-            // struct fuse_entry_out: nodeid, generation, entry_valid, attr_valid, nsecs, attr.
-            out[..40].fill(0);
-            put64(out, 0, 2 + k as u64);
-            put64(out, 16, TTL_SECS);
-            put64(out, 24, TTL_SECS);
-            put_attr(tree, 2 + k as u64, &mut out[40..]);
-            done(128)
+            done(abi::entry_out(out, &attr_of(tree, 2 + k as u64), TTL_SECS))
         }
-        GETATTR => {
+        Op::Getattr { .. } => {
             if ino != 1 && file_of(tree, ino).is_none() {
                 return fail(libc::ENOENT);
             }
-            out[..16].fill(0);
-            put64(out, 0, TTL_SECS);
-            put_attr(tree, ino, &mut out[16..]);
-            done(104)
+            done(abi::attr_out(out, &attr_of(tree, ino), TTL_SECS))
         }
-        OPEN | OPENDIR => {
-            // struct fuse_open_out: fh 0, FOPEN_KEEP_CACHE (for OPEN), no backing.
-            out[..16].fill(0);
-            if opcode == OPEN {
-                put32(out, 8, 1 << 1);
-            }
-            done(16)
-        }
-        READ => {
+        Op::Open { .. } => done(abi::open_out(out, 0, abi::FOPEN_KEEP_CACHE, 0)),
+        Op::Opendir { .. } => done(abi::open_out(out, 0, 0, 0)),
+        Op::Read { offset, size, .. } => {
             let Some(k) = file_of(tree, ino) else { return fail(libc::EISDIR) };
-            let (offset, size) = (u64_at(op_in, 8), u32_at(op_in, 16) as u64);
-            let len = size.min(tree.sizes[k].saturating_sub(offset)) as usize;
+            let len = (size as u64).min(tree.sizes[k].saturating_sub(offset)) as usize;
             if len == 0 {
                 return done(0);
             }
             Answer::Read { k, offset, len }
         }
-        READDIR => done(0),
-        STATFS => {
-            out[..80].fill(0);
-            put32(out, 40, PAGE as u32);
-            put32(out, 44, 255);
-            put32(out, 48, PAGE as u32);
-            done(80)
-        }
-        RELEASE | RELEASEDIR | FLUSH | DESTROY => done(0),
+        Op::Readdir { .. } => done(0),
+        Op::Statfs => done(
+            abi::Statfs { bsize: PAGE as u32, namelen: 255, frsize: PAGE as u32, ..Default::default() }.encode(out),
+        ),
+        Op::Release { .. } | Op::Releasedir { .. } | Op::Flush { .. } | Op::Destroy => done(0),
         _ => fail(libc::ENOSYS),
     }
 }
@@ -541,33 +478,19 @@ fn serve_dev(tree: &Tree) {
                 _ => return,
             }
         }
-        let n = n as usize;
-        if n < 40 {
-            return;
-        }
-        let (opcode, unique, ino) = (u32_at(&buf, 4), u64_at(&buf, 8), u64_at(&buf, 16));
-        if matches!(opcode, FORGET | BATCH_FORGET | INTERRUPT) {
+        let Ok(req) = Request::parse(&buf[..n as usize]) else { return };
+        if matches!(req.header.opcode, op::FORGET | op::BATCH_FORGET | op::INTERRUPT) {
             continue;
         }
-        let args = &buf[40..n];
-        let op_len = match opcode {
-            READ => 40,
-            GETATTR => 16,
-            OPEN | OPENDIR => 8,
-            _ => 0,
-        };
-        let (op_in, rest) = args.split_at(op_len.min(args.len()));
         let body = out.as_mut_slice();
-        let (error, len) = match answer(tree, opcode, ino, op_in, rest, &mut body[16..]) {
+        let (error, len) = match answer(tree, &req, &mut body[16..]) {
             Answer::Done { error, len } => (error, len),
             Answer::Read { k, offset, len } => match fetch_sync(tree, &mut conns, k, offset, &mut body[16..16 + len]) {
                 Ok(()) => (0, len),
                 Err(e) => (-e.raw_os_error().unwrap_or(libc::EIO), 0),
             },
         };
-        put32(body, 0, (16 + len) as u32);
-        put32(body, 4, error as u32);
-        put64(body, 8, unique);
+        body[..16].copy_from_slice(&abi::out_header(req.header.unique, len, -error));
         // SAFETY: `body` holds the reply's bytes; the descriptor stays open.
         let _ = unsafe { libc::write(tree.dev, body.as_ptr().cast(), 16 + len) };
     }
@@ -837,11 +760,14 @@ fn on_request(
     streams: &mut Streams,
 ) -> Vec<squeue::Entry128> {
     let (header, payload) = (e.header.as_slice(), e.payload.as_slice());
-    let (opcode, ino) = (u32_at(header, 4), u64_at(header, 16));
     let payload_sz = u32_at(header, ENT_PAYLOAD_SZ) as usize;
     let (op_in, rest) = (&header[OP_IN..2 * OP_IN], &payload[..payload_sz.min(MAX_IO)]);
     let mut out = [0u8; 256];
-    match answer(tree, opcode, ino, op_in, rest, &mut out) {
+    let reply = match Request::parse_parts(&header[..abi::IN_HEADER], op_in, rest) {
+        Ok(req) => answer(tree, &req, &mut out),
+        Err(_) => Answer::Done { error: -libc::EIO, len: 0 },
+    };
+    match reply {
         Answer::Done { error, len } => {
             e.payload.as_mut_slice()[..len].copy_from_slice(&out[..len]);
             commit(tree, qid, i, e, -error, len)
@@ -1128,10 +1054,7 @@ fn commit(tree: &Tree, qid: u16, i: usize, e: &mut Entry, errno: i32, len: usize
     let unique = u64_at(header, 8);
     let commit_id = u64_at(header, ENT_COMMIT_ID);
     let len = if errno != 0 { 0 } else { len };
-    // struct fuse_out_header in `in_out`: len, error, unique.
-    put32(header, 0, (16 + len) as u32);
-    put32(header, 4, (-errno) as u32);
-    put64(header, 8, unique);
+    header[..abi::OUT_HEADER].copy_from_slice(&abi::out_header(unique, len, errno));
     put32(header, ENT_PAYLOAD_SZ, len as u32);
     vec![ring_cmd(tree.dev, CMD_COMMIT_AND_FETCH, commit_id, qid, None).user_data(tag(i, FETCHED))]
 }
