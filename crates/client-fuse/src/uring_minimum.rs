@@ -478,7 +478,19 @@ fn serve_dev(tree: &Tree) {
                 _ => return,
             }
         }
-        let Ok(req) = Request::parse(&buf[..n as usize]) else { return };
+        let req = match Request::parse(&buf[..n as usize]) {
+            Ok(req) => req,
+            // Arguments the protocol does not allow: EIO for that request, the rest served.
+            Err(_) => match abi::InHeader::parse(&buf[..n as usize]) {
+                Ok(h) => {
+                    let head = abi::out_header(h.unique, 0, libc::EIO);
+                    // SAFETY: `head` holds the reply; the descriptor stays open.
+                    let _ = unsafe { libc::write(tree.dev, head.as_ptr().cast(), head.len()) };
+                    continue;
+                }
+                Err(_) => return,
+            },
+        };
         if matches!(req.header.opcode, op::FORGET | op::BATCH_FORGET | op::INTERRUPT) {
             continue;
         }
