@@ -28,8 +28,6 @@ pub const OPEN_OUT: usize = 16;
 pub const STATFS_OUT: usize = 80;
 /// `struct fuse_init_out`.
 pub const INIT_OUT: usize = 64;
-/// `struct fuse_write_out`.
-pub const WRITE_OUT: usize = 8;
 
 /// Opcodes (`enum fuse_opcode`).
 pub mod op {
@@ -195,10 +193,13 @@ pub enum Op<'a> {
         unique: u64,
     },
     Destroy,
-    /// An opcode decoded by its own handler (or answered `ENOSYS`): its argument bytes.
+    /// An opcode decoded by its own handler (or answered `ENOSYS`): its argument bytes (from
+    /// `/dev/fuse` all of them; from a ring entry its fixed ones) and, from a ring entry, its
+    /// payload.
     Other {
         opcode: u32,
         args: &'a [u8],
+        payload: Option<&'a [u8]>,
     },
 }
 
@@ -222,7 +223,7 @@ impl<'a> Request<'a> {
         let header = InHeader::parse(b)?;
         let end = (header.len as usize).min(b.len());
         let args = b.get(IN_HEADER..end).unwrap_or(&[]);
-        Ok(Request { header, op: parse_op(header.opcode, args, &[])? })
+        Ok(Request { header, op: parse_op(header.opcode, args, None)? })
     }
 
     /// A request as an io_uring ring entry holds it: the header and the opcode's fixed
@@ -230,16 +231,16 @@ impl<'a> Request<'a> {
     /// WRITE's data) in its payload buffer.
     pub fn parse_parts(header: &[u8], op_in: &'a [u8], payload: &'a [u8]) -> Result<Request<'a>, AbiError> {
         let header = InHeader::parse(header)?;
-        Ok(Request { header, op: parse_op(header.opcode, op_in, payload)? })
+        Ok(Request { header, op: parse_op(header.opcode, op_in, Some(payload))? })
     }
 }
 
-/// Decodes `opcode`'s arguments: `fixed` its fixed-size struct (followed by the variable part
-/// when both arrive in one buffer, then `var` is empty), `var` the variable part otherwise.
-fn parse_op<'a>(opcode: u32, fixed: &'a [u8], var: &'a [u8]) -> Result<Op<'a>, AbiError> {
+/// Decodes `opcode`'s arguments: `fixed` its fixed-size struct, followed by the variable part
+/// when both arrive in one buffer (`var` is `None`), else `var` is the variable part.
+fn parse_op<'a>(opcode: u32, fixed: &'a [u8], var: Option<&'a [u8]>) -> Result<Op<'a>, AbiError> {
     let mut r = Reader::new(fixed, "arguments");
     // The variable part: after the fixed struct in the same buffer, or its own buffer.
-    let rest = |r: &Reader<'a>| if var.is_empty() { r.rest() } else { var };
+    let rest = |r: &Reader<'a>| var.unwrap_or_else(|| r.rest());
     Ok(match opcode {
         op::LOOKUP => Op::Lookup { name: name(rest(&r), "name")? },
         op::FORGET => Op::Forget { nlookup: r.u64()? },
@@ -317,7 +318,7 @@ fn parse_op<'a>(opcode: u32, fixed: &'a [u8], var: &'a [u8]) -> Result<Op<'a>, A
         }
         op::INTERRUPT => Op::Interrupt { unique: r.u64()? },
         op::DESTROY => Op::Destroy,
-        _ => Op::Other { opcode, args: if var.is_empty() { fixed } else { var } },
+        _ => Op::Other { opcode, args: fixed, payload: var },
     })
 }
 
