@@ -6,6 +6,7 @@ use odfs_proto::meta::{Attr, FileKind, SetTime, StatFsReply};
 use odfs_proto::Timespec;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
+#[cfg(test)]
 use std::time::UNIX_EPOCH;
 
 /// `st_blksize` of inodes without a layout (directories, symbolic links): the default chunk size,
@@ -63,16 +64,11 @@ pub fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
-/// A time to set, as odfs's protocol carries it. fuser 0.18 turns the kernel's `(sec, nsec)`
-/// of a time before 1970 into `UNIX_EPOCH - (-sec s + nsec ns)`, not the time meant
-/// (`sec s + nsec ns`, nsec counting forward): the kernel's pair is read back from that.
+/// A time to set, as odfs's protocol carries it.
 pub fn set_time(t: TimeOrNow) -> SetTime {
     match t {
         TimeOrNow::Now => SetTime::Now,
-        TimeOrNow::SpecificTime(t) => SetTime::At(match t.duration_since(UNIX_EPOCH) {
-            Ok(_) => Timespec::from(t),
-            Err(e) => Timespec { sec: -(e.duration().as_secs() as i64), nsec: e.duration().subsec_nanos() },
-        }),
+        TimeOrNow::SpecificTime(t) => SetTime::At(Timespec::from(t)),
     }
 }
 
@@ -157,8 +153,8 @@ mod tests {
         let t = UNIX_EPOCH + Duration::new(5, 9);
         assert_eq!(set_time(TimeOrNow::SpecificTime(t)), SetTime::At(Timespec { sec: 5, nsec: 9 }));
         assert_eq!(set_time(TimeOrNow::Now), SetTime::Now);
-        // What fuser hands over for the kernel's (-1, 999_999_995) and (-3, 0).
-        let t = UNIX_EPOCH - Duration::new(1, 999_999_995);
+        // What the session hands over for the kernel's (-1, 999_999_995) and (-3, 0).
+        let t = UNIX_EPOCH - Duration::from_nanos(5);
         assert_eq!(set_time(TimeOrNow::SpecificTime(t)), SetTime::At(Timespec { sec: -1, nsec: 999_999_995 }));
         let t = UNIX_EPOCH - Duration::new(3, 0);
         assert_eq!(set_time(TimeOrNow::SpecificTime(t)), SetTime::At(Timespec { sec: -3, nsec: 0 }));

@@ -7,7 +7,8 @@
 //! is only a hint: the kernel may evict pages without saying so, and then READs them as
 //! usual; all a wrong hint costs is that READ.
 
-use fuser::{INodeNo, Notifier};
+use crate::reply::Notifier;
+use fuser::INodeNo;
 use odfs_client::{Client, FileHandle, Ticket};
 use odfs_proto::meta::Attr;
 use odfs_proto::InodeId;

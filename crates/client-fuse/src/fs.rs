@@ -1,4 +1,4 @@
-//! `OdfsFuse`: fuser's `Filesystem` over an odfs `Client`.
+//! `OdfsFuse`: the session's `Filesystem` (the FUSE requests odfs answers) over an odfs `Client`.
 //!
 //! Every callback translates its arguments and either answers at once — from what the client
 //! library holds under its leases (lookup, getattr, read-only open), or where nothing needs
@@ -12,6 +12,7 @@
 //! needs: the file-handle table, the ".." inode numbers, reply TTLs, and the kernel settings
 //! negotiated at init.
 
+use crate::abi::init;
 use crate::attr::{
     file_attr, file_type, name_bytes, set_time, special_kind, statfs_blocks, xattr_list, NAMELEN, STATFS_BSIZE,
 };
@@ -20,13 +21,15 @@ use crate::counts::Counts;
 use crate::fill::Filled;
 use crate::handles::{Handles, OpenFile, Parents};
 use crate::passthrough::{Backing, Backings, Candidate};
+use crate::reply::{
+    BackingId, Notifier, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
+    ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+};
+use crate::session::{Filesystem, KernelConfig, Request};
 use crate::FuseError;
 use fuser::{
-    AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, IoctlFlags, KernelConfig, LockOwner, Notifier, OpenAccMode, OpenFlags, PollEvents, PollFlags,
-    PollNotifier, RenameFlags, ReplyAttr, ReplyBmap, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
-    ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo, LockOwner, OpenAccMode, OpenFlags, RenameFlags,
+    TimeOrNow, WriteFlags,
 };
 use odfs_client::locks::LockAsk;
 use odfs_client::{vxattr, Client, Ctx, Ticket};
@@ -220,7 +223,7 @@ pub struct OdfsFuse {
     shared: Arc<Shared>,
 }
 
-/// The reply types' common error method (fuser has no trait for it).
+/// The reply types' common error method.
 trait ErrorReply: Send + 'static {
     fn fail(self, errno: Errno);
 }
@@ -359,7 +362,7 @@ fn insert_open(
     s: &Shared,
     mut file: OpenFile,
     candidate: Option<Candidate>,
-    register: impl FnOnce(&std::fs::File) -> std::io::Result<fuser::BackingId>,
+    register: impl FnOnce(&std::fs::File) -> std::io::Result<BackingId>,
 ) -> (FileHandle, Option<Arc<Backing>>) {
     let backing = candidate.and_then(|c| s.backings.register(file.handle.ino().0, c, register));
     file.backing = backing.as_ref().map(Backing::for_handle);
@@ -624,11 +627,9 @@ async fn getattr_any(s: &Shared, ctx: &Ctx, i: InodeId, fh: Option<u64>) -> OpRe
 /// What reads need of the kernel, asked at init (the FUSE minimum asks the same):
 /// `MAX_BACKGROUND` background requests in flight, congested at three quarters of them (the
 /// kernel's own default ratio), and `MAX_READAHEAD` of read-ahead.
-pub(crate) fn ask_io(config: &mut KernelConfig) {
-    if let Err(nearest) = config.set_max_background(MAX_BACKGROUND) {
-        let _ = config.set_max_background(nearest);
-    }
-    let _ = config.set_congestion_threshold(MAX_BACKGROUND / 4 * 3);
+fn ask_io(config: &mut KernelConfig) {
+    let _ = config.set_max_background(MAX_BACKGROUND);
+    config.set_congestion_threshold(MAX_BACKGROUND / 4 * 3);
     if let Err(max) = config.set_max_readahead(MAX_READAHEAD) {
         // The kernel offers its current read-ahead as the maximum (128 KiB by default); the
         // mount runner raises it through sysfs after mounting.
@@ -638,7 +639,7 @@ pub(crate) fn ask_io(config: &mut KernelConfig) {
 }
 
 impl Filesystem for OdfsFuse {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+    fn init(&self, config: &mut KernelConfig) -> std::io::Result<()> {
         if let Err(max) = config.set_max_write(MAX_WRITE) {
             warn!(asked = MAX_WRITE, max, "kernel caps the write size");
             let _ = config.set_max_write(max);
@@ -662,28 +663,30 @@ impl Filesystem for OdfsFuse {
         // Locks: with `global_locks`, every `fcntl`, OFD and `flock` lock is sent here and held
         // at metad, across nodes; without, the kernel keeps them, per node.
         if self.shared.client.config().global_locks {
-            for cap in [InitFlags::FUSE_POSIX_LOCKS, InitFlags::FUSE_FLOCK_LOCKS] {
-                if let Err(missing) = config.add_capabilities(cap) {
-                    warn!(capability = ?missing, "kernel does not offer this FUSE capability: its locks hold on this node only");
+            for (cap, name) in [(init::POSIX_LOCKS, "POSIX_LOCKS"), (init::FLOCK_LOCKS, "FLOCK_LOCKS")] {
+                if config.want(cap).is_err() {
+                    warn!(
+                        capability = name,
+                        "kernel does not offer this FUSE capability: its locks hold on this node only"
+                    );
                 }
             }
         }
-        for cap in [
-            InitFlags::FUSE_DO_READDIRPLUS,
-            InitFlags::FUSE_READDIRPLUS_AUTO,
-            InitFlags::FUSE_ATOMIC_O_TRUNC,
-            InitFlags::FUSE_PARALLEL_DIROPS,
-            InitFlags::FUSE_CACHE_SYMLINKS,
-            InitFlags::FUSE_ASYNC_DIO,
-            InitFlags::FUSE_HANDLE_KILLPRIV_V2,
+        for (cap, name) in [
+            (init::DO_READDIRPLUS, "DO_READDIRPLUS"),
+            (init::READDIRPLUS_AUTO, "READDIRPLUS_AUTO"),
+            (init::ATOMIC_O_TRUNC, "ATOMIC_O_TRUNC"),
+            (init::PARALLEL_DIROPS, "PARALLEL_DIROPS"),
+            (init::CACHE_SYMLINKS, "CACHE_SYMLINKS"),
+            (init::ASYNC_DIO, "ASYNC_DIO"),
+            (init::HANDLE_KILLPRIV_V2, "HANDLE_KILLPRIV_V2"),
         ] {
-            if let Err(missing) = config.add_capabilities(cap) {
-                info!(capability = ?missing, "kernel does not offer this FUSE capability");
+            if config.want(cap).is_err() {
+                info!(capability = name, "kernel does not offer this FUSE capability");
             }
         }
         // Passthrough: backing files on a plain local filesystem (stack depth 1).
-        let passthrough =
-            config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok() && config.set_max_stack_depth(1).is_ok();
+        let passthrough = config.want(init::PASSTHROUGH).is_ok() && config.set_max_stack_depth(1).is_ok();
         if !passthrough {
             info!("kernel does not offer FUSE passthrough: every file takes the normal path");
         }
@@ -722,7 +725,7 @@ impl Filesystem for OdfsFuse {
         );
     }
 
-    fn forget(&self, _req: &Request, i: INodeNo, _nlookup: u64) {
+    fn forget(&self, i: INodeNo, _nlookup: u64) {
         // The kernel dropped the inode (and its pages); it looks it up again before any
         // further use.
         self.shared.parents.forget(i.0);
@@ -763,12 +766,7 @@ impl Filesystem for OdfsFuse {
         size: Option<u64>,
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
         fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
         let (s, ctx) = (self.shared.clone(), self.ctx(req));
@@ -1018,26 +1016,14 @@ impl Filesystem for OdfsFuse {
         );
     }
 
-    fn read(
-        &self,
-        req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
+    fn read(&self, req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, size: u32, reply: ReplyData) {
         let Some((f, reply)) = self.open_file(fh, reply) else { return };
         if self.shared.splicer.wants(size) {
-            let (s, t0, unique) = (self.shared.clone(), Instant::now(), req.unique().0);
+            let (s, t0, unique) = (self.shared.clone(), Instant::now(), req.unique());
             self.shared.rt.spawn(async move {
                 if s.splicer.reply(unique, &f.handle, offset, size).await {
-                    // Answered through the device: fuser's reply object must not answer again
-                    // (dropped unsent it would send EIO). Forgetting it keeps only its share of
-                    // the session's device alive, which lives as long as the mount anyway.
-                    std::mem::forget(reply);
+                    // Answered through the device: the reply object must not answer again.
+                    reply.sent_elsewhere();
                     return s.count("read (spliced)", t0, false);
                 }
                 let failed =
@@ -1059,8 +1045,6 @@ impl Filesystem for OdfsFuse {
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let Some((f, reply)) = self.open_file(fh, reply) else { return };
@@ -1123,16 +1107,7 @@ impl Filesystem for OdfsFuse {
         self.spawn("flush", reply, async move { f.publish_writes().await }, |reply, ()| reply.ok());
     }
 
-    fn release(
-        &self,
-        req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        lock_owner: Option<LockOwner>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
+    fn release(&self, req: &Request, _ino: INodeNo, fh: FileHandle, lock_owner: Option<LockOwner>, reply: ReplyEmpty) {
         let file = self.shared.handles.remove(fh.0);
         if let Some(f) = file.as_ref().filter(|f| f.has_lock_owners() || lock_owner.is_some()) {
             // Locks taken through this open file go with it (`flock`, OFD locks, and a reader's
@@ -1334,7 +1309,7 @@ impl Filesystem for OdfsFuse {
         );
     }
 
-    fn releasedir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, reply: ReplyEmpty) {
         reply.ok();
     }
 
@@ -1361,16 +1336,7 @@ impl Filesystem for OdfsFuse {
         });
     }
 
-    fn setxattr(
-        &self,
-        req: &Request,
-        i: INodeNo,
-        name: &OsStr,
-        value: &[u8],
-        flags: i32,
-        _position: u32,
-        reply: ReplyEmpty,
-    ) {
+    fn setxattr(&self, req: &Request, i: INodeNo, name: &OsStr, value: &[u8], flags: i32, reply: ReplyEmpty) {
         if name.as_bytes() == FILE_CAPS || name.as_bytes().starts_with(SYSTEM_XATTRS) {
             // File capabilities are ignored by exec on a nosuid mount; refusing them keeps the
             // answer of getxattr (which never asks metad for them) true. POSIX ACLs
@@ -1495,65 +1461,6 @@ impl Filesystem for OdfsFuse {
                 }
             },
         );
-    }
-
-    fn ioctl(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _flags: IoctlFlags,
-        _cmd: u32,
-        _in_data: &[u8],
-        _out_size: u32,
-        reply: ReplyIoctl,
-    ) {
-        // odfs files have no ioctls. ENOTTY is the answer of a file without them; isatty(3),
-        // which many runtimes call at every open, asks through here (fuser's default would log
-        // a warning each time).
-        reply.error(Errno::from_i32(libc::ENOTTY));
-    }
-
-    // Refused with ENOSYS, as fuser's defaults refuse them, but without their warning and
-    // Debug dump in the log: at ENOSYS the kernel stops asking and does the call itself
-    // (poll: always ready; lseek: SEEK_DATA and SEEK_HOLE see one extent of data;
-    // copy_file_range: a copy through the page cache; bmap: no block map, as on any
-    // network filesystem).
-    fn bmap(&self, _req: &Request, _ino: INodeNo, _blocksize: u32, _idx: u64, reply: ReplyBmap) {
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn poll(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _ph: PollNotifier,
-        _events: PollEvents,
-        _flags: PollFlags,
-        reply: ReplyPoll,
-    ) {
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn lseek(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _offset: i64, _whence: i32, reply: ReplyLseek) {
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn copy_file_range(
-        &self,
-        _req: &Request,
-        _ino_in: INodeNo,
-        _fh_in: FileHandle,
-        _offset_in: u64,
-        _ino_out: INodeNo,
-        _fh_out: FileHandle,
-        _offset_out: u64,
-        _len: u64,
-        _flags: CopyFileRangeFlags,
-        reply: ReplyWrite,
-    ) {
-        reply.error(Errno::ENOSYS);
     }
 
     fn fallocate(

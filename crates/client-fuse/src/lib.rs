@@ -11,11 +11,14 @@
 //! attributes and pages for as long as the client's leases last (each reply's TTL ends no later
 //! than the client's trust in its lease), and every recall metad sends the client becomes a
 //! kernel invalidation (`inval_inode`, `inval_entry`). What a lease covers is answered on the
-//! fuser reader thread (lookup, getattr, read-only open) without a task. There is no writeback
+//! session's reader thread (lookup, getattr, read-only open) without a task. There is no writeback
 //! cache: every write(2) reaches the client library before it returns, so the library's
 //! write-behind and error reporting stay the only buffering — except for files passed through
 //! (`passthrough`): whole on this node's own target, the kernel reads and writes their chunk
 //! file itself, and the adapter publishes what it wrote at close and fsync.
+//!
+//! The FUSE protocol is odfs-fuse's own (`abi`, `session`, `reply`: docs/architecture.md, "The
+//! FUSE transport"); fuser's plain types (attributes, flags, inode numbers) are still used.
 //!
 //! Also here, for benchmarks only: `minimum`, a synthetic FUSE filesystem that measures what
 //! FUSE itself costs, and `uring_minimum`, its striped large files over the kernel's io_uring
@@ -33,6 +36,8 @@ pub mod minimum;
 pub mod mount;
 pub mod passthrough;
 mod reader;
+pub mod reply;
+pub mod session;
 pub mod splice;
 pub mod uring_minimum;
 

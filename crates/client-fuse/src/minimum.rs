@@ -313,7 +313,14 @@ impl Filesystem for MinimumFs {
         // As odfs-fuse asks: an O_DIRECT or AIO reader's requests arrive together, as many
         // background requests in flight, the same read-ahead.
         let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
-        crate::fs::ask_io(config);
+        let bg = crate::fs::MAX_BACKGROUND;
+        if let Err(nearest) = config.set_max_background(bg) {
+            let _ = config.set_max_background(nearest);
+        }
+        let _ = config.set_congestion_threshold(bg / 4 * 3);
+        if let Err(max) = config.set_max_readahead(crate::fs::MAX_READAHEAD) {
+            let _ = config.set_max_readahead(max);
+        }
         // WRITEs as large as odfs-fuse's, no larger.
         if let Err(max) = config.set_max_write(crate::fs::MAX_WRITE) {
             let _ = config.set_max_write(max);

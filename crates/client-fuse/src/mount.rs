@@ -1,23 +1,26 @@
-//! Running a mount: checks before mounting, connecting the client, the fuser session and its
+//! Running a mount: checks before mounting, connecting the client, the session and its
 //! options, post-mount tuning, and a clean stop on SIGTERM/SIGINT or unmount.
 //!
 //! Mount options: fsname `odfs:<job id>` and subtype `odfs` (so /proc/mounts shows
 //! `odfs:<job> <mnt> fuse.odfs`), `default_permissions` (the kernel checks mode bits against
-//! the attributes metad gave; metad checks again with the caller's groups), nosuid and nodev
-//! (fuser's defaults), `allow_other` only when asked (`--allow-other`).
+//! the attributes metad gave; metad checks again with the caller's groups), nosuid, nodev and
+//! noatime, `allow_other` only when asked (`--allow-other`).
 //!
 //! Without `allow_other` only the mounting user may enter the mount (the kernel's rule, which
-//! fuser enforces again). The Slurm mode runs `odfs-fuse` as root for the job's user with
+//! the session enforces again). The Slurm mode runs `odfs-fuse` as root for the job's user with
 //! `--allow-other` and a mount point of mode 0700 owned by that user. Note that once mounted,
 //! the mount point shows the filesystem's root directory, so it is that directory's owner and
 //! mode (set for the job's user, 0700) that keep other users out; the underlying directory's
 //! mode only guards the path while nothing is mounted.
 //!
+//! nosuid and nodev are always set; `session::Session::mount` mounts by `mount(2)` where it
+//! may, by `fusermount3` otherwise.
+//!
 //! This module must not hold filesystem state: it hands everything to `fs::OdfsFuse`.
 
 use crate::fs::{OdfsFuse, Shared, MAX_READAHEAD};
+use crate::session::{Acl, MountOptions, Session, Unmounter};
 use crate::FuseError;
-use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
 use odfs_client::{Client, ClientConfig, ClientError};
 use std::io::ErrorKind;
 use std::os::fd::AsFd;
@@ -50,26 +53,19 @@ pub struct MountArgs {
     pub allow_other: bool,
 }
 
-/// The fuser session configuration for a filesystem of job `job_id`.
-pub fn session_config(job_id: &str, allow_other: bool) -> Config {
+/// How the filesystem of job `job_id` is mounted.
+pub fn mount_options(job_id: &str, allow_other: bool) -> (MountOptions, Acl) {
     // fusermount3 splits options at commas; keep the job id from breaking the list.
     let job: String = job_id.chars().map(|c| if c == ',' || c.is_whitespace() { '_' } else { c }).collect();
-    let mut cfg = Config::default();
-    cfg.mount_options = vec![
-        MountOption::FSName(format!("odfs:{job}")),
-        // Passed as a kernel option, not MountOption::Subtype: fuser's direct mount(2) (as
-        // root) drops Subtype and mounts type "fuse"; the kernel's own "subtype=" option gives
-        // "fuse.odfs", and fusermount3 understands it too.
-        MountOption::CUSTOM("subtype=odfs".into()),
-        MountOption::DefaultPermissions,
-        MountOption::RW,
+    let options = MountOptions {
+        fsname: format!("odfs:{job}"),
+        subtype: "odfs".into(),
+        allow_other,
+        default_permissions: true,
         // Reads do not update access times (metad is not told of reads); the mount says so.
-        MountOption::NoAtime,
-    ];
-    cfg.acl = if allow_other { SessionACL::All } else { SessionACL::Owner };
-    cfg.n_threads = Some(SESSION_THREADS);
-    cfg.clone_fd = true;
-    cfg
+        noatime: true,
+    };
+    (options, if allow_other { Acl::All } else { Acl::Owner })
 }
 
 /// Fails with a one-line reason unless `path` is an existing directory.
@@ -129,12 +125,13 @@ pub fn run(args: &MountArgs) -> Result<(), FuseError> {
     let fs = OdfsFuse::new(client.clone(), rt.handle().clone());
     let shared = fs.shared();
     let splice = shared.splicer.check(&client);
-    let mut session_cfg = session_config(&cfg.job.id, args.allow_other);
+    let (options, acl) = mount_options(&cfg.job.id, args.allow_other);
     // A spliced reply goes to the descriptor its request was read from: with every reader
     // thread reading the session's own (no clones), that is the one descriptor kept.
-    session_cfg.clone_fd = splice.is_err();
-    let mut session = Session::new(fs, &mountpoint, &session_cfg)
-        .map_err(|e| FuseError::Mount { path: mountpoint.clone(), source: e })?;
+    let clone_fd = splice.is_err();
+    let mount_err = |e| FuseError::Mount { path: mountpoint.clone(), source: e };
+    let mut session = Session::mount(&mountpoint, &options, acl).map_err(mount_err)?;
+    session.init(&fs).map_err(mount_err)?;
     shared.set_notifier(session.notifier());
     match splice.map(|()| shared.splicer.enable(session.as_fd())) {
         Ok(Ok(())) => {}
@@ -143,9 +140,9 @@ pub fn run(args: &MountArgs) -> Result<(), FuseError> {
     }
     info!(mountpoint = %mountpoint.display(), job = %cfg.job.id, "mounted");
     tune_readahead(&mountpoint);
-    rt.spawn(stop_on_signal(signals, shared.clone(), session.unmount_callable(), mountpoint.clone()));
+    rt.spawn(stop_on_signal(signals, shared.clone(), session.unmounter(), mountpoint.clone()));
 
-    let served = session_end(session.run()).map(|aborted| {
+    let served = session_end(session.run(fs, SESSION_THREADS, clone_fd)).map(|aborted| {
         if aborted {
             warn!(mountpoint = %mountpoint.display(), "the kernel aborted the FUSE connection");
         }
@@ -171,7 +168,7 @@ const DEFERRED_WAIT: Duration = Duration::from_secs(30);
 /// How a FUSE session ended, from its reader loop's result: `Ok(true)` when the kernel aborted
 /// the connection rather than closing it. Reading /dev/fuse then fails with ECONNABORTED
 /// instead of ENODEV (seen when a lazily detached mount is torn down at its last close, and
-/// in reads racing an unmount; fuser only takes ENODEV as the end). Either way the mount is gone.
+/// in reads racing an unmount; only ENODEV is taken as the end there). Either way the mount is gone.
 pub(crate) fn session_end(r: std::io::Result<()>) -> std::io::Result<bool> {
     match r {
         Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => Ok(true),
@@ -185,7 +182,7 @@ pub(crate) fn session_end(r: std::io::Result<()>) -> std::io::Result<bool> {
 async fn stop_on_signal(
     (mut term, mut int): (Signal, Signal),
     shared: Arc<Shared>,
-    mut unmounter: SessionUnmounter,
+    mut unmounter: Unmounter,
     mountpoint: PathBuf,
 ) {
     tokio::select! {
@@ -252,13 +249,13 @@ mod tests {
 
     #[test]
     fn options_name_the_job_and_the_subtype() {
-        let c = session_config("job 1,2", false);
-        assert!(c.mount_options.contains(&MountOption::FSName("odfs:job_1_2".into())));
-        assert!(c.mount_options.contains(&MountOption::CUSTOM("subtype=odfs".into())));
-        assert!(c.mount_options.contains(&MountOption::DefaultPermissions));
-        assert!(c.mount_options.contains(&MountOption::NoAtime));
-        assert_eq!(c.acl, SessionACL::Owner);
-        assert_eq!(session_config("j", true).acl, SessionACL::All);
+        let (o, acl) = mount_options("job 1,2", false);
+        assert_eq!((o.fsname.as_str(), o.subtype.as_str()), ("odfs:job_1_2", "odfs"));
+        assert!(o.default_permissions && o.noatime && !o.allow_other);
+        assert_eq!(acl, Acl::Owner);
+        let (o, acl) = mount_options("j", true);
+        assert!(o.allow_other);
+        assert_eq!(acl, Acl::All);
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! refuse it), and reading a backing file's size and mtime for publishing and for getattr.
 //! Which files qualify is the client library's answer ([`Client::local_chunk_path`]).
 
-use fuser::BackingId;
+use crate::reply::BackingId;
 use odfs_client::Client;
 use odfs_proto::meta::{Attr, FileKind};
 use odfs_proto::Timespec;

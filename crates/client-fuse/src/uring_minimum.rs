@@ -36,6 +36,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// Longest READ the mount asks for (FUSE's `max_pages` 256 = 1 MiB, odfs-fuse's `MAX_WRITE`),
 /// the size of a ring entry's payload buffer.
@@ -392,6 +393,7 @@ fn init(tree: &Tree) -> std::io::Result<u64> {
         max_write: MAX_WRITE,
         time_gran: 1,
         max_pages: (MAX_IO / PAGE) as u16,
+        max_stack_depth: 0,
     };
     let mut out = [0u8; abi::OUT_HEADER + abi::INIT_OUT];
     let len = reply.encode(&mut out[abi::OUT_HEADER..]);
@@ -436,13 +438,13 @@ fn answer(tree: &Tree, req: &Request<'_>, out: &mut [u8]) -> Answer {
                 .and_then(|n| n.strip_prefix("seq.")?.strip_suffix(".0")?.parse::<usize>().ok())
                 .filter(|&k| ino == 1 && k < tree.sizes.len());
             let Some(k) = k else { return fail(libc::ENOENT) };
-            done(abi::entry_out(out, &attr_of(tree, 2 + k as u64), TTL_SECS))
+            done(abi::entry_out(out, &attr_of(tree, 2 + k as u64), 0, Duration::from_secs(TTL_SECS)))
         }
         Op::Getattr { .. } => {
             if ino != 1 && file_of(tree, ino).is_none() {
                 return fail(libc::ENOENT);
             }
-            done(abi::attr_out(out, &attr_of(tree, ino), TTL_SECS))
+            done(abi::attr_out(out, &attr_of(tree, ino), Duration::from_secs(TTL_SECS)))
         }
         Op::Open { .. } => done(abi::open_out(out, 0, abi::FOPEN_KEEP_CACHE, 0)),
         Op::Opendir { .. } => done(abi::open_out(out, 0, 0, 0)),
