@@ -731,7 +731,15 @@ fn dispatch<F: Filesystem>(fs: &F, dev: &Dev, r: abi::Request<'_>) {
 /// `mount(2)` of a FUSE connection at `mountpoint`; `None` when this process may not (EPERM).
 fn mount_sys(mountpoint: &Path, o: &MountOptions) -> io::Result<Option<File>> {
     let mode = std::fs::metadata(mountpoint)?.mode();
-    let dev = OpenOptions::new().read(true).write(true).custom_flags(libc::O_CLOEXEC).open(DEV_FUSE)?;
+    let dev = match OpenOptions::new().read(true).write(true).custom_flags(libc::O_CLOEXEC).open(DEV_FUSE) {
+        Ok(dev) => dev,
+        // The device may be root's only: fusermount3 opens it itself.
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            info!("{DEV_FUSE} is not open to this user; mounting with fusermount3");
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
     // SAFETY: getuid/getgid cannot fail.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let mut data = format!("fd={},rootmode={:o},user_id={uid},group_id={gid}", dev.as_raw_fd(), mode);
