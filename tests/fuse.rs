@@ -1521,6 +1521,80 @@ fn the_io_uring_fuse_minimum_serves_an_odfs_files_bytes_through_the_client_libra
     }
 }
 
+/// odfs-fuse over the kernel's io_uring transport (`fuse_io_uring`, with `enable_uring` on):
+/// the requests POSIX tools make (creates, large and small writes and reads, appends, renames,
+/// links, symlinks, xattrs, chmod, truncate, listings, removals, and the errors of each) are
+/// answered through the rings with the results they have through `/dev/fuse`, a second mount
+/// reads the same bytes, and the queues' own counts show they served.
+#[test]
+fn the_mount_answers_through_io_uring_when_the_kernel_offers_it() {
+    use odfs_client_fuse::uring_minimum::TransportAllowed;
+    assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing: this test mounts a FUSE filesystem");
+    let _allowed = TransportAllowed::new().expect("this test needs the kernel's FUSE io_uring transport (6.14+, root)");
+    let fs = LocalFs::up(2, &[]);
+    let mut cfg = fs.config();
+    cfg.fuse_io_uring = true;
+    fs::write(fs.config_path(), toml::to_string(&cfg).unwrap()).unwrap();
+    let mut m = FuseMount::start(&fs);
+    let d = m.p("d");
+    fs::create_dir(&d).unwrap();
+    let big = pattern(3 * (1 << 20) + 17, 9);
+    fs::write(d.join("big"), &big).unwrap();
+    assert_bytes(&fs::read(d.join("big")).unwrap(), &big, "a 3 MiB file read back");
+    let mut f = OpenOptions::new().create(true).append(true).open(d.join("log")).unwrap();
+    f.write_all(b"one\n").unwrap();
+    f.write_all(b"two\n").unwrap();
+    drop(f);
+    assert_eq!(fs::read(d.join("log")).unwrap(), b"one\ntwo\n");
+    fs::rename(d.join("log"), d.join("log2")).unwrap();
+    std::os::unix::fs::symlink("log2", d.join("sym")).unwrap();
+    assert_eq!(fs::read_link(d.join("sym")).unwrap(), Path::new("log2"));
+    fs::hard_link(d.join("log2"), d.join("hard")).unwrap();
+    assert_eq!(fs::metadata(d.join("hard")).unwrap().nlink(), 2);
+    let x = CString::new(d.join("log2").to_str().unwrap()).unwrap();
+    // SAFETY: NUL-terminated path and name; value buffer of the given length.
+    let set = unsafe { libc::setxattr(x.as_ptr(), c"user.k".as_ptr(), b"val".as_ptr().cast(), 3, 0) };
+    assert_eq!(set, 0, "setxattr: {}", std::io::Error::last_os_error());
+    let mut v = [0u8; 16];
+    // SAFETY: as above, into a buffer of 16 bytes.
+    let n = unsafe { libc::getxattr(x.as_ptr(), c"user.k".as_ptr(), v.as_mut_ptr().cast(), v.len()) };
+    assert_eq!(&v[..n.max(0) as usize], b"val");
+    fs::set_permissions(d.join("big"), fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(fs::metadata(d.join("big")).unwrap().mode() & 0o777, 0o600);
+    OpenOptions::new().write(true).open(d.join("big")).unwrap().set_len(1000).unwrap();
+    assert_eq!(fs::metadata(d.join("big")).unwrap().len(), 1000);
+    let mut names: Vec<String> =
+        fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["big", "hard", "log2", "sym"]);
+    assert_eq!(fs::read(d.join("nope")).unwrap_err().raw_os_error(), Some(libc::ENOENT));
+    let again = OpenOptions::new().write(true).create_new(true).open(d.join("big"));
+    assert_eq!(again.unwrap_err().raw_os_error(), Some(libc::EEXIST));
+    assert_eq!(fs::remove_dir(&d).unwrap_err().raw_os_error(), Some(libc::ENOTEMPTY));
+
+    // Another mount of the filesystem sees it all.
+    let m2 = FuseMount::start_at(&fs, "mnt2", &[]);
+    assert_bytes(&fs::read(m2.p("d/big")).unwrap(), &big[..1000], "the truncated file from the second mount");
+    assert_eq!(fs::read(m2.p("d/hard")).unwrap(), b"one\ntwo\n");
+    drop(m2);
+
+    for n in ["big", "hard", "log2", "sym"] {
+        fs::remove_file(d.join(n)).unwrap();
+    }
+    fs::remove_dir(&d).unwrap();
+    let st = Command::new("fusermount3").arg("-u").arg(&m.path).status().expect("run fusermount3");
+    assert!(st.success(), "fusermount3 -u failed");
+    assert!(m.wait_exit(Duration::from_secs(20)).is_some(), "odfs-fuse exits after the unmount");
+    let log = m.log_text();
+    assert!(log.contains("FUSE requests come by io_uring"), "{log}");
+    let served: u64 = log
+        .lines()
+        .filter(|l| l.contains("io_uring queue ended"))
+        .filter_map(|l| l.split("requests=").nth(1)?.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    assert!(served >= 40, "the rings answered {served} requests:\n{log}");
+}
+
 /// The mount's own count of FUSE requests of kind `kind` (`odfs stats --json` through it).
 fn mount_count(m: &FuseMount, kind: &str) -> u64 {
     let out = Command::new(bin_dir().join("odfs"))

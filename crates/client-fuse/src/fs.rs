@@ -685,6 +685,10 @@ impl Filesystem for OdfsFuse {
                 info!(capability = name, "kernel does not offer this FUSE capability");
             }
         }
+        // The io_uring transport, where the kernel offers it and the config allows.
+        if self.shared.client.config().fuse_io_uring && config.want(init::OVER_IO_URING).is_err() {
+            info!("kernel does not offer FUSE over io_uring (6.14+, fuse module's enable_uring): requests come by /dev/fuse");
+        }
         // Passthrough: backing files on a plain local filesystem (stack depth 1).
         let passthrough = config.want(init::PASSTHROUGH).is_ok() && config.set_max_stack_depth(1).is_ok();
         if !passthrough {

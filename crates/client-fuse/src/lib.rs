@@ -37,6 +37,7 @@ pub mod mount;
 pub mod passthrough;
 mod reader;
 pub mod reply;
+mod ring;
 pub mod session;
 pub mod splice;
 pub mod uring_minimum;

@@ -133,6 +133,10 @@ pub fn run(args: &MountArgs) -> Result<(), FuseError> {
     let mut session = Session::mount(&mountpoint, &options, acl).map_err(mount_err)?;
     session.init(&fs).map_err(mount_err)?;
     shared.set_notifier(session.notifier());
+    let splice = match splice {
+        Ok(()) if session.uses_rings() => Err("requests come by io_uring, whose replies go into the ring".into()),
+        other => other,
+    };
     match splice.map(|()| shared.splicer.enable(session.as_fd())) {
         Ok(Ok(())) => {}
         Ok(Err(e)) => warn!(error = %e, "reads are not spliced: the FUSE device cannot be duplicated"),

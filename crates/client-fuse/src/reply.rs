@@ -1,10 +1,11 @@
-//! What odfs-fuse sends the kernel on `/dev/fuse`: the answer to each request (one type per
-//! kind of answer, so a request can only be answered the way the protocol allows), the
-//! notifications that drop or fill the kernel's caches, and the backing files of passthrough.
+//! What odfs-fuse sends the kernel: the answer to each request (one type per kind of answer,
+//! so a request can only be answered the way the protocol allows), the notifications that drop
+//! or fill the kernel's caches, and the backing files of passthrough.
 //!
-//! Owns sending, not deciding: every answer is one `writev` of the out header and the
-//! encoded arguments ([`crate::abi`]) to the descriptor its request was read from (the kernel
-//! finds a reply only on that one). A reply dropped unanswered sends EIO, so a request is never
+//! Owns sending, not deciding: every answer is the out header and the encoded arguments
+//! ([`crate::abi`]), in one `writev` to the descriptor its request was read from (the kernel
+//! finds a reply only on that one), or written into the ring entry it came in
+//! ([`crate::ring`]). Notifications and backing-file ioctls always use the device. A reply dropped unanswered sends EIO, so a request is never
 //! left waiting. A reply the kernel no longer wants (its request was interrupted) is not an
 //! error.
 
@@ -24,6 +25,23 @@ use tracing::{debug, warn};
 /// A descriptor of the session's connection to the kernel (the session's own, or a reader
 /// thread's clone).
 pub type Dev = Arc<File>;
+
+/// Where a request's reply goes: the descriptor it was read from, or the ring entry it came in.
+#[derive(Clone)]
+pub(crate) enum Sink {
+    Dev(Dev),
+    Ring(crate::ring::Slot),
+}
+
+impl Sink {
+    /// The connection's device, for ioctls.
+    fn dev(&self) -> &Dev {
+        match self {
+            Sink::Dev(d) => d,
+            Sink::Ring(s) => s.dev(),
+        }
+    }
+}
 
 /// Sends one message: the out header for `unique` (0 for a notification, whose code then
 /// goes where a reply's error does) and `parts`, in one write.
@@ -45,7 +63,7 @@ fn send(dev: &File, unique: u64, error: i32, parts: &[&[u8]]) -> io::Result<()> 
 /// The answer to one request, sent once. Dropped unsent, it answers EIO.
 struct Reply {
     unique: u64,
-    dev: Option<Dev>,
+    to: Option<Sink>,
 }
 
 impl Reply {
@@ -58,7 +76,11 @@ impl Reply {
     }
 
     fn send_errno(&mut self, errno: i32, parts: &[&[u8]]) {
-        let Some(dev) = self.dev.take() else { return };
+        let dev = match self.to.take() {
+            None => return,
+            Some(Sink::Ring(slot)) => return slot.answer(-errno, parts),
+            Some(Sink::Dev(dev)) => dev,
+        };
         match send(&dev, self.unique, -errno, parts) {
             Ok(()) => {}
             // The request is gone (interrupted, or the connection aborted): nobody waits.
@@ -72,7 +94,7 @@ impl Reply {
 
 impl Drop for Reply {
     fn drop(&mut self) {
-        if self.dev.is_some() {
+        if self.to.is_some() {
             warn!(unique = self.unique, "request dropped unanswered; answering EIO");
             self.send_errno(libc::EIO, &[]);
         }
@@ -86,8 +108,8 @@ macro_rules! replies {
             pub struct $name(Reply);
 
             impl $name {
-                pub(crate) fn new(unique: u64, dev: Dev) -> $name {
-                    $name(Reply { unique, dev: Some(dev) })
+                pub(crate) fn new(unique: u64, to: Sink) -> $name {
+                    $name(Reply { unique, to: Some(to) })
                 }
 
                 /// Fails the request with `errno`.
@@ -194,7 +216,7 @@ impl ReplyData {
     /// The request was answered on the device by other means (a spliced READ): nothing more
     /// is sent.
     pub fn sent_elsewhere(mut self) {
-        self.0.dev = None;
+        self.0.to = None;
     }
 }
 
@@ -211,7 +233,7 @@ impl ReplyOpen {
 
     /// Registers `file` as a backing file with the kernel (passthrough).
     pub fn open_backing(&self, file: impl AsFd) -> io::Result<BackingId> {
-        BackingId::create(self.0.dev.as_ref().expect("an unanswered reply has its device"), file)
+        BackingId::create(self.0.to.as_ref().expect("an unanswered reply has its sink").dev(), file)
     }
 
     /// Opened with the kernel reading and writing `backing` itself.
@@ -262,7 +284,7 @@ impl ReplyCreate {
 
     /// Registers `file` as a backing file with the kernel (passthrough).
     pub fn open_backing(&self, file: impl AsFd) -> io::Result<BackingId> {
-        BackingId::create(self.0.dev.as_ref().expect("an unanswered reply has its device"), file)
+        BackingId::create(self.0.to.as_ref().expect("an unanswered reply has its sink").dev(), file)
     }
 
     pub fn created_passthrough(
@@ -300,8 +322,8 @@ pub struct ReplyDirectory {
 }
 
 impl ReplyDirectory {
-    pub(crate) fn new(unique: u64, dev: Dev, size: u32) -> ReplyDirectory {
-        ReplyDirectory { reply: Reply { unique, dev: Some(dev) }, size: size as usize, buf: Vec::new() }
+    pub(crate) fn new(unique: u64, to: Sink, size: u32) -> ReplyDirectory {
+        ReplyDirectory { reply: Reply { unique, to: Some(to) }, size: size as usize, buf: Vec::new() }
     }
 
     /// Adds entry `name`; `offset` is where the next listing resumes after it. True when it
@@ -336,8 +358,8 @@ pub struct ReplyDirectoryPlus {
 }
 
 impl ReplyDirectoryPlus {
-    pub(crate) fn new(unique: u64, dev: Dev, size: u32) -> ReplyDirectoryPlus {
-        ReplyDirectoryPlus { reply: Reply { unique, dev: Some(dev) }, size: size as usize, buf: Vec::new() }
+    pub(crate) fn new(unique: u64, to: Sink, size: u32) -> ReplyDirectoryPlus {
+        ReplyDirectoryPlus { reply: Reply { unique, to: Some(to) }, size: size as usize, buf: Vec::new() }
     }
 
     /// Adds entry `name` with its attributes, valid for `ttl`. True when it does not fit.

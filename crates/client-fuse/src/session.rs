@@ -1,6 +1,7 @@
 //! odfs-fuse's session with the kernel (docs/architecture.md, "The FUSE transport"): mounting
 //! (`mount(2)`, or `fusermount3` where that is refused) and unmounting, the INIT handshake, the
-//! threads that read requests from `/dev/fuse`, and the dispatch of each request, decoded by
+//! threads that read requests from `/dev/fuse` and, where INIT agreed on it, those that take
+//! them from io_uring ([`crate::ring`]), and the dispatch of each request, decoded by
 //! [`crate::abi`], to the [`Filesystem`] method that answers it through [`crate::reply`].
 //!
 //! Owns the protocol's rules, not the file system's: which requests need an answer (FORGET and
@@ -11,7 +12,7 @@
 use crate::abi::{self, fattr, op, Op};
 use crate::reply::{
     Dev, Notifier, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
-    ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Sink,
 };
 use fuser::{AccessFlags, Errno, FileHandle, INodeNo, LockOwner, OpenFlags, RenameFlags, TimeOrNow, WriteFlags};
 use std::ffi::{CString, OsStr};
@@ -40,6 +41,11 @@ const OLDEST_MINOR: u32 = 12;
 const READ_SLACK: usize = 8192;
 /// Largest `max_write` a file system may ask for (the kernel's own limit).
 const MAX_WRITE_LIMIT: u32 = 16 << 20;
+/// Ring entries per CPU queue with the io_uring transport: requests of one CPU in flight at
+/// once. Each has a payload buffer of the largest request or reply (1 MiB), so 32 entries on
+/// each of 2 queues reserve 64 MiB (touched only as used). The FUSE io_uring minimum read 4 KiB
+/// at 34.0k IOPS with 32 and 35.7k with 64 (BENCHMARKS.md, run 66).
+const RING_ENTRIES: usize = 32;
 
 /// A request's caller and identity, as its header gives them.
 pub struct Request {
@@ -381,6 +387,8 @@ pub struct Session {
     owner: u32,
     /// Read buffer size, from the `max_write` agreed at INIT.
     buf_size: usize,
+    /// Payload bytes of a ring entry, when INIT agreed on io_uring.
+    rings: Option<usize>,
 }
 
 impl AsFd for Session {
@@ -407,6 +415,7 @@ impl Session {
             // SAFETY: geteuid cannot fail.
             owner: unsafe { libc::geteuid() },
             buf_size: 0,
+            rings: None,
         })
     }
 
@@ -421,7 +430,7 @@ impl Session {
             let req = abi::Request::parse(&buf[..n]).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
             let unique = req.header.unique;
             let Op::Init { major, minor, max_readahead, flags } = req.op else {
-                ReplyEmpty::new(unique, self.dev.clone()).error(Errno::EIO);
+                ReplyEmpty::new(unique, Sink::Dev(self.dev.clone())).error(Errno::EIO);
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
                     format!("the kernel's first request was opcode {}, not INIT", req.header.opcode),
@@ -436,7 +445,7 @@ impl Session {
                 continue;
             }
             if major < MAJOR || minor < OLDEST_MINOR {
-                ReplyEmpty::new(unique, self.dev.clone()).error(Errno::from_i32(libc::EPROTO));
+                ReplyEmpty::new(unique, Sink::Dev(self.dev.clone())).error(Errno::from_i32(libc::EPROTO));
                 return Err(io::Error::new(
                     io::ErrorKind::Unsupported,
                     format!("the kernel speaks FUSE {major}.{minor}; odfs-fuse needs {MAJOR}.{OLDEST_MINOR} or later"),
@@ -444,7 +453,8 @@ impl Session {
             }
             let mut config = KernelConfig::new(flags, max_readahead);
             if let Err(e) = fs.init(&mut config) {
-                ReplyEmpty::new(unique, self.dev.clone()).error(Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO)));
+                ReplyEmpty::new(unique, Sink::Dev(self.dev.clone()))
+                    .error(Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO)));
                 return Err(e);
             }
             let answer = config.answer(minor);
@@ -453,8 +463,16 @@ impl Session {
             let len = answer.encode(&mut o);
             reply_raw(&self.dev, unique, &o[..len]);
             self.buf_size = answer.max_write as usize + READ_SLACK;
+            if answer.flags & abi::init::OVER_IO_URING != 0 {
+                self.rings = Some((answer.max_write as usize).max(usize::from(answer.max_pages) * 4096));
+            }
             return Ok(());
         }
+    }
+
+    /// Whether requests come by io_uring (agreed at INIT).
+    pub fn uses_rings(&self) -> bool {
+        self.rings.is_some()
     }
 
     /// Sends the kernel notifications (cache invalidations, stores).
@@ -487,7 +505,20 @@ impl Session {
                 std::thread::Builder::new().name(format!("odfs-fuse-{i}")).spawn(move || serve.serve(&*fs, &dev))
             })
             .collect::<io::Result<Vec<_>>>()?;
+        let rings = match self.rings {
+            Some(payload) => start_rings(&fs, &self.dev, serve, payload)?,
+            None => Vec::new(),
+        };
         let mut result = Ok(());
+        for (qid, h) in rings.into_iter().enumerate() {
+            // A queue that could not register leaves its requests on /dev/fuse (the kernel uses
+            // the rings only once every queue has entries); one failing later is logged.
+            match h.join() {
+                Ok(Ok(requests)) => info!(qid, requests, "io_uring queue ended"),
+                Ok(Err(e)) => warn!(error = %e, "an io_uring queue of the FUSE connection failed"),
+                Err(_) => warn!("an io_uring queue thread of the FUSE connection panicked"),
+            }
+        }
         for h in handles {
             let r = h.join().unwrap_or_else(|_| Err(io::Error::other("a FUSE reader thread panicked")));
             if result.is_ok() {
@@ -500,6 +531,35 @@ impl Session {
         }
         result
     }
+}
+
+/// Starts a thread per CPU queue, each registering `RING_ENTRIES` entries of `payload` bytes
+/// and serving the requests that arrive in them.
+fn start_rings<F: Filesystem>(
+    fs: &Arc<F>,
+    dev: &Dev,
+    serve: Serve,
+    payload: usize,
+) -> io::Result<Vec<std::thread::JoinHandle<io::Result<u64>>>> {
+    let queues = crate::ring::possible_cpus()?;
+    info!(queues, entries = RING_ENTRIES, "FUSE requests come by io_uring");
+    (0..queues)
+        .map(|qid| {
+            let (fs, dev) = (fs.clone(), dev.clone());
+            std::thread::Builder::new().name(format!("odfs-fuse-ring-{qid}")).spawn(move || {
+                let handle = |slot, req: Result<abi::Request<'_>, (u64, abi::AbiError)>| match req {
+                    Ok(req) => {
+                        serve.handle(&*fs, Sink::Ring(slot), req);
+                    }
+                    Err((unique, e)) => {
+                        warn!(error = %e, "request not understood; answering EIO");
+                        ReplyEmpty::new(unique, Sink::Ring(slot)).error(Errno::EIO);
+                    }
+                };
+                crate::ring::serve_queue(&dev, qid as u16, RING_ENTRIES, payload, &handle)
+            })
+        })
+        .collect()
 }
 
 /// Reads one request; `None` once the connection has ended (unmounted).
@@ -560,21 +620,29 @@ impl Serve {
                 Err(e) => {
                     let h = abi::InHeader::parse(b).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
                     warn!(opcode = h.opcode, error = %e, "request not understood; answering EIO");
-                    ReplyEmpty::new(h.unique, dev.clone()).error(Errno::EIO);
+                    ReplyEmpty::new(h.unique, Sink::Dev(dev.clone())).error(Errno::EIO);
                     continue;
                 }
             };
-            if req.header.opcode == op::DESTROY {
-                ReplyEmpty::new(req.header.unique, dev.clone()).ok();
+            if !self.handle(fs, Sink::Dev(dev.clone()), req) {
                 return Ok(());
             }
-            if !self.allowed(&req) {
-                ReplyEmpty::new(req.header.unique, dev.clone()).error(Errno::EACCES);
-                continue;
-            }
-            dispatch(fs, dev, req);
         }
         Ok(())
+    }
+
+    /// Answers one request, from either transport; false after DESTROY (the session ends).
+    fn handle<F: Filesystem>(&self, fs: &F, to: Sink, req: abi::Request<'_>) -> bool {
+        if req.header.opcode == op::DESTROY {
+            ReplyEmpty::new(req.header.unique, to).ok();
+            return false;
+        }
+        if !self.allowed(&req) {
+            ReplyEmpty::new(req.header.unique, to).error(Errno::EACCES);
+            return true;
+        }
+        dispatch(fs, to, req);
+        true
     }
 
     /// Whether a mount without `allow_other` serves this request: its owner's, or one the
@@ -617,8 +685,8 @@ fn set_time(valid: u32, given: u32, now: u32, (secs, nanos): (u64, u32)) -> Opti
 }
 
 /// Hands one request to the method that answers it.
-fn dispatch<F: Filesystem>(fs: &F, dev: &Dev, r: abi::Request<'_>) {
-    let (u, d) = (r.header.unique, dev.clone());
+fn dispatch<F: Filesystem>(fs: &F, d: Sink, r: abi::Request<'_>) {
+    let u = r.header.unique;
     let i = INodeNo(r.header.nodeid);
     let req = Request { header: r.header };
     match r.op {

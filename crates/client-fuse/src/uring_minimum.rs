@@ -26,6 +26,10 @@
 use crate::abi::{self, op, InitOut, Op, Request};
 use crate::fs::{MAX_BACKGROUND, MAX_WRITE};
 use crate::minimum::{connect, local_chunk, range_request, FileServer};
+use crate::ring::{
+    possible_cpus, push, ring_cmd, AlignedBuf, CMD_COMMIT_AND_FETCH, CMD_REGISTER, ENT_COMMIT_ID, ENT_PAYLOAD_SZ,
+    OP_IN, PAGE, RING_HEADER,
+};
 use io_uring::{opcode, squeue, types, IoUring};
 use std::ffi::CString;
 use std::fs::File;
@@ -41,19 +45,8 @@ use std::time::Duration;
 /// Longest READ the mount asks for (FUSE's `max_pages` 256 = 1 MiB, odfs-fuse's `MAX_WRITE`),
 /// the size of a ring entry's payload buffer.
 const MAX_IO: usize = MAX_WRITE as usize;
-/// Page size: `O_DIRECT`'s alignment.
-const PAGE: usize = 4096;
 /// TTL of every entry and attribute reply (the tree never changes).
 const TTL_SECS: u64 = 3600;
-
-// The io_uring commands of FUSE, and its ring entry's header buffer.
-const CMD_REGISTER: u32 = 1;
-const CMD_COMMIT_AND_FETCH: u32 = 2;
-/// `struct fuse_uring_req_header`: `in_out` (128), `op_in` (128), `ring_ent_in_out` (32).
-const RING_HEADER: usize = 288;
-const OP_IN: usize = 128;
-const ENT_COMMIT_ID: usize = 264;
-const ENT_PAYLOAD_SZ: usize = 272;
 
 /// What [`mount`] serves, and how many ring entries per queue.
 pub struct UringSpec {
@@ -350,13 +343,6 @@ fn unmount_at(at: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The kernel's CPU queues: one per possible CPU (`/sys/devices/system/cpu/possible`).
-fn possible_cpus() -> std::io::Result<usize> {
-    let text = std::fs::read_to_string("/sys/devices/system/cpu/possible")?;
-    let last = text.trim().rsplit(['-', ',']).next().and_then(|n| n.parse::<usize>().ok());
-    last.map(|n| n + 1).ok_or_else(|| std::io::Error::other(format!("cannot read possible CPUs from {text:?}")))
-}
-
 fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
@@ -543,42 +529,6 @@ fn fetch_sync(
     conn.read_exact(into)
 }
 
-/// A page-aligned buffer (`O_DIRECT` reads land in it).
-struct AlignedBuf {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: the buffer is owned memory; whoever holds it uses it from one thread at a time.
-unsafe impl Send for AlignedBuf {}
-
-impl AlignedBuf {
-    fn layout(len: usize) -> std::alloc::Layout {
-        std::alloc::Layout::from_size_align(len.next_multiple_of(PAGE), PAGE).expect("a valid layout")
-    }
-    fn new(len: usize) -> AlignedBuf {
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(Self::layout(len)) };
-        assert!(!ptr.is_null(), "out of memory for a ring buffer");
-        AlignedBuf { ptr, len }
-    }
-    fn as_slice(&self) -> &[u8] {
-        // SAFETY: `ptr` is valid for `len` bytes, borrowed through `self`.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: `ptr` is valid for `len` bytes, borrowed mutably through `self`.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        // SAFETY: allocated by `new` with this layout.
-        unsafe { std::alloc::dealloc(self.ptr, Self::layout(self.len)) }
-    }
-}
-
 /// One ring entry: its header and payload buffers (registered with the kernel), the iovecs
 /// naming them, its connections to the file servers, and the range request being sent.
 struct Entry {
@@ -730,38 +680,6 @@ fn filled(tree: &Tree, qid: u16, i: usize, e: &mut Entry, res: i32) -> Vec<squeu
     }
     let n = (res as usize).min(e.want);
     commit(tree, qid, i, e, 0, n)
-}
-
-/// Pushes `sqe`, submitting what is queued first when the submission queue is full.
-fn push(ring: &mut IoUring<squeue::Entry128>, sqe: &squeue::Entry128) -> std::io::Result<()> {
-    // SAFETY: every buffer an entry names lives in `ents` for as long as the ring does.
-    while unsafe { ring.submission().push(sqe) }.is_err() {
-        ring.submit()?;
-    }
-    Ok(())
-}
-
-/// A FUSE io_uring command (`IORING_OP_URING_CMD` on `/dev/fuse`): REGISTER with the entry's
-/// iovecs at `iov`, or COMMIT_AND_FETCH of `commit_id`.
-fn ring_cmd(dev: RawFd, cmd: u32, commit_id: u64, qid: u16, iov: Option<u64>) -> squeue::Entry128 {
-    // struct fuse_uring_cmd_req: flags, commit_id, qid.
-    let mut area = [0u8; 80];
-    area[8..16].copy_from_slice(&commit_id.to_le_bytes());
-    area[16..18].copy_from_slice(&qid.to_le_bytes());
-    let mut op = opcode::UringCmd80::new(types::Fd(dev), cmd).cmd(area);
-    if iov.is_some() {
-        op = op.addr(iov);
-    }
-    let sqe = op.build();
-    if iov.is_none() {
-        return sqe;
-    }
-    // REGISTER's `len` is the number of iovecs (2), a field the builder does not set.
-    // SAFETY: an `Entry128` is a `repr(C)` 128-byte SQE; `len` is the u32 at byte 24.
-    let mut raw: [u8; 128] = unsafe { std::mem::transmute(sqe) };
-    raw[24..28].copy_from_slice(&2u32.to_le_bytes());
-    // SAFETY: the same bytes back, with a valid `len`.
-    unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(raw) }
 }
 
 /// A request arrived in entry `i`: answered at once (its commit), or its READ started.

@@ -53,6 +53,12 @@ pub struct ClientConfig {
     /// "tcp" and pipes of 2 MiB (root with `CAP_SYS_RESOURCE`, or `fs.pipe-max-size` at least
     /// 2097152); where either is missing the mount says why once and copies. Default true.
     pub splice_reads: bool,
+    /// The mount takes its requests from the kernel by io_uring where the kernel offers it
+    /// (Linux 6.14+ with the `fuse` module's `enable_uring` set by root; docs/architecture.md,
+    /// "The FUSE transport"), else by reading `/dev/fuse`. Spliced reads need `/dev/fuse`: with
+    /// io_uring, replies are written into the ring. Default false until READ's chunk exchange
+    /// runs on the rings (the transport alone measured no faster, and costs the splicing).
+    pub fuse_io_uring: bool,
     /// Through the mount, a read-only open of a file of at most this many bytes fetches the
     /// whole file and hands it to the kernel's page cache before it is answered, so its reads
     /// need no request (docs/architecture.md, "Small files filled at open"). 0: never;
@@ -96,6 +102,7 @@ impl Default for ClientConfig {
             local_reads: true,
             drop_behind_reads: true,
             splice_reads: true,
+            fuse_io_uring: false,
             fill_at_open_bytes: 1 << 20,
             prefetch_bytes: None,
             global_locks: true,

@@ -1,0 +1,350 @@
+//! FUSE over io_uring (kernel 6.14+, the `fuse` module's `enable_uring`): the session's second
+//! transport (docs/architecture.md, "The FUSE transport"). After INIT agrees on it, one thread
+//! per possible CPU owns an io_uring and registers ring entries on that CPU's queue (a header
+//! buffer and a payload buffer each); a request made on that CPU lands in a free entry and
+//! completes the thread's fetch of it; the answer is written into the same entry and committed
+//! together with the fetch of the next request, in one submission.
+//!
+//! Owns the rings, their entries and who may write an entry when. A request is decoded from its
+//! entry in place and dispatched like one from `/dev/fuse` ([`crate::session`]); its reply (a
+//! [`Slot`]) may come from any thread: written into the entry once dispatch has returned (while
+//! dispatch runs, the request's arguments still borrow the entry, so an early reply is kept
+//! aside until then), then handed to the queue's thread, woken by an eventfd, to commit.
+//! FORGET and INTERRUPT keep arriving on `/dev/fuse`, and notifications and backing-file
+//! ioctls stay on it.
+
+use crate::abi;
+use crate::reply::Dev;
+use io_uring::{opcode, squeue, types, IoUring};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
+use tracing::warn;
+
+/// The io_uring commands of FUSE.
+pub(crate) const CMD_REGISTER: u32 = 1;
+pub(crate) const CMD_COMMIT_AND_FETCH: u32 = 2;
+/// `struct fuse_uring_req_header`: `in_out` (128), `op_in` (128), `ring_ent_in_out` (32).
+pub(crate) const RING_HEADER: usize = 288;
+pub(crate) const OP_IN: usize = 128;
+pub(crate) const ENT_COMMIT_ID: usize = 264;
+pub(crate) const ENT_PAYLOAD_SZ: usize = 272;
+/// Page size: buffers are page-aligned (`O_DIRECT` reads may land in them).
+pub(crate) const PAGE: usize = 4096;
+
+/// A page-aligned buffer the kernel reads and writes through a ring entry.
+pub(crate) struct AlignedBuf {
+    pub(crate) ptr: *mut u8,
+    pub(crate) len: usize,
+}
+
+// SAFETY: owned memory; who may touch it when is the owner's protocol (see `Entry`).
+unsafe impl Send for AlignedBuf {}
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    fn layout(len: usize) -> std::alloc::Layout {
+        std::alloc::Layout::from_size_align(len.next_multiple_of(PAGE), PAGE).expect("a valid layout")
+    }
+    pub(crate) fn new(len: usize) -> AlignedBuf {
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(Self::layout(len)) };
+        assert!(!ptr.is_null(), "out of memory for a ring buffer");
+        AlignedBuf { ptr, len }
+    }
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` is valid for `len` bytes, borrowed through `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` is valid for `len` bytes, borrowed mutably through `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, Self::layout(self.len)) }
+    }
+}
+
+/// The kernel's CPU queues: one per possible CPU (`/sys/devices/system/cpu/possible`).
+pub(crate) fn possible_cpus() -> io::Result<usize> {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/possible")?;
+    let last = text.trim().rsplit(['-', ',']).next().and_then(|n| n.parse::<usize>().ok());
+    last.map(|n| n + 1).ok_or_else(|| io::Error::other(format!("cannot read possible CPUs from {text:?}")))
+}
+
+/// Pushes `sqe`, submitting what is queued first when the submission queue is full.
+pub(crate) fn push(ring: &mut IoUring<squeue::Entry128>, sqe: &squeue::Entry128) -> io::Result<()> {
+    // SAFETY: every buffer an entry names lives as long as the ring.
+    while unsafe { ring.submission().push(sqe) }.is_err() {
+        ring.submit()?;
+    }
+    Ok(())
+}
+
+/// A FUSE io_uring command (`IORING_OP_URING_CMD` on `/dev/fuse`): REGISTER with the entry's
+/// iovecs at `iov`, or COMMIT_AND_FETCH of `commit_id`.
+pub(crate) fn ring_cmd(dev: RawFd, cmd: u32, commit_id: u64, qid: u16, iov: Option<u64>) -> squeue::Entry128 {
+    // struct fuse_uring_cmd_req: flags, commit_id, qid.
+    let mut area = [0u8; 80];
+    area[8..16].copy_from_slice(&commit_id.to_le_bytes());
+    area[16..18].copy_from_slice(&qid.to_le_bytes());
+    let mut op = opcode::UringCmd80::new(types::Fd(dev), cmd).cmd(area);
+    if iov.is_some() {
+        op = op.addr(iov);
+    }
+    let sqe = op.build();
+    if iov.is_none() {
+        return sqe;
+    }
+    // REGISTER's `len` is the number of iovecs (2), a field the builder does not set.
+    // SAFETY: an `Entry128` is a `repr(C)` 128-byte SQE; `len` is the u32 at byte 24.
+    let mut raw: [u8; 128] = unsafe { std::mem::transmute(sqe) };
+    raw[24..28].copy_from_slice(&2u32.to_le_bytes());
+    // SAFETY: the same bytes back, with a valid `len`.
+    unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(raw) }
+}
+
+/// Who holds an entry.
+enum Held {
+    /// The kernel: registered or committed, waiting for a request.
+    Kernel,
+    /// The queue's thread, dispatching the request in it; a reply made meanwhile waits here
+    /// (its out error and bytes).
+    Dispatching(Option<(i32, Vec<u8>)>),
+    /// Dispatched, its reply not made yet: the replier writes the entry.
+    Waiting,
+}
+
+/// One ring entry.
+struct Entry {
+    header: AlignedBuf,
+    payload: AlignedBuf,
+    iov: [libc::iovec; 2],
+    held: Mutex<Held>,
+}
+
+// SAFETY: the iovecs point into the entry's own buffers; the rest is Send + Sync.
+unsafe impl Send for Entry {}
+unsafe impl Sync for Entry {}
+
+/// A queue's state shared with whoever replies to its requests.
+pub(crate) struct Queue {
+    qid: u16,
+    dev: Dev,
+    entries: Vec<Entry>,
+    /// Entries whose replies are written, to commit.
+    ready: Mutex<Vec<u16>>,
+    /// Wakes the queue's thread for `ready`.
+    wake: OwnedFd,
+    thread: ThreadId,
+}
+
+/// Where a reply to a request that came by ring goes: its entry.
+#[derive(Clone)]
+pub(crate) struct Slot {
+    queue: Arc<Queue>,
+    entry: u16,
+}
+
+impl Slot {
+    /// The session's device (for ioctls such as backing-file registration).
+    pub(crate) fn dev(&self) -> &Dev {
+        &self.queue.dev
+    }
+
+    /// Answers the request: `error` (0 or -errno) and the reply's bytes, `parts` in order.
+    pub(crate) fn answer(self, error: i32, parts: &[&[u8]]) {
+        let q = &self.queue;
+        let e = &q.entries[self.entry as usize];
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let (error, parts) = if len > e.payload.len {
+            warn!(len, room = e.payload.len, "a reply larger than its ring entry; answering EIO");
+            (-libc::EIO, &[][..])
+        } else {
+            (error, parts)
+        };
+        let mut held = e.held.lock().expect("entry lock");
+        match &mut *held {
+            Held::Dispatching(early @ None) => {
+                *early = Some((error, parts.concat()));
+                return;
+            }
+            Held::Waiting => {}
+            _ => {
+                warn!(qid = q.qid, entry = self.entry, "a second reply to one request; dropped");
+                return;
+            }
+        }
+        // SAFETY: `Waiting`: the request is dispatched and nothing else touches the entry's
+        // buffers until it is committed.
+        unsafe { write_reply(e, error, parts) };
+        *held = Held::Kernel;
+        drop(held);
+        q.ready.lock().expect("ready lock").push(self.entry);
+        if std::thread::current().id() != q.thread {
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: writing 8 bytes to the queue's eventfd.
+            let _ = unsafe { libc::write(q.wake.as_raw_fd(), one.as_ptr().cast(), 8) };
+        }
+    }
+}
+
+/// Writes a reply into entry `e`: the out header into its header, the bytes into its payload.
+///
+/// # Safety
+/// No one else may touch the entry's buffers meanwhile.
+unsafe fn write_reply(e: &Entry, error: i32, parts: &[&[u8]]) {
+    let header = std::slice::from_raw_parts_mut(e.header.ptr, e.header.len);
+    let payload = std::slice::from_raw_parts_mut(e.payload.ptr, e.payload.len);
+    let mut at = 0;
+    if error == 0 {
+        for p in parts {
+            payload[at..at + p.len()].copy_from_slice(p);
+            at += p.len();
+        }
+    }
+    let unique = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
+    header[..abi::OUT_HEADER].copy_from_slice(&abi::out_header(unique, at, -error));
+    header[ENT_PAYLOAD_SZ..ENT_PAYLOAD_SZ + 4].copy_from_slice(&(at as u32).to_le_bytes());
+}
+
+/// What completed (low bits of a completion's `user_data`; the entry index above them).
+const FETCHED: u64 = 0;
+const WOKEN: u64 = 1;
+
+fn tag(entry: usize, what: u64) -> u64 {
+    ((entry as u64) << 1) | what
+}
+
+/// A request found in a ring entry, for the session to dispatch: its decoded form borrows the
+/// entry until `handle` returns.
+pub(crate) type Handler<'h> = dyn Fn(Slot, Result<abi::Request<'_>, (u64, abi::AbiError)>) + 'h;
+
+/// Registers `entries` entries of `payload` bytes on queue `qid` of the connection behind
+/// `dev` and serves them until the connection ends; returns how many requests came. Registration
+/// failing is the error (the kernel then keeps using `/dev/fuse`).
+pub(crate) fn serve_queue(
+    dev: &Dev,
+    qid: u16,
+    entries: usize,
+    payload: usize,
+    handle: &Handler<'_>,
+) -> io::Result<u64> {
+    let mut ring: IoUring<squeue::Entry128> =
+        IoUring::builder().setup_single_issuer().setup_defer_taskrun().build((entries * 2 + 8) as u32)?;
+    // SAFETY: eventfd(2) has no memory preconditions; the descriptor is owned from here.
+    let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if wake < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just made and owned by nobody else.
+    let wake = unsafe { OwnedFd::from_raw_fd(wake) };
+    let mut ents: Vec<Entry> = (0..entries)
+        .map(|_| Entry {
+            header: AlignedBuf::new(RING_HEADER),
+            payload: AlignedBuf::new(payload),
+            iov: [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; 2],
+            held: Mutex::new(Held::Kernel),
+        })
+        .collect();
+    for e in &mut ents {
+        e.iov = [
+            libc::iovec { iov_base: e.header.ptr.cast(), iov_len: RING_HEADER },
+            libc::iovec { iov_base: e.payload.ptr.cast(), iov_len: payload },
+        ];
+    }
+    let q = Arc::new(Queue {
+        qid,
+        dev: dev.clone(),
+        entries: ents,
+        ready: Mutex::new(Vec::new()),
+        wake,
+        thread: std::thread::current().id(),
+    });
+    let fd = dev.as_raw_fd();
+    for (i, e) in q.entries.iter().enumerate() {
+        push(&mut ring, &ring_cmd(fd, CMD_REGISTER, 0, qid, Some(e.iov.as_ptr() as u64)).user_data(tag(i, FETCHED)))?;
+    }
+    let mut counter = [0u8; 8];
+    let wake_sqe = |counter: &mut [u8; 8]| {
+        squeue::Entry128::from(
+            opcode::Read::new(types::Fd(q.wake.as_raw_fd()), counter.as_mut_ptr(), 8).build().user_data(tag(0, WOKEN)),
+        )
+    };
+    push(&mut ring, &wake_sqe(&mut counter))?;
+    let mut served = 0u64;
+    loop {
+        match ring.submit_and_wait(1) {
+            // A signal, or completions to reap before more can be submitted: go on.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EBUSY)) => {}
+            r => drop(r?),
+        }
+        let completions: Vec<(u64, i32)> = ring.completion().map(|c| (c.user_data(), c.result())).collect();
+        for (data, res) in completions {
+            let (i, what) = ((data >> 1) as usize, data & 1);
+            match what {
+                FETCHED if res < 0 => {
+                    // The connection ended (unmount) or the kernel refused the entry.
+                    return match -res {
+                        libc::ENOTCONN | libc::ENODEV | libc::ECANCELED => Ok(served),
+                        e => Err(io::Error::from_raw_os_error(e)),
+                    };
+                }
+                FETCHED => {
+                    served += 1;
+                    on_request(&q, i, handle)
+                }
+                _ => push(&mut ring, &wake_sqe(&mut counter))?,
+            }
+        }
+        let ready = std::mem::take(&mut *q.ready.lock().expect("ready lock"));
+        for i in ready {
+            let e = &q.entries[i as usize];
+            // SAFETY: the entry is written and handed to this thread to commit.
+            let header = unsafe { std::slice::from_raw_parts(e.header.ptr, RING_HEADER) };
+            let commit_id = u64::from_le_bytes(header[ENT_COMMIT_ID..ENT_COMMIT_ID + 8].try_into().expect("8 bytes"));
+            push(
+                &mut ring,
+                &ring_cmd(fd, CMD_COMMIT_AND_FETCH, commit_id, qid, None).user_data(tag(i as usize, FETCHED)),
+            )?;
+        }
+    }
+}
+
+/// A request arrived in entry `i`: decoded in place and dispatched; a reply made during the
+/// dispatch is written once it has returned.
+fn on_request(q: &Arc<Queue>, i: usize, handle: &Handler<'_>) {
+    let e = &q.entries[i];
+    *e.held.lock().expect("entry lock") = Held::Dispatching(None);
+    {
+        // SAFETY: the kernel filled the entry and holds it no more; repliers write it only
+        // once `held` says `Waiting`, after this borrow ends.
+        let (header, payload) = unsafe {
+            (
+                std::slice::from_raw_parts(e.header.ptr, RING_HEADER),
+                std::slice::from_raw_parts(e.payload.ptr, e.payload.len),
+            )
+        };
+        let payload_sz = u32::from_le_bytes(header[ENT_PAYLOAD_SZ..ENT_PAYLOAD_SZ + 4].try_into().expect("4 bytes"));
+        let payload = &payload[..(payload_sz as usize).min(payload.len())];
+        let req = abi::Request::parse_parts(&header[..abi::IN_HEADER], &header[OP_IN..2 * OP_IN], payload);
+        let unique = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
+        handle(Slot { queue: q.clone(), entry: i as u16 }, req.map_err(|err| (unique, err)));
+    }
+    let mut held = e.held.lock().expect("entry lock");
+    match std::mem::replace(&mut *held, Held::Waiting) {
+        Held::Dispatching(Some((error, bytes))) => {
+            // SAFETY: dispatch has returned; the reply is this thread's to write.
+            unsafe { write_reply(e, error, &[&bytes]) };
+            *held = Held::Kernel;
+            q.ready.lock().expect("ready lock").push(i as u16);
+        }
+        Held::Dispatching(None) => {}
+        other => *held = other,
+    }
+}
