@@ -228,31 +228,34 @@ impl Sides {
         self.mnt.parent().and_then(Path::parent).unwrap_or(Path::new("/tmp")).join("minimum")
     }
 
-    /// Runs `f(dir, side)` on the mount, then on the plain directory and the FUSE floor; `cold`
-    /// drops the page cache before each.
-    fn run(&mut self, cold: bool, f: impl Fn(&Path, &str) -> Result<Option<f64>>) -> Result<Sampled> {
-        let mut s = self.run_series(&[cold], |dir, side, _| f(dir, side))?;
+    /// Runs `f(dir, side)` on the mount, then on the plain directory and the FUSE floor, each
+    /// started as `start` says.
+    fn run(&mut self, start: Start, f: impl Fn(&Path, &str) -> Result<Option<f64>>) -> Result<Sampled> {
+        let mut s = self.run_series(&[start], |dir, side, _| f(dir, side))?;
         Ok(s.remove(0))
     }
 
     /// Runs the steps `f(dir, side, i)` one after the other on each side in turn (the mount,
-    /// the plain directory, the FUSE floor), dropping the page cache before step i when
-    /// `cold[i]`: a side's later steps find what its earlier ones cached, untouched by the
-    /// other sides. One result per step.
+    /// the plain directory, the FUSE floor), step i started as `starts[i]` says: a side's later
+    /// steps find what its earlier ones cached, untouched by the other sides. One result per
+    /// step.
     fn run_series(
         &mut self,
-        cold: &[bool],
+        starts: &[Start],
         f: impl Fn(&Path, &str, usize) -> Result<Option<f64>>,
     ) -> Result<Vec<Sampled>> {
         let mut dropped = true;
         let mut one = |dir: &Path, side: &str, pids: &[u32], i: usize| -> Result<Sample> {
-            if cold[i] {
-                dropped &= drop_caches();
-            } else {
+            match starts[i] {
+                Start::Cold => dropped &= drop_caches(),
+                Start::Settled => {
+                    dropped &= drop_caches();
+                    std::thread::sleep(MEMORY_SETTLE);
+                }
                 // Each step starts with no dirty data left by the one before (often another
                 // side's): writeback owed by a previous step would throttle this one's writes.
                 // SAFETY: sync has no preconditions.
-                unsafe { libc::sync() };
+                Start::Warm => unsafe { libc::sync() },
             }
             let cpu = CpuMeter::start(pids);
             let t = Instant::now();
@@ -262,14 +265,14 @@ impl Sides {
         // The counter's own requests (one per shard) are not the workload's.
         let shards = self.counter.as_ref().map_or(0, |c| c.shards() as u64);
         let mut odfs = Vec::new();
-        for i in 0..cold.len() {
+        for i in 0..starts.len() {
             let before = self.counter.as_ref().map(|c| c.total()).transpose()?;
             let o = one(&self.mnt, "odfs", &self.pids, i)?;
             let after = self.counter.as_ref().map(|c| c.total()).transpose()?;
             odfs.push((o, before.zip(after).map(|(b, a)| a.saturating_sub(b).saturating_sub(shards))));
         }
         let mut side = |dir: &Option<PathBuf>, name: &str, pids: &[u32]| -> Result<Vec<Option<Sample>>> {
-            (0..cold.len()).map(|i| dir.as_ref().map(|d| one(d, name, pids, i)).transpose()).collect()
+            (0..starts.len()).map(|i| dir.as_ref().map(|d| one(d, name, pids, i)).transpose()).collect()
         };
         let plain = side(&self.plain, "plain", &[])?;
         let floor = side(&self.floor, "floor", &self.floor_pids)?;
@@ -306,6 +309,25 @@ impl Sides {
         });
     }
 }
+
+/// How a step of [`Sides::run_series`] starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// After a `sync`, with what earlier steps cached.
+    Warm,
+    /// With the page cache dropped (every side reads from the disk).
+    Cold,
+    /// With the page cache dropped and [`MEMORY_SETTLE`] waited: for large writes, so that every side
+    /// writes into memory in the same state. Without the wait, a side writing right after
+    /// another side's files were removed reuses the pages just freed, while the side before
+    /// it wrote into memory the virtual machine had taken back and faults each page in again
+    /// (BENCHMARKS.md, run 66: 2.6 GB/s against 0.5 GB/s for the same plain-directory write).
+    Settled,
+}
+
+/// How long freed memory takes to go back to the host (free page reporting waits 2 s, then
+/// reports in batches).
+const MEMORY_SETTLE: Duration = Duration::from_secs(8);
 
 /// Runs every phase, printing progress to stderr; the local filesystem is stopped at the end
 /// and the data removed unless `keep`. Returns the rows and whether the page cache was dropped.
@@ -490,7 +512,7 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
     let fio_common = |dir: &Path| fio_files("seq", &dir.join(SEQ_DIR), SEQ_FILES, o);
 
     eprintln!("bench: fio sequential write, {} jobs x {} MiB", o.jobs, o.job_size >> 20);
-    let s = sides.run(false, |dir, side| {
+    let s = sides.run(Start::Settled, |dir, side| {
         std::fs::create_dir_all(dir.join(SEQ_DIR))?;
         let mut args = fio_common(dir);
         args.extend(SEQ_WRITE.map(String::from));
@@ -501,7 +523,7 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
     sides.push("seq write", "MiB/s", 0.0, &s);
 
     eprintln!("bench: fio sequential read (page cache dropped)");
-    let s = sides.run(true, |dir, side| {
+    let s = sides.run(Start::Cold, |dir, side| {
         let mut args = fio_common(dir);
         args.extend(SEQ_READ.map(String::from));
         let r = run_fio(fio, &args, &reports.join(format!("{side}-seq-read.json")))?;
@@ -514,7 +536,7 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
     sides.notes.push(note);
 
     eprintln!("bench: fio 4 KiB random read, O_DIRECT, {} s", o.randread_secs);
-    let s = sides.run(true, |dir, side| {
+    let s = sides.run(Start::Cold, |dir, side| {
         probe_direct(&dir.join("fio/seq.0.0"))?;
         randread_iops(fio, fio_common(dir), &reports.join(format!("{side}-randread.json")), o).map(Some)
     })?;
@@ -1082,7 +1104,7 @@ fn checkpoint_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &
             o.job_size >> 20,
             if local { "local placement, stripe count 1" } else { "default stripe" }
         );
-        let s = sides.run_series(&[false, true, true], |dir, side, step| {
+        let s = sides.run_series(&[Start::Settled, Start::Cold, Start::Cold], |dir, side, step| {
             let d = dir.join(sub);
             match step {
                 0 => {
@@ -1223,7 +1245,7 @@ fn md_phases(o: &MountBenchOptions, sides: &mut Sides) -> Result<()> {
         [("md create", Md::Create), ("md stat", Md::Stat), ("md read", Md::Read), ("md unlink", Md::Unlink)]
     {
         eprintln!("bench: {name}, {} workers x {} files, own directories", o.threads, o.files_per_thread);
-        let s = sides.run(false, |dir, _| {
+        let s = sides.run(Start::Warm, |dir, _| {
             md(&dir.join("md"), MdShape { threads: o.threads, files: o.files_per_thread, size: 0, shared: false }, op)
                 .map(|()| None)
         })?;
@@ -1251,7 +1273,7 @@ fn md_phases(o: &MountBenchOptions, sides: &mut Sides) -> Result<()> {
             "bench: {name}, {} workers x {} files of {} bytes, one directory",
             o.threads, o.shared_files_per_thread, o.shared_file_size
         );
-        let s = sides.run(false, |dir, _| md(&dir.join("shared"), shape, op).map(|()| None))?;
+        let s = sides.run(Start::Warm, |dir, _| md(&dir.join("shared"), shape, op).map(|()| None))?;
         sides.push(name, "ops/s", shared_ops, &s);
         if let Md::Create = op {
             let notes = fuse_minimum_creates(&sides.minimum_dir(), "shared create", shape)?;
@@ -1327,12 +1349,12 @@ fn small_phases(o: &MountBenchOptions, sides: &mut Sides) -> Result<()> {
         o.small_dirs,
         o.small_threads
     );
-    let s = sides.run(false, |dir, _| small_write(&dir.join("small"), o).map(|()| None))?;
+    let s = sides.run(Start::Warm, |dir, _| small_write(&dir.join("small"), o).map(|()| None))?;
     sides.push("small write", "files/s", n, &s);
     // A training job's epochs: cold first, then twice more in other random orders with the
     // caches kept (each side runs its three epochs in a row).
     eprintln!("bench: small read, cold, then epochs 2 and 3 (caches kept), random order, {} workers", o.small_threads);
-    let s = sides.run_series(&[true, false, false], |dir, _, epoch| {
+    let s = sides.run_series(&[Start::Cold, Start::Warm, Start::Warm], |dir, _, epoch| {
         small_read(&dir.join("small"), o, epoch as u64).map(|()| None)
     })?;
     sides.push("small read cold", "files/s", n, &s[0]);
