@@ -1648,6 +1648,11 @@ fn large_reads_are_spliced_into_the_kernel_and_read_what_copied_reads_read() {
     // Four nodes, default stripe: a file's chunks are on this node's target (read from the
     // chunk file) and on three others (asked of their stored).
     let fs = LocalFs::up(4, &[]);
+    // Splicing needs /dev/fuse: this mount keeps to it even while another test has the io_uring
+    // transport switched on.
+    let mut cfg = fs.config();
+    cfg.fuse_io_uring = false;
+    fs::write(fs.config_path(), toml::to_string(&cfg).unwrap()).unwrap();
     let data = pattern(5 << 20, 11);
     let end = (9 << 20) + 4321;
     let tail = pattern(4321, 12);

@@ -41,11 +41,20 @@ const OLDEST_MINOR: u32 = 12;
 const READ_SLACK: usize = 8192;
 /// Largest `max_write` a file system may ask for (the kernel's own limit).
 const MAX_WRITE_LIMIT: u32 = 16 << 20;
-/// Ring entries per CPU queue with the io_uring transport: requests of one CPU in flight at
-/// once. Each has a payload buffer of the largest request or reply (1 MiB), so 32 entries on
-/// each of 2 queues reserve 64 MiB (touched only as used). The FUSE io_uring minimum read 4 KiB
-/// at 34.0k IOPS with 32 and 35.7k with 64 (BENCHMARKS.md, run 66).
-const RING_ENTRIES: usize = 32;
+/// Ring entries per CPU queue with the io_uring transport (requests of one CPU in flight at
+/// once), at most: 64, where the FUSE io_uring minimum read 4 KiB fastest (BENCHMARKS.md, run
+/// 66: 34.0k IOPS with 32, 35.7k with 64; run 67: 22.1k, 26.0k).
+const RING_ENTRIES_MAX: usize = 64;
+/// Each entry holds a payload buffer of the largest request or reply (1 MiB): the entries of
+/// all queues together stay within this, down to `RING_ENTRIES_MIN` a queue on machines with
+/// many CPUs.
+const RING_MEMORY: usize = 256 << 20;
+const RING_ENTRIES_MIN: usize = 8;
+
+/// Entries per queue for `queues` queues of `payload`-byte entries.
+fn ring_entries(queues: usize, payload: usize) -> usize {
+    (RING_MEMORY / (queues.max(1) * payload.max(1))).clamp(RING_ENTRIES_MIN, RING_ENTRIES_MAX)
+}
 
 /// A request's caller and identity, as its header gives them.
 pub struct Request {
@@ -533,7 +542,7 @@ impl Session {
     }
 }
 
-/// Starts a thread per CPU queue, each registering `RING_ENTRIES` entries of `payload` bytes
+/// Starts a thread per CPU queue, each registering [`ring_entries`] entries of `payload` bytes
 /// and serving the requests that arrive in them.
 fn start_rings<F: Filesystem>(
     fs: &Arc<F>,
@@ -542,7 +551,8 @@ fn start_rings<F: Filesystem>(
     payload: usize,
 ) -> io::Result<Vec<std::thread::JoinHandle<io::Result<u64>>>> {
     let queues = crate::ring::possible_cpus()?;
-    info!(queues, entries = RING_ENTRIES, "FUSE requests come by io_uring");
+    let entries = ring_entries(queues, payload);
+    info!(queues, entries, "FUSE requests come by io_uring");
     (0..queues)
         .map(|qid| {
             let (fs, dev) = (fs.clone(), dev.clone());
@@ -556,7 +566,7 @@ fn start_rings<F: Filesystem>(
                         ReplyEmpty::new(unique, Sink::Ring(slot)).error(Errno::EIO);
                     }
                 };
-                crate::ring::serve_queue(&dev, qid as u16, RING_ENTRIES, payload, &handle)
+                crate::ring::serve_queue(&dev, qid as u16, entries, payload, &handle)
             })
         })
         .collect()
@@ -929,6 +939,13 @@ mod tests {
         assert_eq!((a.max_write, a.max_pages, a.max_background, a.congestion_threshold), (1 << 20, 256, 64, 48));
         assert_eq!(a.max_stack_depth, 1);
         assert_eq!(c.answer(31).minor, 31, "an older kernel's minor");
+    }
+
+    #[test]
+    fn rings_hold_at_most_their_memory_but_never_too_few_entries() {
+        assert_eq!(ring_entries(2, 1 << 20), 64);
+        assert_eq!(ring_entries(16, 1 << 20), 16);
+        assert_eq!(ring_entries(128, 1 << 20), 8);
     }
 
     #[test]

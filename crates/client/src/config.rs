@@ -56,8 +56,7 @@ pub struct ClientConfig {
     /// The mount takes its requests from the kernel by io_uring where the kernel offers it
     /// (Linux 6.14+ with the `fuse` module's `enable_uring` set by root; docs/architecture.md,
     /// "The FUSE transport"), else by reading `/dev/fuse`. Spliced reads need `/dev/fuse`: with
-    /// io_uring, replies are written into the ring. Default false until READ's chunk exchange
-    /// runs on the rings (the transport alone measured no faster, and costs the splicing).
+    /// io_uring, replies are written into the ring. Default true (the kernel's switch decides).
     pub fuse_io_uring: bool,
     /// Through the mount, a read-only open of a file of at most this many bytes fetches the
     /// whole file and hands it to the kernel's page cache before it is answered, so its reads
@@ -102,7 +101,7 @@ impl Default for ClientConfig {
             local_reads: true,
             drop_behind_reads: true,
             splice_reads: true,
-            fuse_io_uring: false,
+            fuse_io_uring: true,
             fill_at_open_bytes: 1 << 20,
             prefetch_bytes: None,
             global_locks: true,

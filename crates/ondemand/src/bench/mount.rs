@@ -350,6 +350,9 @@ pub fn run(o: &MountBenchOptions) -> Result<(Vec<Phase>, bool, Vec<String>)> {
         std::fs::create_dir_all(&plain)?;
     }
 
+    // The mount takes its requests by io_uring where the kernel allows it (as docs/admin.md
+    // recommends); the switch is put back after the run.
+    let uring = odfs_client_fuse::uring_minimum::TransportAllowed::new();
     eprintln!("bench: starting a {}-node odfs mounted at {}", o.nodes, mnt.display());
     let up = UpOptions {
         root: fsroot.clone(),
@@ -375,6 +378,10 @@ pub fn run(o: &MountBenchOptions) -> Result<(Vec<Phase>, bool, Vec<String>)> {
             notes: memory_note().into_iter().chain(splice_note(&fsroot)).collect(),
         };
         run_phases(o, &fio, &reports, &mut sides)?;
+        // Read once the mount has served: its transport is logged as it starts serving.
+        if let Some(n) = transport_note(&fsroot, uring.as_ref().err()) {
+            sides.notes.insert(0, n);
+        }
         Ok((sides.phases, sides.dropped, sides.notes))
     })();
     let _ = mount::unmount(&floor);
@@ -406,6 +413,19 @@ fn memory_note() -> Option<String> {
 }
 
 /// Whether the mount splices its large reads, or why not, as its log (node 0's) says.
+/// How the mount takes its requests: by io_uring (the run switched the kernel's
+/// `enable_uring` on), or by `/dev/fuse` and why.
+fn transport_note(fsroot: &Path, refused: Option<&std::io::Error>) -> Option<String> {
+    let log = std::fs::read_to_string(local::node_dir(fsroot, 0).join("fuse.log")).ok()?;
+    Some(match log.lines().find(|l| l.contains("FUSE requests come by io_uring")) {
+        Some(_) => "odfs mount: FUSE requests come by io_uring (the kernel's enable_uring set for the run)".into(),
+        None => match refused {
+            Some(e) => format!("odfs mount: FUSE requests come by /dev/fuse ({e})"),
+            None => "odfs mount: FUSE requests come by /dev/fuse".into(),
+        },
+    })
+}
+
 fn splice_note(fsroot: &Path) -> Option<String> {
     let log = std::fs::read_to_string(local::node_dir(fsroot, 0).join("fuse.log")).ok()?;
     let line = log.lines().find(|l| l.contains("are spliced into /dev/fuse") || l.contains("reads are not spliced"))?;
