@@ -50,14 +50,14 @@ pub const MAX_WRITE: u32 = 1 << 20;
 /// Kernel read-ahead asked for at init (the kernel may cap it; see `mount::tune_readahead`).
 pub const MAX_READAHEAD: u32 = 1 << 20;
 /// Background requests (async direct I/O, read-ahead) the kernel keeps in flight to the mount,
-/// asked for at init; fuser's default is 16, and from 12 in flight the kernel counts the mount
+/// asked for at init; the default is 16, and from 12 in flight the kernel counts the mount
 /// congested and skips async read-ahead. fio's 4 KiB direct reads at depth 16 x 4 reached
 /// odfs-fuse 16 at a time: with 64 all of them do (alternated, 4 KiB IOPS 18.7k -> 20.4k on
 /// average; docs/architecture.md, "FUSE mount"). The kernel caps it for a mount made without
 /// CAP_SYS_ADMIN (`fs.fuse.max_user_bgreq`).
 pub const MAX_BACKGROUND: u16 = 64;
-/// Entries asked of metad per readdir request. fuser does not pass the kernel's buffer size
-/// to the callback; glibc sizes its buffer from the directory's `st_blksize` (1 MiB here) and
+/// Entries asked of metad per readdir request, before the kernel's buffer size is known (the
+/// reply packs what fits); glibc sizes its buffer from the directory's `st_blksize` (1 MiB here) and
 /// the kernel then asks for up to 1 MiB, room for thousands of entries. Entries that do not
 /// fit a smaller buffer are asked again from their cookie by the next request.
 const READDIR_BATCH: u32 = 1024;
@@ -1290,7 +1290,7 @@ impl Filesystem for OdfsFuse {
                         return reply.ok();
                     }
                     // The kernel takes no attributes from "." and ".." entries, only the inode
-                    // number that readdir shows; fuser takes that number from the attributes.
+                    // number that readdir shows; the entry's part takes it from the attributes.
                     let up = fuser::FileAttr { ino: INodeNo(parent), ..me };
                     if reply.add(INodeNo(parent), DOTDOT_OFFSET, "..", &Duration::ZERO, &up, Generation(0)) {
                         return reply.ok();

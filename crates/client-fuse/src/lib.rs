@@ -17,8 +17,9 @@
 //! (`passthrough`): whole on this node's own target, the kernel reads and writes their chunk
 //! file itself, and the adapter publishes what it wrote at close and fsync.
 //!
-//! The FUSE protocol is odfs-fuse's own (`abi`, `session`, `reply`: docs/architecture.md, "The
-//! FUSE transport"); fuser's plain types (attributes, flags, inode numbers) are still used.
+//! The FUSE protocol is odfs-fuse's own (`abi`, `session`, `reply`, and `ring` for the io_uring
+//! transport: docs/architecture.md, "The FUSE transport"); fuser's plain types (attributes,
+//! flags, inode numbers) are still used.
 //!
 //! Also here, for benchmarks only: `minimum`, a synthetic FUSE filesystem that measures what
 //! FUSE itself costs, and `uring_minimum`, its striped large files over the kernel's io_uring

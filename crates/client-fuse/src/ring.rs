@@ -18,6 +18,7 @@ use crate::reply::Dev;
 use io_uring::{opcode, squeue, types, IoUring};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 use tracing::warn;
@@ -141,6 +142,9 @@ pub(crate) struct Queue {
     ready: Mutex<Vec<u16>>,
     /// Wakes the queue's thread for `ready`.
     wake: OwnedFd,
+    /// Set while the queue's thread waits for completions with `ready` seen empty: only then
+    /// does a replier write `wake` (a thread that is awake finds `ready` before it waits).
+    sleeping: AtomicBool,
     thread: ThreadId,
 }
 
@@ -186,7 +190,7 @@ impl Slot {
         *held = Held::Kernel;
         drop(held);
         q.ready.lock().expect("ready lock").push(self.entry);
-        if std::thread::current().id() != q.thread {
+        if std::thread::current().id() != q.thread && q.sleeping.swap(false, Ordering::SeqCst) {
             let one = 1u64.to_ne_bytes();
             // SAFETY: writing 8 bytes to the queue's eventfd.
             let _ = unsafe { libc::write(q.wake.as_raw_fd(), one.as_ptr().cast(), 8) };
@@ -264,6 +268,7 @@ pub(crate) fn serve_queue(
         entries: ents,
         ready: Mutex::new(Vec::new()),
         wake,
+        sleeping: AtomicBool::new(false),
         thread: std::thread::current().id(),
     });
     let fd = dev.as_raw_fd();
@@ -279,7 +284,13 @@ pub(crate) fn serve_queue(
     push(&mut ring, &wake_sqe(&mut counter))?;
     let mut served = 0u64;
     loop {
-        match ring.submit_and_wait(1) {
+        // Asleep only with nothing to commit; a reply pushed after this look finds the flag
+        // set and writes the eventfd.
+        q.sleeping.store(true, Ordering::SeqCst);
+        let idle = q.ready.lock().expect("ready lock").is_empty();
+        let waited = if idle { ring.submit_and_wait(1) } else { ring.submit() };
+        q.sleeping.store(false, Ordering::SeqCst);
+        match waited {
             // A signal, or completions to reap before more can be submitted: go on.
             Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EBUSY)) => {}
             r => drop(r?),

@@ -514,18 +514,20 @@ impl Session {
                 std::thread::Builder::new().name(format!("odfs-fuse-{i}")).spawn(move || serve.serve(&*fs, &dev))
             })
             .collect::<io::Result<Vec<_>>>()?;
-        let rings = match self.rings {
-            Some(payload) => start_rings(&fs, &self.dev, serve, payload)?,
+        // Rings that cannot start leave the requests on /dev/fuse: the kernel uses the rings only
+        // once every queue has entries.
+        let rings = match self.rings.map(|payload| start_rings(&fs, &self.dev, serve, payload)) {
+            Some(Ok(rings)) => rings,
+            Some(Err(e)) => {
+                warn!(error = %e, "the io_uring queues did not start; requests come by /dev/fuse");
+                Vec::new()
+            }
             None => Vec::new(),
         };
         let mut result = Ok(());
-        for (qid, h) in rings.into_iter().enumerate() {
-            // A queue that could not register leaves its requests on /dev/fuse (the kernel uses
-            // the rings only once every queue has entries); one failing later is logged.
-            match h.join() {
-                Ok(Ok(requests)) => info!(qid, requests, "io_uring queue ended"),
-                Ok(Err(e)) => warn!(error = %e, "an io_uring queue of the FUSE connection failed"),
-                Err(_) => warn!("an io_uring queue thread of the FUSE connection panicked"),
+        for h in rings {
+            if h.join().is_err() {
+                warn!("an io_uring queue thread of the FUSE connection panicked");
             }
         }
         for h in handles {
@@ -549,7 +551,7 @@ fn start_rings<F: Filesystem>(
     dev: &Dev,
     serve: Serve,
     payload: usize,
-) -> io::Result<Vec<std::thread::JoinHandle<io::Result<u64>>>> {
+) -> io::Result<Vec<std::thread::JoinHandle<()>>> {
     let queues = crate::ring::possible_cpus()?;
     let entries = ring_entries(queues, payload);
     info!(queues, entries, "FUSE requests come by io_uring");
@@ -566,10 +568,26 @@ fn start_rings<F: Filesystem>(
                         ReplyEmpty::new(unique, Sink::Ring(slot)).error(Errno::EIO);
                     }
                 };
-                crate::ring::serve_queue(&dev, qid as u16, entries, payload, &handle)
+                match crate::ring::serve_queue(&dev, qid as u16, entries, payload, &handle) {
+                    Ok(requests) => info!(qid, requests, "io_uring queue ended"),
+                    // Before registration: the queue's requests stay on /dev/fuse; after, they
+                    // wait for the unmount.
+                    Err(e) => warn!(qid, error = %e, "an io_uring queue of the FUSE connection failed"),
+                }
             })
         })
         .collect()
+}
+
+/// A session dropped before it ran (its INIT failed, or the mount runner stopped) takes its
+/// mount with it.
+impl Drop for Session {
+    fn drop(&mut self) {
+        let m = self.mount.lock().expect("mount lock").take();
+        if let Some(Err(e)) = m.map(Mounted::unmount) {
+            warn!(error = %e, "unmount of an unused FUSE session failed");
+        }
+    }
 }
 
 /// Reads one request; `None` once the connection has ended (unmounted).
