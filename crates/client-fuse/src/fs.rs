@@ -22,8 +22,8 @@ use crate::fill::Filled;
 use crate::handles::{Handles, OpenFile, Parents};
 use crate::passthrough::{Backing, Backings, Candidate};
 use crate::reply::{
-    BackingId, Notifier, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
-    ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    BackingId, ErrorReply, Notifier, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
 };
 use crate::session::{Filesystem, KernelConfig, Request};
 use crate::FuseError;
@@ -222,36 +222,6 @@ async fn close_file(f: Arc<OpenFile>) {
 pub struct OdfsFuse {
     shared: Arc<Shared>,
 }
-
-/// The reply types' common error method.
-trait ErrorReply: Send + 'static {
-    fn fail(self, errno: Errno);
-}
-
-macro_rules! error_reply {
-    ($($t:ty),* $(,)?) => {
-        $(impl ErrorReply for $t {
-            fn fail(self, errno: Errno) {
-                self.error(errno)
-            }
-        })*
-    };
-}
-
-error_reply!(
-    ReplyEntry,
-    ReplyAttr,
-    ReplyData,
-    ReplyEmpty,
-    ReplyOpen,
-    ReplyWrite,
-    ReplyStatfs,
-    ReplyLock,
-    ReplyCreate,
-    ReplyDirectory,
-    ReplyDirectoryPlus,
-    ReplyXattr,
-);
 
 type OpResult<T> = Result<T, FuseError>;
 

@@ -101,6 +101,12 @@ impl Drop for Reply {
     }
 }
 
+/// What every reply type can do: fail its request with an errno (for code generic over the
+/// kind of reply).
+pub trait ErrorReply: Send + 'static {
+    fn fail(self, errno: Errno);
+}
+
 macro_rules! replies {
     ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
         $(
@@ -115,6 +121,12 @@ macro_rules! replies {
                 /// Fails the request with `errno`.
                 pub fn error(self, errno: Errno) {
                     self.0.error(errno)
+                }
+            }
+
+            impl ErrorReply for $name {
+                fn fail(self, errno: Errno) {
+                    self.error(errno)
                 }
             }
         )*
@@ -349,6 +361,12 @@ impl ReplyDirectory {
     }
 }
 
+impl ErrorReply for ReplyDirectory {
+    fn fail(self, errno: Errno) {
+        self.error(errno)
+    }
+}
+
 /// READDIRPLUS's answer: entries with their attributes, packed until the kernel's buffer is
 /// full.
 pub struct ReplyDirectoryPlus {
@@ -390,6 +408,12 @@ impl ReplyDirectoryPlus {
 
     pub fn error(self, errno: Errno) {
         self.reply.error(errno)
+    }
+}
+
+impl ErrorReply for ReplyDirectoryPlus {
+    fn fail(self, errno: Errno) {
+        self.error(errno)
     }
 }
 
