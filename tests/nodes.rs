@@ -8,6 +8,8 @@
 //! change on one node is seen by the very next call on the other, which meanwhile answers
 //! repeated stats, lookups and reads from its caches (metad's request counters stay flat),
 //! and a frozen node delays a change by at most the lease time.
+//! And local placement: a file the kernel wrote through FUSE passthrough into its node's own
+//! chunk file reads byte-identical on another node, and that node's change on the first.
 //!
 //! Needs root, /dev/fuse and iproute2 (`ip netns`), util-linux (`unshare`, `nsenter`).
 
@@ -81,6 +83,11 @@ struct Node {
 
 impl Node {
     fn mount(netns: &str, name: &str, fs: &LocalFs) -> Node {
+        Node::mount_with(netns, name, fs, &fs.config_path())
+    }
+
+    /// Like `mount`, as the node the client config `config` names.
+    fn mount_with(netns: &str, name: &str, fs: &LocalFs, config: &Path) -> Node {
         assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing: this test needs FUSE (modprobe fuse)");
         let mnt = fs.root().join("mnt");
         fs::create_dir_all(&mnt).unwrap();
@@ -91,7 +98,7 @@ impl Node {
             .args(["netns", "exec", netns, "unshare", "--mount", "--propagation", "private"])
             .arg(odfs_fuse_bin())
             .arg("--fs")
-            .arg(fs.config_path())
+            .arg(config)
             .arg("--mountpoint")
             .arg(&mnt)
             .stdin(Stdio::null())
@@ -244,6 +251,61 @@ fn nodes_in_their_own_namespaces_share_one_filesystem_close_to_open() {
     b.eventually("unlink of g", &format!("! test -e {mnt}/g"));
     let out = b.sh(&format!("cat {mnt}/g"));
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("No such file"));
+}
+
+/// The filesystem's client config as node `node`'s, written beside it; its path.
+fn node_config(fs: &LocalFs, node: u32) -> PathBuf {
+    let mut cfg = fs.config();
+    cfg.node = node;
+    let path = fs.root().join(format!("odfs-node{node}.toml"));
+    fs::write(&path, toml::to_string(&cfg).expect("client config as TOML")).unwrap();
+    path
+}
+
+/// Local placement across nodes, each in its own namespaces: A, node 1's mount, writes a
+/// checkpoint (4 MiB writes, fsync, close) into a local-placement directory; it lands whole in
+/// one chunk file on node 1's target, and the kernel wrote it there itself (FUSE passthrough:
+/// A's odfs-fuse counts no WRITE or READ request for it, nor for reading it back). B, node 2's
+/// mount, reads it byte-identical through node 1's stored. B then appends to it (the normal
+/// path: B's writes go to node 1's stored) and A's next open, passed through again, reads
+/// exactly what B wrote.
+#[test]
+fn a_file_written_through_passthrough_on_one_node_reads_the_same_on_another() {
+    let net = Net::new(2);
+    let fs = up_in_server(&net, 4);
+    let a = Node::mount_with(&net.nodes[0], "A", &fs, &node_config(&fs, 1));
+    let b = Node::mount_with(&net.nodes[1], "B", &fs, &node_config(&fs, 2));
+    let mnt = a.mnt.display().to_string();
+    let odfs = bin_dir().join("odfs");
+    a.ok(&format!("mkdir {mnt}/ck && {} setstripe --local -c 1 {mnt}/ck", odfs.display()));
+
+    let scratch = tempfile::tempdir().unwrap();
+    let (data, tail) = (pattern(24 * (1 << 20) + 333, 9), pattern(70_001, 10));
+    let (src, more) = (scratch.path().join("model.pt"), scratch.path().join("tail"));
+    fs::write(&src, &data).unwrap();
+    fs::write(&more, &tail).unwrap();
+    let io = |n: &Node| {
+        let c = mount_counts(n);
+        (c.get("write").copied().unwrap_or(0), c.get("read").copied().unwrap_or(0))
+    };
+    let before = io(&a);
+    a.ok(&format!("dd if={} of={mnt}/ck/model.pt bs=4M conv=fsync status=none", src.display()));
+    assert_eq!(a.sha256_of("ck/model.pt"), sha256(&data), "A reads back what it wrote");
+    assert_eq!(io(&a), before, "A's odfs-fuse served WRITE or READ requests: not passed through");
+
+    let ino: u64 = a.ok(&format!("stat -c %i {mnt}/ck/model.pt")).trim().parse().unwrap();
+    let files = chunk_files(&fs, ino);
+    assert_eq!(files.len(), 1, "one chunk file: {files:?}");
+    assert!(files[0].starts_with(fs.node_dir(1)), "on node 1's target: {}", files[0].display());
+    assert_eq!(fs::read(&files[0]).unwrap(), data, "the chunk file holds the file's bytes");
+
+    assert_eq!(b.sha256_of("ck/model.pt"), sha256(&data), "B reads what A wrote and closed");
+    b.ok(&format!("cat {} >> {mnt}/ck/model.pt", more.display()));
+    let whole = [data.as_slice(), tail.as_slice()].concat();
+    let before = io(&a);
+    assert_eq!(a.sha256_of("ck/model.pt"), sha256(&whole), "A's next open reads B's append");
+    assert_eq!(a.ok(&format!("stat -c %s {mnt}/ck/model.pt")).trim(), whole.len().to_string());
+    assert_eq!(io(&a), before, "A's read after B's append was not passed through");
 }
 
 /// Bytes of `rel` in the node's page cache (`fincore`, which opens the file but reads nothing).
