@@ -6,7 +6,9 @@
 //! unlink while open, a full target's ENOSPC with the earlier bytes intact, and the data after
 //! kill -9 of odfs-fuse. Without CAP_SYS_ADMIN (odfs-fuse as root of a user namespace) the
 //! kernel refuses backing files and the same files take the normal path, said once in the log.
-//! A kernel without passthrough (before 6.9) is not tested here: odfs-fuse then never asks.
+//! A kernel without passthrough (before 6.9) does not offer it at FUSE's INIT, so odfs-fuse
+//! does not take it; a mount told not to ask (`fuse_passthrough = false`) takes that same path
+//! from INIT on, and is tested here: the same bytes, through odfs-fuse, said once in the log.
 //!
 //! Needs root (FUSE passthrough registers backing files with CAP_SYS_ADMIN; tmpfs) and a
 //! kernel with FUSE passthrough (6.9 or later).
@@ -252,4 +254,35 @@ umount "{mnt}"; wait"#,
     assert!(off[0].contains("CAP_SYS_ADMIN"), "{}", off[0]);
     // Placed locally all the same, and whole for every other node.
     assert_eq!(sha256(&read_remote(&fs, 1, "/ck/f")), sha256(&pattern(3 * MIB + 17, 5)));
+}
+
+/// A mount that does not negotiate passthrough at INIT (`fuse_passthrough = false`; a kernel
+/// before 6.9 does not offer it, which leaves odfs-fuse in the same state): a local file takes
+/// the normal path through odfs-fuse and stored, with the same bytes for this node and others,
+/// and the log says once why.
+#[test]
+fn without_passthrough_at_init_local_files_take_the_normal_path() {
+    let fs = LocalFs::up(2, &[]);
+    let mut cfg = fs.config();
+    cfg.fuse_passthrough = false;
+    fs::write(fs.config_path(), toml::to_string(&cfg).unwrap()).unwrap();
+    let m = FuseMount::start(&fs);
+    let ck = m.p("ck");
+    fs::create_dir(&ck).unwrap();
+    fs.cli_ok(&["setstripe", "--local", "-c", "1", &s(&ck)]);
+    let data = pattern(8 * MIB + 99, 4);
+    let before = daemon_io(&fs, &m);
+    write_file(&ck.join("f"), &data);
+    assert_eq!(fs::read(ck.join("f")).unwrap(), data, "read back through the mount");
+    let moved = daemon_io(&fs, &m) - before;
+    assert!(moved > 8 * MIB as u64, "the daemons moved {moved} bytes for 16 MiB of I/O: passed through after all");
+    // Placed on this node all the same, and whole for the other node.
+    let ino = std::os::unix::fs::MetadataExt::ino(&fs::metadata(ck.join("f")).unwrap());
+    let chunk = odfs_proto::layout::chunk_path(&fs.node_dir(0).join("target1"), odfs_proto::InodeId(ino));
+    assert_eq!(fs::read(&chunk).unwrap_or_default(), data, "node 0's chunk file {}", chunk.display());
+    assert_eq!(sha256(&read_remote(&fs, 1, "/ck/f")), sha256(&data));
+    let log = m.log_text();
+    let off: Vec<&str> = log.lines().filter(|l| l.contains("passthrough off")).collect();
+    assert_eq!(off.len(), 1, "said once why passthrough is off:\n{log}");
+    assert!(off[0].contains("fuse_passthrough = false"), "{}", off[0]);
 }

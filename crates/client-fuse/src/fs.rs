@@ -660,10 +660,15 @@ impl Filesystem for OdfsFuse {
             info!("kernel does not offer FUSE over io_uring (6.14+, fuse module's enable_uring): requests come by /dev/fuse");
         }
         // Passthrough: backing files on a plain local filesystem (stack depth 1).
-        let passthrough = config.want(init::PASSTHROUGH).is_ok() && config.set_max_stack_depth(1).is_ok();
-        if !passthrough {
+        let passthrough = if !self.shared.client.config().fuse_passthrough {
+            info!("FUSE passthrough off by the client config (fuse_passthrough = false): every file takes the normal path");
+            false
+        } else if config.want(init::PASSTHROUGH).is_ok() && config.set_max_stack_depth(1).is_ok() {
+            true
+        } else {
             info!("kernel does not offer FUSE passthrough: every file takes the normal path");
-        }
+            false
+        };
         self.shared.backings.set_on(passthrough);
         Ok(())
     }

@@ -58,6 +58,12 @@ pub struct ClientConfig {
     /// "The FUSE transport"), else by reading `/dev/fuse`. Spliced reads need `/dev/fuse`: with
     /// io_uring, replies are written into the ring. Default true (the kernel's switch decides).
     pub fuse_io_uring: bool,
+    /// Through the mount, a file whose bytes all sit in one chunk file on this node's own target
+    /// (local placement, stripe count 1) is read, written and mapped by the kernel straight from
+    /// that chunk file (FUSE passthrough, Linux 6.9+, odfs-fuse as root; docs/architecture.md,
+    /// "FUSE mount"). False sends such files through odfs-fuse like any other, as on a kernel
+    /// without passthrough. Default true.
+    pub fuse_passthrough: bool,
     /// Through the mount, a read-only open of a file of at most this many bytes fetches the
     /// whole file and hands it to the kernel's page cache before it is answered, so its reads
     /// need no request (docs/architecture.md, "Small files filled at open"). 0: never;
@@ -102,6 +108,7 @@ impl Default for ClientConfig {
             drop_behind_reads: true,
             splice_reads: true,
             fuse_io_uring: true,
+            fuse_passthrough: true,
             fill_at_open_bytes: 1 << 20,
             prefetch_bytes: None,
             global_locks: true,
