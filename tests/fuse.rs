@@ -854,6 +854,44 @@ fn exit_code_within(child: &mut KillOnDrop, limit: Duration, what: &str) -> Opti
     }
 }
 
+/// A descriptor of the mount passed to a process of another user (a daemon that drops its
+/// privileges after opening its files) works as it does on a local disk: its locks, its
+/// fallocate and its close (FLUSH) are served, though that user could not open the file
+/// through a mount without `allow_other`.
+#[test]
+fn a_descriptor_handed_to_another_user_locks_allocates_and_closes() {
+    let fs = LocalFs::up(1, &[]);
+    let m = FuseMount::start(&fs);
+    let path = m.p("handed");
+    fs::write(&path, b"x").unwrap();
+    let code = "import fcntl,os\n\
+        fcntl.lockf(3,fcntl.LOCK_EX|fcntl.LOCK_NB,10,0)\n\
+        os.posix_fallocate(3,0,8192)\n\
+        fcntl.lockf(3,fcntl.LOCK_UN,10,0)\n\
+        fcntl.flock(3,fcntl.LOCK_EX|fcntl.LOCK_NB)\n\
+        os.close(3)\n\
+        print('ok',os.getuid())";
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "exec 3<>'{}' && exec setpriv --reuid 65534 --regid 65534 --clear-groups python3 -c \"$0\"",
+            path.display()
+        ))
+        .arg(code)
+        .output()
+        .expect("run bash, setpriv (util-linux) and python3");
+    assert!(out.status.success(), "as uid 65534: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok 65534");
+    assert_eq!(fs::metadata(&path).unwrap().len(), 8192, "fallocate through the handed descriptor");
+    // The same user cannot open the file itself: the mount is the job user's only.
+    let out = Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "cat"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("Permission denied"));
+}
+
 /// A process waiting for a lock (`flock` without LOCK_NB) dies when killed, and the lock it
 /// waited for is not left to it: the kernel keeps a killed waiter until its request is
 /// answered, so the mount must notice the kill. Liveness only: the waits are bounds.

@@ -60,6 +60,16 @@ fn send(dev: &File, unique: u64, error: i32, parts: &[&[u8]]) -> io::Result<()> 
     Ok(())
 }
 
+/// `errno` as a reply may carry it (0 is success): the kernel refuses an error outside
+/// 1..=511 on `/dev/fuse`, and its caller would wait for good (a ring turns it into EIO).
+fn wire_errno(errno: i32) -> i32 {
+    if (0..512).contains(&errno) {
+        errno
+    } else {
+        libc::EIO
+    }
+}
+
 /// The answer to one request, sent once. Dropped unsent, it answers EIO.
 struct Reply {
     unique: u64,
@@ -76,6 +86,7 @@ impl Reply {
     }
 
     fn send_errno(&mut self, errno: i32, parts: &[&[u8]]) {
+        let errno = wire_errno(errno);
         let dev = match self.to.take() {
             None => return,
             Some(Sink::Ring(slot)) => return slot.answer(-errno, parts),
@@ -497,6 +508,12 @@ mod tests {
         assert_eq!(kernel_time(UNIX_EPOCH + Duration::new(5, 7)), (5, 7));
         assert_eq!(kernel_time(UNIX_EPOCH - Duration::new(2, 0)), ((-2i64) as u64, 0));
         assert_eq!(kernel_time(UNIX_EPOCH - Duration::new(1, 250_000_000)), ((-2i64) as u64, 750_000_000));
+    }
+
+    #[test]
+    fn an_errno_the_kernel_would_refuse_goes_as_eio() {
+        assert_eq!((wire_errno(0), wire_errno(libc::ENOENT), wire_errno(511)), (0, libc::ENOENT, 511));
+        assert_eq!((wire_errno(512), wire_errno(-5), wire_errno(i32::MAX)), (libc::EIO, libc::EIO, libc::EIO));
     }
 
     #[test]

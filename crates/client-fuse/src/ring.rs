@@ -230,8 +230,9 @@ fn tag(entry: usize, what: u64) -> u64 {
 pub(crate) type Handler<'h> = dyn Fn(Slot, Result<abi::Request<'_>, (u64, abi::AbiError)>) + 'h;
 
 /// Registers `entries` entries of `payload` bytes on queue `qid` of the connection behind
-/// `dev` and serves them until the connection ends; returns how many requests came. Registration
-/// failing is the error (the kernel then keeps using `/dev/fuse`).
+/// `dev` and serves them until the connection ends; returns how many requests came. Every
+/// entry's registration failing is the error (the kernel then keeps using `/dev/fuse`); an entry
+/// the kernel refuses later is given up with a warning while others are left.
 pub(crate) fn serve_queue(
     dev: &Dev,
     qid: u16,
@@ -283,6 +284,9 @@ pub(crate) fn serve_queue(
     };
     push(&mut ring, &wake_sqe(&mut counter))?;
     let mut served = 0u64;
+    // Entries the kernel holds or this thread serves: one the kernel refuses is lost to the
+    // queue, which serves on with the others while any is left.
+    let mut live = entries;
     loop {
         // Asleep only with nothing to commit; a reply pushed after this look finds the flag
         // set and writes the eventfd.
@@ -299,13 +303,18 @@ pub(crate) fn serve_queue(
         for (data, res) in completions {
             let (i, what) = ((data >> 1) as usize, data & 1);
             match what {
-                FETCHED if res < 0 => {
-                    // The connection ended (unmount) or the kernel refused the entry.
-                    return match -res {
-                        libc::ENOTCONN | libc::ENODEV | libc::ECANCELED => Ok(served),
-                        e => Err(io::Error::from_raw_os_error(e)),
-                    };
-                }
+                FETCHED if res < 0 => match -res {
+                    // The connection ended (unmount, or aborted).
+                    libc::ENOTCONN | libc::ENODEV | libc::ECANCELED | libc::ECONNABORTED => return Ok(served),
+                    e => {
+                        live -= 1;
+                        let error = io::Error::from_raw_os_error(e);
+                        if live == 0 {
+                            return Err(error);
+                        }
+                        warn!(qid, entry = i, %error, "the kernel refused a ring entry; the queue serves on without it");
+                    }
+                },
                 FETCHED => {
                     served += 1;
                     on_request(&q, i, handle)

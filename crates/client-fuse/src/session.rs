@@ -271,7 +271,7 @@ impl KernelConfig {
     /// The INIT answer, for a kernel speaking protocol 7.`minor`.
     fn answer(&self, minor: u32) -> abi::InitOut {
         let flags = (self.wanted | abi::init::INIT_EXT) & self.offered;
-        let pages = self.max_write.max(self.max_readahead).div_ceil(4096).max(1);
+        let pages = self.max_write.max(self.max_readahead).div_ceil(page_size()).max(1);
         abi::InitOut {
             major: MAJOR,
             minor: minor.min(MINOR),
@@ -473,7 +473,9 @@ impl Session {
             reply_raw(&self.dev, unique, &o[..len]);
             self.buf_size = answer.max_write as usize + READ_SLACK;
             if answer.flags & abi::init::OVER_IO_URING != 0 {
-                self.rings = Some((answer.max_write as usize).max(usize::from(answer.max_pages) * 4096));
+                // The kernel refuses an entry smaller than any request it may put there.
+                let largest = (answer.max_write as usize).max(usize::from(answer.max_pages) * page_size() as usize);
+                self.rings = Some(largest.max(FUSE_MIN_READ_BUFFER));
             }
             return Ok(());
         }
@@ -673,8 +675,9 @@ impl Serve {
         true
     }
 
-    /// Whether a mount without `allow_other` serves this request: its owner's, or one the
-    /// kernel sends on no particular caller's behalf (I/O, releases, forgets).
+    /// Whether a mount without `allow_other` serves this request: its owner's, or one on an
+    /// open file, whoever holds it (the kernel checked the caller at the open: I/O, flush,
+    /// locks, fallocate, fsync, releases), or one on nobody's behalf (forgets, interrupts).
     fn allowed(&self, req: &abi::Request<'_>) -> bool {
         self.acl == Acl::All
             || req.header.uid == self.owner
@@ -682,6 +685,11 @@ impl Serve {
                 req.header.opcode,
                 op::READ
                     | op::WRITE
+                    | op::FLUSH
+                    | op::GETLK
+                    | op::SETLK
+                    | op::SETLKW
+                    | op::FALLOCATE
                     | op::READDIR
                     | op::READDIRPLUS
                     | op::FORGET
@@ -692,6 +700,20 @@ impl Serve {
                     | op::RELEASEDIR
                     | op::INTERRUPT
             )
+    }
+}
+
+/// `FUSE_MIN_READ_BUFFER`: the least buffer the kernel lets a daemon read requests into.
+const FUSE_MIN_READ_BUFFER: usize = 8192;
+
+/// The kernel's page size: `max_pages` counts pages of it.
+fn page_size() -> u32 {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if n > 0 {
+        n as u32
+    } else {
+        4096
     }
 }
 
