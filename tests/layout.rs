@@ -772,8 +772,16 @@ fn a_node_reading_its_own_chunks_once_from_start_to_end_leaves_no_copy_behind() 
         "read twice, node 0's chunk file keeps only {} of its 32 MiB cached",
         resident(&chunk)
     );
-    // With drop_behind_reads off in the client config, a single read keeps every page.
+    // With drop_behind_reads off in the client config, a single read keeps every page it read
+    // itself. A piece the client's look into the page cache missed is asked of stored, whose own
+    // drop-behind may drop it (on a loaded machine a few are): those bytes are not the client's.
     evict(&chunk);
-    read(&node0(false), "big, read once by node 0 with drop_behind_reads off");
-    assert_eq!(resident(&chunk), 32 * MIB, "drop_behind_reads = false keeps what was read");
+    let c = node0(false);
+    let moved = stored_moved(&fs, || read(&c, "big, read once by node 0 with drop_behind_reads off"));
+    let kept = resident(&chunk);
+    assert!(
+        kept + moved[0] >= 32 * MIB,
+        "drop_behind_reads = false keeps what was read: {kept} of 32 MiB cached, {} bytes sent by node 0's stored",
+        moved[0]
+    );
 }
