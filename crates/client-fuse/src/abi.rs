@@ -628,7 +628,7 @@ impl<'a> Writer<'a> {
         Writer { b, at: 0 }
     }
 
-    pub fn bytes(&mut self, v: &[u8]) -> &mut Self {
+    fn bytes(&mut self, v: &[u8]) -> &mut Self {
         self.b[self.at..self.at + v.len()].copy_from_slice(v);
         self.at += v.len();
         self

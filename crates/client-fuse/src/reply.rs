@@ -45,10 +45,9 @@ impl Sink {
 
 /// Sends one message: the out header for `unique` (0 for a notification, whose code then
 /// goes where a reply's error does) and `parts`, in one write.
-fn send(dev: &File, unique: u64, error: i32, parts: &[&[u8]]) -> io::Result<()> {
+pub(crate) fn send(dev: &File, unique: u64, error: i32, parts: &[&[u8]]) -> io::Result<()> {
     let len: usize = parts.iter().map(|p| p.len()).sum();
-    let mut head = [0u8; abi::OUT_HEADER];
-    Writer::new(&mut head).u32((abi::OUT_HEADER + len) as u32).u32(error as u32).u64(unique);
+    let head = abi::out_header(unique, len, -error);
     let mut iov = Vec::with_capacity(parts.len() + 1);
     iov.push(IoSlice::new(&head));
     iov.extend(parts.iter().filter(|p| !p.is_empty()).map(|p| IoSlice::new(p)));

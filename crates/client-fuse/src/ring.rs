@@ -42,7 +42,6 @@ pub(crate) struct AlignedBuf {
 
 // SAFETY: owned memory; who may touch it when is the owner's protocol (see `Entry`).
 unsafe impl Send for AlignedBuf {}
-unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
     fn layout(len: usize) -> std::alloc::Layout {
@@ -284,6 +283,8 @@ pub(crate) fn serve_queue(
     };
     push(&mut ring, &wake_sqe(&mut counter))?;
     let mut served = 0u64;
+    // Kept across passes: the loop allocates nothing per request.
+    let (mut completions, mut committing) = (Vec::with_capacity(entries + 1), Vec::with_capacity(entries));
     // Entries the kernel holds or this thread serves: one the kernel refuses is lost to the
     // queue, which serves on with the others while any is left.
     let mut live = entries;
@@ -299,8 +300,9 @@ pub(crate) fn serve_queue(
             Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EBUSY)) => {}
             r => drop(r?),
         }
-        let completions: Vec<(u64, i32)> = ring.completion().map(|c| (c.user_data(), c.result())).collect();
-        for (data, res) in completions {
+        completions.clear();
+        completions.extend(ring.completion().map(|c| (c.user_data(), c.result())));
+        for &(data, res) in &completions {
             let (i, what) = ((data >> 1) as usize, data & 1);
             match what {
                 FETCHED if res < 0 => match -res {
@@ -322,8 +324,8 @@ pub(crate) fn serve_queue(
                 _ => push(&mut ring, &wake_sqe(&mut counter))?,
             }
         }
-        let ready = std::mem::take(&mut *q.ready.lock().expect("ready lock"));
-        for i in ready {
+        std::mem::swap(&mut committing, &mut *q.ready.lock().expect("ready lock"));
+        for i in committing.drain(..) {
             let e = &q.entries[i as usize];
             // SAFETY: the entry is written and handed to this thread to commit.
             let header = unsafe { std::slice::from_raw_parts(e.header.ptr, RING_HEADER) };

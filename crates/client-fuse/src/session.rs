@@ -609,10 +609,7 @@ fn receive(dev: &File, buf: &mut [u8]) -> io::Result<Option<usize>> {
 
 /// Sends a reply with no reply object (INIT's).
 fn reply_raw(dev: &Dev, unique: u64, bytes: &[u8]) {
-    let mut out = Vec::with_capacity(abi::OUT_HEADER + bytes.len());
-    out.extend_from_slice(&abi::out_header(unique, bytes.len(), 0));
-    out.extend_from_slice(bytes);
-    if let Err(e) = std::io::Write::write_all(&mut &**dev, &out) {
+    if let Err(e) = crate::reply::send(dev, unique, 0, &[bytes]) {
         warn!(unique, error = %e, "reply not sent");
     }
 }
