@@ -10,11 +10,19 @@ use crate::record::{Phase, StateDir};
 use crate::slurm;
 use anyhow::{bail, Result};
 
+/// One step of a cleanup: the job it concerns and what was done (or why not).
+type Step = (String, String);
+
+fn lines(steps: Vec<Step>) -> Vec<String> {
+    steps.into_iter().map(|(job, l)| format!("job {job}: {l}")).collect()
+}
+
 /// Removes one job's state on this node; `force` also stops live processes.
-fn remove(state: &StateDir, job: &str, force: bool, discard: bool) -> Result<Vec<String>> {
+fn remove(state: &StateDir, job: &str, force: bool, discard: bool) -> Result<Vec<Step>> {
     let Some(_lock) = state.try_lock(job)? else {
         bail!("job {job}: another odfs command is working on it");
     };
+    let step = |l: String| (job.to_string(), l);
     let mut out = Vec::new();
     match state.load(job)? {
         Some(mut rec) => {
@@ -26,18 +34,22 @@ fn remove(state: &StateDir, job: &str, force: bool, discard: bool) -> Result<Vec
             if rec.alive() && !force {
                 bail!("job {job}: its processes are alive");
             }
-            out.extend(rec.teardown(true)?.into_iter().map(|l| format!("job {job}: {l}")));
+            out.extend(rec.teardown(true)?.into_iter().map(step));
         }
-        None => out.push(format!("job {job}: removed a start that left no record")),
+        None => out.push(step("removed a start that left no record".into())),
     }
     state.forget(job)?;
-    out.push(format!("job {job}: cleaned up"));
+    out.push(step("cleaned up".into()));
     Ok(out)
 }
 
 /// Sweeps stale jobs (all but `except`); returns what it did, one line per step. Problems
 /// with one job never stop the sweep; they are reported as lines.
 pub fn stale(state: &StateDir, node: &str, except: Option<&str>) -> Vec<String> {
+    lines(stale_steps(state, node, except))
+}
+
+fn stale_steps(state: &StateDir, node: &str, except: Option<&str>) -> Vec<Step> {
     let jobs: Vec<String> = state.jobs().into_iter().filter(|j| Some(j.as_str()) != except).collect();
     if jobs.is_empty() {
         return Vec::new();
@@ -50,18 +62,18 @@ pub fn stale(state: &StateDir, node: &str, except: Option<&str>) -> Vec<String> 
             // Typically the job's own epilog, run late on a node that came back: it finishes
             // the job's stop itself.
             Ok(None) => {
-                out.push(format!("job {job}: left to the odfs command working on it (its epilog?)"));
+                out.push((job, "left to the odfs command working on it (its epilog?)".into()));
                 continue;
             }
             Err(e) => {
-                out.push(format!("job {job}: {e:#}"));
+                out.push((job, format!("{e:#}")));
                 continue;
             }
         };
         let rec = match state.load(&job) {
             Ok(r) => r,
             Err(e) => {
-                out.push(format!("job {job}: {e:#}"));
+                out.push((job, format!("{e:#}")));
                 continue;
             }
         };
@@ -79,23 +91,41 @@ pub fn stale(state: &StateDir, node: &str, except: Option<&str>) -> Vec<String> 
         }
         drop(_probe);
         match remove(state, &job, true, false) {
-            Ok(lines) => out.extend(lines),
-            Err(e) => out.push(format!("{e:#}")),
+            Ok(steps) => out.extend(steps),
+            Err(e) => out.push((job.clone(), unprefixed(&job, &format!("{e:#}")))),
         }
     }
     out
 }
 
+/// An error's text without the "job N: " it starts with.
+fn unprefixed(job: &str, e: &str) -> String {
+    e.strip_prefix(&format!("job {job}: ")).unwrap_or(e).to_string()
+}
+
 /// `odfs cleanup [--job ID --discard]`: one job (its processes are stopped even if alive), or
-/// every stale job on this node.
+/// every stale job on this node. Every step, and a refusal, also goes to the node's event log
+/// (`odfs.log`), marked as this command's.
 pub fn cleanup(state: &StateDir, node: &str, job: Option<&str>, discard: bool) -> Result<Vec<String>> {
-    match job {
+    let cmd = if discard { "odfs cleanup --discard" } else { "odfs cleanup" };
+    let steps = match job {
         Some(j) => {
-            anyhow::ensure!(state.job_dir(j).exists(), "no state of job {j} on this node ({})", state.0.display());
-            remove(state, j, true, discard)
+            let r = if state.job_dir(j).exists() {
+                remove(state, j, true, discard)
+            } else {
+                Err(anyhow::anyhow!("no state of job {j} on this node ({})", state.0.display()))
+            };
+            if let Err(e) = &r {
+                state.note(j, &format!("{cmd}: refused: {}", unprefixed(j, &format!("{e:#}"))));
+            }
+            r?
         }
-        None => Ok(stale(state, node, None)),
+        None => stale_steps(state, node, None),
+    };
+    for (j, l) in &steps {
+        state.note(j, &format!("{cmd}: {l}"));
     }
+    Ok(lines(steps))
 }
 
 #[cfg(test)]
@@ -116,5 +146,70 @@ mod tests {
         assert_eq!(lines, ["job 7: removed a start that left no record", "job 7: cleaned up"]);
         assert!(!state.job_dir("7").exists());
         assert!(stale(&state, "n1", Some("8")).is_empty());
+    }
+
+    /// A record of job `job` on this node holding `data`, kept for `odfs recover`.
+    fn retained(state: &StateDir, job: &str, data: &std::path::Path) {
+        let spec = crate::spec::JobSpec {
+            job_id: job.into(),
+            nodes: vec!["n1".into()],
+            index: 0,
+            user: crate::spec::JobUser { name: "ana".into(), uid: 1000, gid: 1000, groups: vec![] },
+            features: vec!["odfs".into()],
+            stdout: None,
+            slurm: false,
+        };
+        let rec = crate::record::Record {
+            spec,
+            phase: Phase::Retained { reason: "stage-out: S3 down".into() },
+            directives: Default::default(),
+            mgmtd: "127.0.0.1:1".parse().unwrap(),
+            client_config: state.job_dir(job).join("odfs.toml"),
+            procs: Vec::new(),
+            mount: None,
+            ram_mount: None,
+            data_dirs: vec![data.to_path_buf()],
+            since: 0,
+            outputs: true,
+        };
+        state.save(&rec).unwrap();
+    }
+
+    #[test]
+    fn every_manual_cleanup_and_refusal_is_in_the_event_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir(dir.path().join("state"));
+        state.create().unwrap();
+        let log = || std::fs::read_to_string(state.0.join("odfs.log")).unwrap_or_default();
+        let data = dir.path().join("nvme/odfs.9");
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::write(data.join("chunk"), b"kept").unwrap();
+        retained(&state, "9", &data);
+
+        // Kept data is refused without --discard, and the refusal is logged.
+        let e = cleanup(&state, "n1", Some("9"), false).unwrap_err();
+        assert!(format!("{e:#}").contains("add --discard"), "{e:#}");
+        assert!(
+            log().contains("job 9: odfs cleanup: refused: data kept for `odfs recover` (stage-out: S3 down)"),
+            "{}",
+            log()
+        );
+        assert!(data.join("chunk").exists());
+
+        let said = cleanup(&state, "n1", Some("9"), true).unwrap();
+        assert_eq!(said, [format!("job 9: wiped {}", data.display()), "job 9: cleaned up".to_string()]);
+        let text = log();
+        assert!(text.contains(&format!("job 9: odfs cleanup --discard: wiped {}\n", data.display())), "{text}");
+        assert!(text.contains("job 9: odfs cleanup --discard: cleaned up\n"), "{text}");
+        assert!(!data.exists() && !state.job_dir("9").exists());
+
+        // The sweep (no --job) logs what it removed too.
+        std::fs::create_dir(state.job_dir("10")).unwrap();
+        cleanup(&state, "n1", None, false).unwrap();
+        assert!(log().contains("job 10: odfs cleanup: removed a start that left no record\n"), "{}", log());
+        assert!(log().contains("job 10: odfs cleanup: cleaned up\n"), "{}", log());
+        // A job with no state here: refused, and logged.
+        assert!(cleanup(&state, "n1", Some("11"), false).is_err());
+        assert!(log().contains("job 11: odfs cleanup: refused: no state of job 11 on this node"), "{}", log());
     }
 }
