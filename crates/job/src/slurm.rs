@@ -99,11 +99,16 @@ fn drain_reason(reason: &str) -> String {
 }
 
 /// The drain reason of a node whose job's outputs were not verified (its data kept): what to
-/// do first, then as much of the cause as fits.
-pub fn kept_data_reason(job: &str, cause: &str) -> String {
+/// do first, then as much of the cause as fits — the first cause, then (`recovery`) that of an
+/// `odfs recover` that failed after it.
+pub fn kept_data_reason(job: &str, cause: &str, recovery: Option<&str>) -> String {
+    let (too, then) = match recovery {
+        Some(r) => (", `odfs recover` failed too", format!("; recover: {r}")),
+        None => ("", String::new()),
+    };
     format!(
-        "job {job}: outputs not verified, data kept; once fixed run `odfs recover --job {job}` on every node \
-         (details in odfs.log): {cause}"
+        "job {job}: outputs not verified, data kept{too}; once fixed run `odfs recover --job {job}` on every node \
+         (details in odfs.log): {cause}{then}"
     )
 }
 
@@ -168,7 +173,7 @@ mod tests {
     #[test]
     fn drain_reasons_put_the_action_first_and_fit_in_one_line() {
         let cause = format!("connection refused\nretried: stage-out odfs:/results -> s3://b/{}", "x".repeat(300));
-        let r = drain_reason(&kept_data_reason("42", &cause));
+        let r = drain_reason(&kept_data_reason("42", &cause, None));
         let action =
             "odfs: job 42: outputs not verified, data kept; once fixed run `odfs recover --job 42` on every node";
         assert!(r.starts_with(action), "{r}");
@@ -176,5 +181,15 @@ mod tests {
         assert_eq!(r.chars().count(), DRAIN_REASON_MAX);
         assert!(r.ends_with('…') && !r.contains('\n'), "{r}");
         assert_eq!(drain_reason("short"), "odfs: short");
+    }
+
+    #[test]
+    fn a_failed_recovery_keeps_the_first_cause_in_the_drain_reason() {
+        let r = drain_reason(&kept_data_reason("7", "S3 down", Some("n1 silent")));
+        assert_eq!(
+            r,
+            "odfs: job 7: outputs not verified, data kept, `odfs recover` failed too; once fixed run \
+             `odfs recover --job 7` on every node (details in odfs.log): S3 down; recover: n1 silent"
+        );
     }
 }

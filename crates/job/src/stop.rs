@@ -222,7 +222,16 @@ fn apply_verdict(
             );
             Ok(StopOutcome::Wiped { secs: t0.elapsed().as_secs_f64(), stage_secs })
         }
-        Verdict::Retain { reason } | Verdict::Abort { reason } => {
+        Verdict::Retain { reason: now } | Verdict::Abort { reason: now } => {
+            // A recovery that failed keeps the first cause and adds its own.
+            let first = match &rec.phase {
+                Phase::Retained { reason } => Some(first_cause(reason).to_string()),
+                _ => None,
+            };
+            let reason = match &first {
+                Some(first) => format!("{first}{RECOVERY_FAILED}{now}"),
+                None => now.clone(),
+            };
             rec.teardown(false)?;
             state.enter(rec, Phase::Retained { reason: reason.clone() })?;
             if !spec.is_node0() && heard {
@@ -244,13 +253,24 @@ fn apply_verdict(
                     slurm::tell_user(&spec, &msg);
                 }
                 if o.slurm_drain_reason {
-                    slurm::drain(spec.node_name(), &slurm::kept_data_reason(&spec.job_id, &reason));
+                    let cause = first.as_deref().unwrap_or(&now);
+                    let recovery = first.is_some().then_some(now.as_str());
+                    slurm::drain(spec.node_name(), &slurm::kept_data_reason(&spec.job_id, cause, recovery));
                 }
             }
             bail!(msg)
         }
         Verdict::Ready { .. } => bail!("node 0 posted no stop verdict"),
     }
+}
+
+/// Joins a kept job's first cause and the cause of the recovery that failed after it.
+const RECOVERY_FAILED: &str = "; then `odfs recover` failed: ";
+
+/// The first cause in a kept job's reason (an earlier failed recovery's cause is replaced by
+/// the latest one's).
+fn first_cause(kept: &str) -> &str {
+    kept.split(RECOVERY_FAILED).next().unwrap_or(kept)
 }
 
 /// Other nodes: waits for node 0's stop verdict (`Wipe` or `Retain`). Err(why) when there is
@@ -361,4 +381,17 @@ pub(crate) fn recover_node(job_id: &str, node: &str, ctx: &NodeContext) -> Resul
         );
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_reason_keeps_its_first_cause_through_failed_recoveries() {
+        let once = format!("{}{RECOVERY_FAILED}{}", first_cause("S3 down"), "n1 silent");
+        assert_eq!(once, "S3 down; then `odfs recover` failed: n1 silent");
+        let twice = format!("{}{RECOVERY_FAILED}{}", first_cause(&once), "S3 still down");
+        assert_eq!(twice, "S3 down; then `odfs recover` failed: S3 still down");
+    }
 }
