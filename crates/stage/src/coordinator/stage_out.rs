@@ -509,19 +509,27 @@ impl Outputs<'_> {
             warn!(failed = self.report.failed.len(), "stage-out incomplete: no completion marker written");
             return Ok(());
         }
-        let body = format!(
-            "{{\"files\": {}, \"bytes\": {}, \"manifest\": \"{}\"}}\n",
-            m.files.len(),
-            m.files.values().map(|e| e.size).sum::<u64>(),
-            manifest::STAGE_OUT_MANIFEST
-        )
-        .into_bytes();
+        let body = marker_body(&m).into_bytes();
         let (md5, crc) = digests(&body);
         s3.put(&s3.key(manifest::STAGE_OUT_MARKER), body, &md5, crc)
             .await
             .during(|| "cannot upload the completion marker".into())?;
         Ok(())
     }
+}
+
+/// The completion marker's JSON: `files` and `bytes` count the objects the destination holds
+/// (the manifest also lists, as `retired`, drained files whose objects a drain's `--keep`
+/// deleted; `retired` counts them).
+fn marker_body(m: &Manifest) -> String {
+    let (held, retired): (Vec<&FileEntry>, Vec<&FileEntry>) = m.files.values().partition(|e| !e.retired);
+    format!(
+        "{{\"files\": {}, \"bytes\": {}, \"retired\": {}, \"manifest\": \"{}\"}}\n",
+        held.len(),
+        held.iter().map(|e| e.size).sum::<u64>(),
+        retired.len(),
+        manifest::STAGE_OUT_MANIFEST
+    )
 }
 
 /// An object as the bucket lists it against the file sent: Ok(its ETag) or Err(why not).
@@ -657,5 +665,15 @@ mod tests {
         let huge = 200 << 30; // 200 GiB
         let p = part_size(8 * MIB, 8 * MIB, huge);
         assert!(huge.div_ceil(p) <= MAX_PARTS && p.is_multiple_of(MIB) && p > 8 * MIB, "{p}");
+    }
+
+    #[test]
+    fn the_marker_counts_the_objects_the_destination_holds() {
+        let mut m = Manifest { version: 1, kind: "stage-out".into(), ..Manifest::default() };
+        for (rel, size, retired) in [("a", 10, true), ("b", 20, true), ("c", 30, false), ("d", 40, false)] {
+            m.files.insert(rel.into(), FileEntry { size, retired, ..FileEntry::default() });
+        }
+        let v: serde_json::Value = serde_json::from_str(&marker_body(&m)).unwrap();
+        assert_eq!(v, serde_json::json!({"files": 2, "bytes": 70, "retired": 2, "manifest": ".odfs-stage-out.json"}));
     }
 }
