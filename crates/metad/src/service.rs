@@ -223,6 +223,7 @@ fn add_locks(r: &mut Routes, store: &Shared) {
     });
     read_op!(r, store, TestLock, test_lock);
     read_op!(r, store, DropLocks, drop_locks);
+    read_op!(r, store, EndSession, depart);
 }
 
 /// Requests that place data on targets: they judge against mgmtd's target list.

@@ -19,6 +19,11 @@
 //! directory or changes a name of its parent: any such request recalls it first, and waits for
 //! the holder's acknowledgement, which the holder sends after its deferred creates.
 //!
+//! A session ends when its client says goodbye (`EndSession`, at unmount or exit, or sent for
+//! it by its node's teardown), when it does not acknowledge a recall within the lease, or when
+//! it is silent for a lease. A goodbye is final: the client id is remembered as departed, so a
+//! poll still in flight cannot start the session again.
+//!
 //! Registrations carry the client's sequence number of the open: a release only undoes a
 //! registration as old as itself, so a release that overtakes a later open of the same file
 //! (both in flight at once) leaves that open registered.
@@ -129,6 +134,8 @@ pub(crate) struct Sessions {
     grace_until: Option<Instant>,
     /// Client id → when it was last heard from.
     clients: HashMap<u64, Instant>,
+    /// Clients that said goodbye: never given a session again.
+    departed: HashSet<u64>,
     /// Inode → client → sequence number of its latest registration.
     holders: HashMap<InodeId, HashMap<u64, u64>>,
     /// Client → the inodes it holds.
@@ -158,6 +165,7 @@ impl Sessions {
             lease,
             grace_until: None,
             clients: HashMap::new(),
+            departed: HashSet::new(),
             holders: HashMap::new(),
             held_by: HashMap::new(),
             attrs: LeaseTable::default(),
@@ -287,9 +295,24 @@ impl Sessions {
         self.grace_until.filter(|t| Instant::now() < *t)
     }
 
-    /// The client was heard from; true when its session is new.
+    /// The client was heard from; true when its session is new. A departed client gets none.
     pub fn touch(&mut self, client: u64) -> bool {
+        if self.departed.contains(&client) {
+            return false;
+        }
         self.clients.insert(client, Instant::now()).is_none()
+    }
+
+    /// Whether `client` said goodbye.
+    pub fn departed(&self, client: u64) -> bool {
+        self.departed.contains(&client)
+    }
+
+    /// `client` said goodbye (see the module doc): its session ends for good. Returns the
+    /// inodes it held open.
+    pub fn depart(&mut self, client: u64) -> Vec<InodeId> {
+        self.departed.insert(client);
+        self.end(client)
     }
 
     /// `client` may cache the attributes of `inos` until they are recalled. Only clients with
@@ -398,9 +421,13 @@ impl Sessions {
         (q.pending.iter().cloned().collect(), q.wake.clone())
     }
 
-    /// Ends `client`'s session: it did not acknowledge a recall within the lease. Returns the
-    /// inodes it held open.
+    /// Ends `client`'s session (it did not acknowledge a recall within the lease, was silent
+    /// for one, or departed). Returns the inodes it held open.
     pub fn end(&mut self, client: u64) -> Vec<InodeId> {
+        if let Some(q) = self.queues.get(&client) {
+            // Its parked poll answers now instead of holding the session's last word.
+            q.wake.notify_one();
+        }
         self.clients.remove(&client);
         self.caching.remove(&client);
         self.drop_leases(client);
@@ -429,6 +456,9 @@ impl Sessions {
 
     /// `client` holds `ino` open, as of its open number `seq`.
     pub fn register(&mut self, client: u64, ino: InodeId, seq: u64) {
+        if self.departed.contains(&client) {
+            return;
+        }
         self.touch(client);
         let e = self.holders.entry(ino).or_default().entry(client).or_insert(seq);
         *e = (*e).max(seq);
@@ -480,6 +510,31 @@ mod tests {
         assert!(s.held(f));
         assert!(s.release(1, f, 7));
         assert!(!s.held(f));
+    }
+
+    #[test]
+    fn a_goodbye_ends_the_session_for_good_and_frees_its_waiters() {
+        let mut s = Sessions::new(Duration::from_secs(30));
+        let (a, b, f, d) = (1, 2, InodeId(9), InodeId(1));
+        for c in [a, b] {
+            s.touch(c);
+            s.set_caching(c, true);
+        }
+        s.register(a, f, 1);
+        s.grant(a, [f]);
+        s.grant_names(a, d);
+        let waits = s.recall(b, &[f], &[(d, b"x".to_vec())]);
+        assert_eq!(waits.len(), 1, "a holds what b changes");
+        let acked = waits.into_iter().next().unwrap().acked;
+        assert_eq!(s.depart(a), vec![f]);
+        assert!(!s.held(f), "a's registration went with it");
+        assert!(acked.has_changed().is_err(), "the change's wait ends: the queue's sender is gone");
+        // A poll or open still on its way after the goodbye starts nothing again.
+        assert!(!s.touch(a));
+        s.register(a, f, 2);
+        s.grant(a, [f]);
+        assert!(!s.held(f));
+        assert!(s.recall(b, &[f], &[]).is_empty(), "a departed client holds no lease");
     }
 
     #[test]

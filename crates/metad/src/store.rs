@@ -663,6 +663,11 @@ impl MetaStore {
     /// are registered, the recalls it applied are done. Returns the reply (with the recalls
     /// still pending) and what wakes a parked poll.
     pub fn session_poll(&mut self, h: &RequestHeader, q: &SessionPoll) -> (SessionReply, Arc<Notify>) {
+        let lease_ms = self.sessions.lease().as_millis() as u32;
+        if self.sessions.departed(h.client_id) {
+            // A poll that was on its way when its client said goodbye.
+            return (SessionReply { new_session: false, lease_ms, recalls: Vec::new() }, Arc::new(Notify::new()));
+        }
         let new_session = self.sessions.touch(h.client_id);
         self.sessions.set_caching(h.client_id, q.caching);
         for &(ino, seq) in &q.open {
@@ -671,7 +676,6 @@ impl MetaStore {
             }
         }
         let (recalls, wake) = self.sessions.acknowledge(h.client_id, q.acked);
-        let lease_ms = self.sessions.lease().as_millis() as u32;
         (SessionReply { new_session, lease_ms, recalls }, wake)
     }
 
@@ -688,6 +692,15 @@ impl MetaStore {
             open_files = freed.len(),
             "a client did not answer a recall within the lease; its session ended"
         );
+    }
+
+    /// `EndSession`: the client (the caller's own, or a dead one of the caller's node) is gone;
+    /// no change waits for it any more.
+    pub fn depart(&mut self, h: &RequestHeader, q: &EndSession) -> RpcResult<()> {
+        let freed = self.sessions.depart(q.client);
+        let by = if h.client_id == q.client { "itself" } else { "its node" };
+        tracing::info!(client = q.client, open_files = freed.len(), "a client's session ended by {by}");
+        Ok(())
     }
 
     /// A client's lease time.

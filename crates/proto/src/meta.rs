@@ -592,6 +592,16 @@ pub struct SessionPoll {
     pub caching: bool,
 }
 
+/// Ends client `client`'s session with the shard at once: its leases, create delegations,
+/// registrations and locks go, and no change waits for it any more. A client sends it for
+/// itself when it unmounts or exits (after its deferred creates); a node's teardown sends it
+/// for a client of that node that died without saying so. The session never comes back: a
+/// later request under that client id gets no lease and registers nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndSession {
+    pub client: u64,
+}
+
 /// What a client must stop caching: attributes (and, for files, data) of `inos`, and the
 /// names `names` (directory, name), positive or negative.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -929,6 +939,7 @@ crate::rpc! {
     SetLock = 141 => bool,
     TestLock = 142 => Option<LockHolder>,
     DropLocks = 143 => (),
+    EndSession = 144 => (),
 }
 
 /// Whether a request of method `method` changes what a create delegation on the directory it
