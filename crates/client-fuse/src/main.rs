@@ -22,13 +22,22 @@ struct Cli {
     /// the background and keeps its log).
     #[arg(long)]
     foreground: bool,
+    /// Keep this mount's client id in FILE while its metadata sessions last (removed after its
+    /// goodbye at unmount), so that a teardown can end them for it if it dies first.
+    #[arg(long, value_name = "FILE")]
+    session_file: Option<PathBuf>,
 }
 
 fn main() {
     odfs_service::init_logging("info");
     let cli = Cli::parse();
     let _ = cli.foreground;
-    let args = MountArgs { fs: cli.fs, mountpoint: cli.mountpoint, allow_other: cli.allow_other };
+    let args = MountArgs {
+        fs: cli.fs,
+        mountpoint: cli.mountpoint,
+        allow_other: cli.allow_other,
+        session_file: cli.session_file,
+    };
     if let Err(e) = run(&args) {
         eprintln!("odfs-fuse: {e}");
         std::process::exit(1);

@@ -51,6 +51,9 @@ pub struct MountArgs {
     pub mountpoint: PathBuf,
     /// Mount with `allow_other`.
     pub allow_other: bool,
+    /// Where to keep the client id while its metadata sessions last (see
+    /// `odfs_job`'s `end_fuse_sessions`).
+    pub session_file: Option<PathBuf>,
 }
 
 /// How the filesystem of job `job_id` is mounted.
@@ -121,6 +124,11 @@ pub fn run(args: &MountArgs) -> Result<(), FuseError> {
     };
     let client = client.map_err(|e| FuseError::Connect { addr: cfg.mgmtd, source: e })?;
     rt.block_on(client.register(cfg.node)).map_err(FuseError::Register)?;
+    if let Some(f) = &args.session_file {
+        if let Err(e) = std::fs::write(f, format!("{:x}\n", client.id())) {
+            warn!(file = %f.display(), error = %e, "cannot record this mount's client id; if this process dies, other nodes' changes may wait one lease for it");
+        }
+    }
 
     let fs = OdfsFuse::new(client.clone(), rt.handle().clone());
     let shared = fs.shared();
@@ -160,7 +168,11 @@ pub fn run(args: &MountArgs) -> Result<(), FuseError> {
             DEFERRED_WAIT.as_secs()
         );
     }
-    client.shutdown();
+    // Its leases end now, not one lease from now: no other node's change waits for this one.
+    rt.block_on(client.close());
+    if let Some(f) = &args.session_file {
+        let _ = std::fs::remove_file(f);
+    }
     rt.shutdown_timeout(Duration::from_secs(2));
     served.map_err(FuseError::Session)
 }

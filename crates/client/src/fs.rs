@@ -104,6 +104,9 @@ pub type OpStats = Box<dyn Fn() -> odfs_proto::stats::StatsSnapshot + Send + Syn
 /// filesystem, instead of ESTALE. Kept longer while this client still holds the file open.
 const REMOVED_GRACE: Duration = Duration::from_secs(2);
 
+/// How long a goodbye (`EndSession`) waits for each metadata shard.
+const GOODBYE_WAIT: Duration = Duration::from_secs(2);
+
 /// A connection to one odfs filesystem. Cheap to clone.
 #[derive(Clone)]
 pub struct Client {
@@ -446,6 +449,11 @@ impl Client {
     }
 
     /// The node this client runs on (its config's `node`).
+    /// This client's id, as metad knows its sessions by.
+    pub fn id(&self) -> u64 {
+        self.inner.client_id
+    }
+
     pub fn node(&self) -> odfs_proto::NodeIndex {
         self.config().node
     }
@@ -1711,7 +1719,45 @@ impl Client {
         let _ = self.inner.ops.set(ops);
     }
 
-    /// Closes every connection. Handles still open are not flushed.
+    /// Leaves the filesystem: sends what this client deferred under its create delegations,
+    /// says goodbye to every metadata shard, which ends its session there at once (no change
+    /// waits for its leases any more), and closes every connection. Handles still open are not
+    /// flushed. Bounded: a shard that does not answer within `GOODBYE_WAIT` ends the session
+    /// itself one lease later, as for a client that died.
+    pub async fn close(&self) {
+        let wait = Duration::from_secs(self.inner.cfg.retry_secs.max(1));
+        if tokio::time::timeout(wait, self.sync_deferred()).await.is_err() {
+            warn!("metad did not take this client's deferred creates and unlinks within {} s", wait.as_secs());
+        }
+        let _ = self.inner.stop.send(true);
+        for (shard, e) in self.end_sessions_of(self.inner.client_id).await {
+            warn!(shard, "could not end this client's session: {e}; it ends one lease after its last poll");
+        }
+        self.inner.pool.close_all();
+    }
+
+    /// Ends client `client`'s session on every metadata shard (this client's own, or that of
+    /// a dead process of this node that did not say goodbye itself). Returns the shards that
+    /// did not take it within `GOODBYE_WAIT`, each with why.
+    pub async fn end_sessions_of(&self, client: u64) -> Vec<(u16, String)> {
+        let h = self.header(&Ctx::root());
+        let shards = self.inner.cluster.view().meta_shards().max(1);
+        let byes = (0..shards).map(|shard| {
+            let h = h.clone();
+            async move {
+                let bye = EndSession { client };
+                match tokio::time::timeout(GOODBYE_WAIT, self.meta_now(&h, shard, &bye)).await {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => Some((shard, e.to_string())),
+                    Err(_) => Some((shard, format!("no answer within {} s", GOODBYE_WAIT.as_secs()))),
+                }
+            }
+        });
+        futures::future::join_all(byes).await.into_iter().flatten().collect()
+    }
+
+    /// Closes every connection without a goodbye (see [`Client::close`]): the shards end this
+    /// client's sessions one lease after its last poll. Handles still open are not flushed.
     pub fn shutdown(&self) {
         let _ = self.inner.stop.send(true);
         self.inner.pool.close_all();

@@ -249,7 +249,7 @@ fn run_job(o: &DemoOptions, p: &Places) -> Result<()> {
     let r = rt.block_on(odfs_stage::stage_out(&client, &Ctx::current(), "/out", &dst, &stage))?;
     println!("    {}", r.summary().replace('\n', "\n    "));
     anyhow::ensure!(r.failed.is_empty(), "stage-out incomplete");
-    client.shutdown();
+    rt.block_on(client.close());
     let n = compare_outputs(&p.src, &p.out)?;
     println!("    all {n} files identical ({bytes} bytes), completion marker written");
     Ok(())

@@ -324,7 +324,7 @@ pub async fn find(path: &str, fs: Option<&Path>, t: &Tests, out: &mut dyn Write)
         crate::fsref::Location::Odfs(top) => {
             let client = crate::fsref::connect(fs).await?;
             let r = walk_lib(&client, &top, path, t, out).await;
-            client.shutdown();
+            client.close().await;
             return r;
         }
         crate::fsref::Location::Local(p) => p,
@@ -338,7 +338,7 @@ pub async fn find(path: &str, fs: Option<&Path>, t: &Tests, out: &mut dyn Write)
             let rel = abs.strip_prefix(&mount).unwrap_or(Path::new(""));
             let top = format!("/{}", rel.display());
             let r = walk_lib(&client, &top, path, t, out).await;
-            client.shutdown();
+            client.close().await;
             return r;
         }
     }
@@ -361,7 +361,7 @@ pub async fn parse_tests(args: &[String], fs: Option<&Path>) -> Result<Tests> {
                 let t = if let Some(p) = f.strip_prefix("odfs:") {
                     let client = crate::fsref::connect(fs).await?;
                     let a = client.resolve(&Ctx::current(), p, true).await.map_err(|e| anyhow::anyhow!("-newer {f}: {e}"))?;
-                    client.shutdown();
+                    client.close().await;
                     a.mtime
                 } else {
                     use std::os::unix::fs::MetadataExt;

@@ -14,7 +14,7 @@ use odfs_stage::{request, Direction, StageRequest};
 pub async fn run(fs: Option<&std::path::Path>, r: &StageRequest, way: Direction) -> Result<()> {
     let client = fsref::connect(fs).await?;
     let report = request::run(&client, &Ctx::current(), r, way).await;
-    client.shutdown();
+    client.close().await;
     let report = report?;
     println!("{}", report.summary());
     Ok(request::check(&report)?)
@@ -24,7 +24,7 @@ pub async fn run(fs: Option<&std::path::Path>, r: &StageRequest, way: Direction)
 pub async fn drain_start(fs: Option<&std::path::Path>, r: &DrainRequest) -> Result<()> {
     let client = fsref::connect(fs).await?;
     let started = drain::start(&client, &Ctx::current(), r).await;
-    client.shutdown();
+    client.close().await;
     let s = started?;
     println!(
         "drain started: odfs:{} -> {} (settle {:.1} s{}); `odfs drain status` shows its progress",
@@ -40,7 +40,7 @@ pub async fn drain_start(fs: Option<&std::path::Path>, r: &DrainRequest) -> Resu
 pub async fn drain_status(fs: Option<&std::path::Path>, json: bool) -> Result<()> {
     let client = fsref::connect(fs).await?;
     let states = drain::list(&client, &Ctx::current()).await;
-    client.shutdown();
+    client.close().await;
     print_drains(&states?, json, "no drain has been started in this filesystem")
 }
 
@@ -55,7 +55,7 @@ pub async fn drain_stop(fs: Option<&std::path::Path>, src: Option<&str>, json: b
     };
     let client = fsref::connect(fs).await?;
     let states = drain::stop(&client, &Ctx::current(), src.clone()).await;
-    client.shutdown();
+    client.close().await;
     let states = states?;
     if let (Some(src), true) = (&src, states.is_empty()) {
         anyhow::bail!("no drain of odfs:{src} is running");

@@ -781,9 +781,15 @@ pub async fn run(cfg: AgentConfig, shutdown: Shutdown) -> Result<(), crate::Stag
     let addr = endpoint.local_addr()?;
     let register_timeout = Duration::from_secs(cfg.register_timeout_secs);
     let daemon = Daemon::new(cred, cfg.mgmtd, register_timeout, Duration::from_secs(2), shutdown)?;
-    let servers = daemon.serve(&endpoint, None, Arc::new(Agent::new(cfg.clone()).router()));
+    let agent = Agent::new(cfg.clone());
+    let servers = daemon.serve(&endpoint, None, Arc::new(agent.router()));
     let register = announce(ServiceKind::Agent, cfg.node, addr);
-    Ok(daemon.run(servers, register, odfs_service::lifecycle::no_targets()).await?)
+    let served = daemon.run(servers, register, odfs_service::lifecycle::no_targets()).await;
+    // The agent's client caches (and so holds leases): its goodbye lets no change wait for it.
+    if let Some(client) = agent.client.get() {
+        client.close().await;
+    }
+    Ok(served?)
 }
 
 #[cfg(test)]

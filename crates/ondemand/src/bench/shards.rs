@@ -64,7 +64,7 @@ fn lib_creates(cfg: &ClientConfig, dir: &str, clients: usize, files: usize) -> R
                                 r?;
                             }
                         }
-                        client.shutdown();
+                        client.close().await;
                         anyhow::Ok(())
                     })
                 })
@@ -133,7 +133,7 @@ pub fn run(o: &ShardBenchOptions) -> Result<Vec<Row>> {
                 if meta > 1 {
                     c.stripe_dir(&ctx, d.ino, -1).await?;
                 }
-                c.shutdown();
+                c.close().await;
                 anyhow::Ok(())
             })?;
             let secs = lib_creates(&cfg, "/d", o.clients, files)?;

@@ -309,7 +309,7 @@ impl Bench {
             let client = Client::connect(cfg).await?;
             let src = Location::S3 { bucket: "bench".into(), prefix: "ds/".into() };
             let r = odfs_stage::stage_in(&client, &Ctx::current(), &src, "/ds", &self.stage).await;
-            client.shutdown();
+            client.close().await;
             anyhow::Ok(r?)
         })?;
         let secs = t.elapsed().as_secs_f64();
