@@ -206,6 +206,72 @@ fn stage_out_to_s3_is_verified_with_a_manifest_and_the_marker_last() {
     assert_eq!(m["files"]["d3/f0003.bin"]["verified"], "crc32c", "{}", m["files"]["d3/f0003.bin"]);
 }
 
+/// What metad logs when a change waited a whole lease for a client that never answered.
+const LEASE_WAITED: &str = "did not answer a recall within the lease";
+
+#[test]
+fn mounts_that_ended_leave_no_lease_for_the_stage_out_to_wait_for() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s3 = S3Server::s3s(&tmp.path().join("s3"), &["out"]);
+    let fs = LocalFs::up(4, &[]);
+    // Two mounts (two nodes' clients): one writes, both list and read, so both hold leases on
+    // the files and on /res, which the stage-out then seals.
+    let (mut a, mut b) = (FuseMount::start(&fs), FuseMount::start_at(&fs, "mnt2", &[]));
+    std::fs::create_dir(a.p("res")).unwrap();
+    let data: Vec<Vec<u8>> = (0..2).map(|i| pattern((4 << 20) + i * 4099, i as u64)).collect();
+    for (i, d) in data.iter().enumerate() {
+        std::fs::write(a.p(&format!("res/f{i}")), d).unwrap();
+    }
+    for m in [&a, &b] {
+        assert_eq!(entries(&m.p("res")), ["f0", "f1"]);
+        for (i, d) in data.iter().enumerate() {
+            assert_bytes(&std::fs::read(m.p(&format!("res/f{i}"))).unwrap(), d, "read through a mount");
+        }
+    }
+    for m in [&mut a, &mut b] {
+        let st = Command::new("fusermount3").arg("-u").arg(&m.path).status().unwrap();
+        assert!(st.success(), "fusermount3 -u {}", m.path.display());
+        assert!(m.wait_exit(Duration::from_secs(10)).is_some_and(|s| s.success()), "odfs-fuse ends:\n{}", m.log_text());
+    }
+    let url = s3.url();
+    let t = Instant::now();
+    let out = ok(odfs_stage(
+        &fs,
+        &s3.env(),
+        &["stage-out", "odfs:/res", "s3://out/res", "--endpoint-url", &url, "--path-style"],
+    ));
+    eprintln!("stage-out after the unmounts: {:.2} s", t.elapsed().as_secs_f64());
+    assert!(out.contains("2 files"), "{out}");
+    for (i, d) in data.iter().enumerate() {
+        assert_bytes(&std::fs::read(s3.object_path("out", &format!("res/f{i}"))).unwrap(), d, "the object");
+    }
+    let metad = std::fs::read_to_string(fs.node_dir(0).join("metad.log")).unwrap();
+    assert!(!metad.contains(LEASE_WAITED), "a change waited out a lease:\n{metad}");
+    let byes = metad.matches("a client's session ended by itself").count();
+    assert!(byes >= 2, "both mounts said goodbye ({byes}):\n{metad}");
+}
+
+#[test]
+fn a_killed_mount_s_sessions_are_ended_for_it_by_local_down() {
+    // `odfs local up` with its own mount (node 0's odfs-fuse keeps its session file).
+    let dir = tempfile::Builder::new().prefix("odfs-test-").tempdir().unwrap();
+    odfs_ok(&["local", "up", "--root", dir.path().to_str().unwrap(), "--nodes", "2"]);
+    let fs = LocalFs { dir, nodes: 2 };
+    let mnt = fs.root().join("mnt");
+    std::fs::write(mnt.join("f"), b"kept").unwrap();
+    assert_eq!(std::fs::read(mnt.join("f")).unwrap(), b"kept");
+    let session = fs.node_dir(0).join("fuse.session");
+    let id = std::fs::read_to_string(&session).expect("the mount's session file");
+    assert!(u64::from_str_radix(id.trim(), 16).is_ok(), "a client id in hex: {id:?}");
+    fs.kill9("fuse", 0);
+    let down = fs.down();
+    assert!(down.contains("ended the metadata sessions of odfs-fuse"), "{down}");
+    assert!(!session.exists(), "the file goes with the sessions");
+    let metad = std::fs::read_to_string(fs.node_dir(0).join("metad.log")).unwrap();
+    assert!(metad.contains("a client's session ended by its node"), "{metad}");
+    assert!(!metad.contains(LEASE_WAITED), "{metad}");
+}
+
 #[test]
 fn s3_killed_during_stage_out_fails_clearly_and_a_rerun_uploads_only_the_rest() {
     let tmp = tempfile::tempdir().unwrap();
@@ -611,6 +677,16 @@ fn a_drain_uploads_settled_files_while_running_and_the_stage_out_sends_only_what
         assert_eq!(e["retired"].as_bool().unwrap_or(false), k <= 2, "ckpt-{k}: {e}");
     }
     assert!(files["late.txt"].get("drained").is_none());
+    // The completion marker counts what the destination holds (ckpt-3, ckpt-4, late.txt), and
+    // the retired files apart.
+    let marker: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(s3.object_path("out", "run/.odfs-stage-out.complete")).unwrap()).unwrap();
+    let held_bytes = 2 * (20u64 << 20) + b"written at the end\n".len() as u64;
+    assert_eq!(
+        (marker["files"].as_u64(), marker["bytes"].as_u64(), marker["retired"].as_u64()),
+        (Some(3), Some(held_bytes), Some(2)),
+        "{marker}"
+    );
     // Bad requests are one-line errors.
     let e = text(&odfs_stage(&fs, &s3.env(), &["drain", "start", "odfs:/ckpt", "/pfs/out"]));
     assert!(e.contains("a drain uploads to S3"), "{e}");

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use std::ffi::OsStr;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// One process started for a filesystem.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -222,8 +223,66 @@ pub fn spawn_fuse(
     if allow_other {
         args.push(OsStr::new("--allow-other"));
     }
+    let session = fuse_session_file(log);
+    // A file left by an odfs-fuse of an earlier mount on the same log is no longer anyone's.
+    let _ = std::fs::remove_file(&session);
+    args.extend([OsStr::new("--session-file"), session.as_os_str()]);
     let pid = procs::spawn_detached(&bin, &args, client_config, log)?;
     Ok(ProcEntry { service: "fuse".into(), node, pid, config: client_config.to_path_buf(), log: log.to_path_buf() })
+}
+
+/// Where the `odfs-fuse` logging to `log` keeps its client id while its metadata sessions
+/// last: it removes the file once it has said goodbye (see [`end_fuse_sessions`]).
+pub fn fuse_session_file(log: &Path) -> PathBuf {
+    log.with_extension("session")
+}
+
+/// How long ending a dead `odfs-fuse`'s sessions may take, connecting included.
+const END_SESSIONS_LIMIT: Duration = Duration::from_secs(10);
+
+/// For an `odfs-fuse` that is gone without its goodbye (killed, crashed, stopped before it
+/// finished): ends its metadata sessions for it, so that no change of another node waits a
+/// lease for the leases it held. Returns a line saying what was done, or None when there was
+/// nothing to do (it said goodbye, or it still runs).
+pub fn end_fuse_sessions(p: &ProcEntry) -> Option<String> {
+    let file = fuse_session_file(&p.log);
+    let text = std::fs::read_to_string(&file).ok()?;
+    if procs::runs(p.pid, &p.config) {
+        return None;
+    }
+    let line = match u64::from_str_radix(text.trim(), 16) {
+        Ok(id) => match end_sessions_of(&p.config, id) {
+            Ok(()) => format!("ended the metadata sessions of odfs-fuse (pid {}), which exited without ending them", p.pid),
+            Err(e) => format!(
+                "could not end the metadata sessions of odfs-fuse (pid {}): {e}; metad ends them one lease after its last poll",
+                p.pid
+            ),
+        },
+        Err(_) => format!("ignored {}: it holds no client id", file.display()),
+    };
+    let _ = std::fs::remove_file(&file);
+    Some(line)
+}
+
+/// Ends client `id`'s sessions on every metadata shard of the filesystem `client_config`
+/// names, through a one-shot client of its own.
+fn end_sessions_of(client_config: &Path, id: u64) -> Result<()> {
+    let cfg = ClientConfig::load(client_config).map_err(|e| anyhow::anyhow!("{e}"))?.one_shot();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async {
+        let work = async {
+            let client = odfs_client::Client::connect(cfg).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+            let failed = client.end_sessions_of(id).await;
+            client.close().await;
+            match failed.first() {
+                None => Ok(()),
+                Some((shard, e)) => anyhow::bail!("metadata shard {shard}: {e}"),
+            }
+        };
+        tokio::time::timeout(END_SESSIONS_LIMIT, work)
+            .await
+            .map_err(|_| anyhow::anyhow!("the filesystem did not answer within {} s", END_SESSIONS_LIMIT.as_secs()))?
+    })
 }
 
 /// Writes `v` as TOML to `path`.

@@ -9,7 +9,7 @@
 
 use crate::directives::Directives;
 use crate::launch::lock::Lock;
-use crate::launch::{mount, procs, ProcEntry};
+use crate::launch::{self, mount, procs, ProcEntry};
 use crate::spec::JobSpec;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -215,6 +215,9 @@ impl Record {
         let fuse: Vec<(u32, &Path)> =
             self.procs.iter().filter(|p| p.service == "fuse").map(|p| (p.pid, p.config.as_path())).collect();
         procs::stop_all(&fuse, Duration::from_secs(3));
+        // One that died without its goodbye (or was killed above) has it said for it: no change
+        // of the stage-out waits a lease for the leases it held.
+        steps.extend(self.procs.iter().filter(|p| p.service == "fuse").filter_map(launch::end_fuse_sessions));
         self.procs.retain(|p| p.service != "fuse");
         Ok(steps)
     }
