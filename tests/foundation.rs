@@ -297,6 +297,56 @@ fn local_up_down_leaves_nothing_and_refuses_a_second_up() {
     fs.down();
 }
 
+/// Bytes in a size as `odfs` prints it ("8.0 MiB", "512 B").
+fn printed_bytes(text: &str) -> u64 {
+    let mut f = text.split_whitespace();
+    let v: f64 = f.next().unwrap().parse().unwrap();
+    let unit = f.next().unwrap();
+    let unit = ["B", "KiB", "MiB", "GiB", "TiB"].iter().position(|u| *u == unit).unwrap_or_else(|| panic!("{text}"));
+    (v * (1u64 << (10 * unit)) as f64) as u64
+}
+
+#[test]
+fn local_down_says_what_it_left_and_wipe_removes_the_data() {
+    let dir = tempfile::Builder::new().prefix("odfs-test-").tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.txt"), b"the user's own").unwrap();
+    let fs = LocalFs::up_in(dir, 2, &[]);
+    let src = tempfile::tempdir().unwrap();
+    std::fs::write(src.path().join("big"), pattern(8 << 20, 11)).unwrap();
+    fs.cli_ok(&["cp", src.path().join("big").to_str().unwrap(), "odfs:/big"]);
+    let root = fs.root_str();
+    // Without --wipe the data stays, and the last line says how much and how to remove it.
+    let out = fs.down();
+    let last = out.lines().last().unwrap();
+    let left = last.strip_prefix("odfs local down: left ").unwrap_or_else(|| panic!("{out}"));
+    assert!(printed_bytes(left) >= 8 << 20, "8 MiB of chunks stay: {last}");
+    assert!(last.contains(&format!("under {root} ")) && last.contains("--wipe"), "{last}");
+    assert!(fs.node_dir(0).is_dir() && fs.node_dir(1).is_dir());
+    // --wipe (after the processes are gone, or with them) removes what up made, and keeps the
+    // rest; then ROOT goes with the last of it.
+    let out = odfs_ok(&["local", "down", "--root", root, "--wipe"]);
+    let last = out.lines().last().unwrap();
+    assert!(last.starts_with(&format!("odfs local down: wiped what odfs made under {root} (")), "{out}");
+    assert!(last.ends_with("left only what it did not make: notes.txt"), "{last}");
+    assert_eq!(entries(fs.root()), ["notes.txt"]);
+    std::fs::remove_file(fs.root().join("notes.txt")).unwrap();
+
+    // A running filesystem: --wipe stops it and removes everything, ROOT included.
+    let fs = LocalFs::up(2, &[]);
+    fs.cli_ok(&["cp", src.path().join("big").to_str().unwrap(), "odfs:/big"]);
+    let pids = fs.all_pids();
+    let out = odfs_ok(&["local", "down", "--root", fs.root_str(), "--wipe"]);
+    let last = out.lines().last().unwrap();
+    let wiped =
+        last.strip_prefix(&format!("odfs local down: wiped {} (", fs.root_str())).unwrap_or_else(|| panic!("{out}"));
+    assert!(wiped.ends_with("): nothing left"), "{last}");
+    assert!(printed_bytes(wiped.trim_end_matches("): nothing left")) >= 8 << 20, "{last}");
+    assert!(!fs.root().exists(), "{} is still there", fs.root_str());
+    assert!(pids.iter().all(|&p| !alive(p)), "a process outlived down --wipe");
+    let out = odfs_ok(&["local", "down", "--root", fs.root_str(), "--wipe"]);
+    assert!(out.trim_end().ends_with("does not exist: nothing left"), "{out}");
+}
+
 #[test]
 fn failed_start_stops_everything_and_says_why() {
     let dir = tempfile::tempdir().unwrap();
@@ -331,9 +381,10 @@ async fn a_dead_storage_node_goes_offline_and_comes_back() {
         assert!(t.elapsed().as_secs() < 10, "node 1 still online 10 s after its stored died");
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
-    // `odfs status` says so too.
+    // `odfs status` says so too, and counts only the storage service that still serves.
     let status = odfs_ok(&["--fs", fs.config_path().to_str().unwrap(), "status"]);
     assert!(status.contains("OFFLINE"), "{status}");
+    assert!(status.contains("storage services 1/2  meta 1/1"), "{status}");
     // A restart whose daemon cannot come back (its target is not a directory) fails and says
     // why, rather than leaving a filesystem that looks up.
     let target = fs.root().join("node1/target2");
@@ -352,6 +403,8 @@ async fn a_dead_storage_node_goes_offline_and_comes_back() {
         assert!(t.elapsed().as_secs() < 10, "restarted stored did not come back online");
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+    let status = odfs_ok(&["--fs", fs.config_path().to_str().unwrap(), "status"]);
+    assert!(status.contains("storage services 2/2"), "{status}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -509,14 +509,100 @@ pub fn down(root: &Path) -> Result<DownReport> {
     for m in &state.mounts {
         unmount_steps.extend(mount::unmount(m)?);
     }
-    let pids: Vec<(u32, &Path)> = state.procs.iter().map(|p| (p.pid, p.config.as_path())).collect();
     let live = state.live_pids().len();
-    let killed = procs::stop_all(&pids, Duration::from_secs(3));
+    // The FUSE clients first, while metad still answers their goodbyes (or the goodbye said for
+    // one that died: no change waits a lease for a client that is gone).
+    let (fuse, daemons): (Vec<&ProcEntry>, Vec<&ProcEntry>) = state.procs.iter().partition(|p| p.service == "fuse");
+    let pids = |ps: &[&ProcEntry]| -> Vec<(u32, PathBuf)> { ps.iter().map(|p| (p.pid, p.config.clone())).collect() };
+    let mut killed = stop_each(&pids(&fuse));
+    unmount_steps.extend(fuse.iter().filter_map(|p| launch::end_fuse_sessions(p)));
+    killed.extend(stop_each(&pids(&daemons)));
     for t in &state.tmpfs {
         unmount_steps.extend(mount::unmount(t)?);
     }
     std::fs::remove_file(state_path(root))?;
     Ok(DownReport { stopped: live, killed, unmount_steps })
+}
+
+/// Stops processes (pid, marker) as `procs::stop_all` does, with `down`'s grace.
+fn stop_each(procs: &[(u32, PathBuf)]) -> Vec<u32> {
+    let refs: Vec<(u32, &Path)> = procs.iter().map(|(p, m)| (*p, m.as_path())).collect();
+    procs::stop_all(&refs, Duration::from_secs(3))
+}
+
+/// What `wipe` removed, and what it left under ROOT.
+#[derive(Debug, Default)]
+pub struct Wiped {
+    /// Bytes on disk removed (chunk files, metadata, logs, configs).
+    pub bytes: u64,
+    /// Entries of ROOT that `up` did not make, left as they were (ROOT itself goes when none).
+    pub kept: Vec<String>,
+}
+
+/// Whether `name`, an entry of ROOT, is one `up` makes: the nodes' directories (data, logs,
+/// configs), the client config, the site key made when none was given, the state and lock
+/// files and the default mount point.
+fn made_by_up(name: &str) -> bool {
+    let node = name.strip_prefix("node").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    node || ["odfs.toml", "site.key", "local.state.toml", "local.state.tmp", ".odfs.lock", "mnt"].contains(&name)
+}
+
+/// Removes what `up` made under ROOT (`odfs local down --wipe`), once nothing runs there: then
+/// ROOT itself if nothing else is in it. Refuses while a mount lies under ROOT, rather than
+/// removing what a filesystem mounted there holds.
+pub fn wipe(root: &Path) -> Result<Wiped> {
+    anyhow::ensure!(root.is_dir(), "{} does not exist", root.display());
+    let root = root.canonicalize()?;
+    let lock = Lock::take(&root.join(".odfs.lock"), &root.display().to_string())?;
+    if let Some(st) = LocalState::load(&root)? {
+        bail!(
+            "odfs still runs on {} (pids {:?}): nothing was wiped; run `odfs local down --root {}` first",
+            root.display(),
+            st.live_pids(),
+            root.display()
+        );
+    }
+    let text = std::fs::read_to_string("/proc/self/mountinfo").context("cannot read /proc/self/mountinfo")?;
+    if let Some(m) = mount::parse_mountinfo(&text).into_iter().find(|m| m.mount_point.starts_with(&root)) {
+        bail!(
+            "{} is still mounted ({}): nothing under {} was wiped; unmount it first",
+            m.mount_point.display(),
+            m.fstype,
+            root.display()
+        );
+    }
+    let mut w = Wiped::default();
+    let entries = std::fs::read_dir(&root).with_context(|| format!("cannot list {}", root.display()))?;
+    for e in entries {
+        let e = e.with_context(|| format!("cannot list {}", root.display()))?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !made_by_up(&name) {
+            w.kept.push(name);
+            continue;
+        }
+        let p = e.path();
+        w.bytes += disk_usage(&p);
+        let gone = if e.file_type()?.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
+        gone.with_context(|| format!("cannot remove {}", p.display()))?;
+    }
+    drop(lock);
+    w.kept.sort();
+    if w.kept.is_empty() {
+        std::fs::remove_dir(&root).with_context(|| format!("cannot remove {}", root.display()))?;
+    }
+    Ok(w)
+}
+
+/// Bytes on disk under `p` (allocated blocks, as du counts them), not following links.
+pub fn disk_usage(p: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = std::fs::symlink_metadata(p) else { return 0 };
+    let own = m.blocks() * 512;
+    if !m.is_dir() {
+        return own;
+    }
+    let children = std::fs::read_dir(p).into_iter().flatten().flatten();
+    own + children.map(|e| disk_usage(&e.path())).sum::<u64>()
 }
 
 /// Restarts one daemon of a running local filesystem (after a crash, or to test recovery).

@@ -366,6 +366,9 @@ impl StatsArgs {
         anyhow::ensure!(every > 0.0 && every.is_finite(), "-w takes a positive number of seconds, not {every}");
         let mut before = fetch()?;
         let mut at = std::time::Instant::now();
+        // Clearing the screen is for a terminal; into a pipe or a file each screen follows the
+        // one before, after a blank line, and starts with its `odfs stats at` line.
+        let terminal = std::io::IsTerminal::is_terminal(&std::io::stdout());
         loop {
             std::thread::sleep(Duration::from_secs_f64(every));
             let now = fetch()?;
@@ -377,9 +380,10 @@ impl StatsArgs {
             if self.json {
                 println!("{}", serde_json::to_string(&now)?);
             } else {
-                // Clear the screen and home the cursor, as top does.
+                // On a terminal, clear the screen and home the cursor first, as top does.
                 print!(
-                    "\x1b[2J\x1b[H{}\n\n{}",
+                    "{}{}\n\n{}",
+                    if terminal { "\x1b[2J\x1b[H" } else { "\n" },
                     odfs_ondemand::stats::watch_header(&now, secs),
                     odfs_ondemand::stats::render(&now, Some((&before, secs)))
                 );
@@ -488,7 +492,7 @@ impl PoolCmd {
         runtime()?.block_on(async {
             let client = fsref::connect(fs).await?;
             let r = client.change_pool(&odfs_client::Ctx::current(), &name, change).await;
-            client.shutdown();
+            client.close().await;
             r.map_err(lfs::why)
         })
     }
@@ -742,10 +746,15 @@ fn print_table(table: &str, dropped: bool) {
 enum LocalCmd {
     /// Start mgmtd, metad and N stored as separate processes on loopback.
     Up(LocalUpArgs),
-    /// Stop everything `up` started on ROOT.
+    /// Stop everything `up` started on ROOT. Its data (chunks, metadata, logs, configs) stays
+    /// under ROOT unless --wipe; the last line says what was left.
     Down {
         #[arg(long)]
         root: PathBuf,
+        /// Also remove what `up` made under ROOT (its data, logs, configs and site key), then
+        /// ROOT itself if nothing else is in it.
+        #[arg(long)]
+        wipe: bool,
     },
     /// Restart one daemon (e.g. after a crash).
     Restart {
@@ -826,7 +835,7 @@ impl LocalCmd {
     fn run(self) -> Result<()> {
         match self {
             LocalCmd::Up(a) => a.run(),
-            LocalCmd::Down { root } => local_down(&root),
+            LocalCmd::Down { root, wipe } => local_down(&root, wipe),
             LocalCmd::Restart { root, service, node } => {
                 let pid = local::restart(&root, &service, node)?;
                 println!("restarted {service} on node {node} (pid {pid})");
@@ -879,7 +888,13 @@ impl LocalUpArgs {
     }
 }
 
-fn local_down(root: &Path) -> Result<()> {
+/// `odfs local down`: its last line says what is left under ROOT.
+fn local_down(root: &Path, wipe: bool) -> Result<()> {
+    use odfs_proto::units::bytes;
+    if wipe && !root.exists() {
+        println!("odfs local down: {} does not exist: nothing left", root.display());
+        return Ok(());
+    }
     let r = local::down(root)?;
     for step in &r.unmount_steps {
         println!("odfs local down: {step}");
@@ -888,6 +903,26 @@ fn local_down(root: &Path) -> Result<()> {
         println!("odfs local down: stopped {} processes", r.stopped);
     } else {
         println!("odfs local down: stopped {} processes; killed {:?} after they ignored SIGTERM", r.stopped, r.killed);
+    }
+    if !wipe {
+        println!(
+            "odfs local down: left {} under {} (data, logs, configs); `odfs local down --root {} --wipe` removes it",
+            bytes(local::disk_usage(root)),
+            root.display(),
+            root.display()
+        );
+        return Ok(());
+    }
+    let w = local::wipe(root)?;
+    if w.kept.is_empty() {
+        println!("odfs local down: wiped {} ({}): nothing left", root.display(), bytes(w.bytes));
+    } else {
+        println!(
+            "odfs local down: wiped what odfs made under {} ({}); left only what it did not make: {}",
+            root.display(),
+            bytes(w.bytes),
+            w.kept.join(", ")
+        );
     }
     Ok(())
 }
