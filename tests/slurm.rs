@@ -119,6 +119,74 @@ fn a_four_node_job_gets_its_dataset_everywhere_and_its_outputs_back_in_s3() {
     }
 }
 
+/// Seconds of "stopped and wiped on ... in S s" in an event log.
+fn epilog_secs(events: &str, job: &str) -> Option<f64> {
+    let l = events.lines().find(|l| l.contains(&format!("job {job}: stopped and wiped on ")))?;
+    l.rsplit(" in ").next()?.trim_end_matches(" s").parse().ok()
+}
+
+#[test]
+fn epilogs_with_a_stage_out_wait_for_no_lease_even_after_a_mount_died() {
+    let c = Cluster::new(ClusterOptions::default());
+    let user = TestUser::create("sl");
+    let files = dataset(&c, "dl", &[4096, 70_000, 1 << 20]);
+    let out = c.dir.path().join("out");
+    // Every node writes its output and lists and reads every other's (so every mount holds
+    // leases on what the stage-out then seals), then waits to be let go.
+    let body = format!(
+        "mkdir -p \"$ODFS_MOUNT/results\"\n\
+         srun -N 4 --ntasks-per-node=1 sh -c 'set -e; cd \"$ODFS_MOUNT\"; \
+           (cd data && find . -type f | sort | xargs sha256sum) > {out}/sums.$SLURMD_NODENAME; \
+           echo \"out of $SLURMD_NODENAME\" > results/$SLURMD_NODENAME.txt; \
+           while [ $(ls results | wc -l) -lt 4 ]; do sleep 0.1; done; cat results/* > /dev/null'",
+        out = out.display()
+    );
+    let directives = format!(
+        "#SBATCH -N 4\n#SBATCH -C odfs\n#ODFS stage-in s3://{BUCKET}/dl /data\n\
+         #ODFS stage-out /results s3://{BUCKET}/lease-%j\n"
+    );
+    let job = c.sbatch(&user.name, "lease", &waiting_script(&c, &directives, &body), &[]);
+    wait_ready(&c, &job);
+    // metad's log goes with the job's data: a copy is followed from node 0 until the end.
+    let metad_log = c.dir.path().join(&c.nodes[0]).join("state").join(&job).join("metad.log");
+    assert!(metad_log.exists(), "no {}", metad_log.display());
+    let copy = out.join("metad.copy");
+    c.node_ok(0, &format!("(tail -n +1 -F {} > {} 2>/dev/null &) ", metad_log.display(), copy.display()));
+    // Node 2's odfs-fuse dies without a word (its node lives on): its sessions must not make
+    // the stage-out wait out their leases.
+    let fuse = c.odfs_processes(2).into_iter().find(|(_, comm)| comm == "odfs-fuse").expect("node 2's odfs-fuse").0;
+    kill9_gone(fuse);
+    go(&c, &job);
+    let info = c.wait_ended(&job, LONG);
+    let log = c.output(&job);
+    assert_eq!((info.state.as_str(), info.exit_code.as_str()), ("COMPLETED", "0:0"), "{log}\n{}", c.logs());
+    for n in &c.nodes {
+        let got = fs::read_to_string(out.join(format!("sums.{n}"))).unwrap_or_else(|e| panic!("{n}: {e}\n{log}"));
+        assert_eq!(parse_sums(&got), files, "{n} sees a different dataset");
+        let obj = fs::read(c.s3.object_path(BUCKET, &format!("lease-{job}/{n}.txt"))).unwrap_or_default();
+        assert_eq!(String::from_utf8_lossy(&obj), format!("out of {n}\n"), "{n}'s output in S3\n{}", c.logs());
+    }
+    for k in 0..c.nodes.len() {
+        c.wait_no_odfs(k, LONG);
+    }
+    let _ = c.node_sh(0, &format!("pkill -f 'tail -n +1 -F {}'", metad_log.display()));
+    let metad = fs::read_to_string(&copy).unwrap_or_default();
+    assert!(metad.contains("a client's session ended by itself"), "the mounts said goodbye:\n{metad}");
+    assert!(
+        metad.contains("a client's session ended by its node"),
+        "node 2's stop said it for its dead mount:\n{metad}"
+    );
+    assert!(!metad.contains("did not answer a recall within the lease"), "a change waited out a lease:\n{metad}");
+    let events2 = c.event_log(2);
+    assert!(events2.contains("ended the metadata sessions of odfs-fuse"), "{events2}");
+    for k in 0..c.nodes.len() {
+        let events = c.event_log(k);
+        let secs = epilog_secs(&events, &job).unwrap_or_else(|| panic!("{}: no stop line:\n{events}", c.nodes[k]));
+        eprintln!("{}: epilog {secs:.2} s", c.nodes[k]);
+    }
+    assert_all_clean(&c);
+}
+
 #[test]
 fn a_job_without_the_feature_starts_nothing() {
     let c = Cluster::new(ClusterOptions { nodes: 2, ..Default::default() });
@@ -260,6 +328,91 @@ fn a_prolog_failure_on_one_node_rolls_every_node_back() {
 }
 
 #[test]
+fn a_node_whose_prolog_never_starts_odfs_is_named_and_only_it_stays_drained() {
+    let c = Cluster::new(ClusterOptions::default());
+    let user = TestUser::create("sp");
+    // n3's prolog is not odfs's (as on a node whose slurm.conf lacks the Prolog line): it
+    // returns at once and starts nothing.
+    let noop = c.dir.path().join("jobs/other-prolog.sh");
+    fs::write(&noop, "#!/bin/sh\nexit 0\n").unwrap();
+    fs::set_permissions(&noop, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    c.node_ok(2, &format!("mount --bind {} /etc/odfs/prolog.sh", noop.display()));
+    let job = c.sbatch(&user.name, "np", "#!/bin/sh\n#SBATCH -N 4\n#SBATCH -C odfs\necho ran\n", &[]);
+    // Slurm requeues the job: held after the failed prolog, or (its batch host silent past
+    // BatchStartTimeout while the start waited) requeued before it.
+    let info = wait_for("the job requeued", LONG, || {
+        let j = c.job(&job);
+        let ok = j.state == "PENDING" && j.restarts >= 1;
+        (ok, format!("{j:?}\n{}\n{}", c.output(&job), c.logs()))
+    });
+    // The silent node is drained, its reason naming it and what did not happen there.
+    let (state, reason) = wait_for("n3 drained", LONG, || {
+        let s = c.node_state("n3");
+        (s.0.contains("DRAIN") && !s.0.contains("COMPLETING"), s)
+    });
+    let named = "n3 (node 2 of 4) never reported";
+    assert!(
+        reason.contains(named) && reason.contains("its prolog did not start odfs"),
+        "n3: {state} {reason} ({info:?})\n{}",
+        c.logs()
+    );
+    // Every node that did start is back in service.
+    c.wait_nodes_idle(&["n1".into(), "n2".into(), "n4".into()], LONG);
+    // The user's output names the silent node, not the mounts that waited for it.
+    let out = c.output(&job);
+    assert!(out.contains(&format!("could not start: {named}")) && !out.contains("ran"), "{out}");
+    assert!(!out.contains("was not mounted in time"), "{out}");
+    // So does each waiting node's own log: node 0 gave up on n3, the others rolled back for it.
+    assert!(c.event_log(0).contains(&format!("could not start: {named}")), "{}", c.event_log(0));
+    for k in [1, 3] {
+        let log = c.event_log(k);
+        assert!(log.contains(&format!("rolled back: {named}")), "{}: {log}", c.nodes[k]);
+    }
+    c.node_ok(2, "umount /etc/odfs/prolog.sh");
+    c.slurm_ok("scancel", &[&job]);
+    c.slurm_ok("scontrol", &["update", "nodename=n3", "state=resume"]);
+    assert_all_clean(&c);
+}
+
+#[test]
+fn a_stage_in_from_a_missing_bucket_says_how_to_release_or_cancel_the_job() {
+    let c = Cluster::new(ClusterOptions { nodes: 2, ..Default::default() });
+    let user = TestUser::create("mb");
+    let script = "#!/bin/sh\n#SBATCH -N 2 -C odfs\n#ODFS stage-in s3://later/ds /data\ncat \"$ODFS_MOUNT/data/f\"\n";
+    let job = c.sbatch(&user.name, "mb", script, &[]);
+    wait_for("the job requeued and held", LONG, || {
+        let j = c.job(&job);
+        (j.state == "PENDING" && j.reason.contains("held") && j.restarts >= 1, j)
+    });
+    let out = wait_for("the message in the job's output", LONG, || {
+        let o = c.output(&job);
+        (o.contains("could not start"), o)
+    });
+    assert!(out.contains("stage-in s3://later/ds") && out.contains("bucket \"later\" does not exist"), "{out}");
+    assert!(out.contains("The job is requeued and held"), "{out}");
+    assert!(out.contains(&format!("release the job: `scontrol release {job}`")), "{out}");
+    assert!(out.contains(&format!("cancel the job (`scancel {job}`), fix the line")), "{out}");
+    // The job's mistake drains no node for long, and leaves nothing behind.
+    c.wait_nodes_idle(&c.nodes.clone(), LONG);
+    assert_all_clean(&c);
+    // Doing what it says: the data is put there, the user releases the job, and it runs.
+    let obj = c.s3.object_path("later", "ds/f");
+    fs::create_dir_all(obj.parent().unwrap()).unwrap();
+    fs::write(&obj, b"arrived\n").unwrap();
+    let release = Command::new("runuser")
+        .args(["-u", &user.name, "--", "scontrol", "release", &job])
+        .env("SLURM_CONF", c.dir.path().join("slurm.conf"))
+        .output()
+        .unwrap();
+    assert!(release.status.success(), "the user's scontrol release: {}", String::from_utf8_lossy(&release.stderr));
+    let info = c.wait_ended(&job, LONG);
+    assert_eq!(info.state, "COMPLETED", "{}\n{}", c.output(&job), c.logs());
+    assert!(c.output(&job).contains("arrived"), "{}", c.output(&job));
+    c.wait_nodes_idle(&c.nodes.clone(), LONG);
+    assert_all_clean(&c);
+}
+
+#[test]
 fn node_names_that_do_not_resolve_are_reported_like_any_start_failure() {
     // A site config whose resolve_suffix names hosts nobody knows.
     let c = Cluster::new(ClusterOptions {
@@ -351,7 +504,22 @@ fn job_submit_lua_refuses_an_invalid_script_at_sbatch() {
 
 fn recover_everywhere(c: &Cluster, job: &str) -> Vec<std::process::Output> {
     let odfs = bin_dir().join("odfs");
-    each(c.nodes.len(), |k| c.node_sh(k, &format!("{} recover --job {job} --node {}", odfs.display(), c.nodes[k])))
+    // As on a real node, Slurm's commands find the cluster's slurm.conf.
+    let conf = c.dir.path().join("slurm.conf");
+    each(c.nodes.len(), |k| {
+        c.node_sh(
+            k,
+            &format!("SLURM_CONF={} {} recover --job {job} --node {}", conf.display(), odfs.display(), c.nodes[k]),
+        )
+    })
+}
+
+/// The reason a node's record of `job` gives for keeping its data.
+fn kept_reason(c: &Cluster, k: usize, job: &str) -> String {
+    let p = c.dir.path().join(&c.nodes[k]).join("state").join(job).join("record.toml");
+    let rec: toml::Value =
+        toml::from_str(&fs::read_to_string(&p).unwrap_or_default()).unwrap_or_else(|e| panic!("{e}"));
+    rec.get("reason").and_then(|r| r.as_str()).unwrap_or_default().to_string()
 }
 
 #[test]
@@ -392,6 +560,26 @@ fn a_failed_stage_out_keeps_the_data_until_odfs_recover_finishes_it() {
     let msg = c.output(&job);
     assert!(msg.contains("outputs not verified") && msg.contains(&format!("odfs recover --job {job}")), "{msg}");
     assert!(!c.s3.object_path(BUCKET, &format!("run-{job}/.odfs-stage-out.complete")).exists());
+
+    // A recovery while S3 is still down fails too: every node keeps the first cause and adds
+    // the recovery's, in its record and its drain reason.
+    let first: Vec<String> = (0..c.nodes.len()).map(|k| kept_reason(&c, k, &job)).collect();
+    for (k, o) in recover_everywhere(&c, &job).iter().enumerate() {
+        assert!(!o.status.success(), "{}: odfs recover succeeded with S3 down\n{}", c.nodes[k], c.logs());
+    }
+    for (k, n) in c.nodes.iter().enumerate() {
+        assert!(!first[k].is_empty(), "{n}: no kept reason");
+        let now = kept_reason(&c, k, &job);
+        let kept = format!("{}; then `odfs recover` failed: ", first[k]);
+        assert!(now.starts_with(&kept) && now.len() > kept.len(), "{n}: {now}\n(first: {})", first[k]);
+        let (state, reason) = c.node_state(n);
+        assert!(
+            reason.contains("outputs not verified, data kept, `odfs recover` failed too")
+                && reason.contains(&format!("odfs recover --job {job}")),
+            "{n}: {state} {reason}"
+        );
+        assert!(!c.data_entries(k).is_empty(), "{n}: data must still be kept");
+    }
 
     // S3 is back: odfs recover on every node restarts the filesystem from the kept data,
     // finishes the stage-out, verifies it, then wipes.

@@ -89,7 +89,12 @@ impl JobSpec {
 
     /// `what@node` for messages: "n3 (node 2 of 4)".
     pub fn where_(&self) -> String {
-        format!("{} (node {} of {})", self.node_name(), self.index, self.nodes.len())
+        self.where_of(self.index)
+    }
+
+    /// Node `k` of the job as messages name it: "n3 (node 2 of 4)".
+    pub fn where_of(&self, k: u32) -> String {
+        format!("{} (node {k} of {})", self.nodes[k as usize], self.nodes.len())
     }
 }
 

@@ -341,6 +341,7 @@ fn start_mount(
 ) -> Result<()> {
     prepare_mount_point(&plan.mount, spec.user.uid, spec.user.gid)?;
     let log = plan.job_dir.join("fuse.log");
+    let spawned = Instant::now();
     rec.procs.push(launch::spawn_fuse(&rec.client_config, &plan.mount, true, &log, spec.index)?);
     rec.mount = Some(plan.mount.clone());
     state.save(rec)?;
@@ -357,14 +358,79 @@ fn start_mount(
         Ok(())
     };
     if !mount::wait_mounted(&plan.mount, deadline, watch)? {
+        // The mount waits for every node's storage service: one that never came is the
+        // cause, not this node.
+        let silent = silent_nodes(link, spec);
+        if !silent.is_empty() && !silent.contains(&spec.index) {
+            return Err(SilentNodes(silent).into());
+        }
+        fuse_last_words(rec, spawned);
         bail!(
             "{} was not mounted in time; last log lines of {}: {}",
             plan.mount.display(),
             log.display(),
-            log_tail(&log, 3).replace('\n', " | ")
+            match log_tail(&log, 3) {
+                t if t.is_empty() => "(none: odfs-fuse still waits for the filesystem to be ready)".to_string(),
+                t => t.replace('\n', " | "),
+            }
         );
     }
     Ok(())
+}
+
+/// After a mount that did not come in time: lets this start's `odfs-fuse` end its own wait
+/// for the filesystem (it began a little after this node's start, so it ends a little later),
+/// so that its log says why; bounded.
+fn fuse_last_words(rec: &Record, spawned: Instant) {
+    let Some(fuse) = rec.procs.iter().rev().find(|p| p.service == "fuse") else { return };
+    let own_wait = odfs_client::ClientConfig::load(&fuse.config).map_or(0, |c| c.retry_secs);
+    let until = (spawned + Duration::from_secs(own_wait) + FUSE_LAST_WORDS).min(Instant::now() + FUSE_LAST_WORDS);
+    while procs::runs(fuse.pid, &fuse.config) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Longest wait for a timed-out mount's `odfs-fuse` to say why in its log.
+const FUSE_LAST_WORDS: Duration = Duration::from_secs(5);
+
+/// The nodes of the job that never showed up: neither a storage service of theirs registered
+/// with node 0's mgmtd nor a report of theirs on the board (their prolog did not run `odfs
+/// start`, or is stuck before its services). Empty when mgmtd cannot be asked.
+fn silent_nodes(link: &BoardLink, spec: &JobSpec) -> Vec<u32> {
+    let (Ok(b), Ok(v)) = (link.board(), link.cluster()) else { return Vec::new() };
+    (0..spec.nodes.len() as u32)
+        .filter(|&k| b.phase(k).is_none())
+        .filter(|&k| !v.services.iter().any(|s| s.kind == ServiceKind::Storage && s.node == k))
+        .collect()
+}
+
+/// Nodes that never showed up during the start (see `silent_nodes`): the start fails for
+/// them, and the nodes that did start are not at fault.
+#[derive(Debug)]
+pub(crate) struct SilentNodes(pub Vec<u32>);
+
+impl std::fmt::Display for SilentNodes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} nodes never reported", self.0.len())
+    }
+}
+
+impl std::error::Error for SilentNodes {}
+
+/// The start's failure when `silent` never showed up within `secs`: names them, for the
+/// user's output and every node's log and drain reason.
+fn silent_reason(spec: &JobSpec, silent: &[u32], secs: u64) -> String {
+    let names: Vec<String> = silent.iter().map(|&k| spec.where_of(k)).collect();
+    let (prolog, stored) = if silent.len() == 1 {
+        ("its prolog", "its storage service")
+    } else {
+        ("their prologs", "their storage services")
+    };
+    format!(
+        "{} never reported within {secs} s (ready_timeout_secs): {prolog} did not start odfs there \
+         ({stored} never registered)",
+        names.join(", ")
+    )
 }
 
 /// This node's services, up to (not including) the mount: its data directories (and RAM
@@ -400,18 +466,19 @@ fn start_node_services(
 }
 
 /// Node 0: waits until every node reported `Started`, the filesystem is ready and every stage
-/// agent is registered. Err(reason) names the node that failed or is missing.
-fn wait_all_started(link: &BoardLink, rec: &Record, spec: &JobSpec, deadline: Instant) -> Result<(), String> {
+/// agent is registered. Err(reason) names the node that failed or is missing; `SilentNodes`
+/// when nodes never showed up at all.
+fn wait_all_started(link: &BoardLink, rec: &Record, spec: &JobSpec, deadline: Instant) -> Result<()> {
     let n = spec.nodes.len();
     let mut last = String::from("mgmtd did not answer");
     loop {
-        check_alive(rec).map_err(|e| format!("{}: {e:#}", spec.where_()))?;
+        check_alive(rec).map_err(|e| anyhow!("{}: {e:#}", spec.where_()))?;
         if let (Ok(b), Ok(v)) = (link.board(), link.cluster()) {
             if let Some(r) = b.nodes.iter().find_map(|r| match &r.phase {
                 NodePhase::StartFailed { reason } => Some(reason.clone()),
                 _ => None,
             }) {
-                return Err(r);
+                bail!(r);
             }
             let started: Vec<u32> = b.nodes.iter().filter(|r| r.phase == NodePhase::Started).map(|r| r.node).collect();
             let agents = v.services.iter().filter(|s| s.kind == ServiceKind::Agent && s.online).count();
@@ -423,11 +490,20 @@ fn wait_all_started(link: &BoardLink, rec: &Record, spec: &JobSpec, deadline: In
             last = format!("no word from {} ({agents} of {n} stage agents registered)", missing.join(", "));
         }
         if Instant::now() > deadline {
-            return Err(format!("the filesystem was not up on every node in time: {last}"));
+            let silent = silent_nodes(link, spec);
+            if !silent.is_empty() && !silent.contains(&spec.index) {
+                return Err(SilentNodes(silent).into());
+            }
+            bail!("the filesystem was not up on every node in time: {last}");
         }
         std::thread::sleep(Duration::from_millis(25));
     }
 }
+
+/// How long a node that did start waits for node 0's `Abort` once it sees that another node
+/// never showed up: node 0 gives up on it at about the same moment (its start began within
+/// moments of this one's).
+const SILENT_VERDICT_WAIT: Duration = Duration::from_secs(20);
 
 /// Other nodes: waits for node 0's verdict. Ok(Ok(outputs)) = Ready; Ok(Err(reason)) = Abort.
 fn wait_verdict(link: &BoardLink, spec: &JobSpec, deadline: Instant) -> Result<Result<bool, String>> {
@@ -549,7 +625,7 @@ pub(crate) fn run_stages(
             },
             () = cancelled => Ok(false),
         };
-        client.shutdown();
+        client.close().await;
         r
     })
 }
@@ -616,7 +692,7 @@ fn start_drains(link: &BoardLink, state: &StateDir, rec: &Record, ctx: &NodeCont
                 }
             }
         }
-        client.shutdown();
+        client.close().await;
         r
     })
 }
@@ -797,6 +873,9 @@ impl<'a> Start<'a> {
             }
             return self.roll_back(reason.clone());
         }
+        if let Some(SilentNodes(silent)) = e.downcast_ref::<SilentNodes>() {
+            return self.silent_failed(silent.clone());
+        }
         let reason = if own { format!("{}: {e:#}", spec.where_()) } else { format!("{e:#}") }.replace('\n', " | ");
         if self.has_board() {
             let failed = NodePhase::StartFailed { reason: reason.clone() };
@@ -804,6 +883,33 @@ impl<'a> Start<'a> {
             debug!(node = spec.index, reported = r.is_ok(), "start failed");
         }
         self.fail(reason, own)
+    }
+
+    /// The start cannot succeed because `silent` never showed up. Node 0 drains them with a
+    /// reason naming them and fails the start as not its own (its epilog returns it to
+    /// service); the other nodes wait (bounded) for node 0's `Abort` and roll back, so that no
+    /// node that did start stays drained.
+    fn silent_failed(self, silent: Vec<u32>) -> Result<StartOutcome> {
+        let (spec, o) = (self.spec, &self.ctx.site.ondemand);
+        let reason = silent_reason(spec, &silent, o.ready_timeout_secs);
+        if !spec.is_node0() {
+            return match wait_verdict(&self.link, spec, Instant::now() + SILENT_VERDICT_WAIT) {
+                Ok(Err(abort)) => self.roll_back(abort),
+                _ => {
+                    let why = format!("{}: {reason}; no verdict from node 0 ({})", spec.where_(), spec.nodes[0]);
+                    self.fail(why, true)
+                }
+            };
+        }
+        if spec.slurm && o.slurm_drain_reason {
+            let msg = crate::line(&spec.job_id, &format!("could not start: {reason}"));
+            for &k in &silent {
+                slurm::drain(&spec.nodes[k as usize], &msg);
+            }
+            let names: Vec<&str> = silent.iter().map(|&k| spec.nodes[k as usize].as_str()).collect();
+            self.state.say(&spec.job_id, &format!("drained {}, which never reported", names.join(", ")));
+        }
+        self.fail(reason, false)
     }
 
     /// This node rolls back because another failed; it is not at fault.
@@ -830,12 +936,18 @@ impl<'a> Start<'a> {
             // The epilog returns the batch host to service when the failure was not its own,
             // and cancels a job whose script is invalid.
             let script = !own && self.directives.is_err();
+            // Slurm requeues the job; it holds it after a failed prolog, but not when it gave
+            // up on the batch host first (a start longer than its BatchStartTimeout).
+            let requeued = format!(
+                "Slurm requeues the job (held after a failed prolog: `scontrol release {}` once the cause is fixed)",
+                spec.job_id
+            );
             self.rec.procs.clear();
             state.enter(&mut self.rec, Phase::StartFailed { reason: reason.clone(), own, script })?;
             let next = if script {
                 "the job is cancelled: fix its #ODFS lines (`odfs check-script` checks them) and submit it again"
             } else {
-                "the job is requeued and held"
+                &requeued
             };
             slurm::tell_user(spec, &format!("{msg}. Every node rolled back; {next}."));
         } else if let Err(e) = state.forget(&spec.job_id) {
@@ -867,7 +979,11 @@ impl<'a> Start<'a> {
     /// Node 0: waits for every node, posts `Ready`, and stages the job's data in.
     fn lead(mut self) -> Result<StartOutcome> {
         let spec = self.spec;
-        if let Err(reason) = wait_all_started(&self.link, &self.rec, spec, self.deadline) {
+        if let Err(e) = wait_all_started(&self.link, &self.rec, spec, self.deadline) {
+            if let Some(SilentNodes(silent)) = e.downcast_ref::<SilentNodes>() {
+                return self.silent_failed(silent.clone());
+            }
+            let reason = format!("{e:#}");
             let own = reason.starts_with(&spec.where_());
             return self.fail(reason, own);
         }
@@ -911,12 +1027,22 @@ impl<'a> Start<'a> {
                 state.enter(&mut self.rec, Phase::StartFailed { reason, own: false, script: false })?;
                 slurm_failure(spec, &self.ctx.site, &msg, false);
                 if spec.slurm {
-                    slurm::tell_user(spec, &format!("{msg}. The job is requeued and held."));
+                    slurm::tell_user(spec, &format!("{msg}. {}", held_after_stage_in(&spec.job_id)));
                 }
                 bail!(msg)
             }
         }
     }
+}
+
+/// What the user can do about a job held after its stage-in failed (the job's output file).
+fn held_after_stage_in(job: &str) -> String {
+    format!(
+        "The job is requeued and held. Once the data is where its `#ODFS stage-in` line says (the bucket \
+         or directory exists and the job's credentials may read it), release the job: `scontrol release {job}`. \
+         If the line itself is wrong, cancel the job (`scancel {job}`), fix the line in the batch script \
+         (`odfs check-script` checks it) and submit it again: a held job keeps the script it was submitted with."
+    )
 }
 
 /// After a failure in a Slurm prolog: the node's drain reason becomes odfs's line (marked as
