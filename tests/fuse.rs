@@ -1293,7 +1293,9 @@ fn stats_watch_rates_agree_with_a_running_workload() {
     watch.kill().unwrap();
     let out = watch.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    let screens: Vec<&str> = text.split("\x1b[2J\x1b[H").filter(|s| !s.trim().is_empty()).collect();
+    // Into a pipe, each screen starts with its `odfs stats at` line (no terminal escapes).
+    assert!(!text.contains('\x1b'), "terminal escapes written into a pipe:\n{text:?}");
+    let screens: Vec<String> = text.split("\nodfs stats at ").skip(1).map(|s| format!("odfs stats at {s}")).collect();
     let create_rate = |screen: &str| -> f64 {
         let l = screen
             .lines()
@@ -1320,7 +1322,7 @@ fn stats_watch_rates_agree_with_a_running_workload() {
         .iter()
         .map(|s| {
             let (from, to) = interval(s);
-            (*s, from, to)
+            (s.as_str(), from, to)
         })
         .filter(|(_, from, to)| *from >= start_ms && *to <= end_ms)
         .collect();
@@ -1344,6 +1346,96 @@ fn stats_watch_rates_agree_with_a_running_workload() {
         let rate: f64 = after.split_whitespace().nth(1).unwrap().parse().unwrap();
         assert!(rate >= 0.95 * own_rate, "the mount's requests/s {rate} below its creates/s {own_rate:.0}: {top}");
     }
+}
+
+/// What `odfs stats` shows at a first look: names looked up that do not exist and attributes
+/// asked for that are not there are answers, not ERRORS (a refusal still is one); the many
+/// commands a job runs are one row of the clients table; `-w` into a pipe writes screens one
+/// after the other, without terminal escapes.
+#[test]
+fn stats_count_missing_names_as_answers_fold_commands_and_watch_plainly_into_a_pipe() {
+    const N: u64 = 25;
+    let fs = LocalFs::up(2, &[]);
+    let m = FuseMount::start(&fs);
+    let cfg = fs.config_path().display().to_string();
+    fs::create_dir(m.p("d")).unwrap();
+    fs::write(m.p("d/f"), b"x").unwrap();
+    for i in 0..N {
+        let e = fs::metadata(m.p(&format!("missing{i}"))).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{e}");
+        let e = getxattr(&m.p("d/f"), &format!("user.absent{i}"), 64).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENODATA), "{e}");
+    }
+    // A refusal is an error: a directory that is not empty.
+    assert_eq!(fs::remove_dir(m.p("d")).unwrap_err().raw_os_error(), Some(libc::ENOTEMPTY));
+    // Commands, each a client of its own: N that find their file, one that does not.
+    for _ in 0..N {
+        odfs_ok(&["--fs", &cfg, "getstripe", "odfs:/d/f"]);
+    }
+    assert!(!odfs(&["--fs", &cfg, "getstripe", "odfs:/nothing-here"]).status.success());
+
+    let st: odfs_proto::stats::FsStats =
+        serde_json::from_str(&odfs_ok(&["--fs", &cfg, "stats", "--json"])).expect("stats JSON");
+    let kind = |service: &str, name: &str| -> (u64, u64) {
+        st.services
+            .iter()
+            .filter(|s| s.name.starts_with(service))
+            .filter_map(|s| s.stats.as_ref())
+            .flat_map(|s| &s.methods)
+            .filter(|m| m.name == name)
+            .fold((0, 0), |(c, e), m| (c + m.count, e + m.errors))
+    };
+    let (lookups, errors) = kind("metad", "Lookup");
+    assert!(lookups >= N && errors == 0, "metad's lookups: {lookups}, {errors} errors");
+    let (getxattrs, errors) = kind("metad", "GetXattr");
+    assert!(getxattrs >= N && errors == 0, "metad's getxattrs: {getxattrs}, {errors} errors");
+    assert!(kind("metad", "Rmdir").1 >= 1, "the refused rmdir is an error at metad");
+    // The mount's own counts, read through it.
+    let text = getfattr(&m.path, "odfs.stats");
+    let via_mount: odfs_proto::stats::FsStats = serde_json::from_str(&text).expect("odfs.stats JSON");
+    let mount = via_mount
+        .services
+        .iter()
+        .find(|s| s.kind == Some(odfs_proto::mgmt::ServiceKind::Client))
+        .and_then(|s| s.stats.as_ref())
+        .expect("the mount's own counts");
+    let op = |name: &str| {
+        mount
+            .methods
+            .iter()
+            .filter(|o| o.name.split(' ').next() == Some(name))
+            .fold((0, 0), |(c, e), o| (c + o.count, e + o.errors))
+    };
+    let (n, errors) = op("lookup");
+    assert!(n >= N && errors == 0, "the mount's lookups: {n}, {errors} errors: {:?}", mount.methods);
+    let (n, errors) = op("getxattr");
+    assert!(n >= N && errors == 0, "the mount's getxattrs: {n}, {errors} errors: {:?}", mount.methods);
+    assert!(op("rmdir").1 >= 1, "the refused rmdir is an error at the mount: {:?}", mount.methods);
+
+    // The clients table: the mount, and every command in one row.
+    let table = odfs_ok(&["--fs", &cfg, "stats"]);
+    let clients: Vec<&str> = table.split("CLIENT").nth(1).expect("a clients table").lines().skip(1).collect();
+    let commands: Vec<&&str> = clients.iter().filter(|l| l.starts_with("odfs commands (")).collect();
+    assert_eq!(commands.len(), 1, "{table}");
+    let ids: u64 = commands[0].trim_start_matches("odfs commands (").split(' ').next().unwrap().parse().unwrap();
+    assert!(ids > N, "{} commands ran: {}", N + 1, commands[0]);
+    assert!(!table.contains("unregistered: a command"), "{table}");
+    assert!(clients.iter().any(|l| l.contains(&format!("pid {}", m.child.id()))), "the mount is named: {table}");
+
+    // -w into a pipe: screens, each after a blank line, no escapes.
+    let watch = Command::new(bin_dir().join("odfs"))
+        .args(["--fs", &cfg, "stats", "-w", "0.5"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut watch = KillOnDrop(watch);
+    std::thread::sleep(Duration::from_secs(3));
+    watch.0.kill().unwrap();
+    let mut out = String::new();
+    watch.0.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    assert!(!out.contains('\x1b'), "terminal escapes written into a pipe: {out:?}");
+    assert!(out.contains("\nodfs stats at ") && out.contains("SERVICE"), "{out}");
 }
 
 /// The creating FUSE minimum of `odfs bench --mount` (the bound it sets creates) makes what

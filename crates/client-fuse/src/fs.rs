@@ -546,7 +546,8 @@ fn lock_type(kind: LockKind) -> i32 {
     }
 }
 
-/// Replies with `done` on success or the error's errno; true when it failed.
+/// Replies with `done` on success or the error's errno; true when it failed (a missing name
+/// looked up or a missing attribute asked for is an answer: `stats::counts_as_error`).
 fn answer<R: ErrorReply, T>(reply: R, op: &'static str, r: OpResult<T>, done: impl FnOnce(R, T)) -> bool {
     match r {
         Ok(v) => {
@@ -554,8 +555,9 @@ fn answer<R: ErrorReply, T>(reply: R, op: &'static str, r: OpResult<T>, done: im
             false
         }
         Err(e) => {
+            let failed = odfs_proto::stats::counts_as_error(op, e.errno());
             fail(reply, op, e);
-            true
+            failed
         }
     }
 }
@@ -686,7 +688,7 @@ impl Filesystem for OdfsFuse {
                 }
                 Err(e) => {
                     reply.fail(Errno::from_i32(e.errno()));
-                    true
+                    odfs_proto::stats::counts_as_error("lookup", e.errno())
                 }
             };
             return s.count("lookup (no request)", t0, failed);

@@ -104,39 +104,66 @@ fn render_targets(out: &mut String, now: &FsStats, before: Option<(&FsStats, f64
 }
 
 /// Requests of each client over every service, busiest first, with its three most frequent
-/// kinds.
+/// kinds. Commands (`odfs cp`, `odfs stats`, stage coordinators: clients that never register)
+/// are one row: each is a new client id, and a job's scripts run hundreds.
 fn render_clients(out: &mut String, now: &FsStats, before: Option<(&FsStats, f64)>) {
     let totals = client_totals(now);
     let earlier = before.map(|(b, secs)| (client_totals(b), secs));
-    let mut rows: Vec<(u64, u64, f64, &HashMap<String, u64>)> = totals
+    let mut rows: Vec<(&Who, &ClientTotal, f64)> = totals
         .iter()
-        .map(|(id, (n, kinds))| {
+        .map(|(who, t)| {
             let rate = match &earlier {
-                Some((e, secs)) => n.saturating_sub(e.get(id).map_or(0, |x| x.0)) as f64 / secs.max(1e-3),
+                Some((e, secs)) => t.count.saturating_sub(e.get(who).map_or(0, |x| x.count)) as f64 / secs.max(1e-3),
                 None => f64::NAN,
             };
-            (*id, *n, rate, kinds)
+            (who, t, rate)
         })
         .collect();
-    rows.sort_by(|a, b| if before.is_some() { b.2.total_cmp(&a.2) } else { b.1.cmp(&a.1) });
+    rows.sort_by(|a, b| if before.is_some() { b.2.total_cmp(&a.2) } else { b.1.count.cmp(&a.1.count) });
     let _ = writeln!(out, "{:<44} {:>10} {:>9}  MOST FREQUENT", "CLIENT", "REQUESTS", "RATE/s");
-    for (id, n, rate, kinds) in rows {
-        let mut top: Vec<(&String, &u64)> = kinds.iter().collect();
+    for (who, t, rate) in rows {
+        let mut top: Vec<(&String, &u64)> = t.kinds.iter().collect();
         top.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
         let top: Vec<String> = top.iter().take(3).map(|(k, v)| format!("{k} {v}")).collect();
         let rate = if rate.is_nan() { "-".to_string() } else { format!("{rate:.0}") };
-        let _ = writeln!(out, "{:<44} {:>10} {:>9}  {}", now.client_name(id), n, rate, top.join(", "));
+        let name = match who {
+            Who::Client(id) => now.client_name(*id),
+            Who::Commands => match t.ids {
+                1 => "odfs commands (1 unregistered client)".to_string(),
+                n => format!("odfs commands ({n} unregistered clients)"),
+            },
+        };
+        let _ = writeln!(out, "{name:<44} {:>10} {:>9}  {}", t.count, rate, top.join(", "));
     }
 }
 
-/// Each client id's requests over every service: the total and by kind.
-fn client_totals(s: &FsStats) -> HashMap<u64, (u64, HashMap<String, u64>)> {
-    let mut m: HashMap<u64, (u64, HashMap<String, u64>)> = HashMap::new();
+/// A row of the clients table: a registered client (a mount, a daemon) or every command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Who {
+    Client(u64),
+    Commands,
+}
+
+/// A row's requests over every service: the total, by kind, and the client ids it covers.
+#[derive(Default)]
+struct ClientTotal {
+    count: u64,
+    kinds: HashMap<String, u64>,
+    ids: usize,
+}
+
+/// Each row's requests over every service.
+fn client_totals(s: &FsStats) -> HashMap<Who, ClientTotal> {
+    let registered = |id: u64| id == 0 || s.clients.iter().any(|c| c.client_id == id);
+    let mut m: HashMap<Who, ClientTotal> = HashMap::new();
+    let mut seen = std::collections::HashSet::new();
     for c in s.answered().flat_map(|(_, st)| &st.clients) {
-        let e = m.entry(c.client_id).or_default();
-        e.0 += c.count;
+        let who = if registered(c.client_id) { Who::Client(c.client_id) } else { Who::Commands };
+        let e = m.entry(who).or_default();
+        e.count += c.count;
+        e.ids += usize::from(seen.insert(c.client_id));
         for (k, n) in &c.methods {
-            *e.1.entry(k.clone()).or_default() += n;
+            *e.kinds.entry(k.clone()).or_default() += n;
         }
     }
     m
@@ -245,6 +272,39 @@ mod tests {
     }
 
     #[test]
+    fn commands_are_one_row_and_registered_clients_one_each() {
+        // A mount (registered) and 30 commands, each its own unregistered client id.
+        let mut st = snap(0, 0, 1000);
+        let clients = &mut st.services[0].stats.as_mut().unwrap().clients;
+        clients.clear();
+        clients.push(ClientStats { client_id: 42, count: 500, methods: vec![("Create".into(), 500)] });
+        for id in 100..130 {
+            clients.push(ClientStats { client_id: id, count: 3, methods: vec![("Lookup".into(), 3)] });
+        }
+        st.clients.push(odfs_proto::mgmt::ServiceInfo {
+            id: 5,
+            kind: odfs_proto::mgmt::ServiceKind::Client,
+            node: 1,
+            hostname: "n1".into(),
+            addr: None,
+            bulk_addr: None,
+            shard: None,
+            online: true,
+            last_seen_ms: 0,
+            pid: 777,
+            client_id: 42,
+        });
+        let text = render(&st, None);
+        let table: Vec<&str> =
+            text.split("CLIENT").nth(1).unwrap().lines().skip(1).take_while(|l| !l.is_empty()).collect();
+        assert_eq!(table.len(), 2, "{text}");
+        assert!(table[0].starts_with("node 1 n1 pid 777") && table[0].contains(" 500 "), "{text}");
+        assert!(table[1].starts_with("odfs commands (30 unregistered clients)"), "{text}");
+        assert!(table[1].contains(" 90 ") && table[1].ends_with("Lookup 90"), "{text}");
+        assert!(!text.contains("unregistered: a command"), "{text}");
+    }
+
+    #[test]
     fn the_watch_header_names_the_time_of_day_in_utc() {
         let mut s = snap(0, 7, 1);
         s.taken_unix_ms = 1_795_748_462_345; // 2026-11-27 03:01:02.345 UTC
@@ -267,7 +327,7 @@ mod tests {
         let (a, b) = (snap(1000, 7, 10_000), snap(3000, 7, 12_500));
         let text = render(&b, Some((&a, 2.0)));
         assert_eq!(create_rate(&text), "800", "{text}");
-        assert!(text.contains("client 0000000000000007 (unregistered: a command)"), "{text}");
+        assert!(text.contains("odfs commands (1 unregistered client)"), "{text}");
         // A service that restarted in between: its counts over its uptime (3000 in 1.5 s),
         // whether its start time, its uptime or its counts show the restart.
         let mut restarted = snap(3000, 7, 12_500);

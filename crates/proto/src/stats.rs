@@ -13,6 +13,18 @@ pub fn unix_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Whether a request of kind `kind` (an RPC's name, `Lookup`, or a FUSE request's, `lookup`
+/// or `lookup (no request)`) answered with `errno` counts under ERRORS. A lookup of a name
+/// that does not exist (ENOENT) and an extended attribute that is not there (ENODATA) are
+/// answers, asked for all the time (a shell searching its PATH, `ls` probing for ACLs), not
+/// errors: counted as such they would hide the real ones.
+pub fn counts_as_error(kind: &str, errno: i32) -> bool {
+    let first = kind.split(' ').next().unwrap_or(kind);
+    let answer = (first.eq_ignore_ascii_case("lookup") && errno == libc::ENOENT)
+        || (first.eq_ignore_ascii_case("getxattr") && errno == libc::ENODATA);
+    !answer
+}
+
 /// When a service (or a mount) started counting: what its snapshots say of it.
 #[derive(Debug, Clone, Copy)]
 pub struct CountingSince {
@@ -232,6 +244,19 @@ crate::rpc! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_name_or_attribute_is_an_answer_not_an_error() {
+        for kind in ["Lookup", "lookup", "lookup (no request)"] {
+            assert!(!counts_as_error(kind, libc::ENOENT), "{kind}");
+            assert!(counts_as_error(kind, libc::EACCES), "{kind}: a refusal is an error");
+        }
+        for kind in ["GetXattr", "getxattr"] {
+            assert!(!counts_as_error(kind, libc::ENODATA), "{kind}");
+            assert!(counts_as_error(kind, libc::ENOENT), "{kind}: the file itself missing");
+        }
+        assert!(counts_as_error("Create", libc::ENOENT) && counts_as_error("rmdir", libc::ENOTEMPTY));
+    }
 
     #[test]
     fn buckets_and_percentiles() {

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use odfs_proto::codec::{self, Frame, KIND_REQUEST};
 use odfs_proto::error::RpcResult;
-use odfs_proto::stats::GetStats;
+use odfs_proto::stats::{counts_as_error, GetStats};
 use odfs_proto::{ErrorCode, RemoteError, RequestHeader, Rpc};
 use std::collections::HashMap;
 use std::future::Future;
@@ -83,7 +83,7 @@ impl Router {
                         Err(RemoteError::from(e))
                     }
                 };
-                let error = result.is_err();
+                let error = result.as_ref().is_err_and(|e| counts_as_error(R::NAME, e.code.errno()));
                 let frame = codec::encode_reply::<R>(call_id, result);
                 stats.record(Served {
                     method: R::METHOD,
