@@ -256,6 +256,44 @@ fn df_totals_are_the_sum_of_the_targets_and_match_df_on_the_mount() {
     assert!(fs.cli_err(&["df", "--pool", "gold", &s(&m.path)]).contains("no pool gold"));
 }
 
+/// statvfs(2) of `p`: (size, used, available) in bytes as `df` counts them (used = blocks less
+/// free blocks, available = the blocks free to unprivileged users).
+fn statvfs_df(p: &Path) -> (u64, u64, u64) {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path and a zeroed struct for the kernel to fill.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0, "statvfs {}", p.display());
+    let f = st.f_frsize;
+    (st.f_blocks * f, (st.f_blocks - st.f_bfree) * f, st.f_bavail * f)
+}
+
+#[test]
+fn df_counts_used_and_available_as_df_does_on_the_targets_disk() {
+    // Two nodes whose targets are directories of the test's own disk: odfs df's summary is
+    // that disk, counted as df counts it, however many blocks it reserves for root.
+    let fs = LocalFs::up(2, &[]);
+    let out = fs.cli_ok(&["df", "odfs:/"]);
+    let disk = statvfs_df(fs.root());
+    let summary: Vec<&str> =
+        out.lines().find(|l| l.starts_with("filesystem_summary:")).expect("summary").split_whitespace().collect();
+    let kib = |i: usize| -> u64 { summary[i].parse::<u64>().unwrap() * 1024 };
+    let (size, used, avail) = (kib(1), kib(2), kib(3));
+    assert_eq!(size, disk.0 / 1024 * 1024, "size: odfs df {out}\nstatvfs {disk:?}");
+    // The machine writes between the two looks: within 1 % of the disk (and 64 MiB).
+    let near = |a: u64, b: u64| a.abs_diff(b) <= (disk.0 / 100).max(64 << 20);
+    assert!(near(used, disk.1), "used: odfs df {used}, statvfs {} (blocks - bfree)\n{out}", disk.1);
+    assert!(near(avail, disk.2), "available: odfs df {avail}, statvfs {} (bavail)\n{out}", disk.2);
+    // Use% is used of used plus available, rounded up, from the row's own numbers.
+    let want = (used / 1024 * 100).div_ceil(used / 1024 + avail / 1024);
+    assert_eq!(summary[4], format!("{want}%"), "{out}");
+    // The blocks reserved for root are neither used nor available (when the disk has any, the
+    // old count, size less available, is far off).
+    let reserved = disk.0 - disk.1 - disk.2;
+    if reserved > disk.0 / 50 {
+        assert!(used + reserved / 2 < size - avail, "reserved blocks counted as used:\n{out}");
+    }
+}
+
 #[test]
 fn pools_are_listed_created_filled_emptied_and_destroyed() {
     let (fs, m) = up();
@@ -784,4 +822,48 @@ fn a_node_reading_its_own_chunks_once_from_start_to_end_leaves_no_copy_behind() 
         "drop_behind_reads = false keeps what was read: {kept} of 32 MiB cached, {} bytes sent by node 0's stored",
         moved[0]
     );
+}
+
+/// The CLI's own refusals in a sealed tree name the tree by its path (metad's name an inode,
+/// a mount's say only "Read-only file system"), and a stage-in into one is refused before it
+/// lists or copies anything.
+#[test]
+fn refusals_in_a_sealed_tree_name_it_and_a_stage_in_into_one_copies_nothing() {
+    let fs = LocalFs::up(2, &[]);
+    let m = FuseMount::start(&fs);
+    fs::create_dir_all(m.p("ds/sub")).unwrap();
+    fs::write(m.p("ds/sub/a"), b"data").unwrap();
+    fs.cli_ok(&["seal", "odfs:/ds"]);
+    let named = |e: &str, want: &str| {
+        assert!(e.contains(want), "expected {want:?} in: {e}");
+        assert!(e.contains("odfs unseal") && !e.contains("inode") && e.trim_end().lines().count() == 1, "{e}");
+    };
+    // setstripe, through the mount and the library, on a directory below the top, a new file
+    // (which is not made) and the top itself.
+    let top = s(&m.p("ds"));
+    named(&fs.cli_err(&["setstripe", "-c", "1", &s(&m.p("ds/sub"))]), &format!("is in the sealed tree {top},"));
+    named(&fs.cli_err(&["setstripe", "-c", "1", &s(&m.p("ds/sub/new"))]), &format!("the sealed tree {top},"));
+    assert!(!m.p("ds/sub/new").exists(), "a refused setstripe made its file");
+    named(&fs.cli_err(&["setstripe", "-c", "1", "odfs:/ds/sub"]), "odfs:/ds/sub is in the sealed tree odfs:/ds,");
+    named(&fs.cli_err(&["setstripe", "-c", "1", "odfs:/ds"]), "odfs:/ds is a sealed tree,");
+    // A tree next to it is not sealed: setstripe works there.
+    fs::create_dir(m.p("free")).unwrap();
+    fs.cli_ok(&["setstripe", "-c", "1", &s(&m.p("free"))]);
+
+    // A stage-in into the sealed tree, from a POSIX tree: refused before its listing, and
+    // nothing lands in odfs.
+    let src = tempfile::tempdir().unwrap();
+    for i in 0..3 {
+        fs::write(src.path().join(format!("f{i}")), pattern(1 << 20, i)).unwrap();
+    }
+    let err = fs.cli_err(&["stage-in", &s(src.path()), "odfs:/ds/sub/in"]);
+    named(&err, "odfs:/ds/sub/in is in the sealed tree odfs:/ds, which is read-only: nothing was copied");
+    assert!(!err.contains("listing"), "refused before the listing: {err}");
+    assert_eq!(entries(&m.p("ds/sub")), ["a"], "nothing was made in the sealed tree");
+    let err = fs.cli_err(&["stage-in", &s(src.path()), &s(&m.p("ds"))]);
+    named(&err, "odfs:/ds is a sealed tree, which is read-only: nothing was copied");
+    // Unsealed, the same stage-in copies.
+    fs.cli_ok(&["unseal", "odfs:/ds"]);
+    fs.cli_ok(&["stage-in", &s(src.path()), "odfs:/ds/sub/in"]);
+    assert_eq!(entries(&m.p("ds/sub/in")).iter().filter(|e| e.starts_with('f')).count(), 3);
 }

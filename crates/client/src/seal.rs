@@ -9,7 +9,7 @@
 use crate::{Client, Ctx, Result};
 use futures::{stream, StreamExt, TryStreamExt};
 use odfs_proto::meta::{Attr, FileKind, SetSealed};
-use odfs_proto::InodeId;
+use odfs_proto::{ErrorCode, InodeId};
 
 /// Inodes sealed at once while walking a directory.
 const SEAL_CONCURRENCY: usize = 64;
@@ -28,6 +28,33 @@ impl Client {
     pub async fn seal_path(&self, ctx: &Ctx, path: &str, sealed: bool) -> Result<u64> {
         let top = self.resolve(ctx, path, false).await?;
         self.seal_tree(ctx, top.ino, sealed).await
+    }
+
+    /// The top of the sealed tree that holds `path` — or, when `path` does not exist yet, the
+    /// directory it would be made in — as a path from the root (`/ds`); None when that is not
+    /// sealed. The top is the highest directory on the way down from which every inode is
+    /// sealed: what `odfs unseal` takes to make `path` writable again. For commands that name
+    /// the tree when they refuse (metad's refusal names an inode).
+    pub async fn sealed_tree(&self, ctx: &Ctx, path: &str) -> Result<Option<String>> {
+        let names = crate::path::components(path)?;
+        let mut cur = self.getattr(ctx, InodeId::ROOT).await?;
+        // Components from the root to the top of the run of sealed inodes ending at `cur`.
+        let mut top = cur.sealed.then_some(0);
+        for (i, name) in names.iter().enumerate() {
+            if cur.kind != FileKind::Dir {
+                break;
+            }
+            cur = match self.lookup(ctx, cur.ino, name).await {
+                Ok(a) => a,
+                Err(e) if e.code() == ErrorCode::NotFound => break,
+                Err(e) => return Err(e),
+            };
+            top = if cur.sealed { top.or(Some(i + 1)) } else { None };
+        }
+        Ok(top.map(|n| {
+            let parts: Vec<String> = names[..n].iter().map(|c| String::from_utf8_lossy(c).into_owned()).collect();
+            format!("/{}", parts.join("/"))
+        }))
     }
 
     /// Seals (or unseals) `top` and everything below it; returns the inodes it set.

@@ -10,7 +10,8 @@
 //!   (`stripe_count=N shards=0,1,... entries=…`, the entries each shard holds); setting
 //!   `stripe_count=N` on an empty directory spreads it over N shards (-1 = all).
 //! - `odfs.targets`: every storage target (`target=3 node=1 pool=nvme online=1 capacity=…
-//!   free=… inodes=… inodes_free=…`), every pool (`pool=nvme`) and every metadata shard
+//!   free=… used=… inodes=… inodes_free=…`, bytes as `df` counts them: free is what
+//!   unprivileged writers may use, used excludes the blocks reserved for root), every pool (`pool=nvme`) and every metadata shard
 //!   (`meta=0 node=0 online=1`), one per line; read-only.
 //!
 //! - `odfs.sealed`: `1` for an inode of a sealed tree, `0` otherwise; setting `1` (or `0`) on
@@ -88,7 +89,10 @@ pub struct TargetRow {
     pub pool: String,
     pub online: bool,
     pub capacity: u64,
+    /// Bytes free to unprivileged writers (`df`'s Available).
     pub free: u64,
+    /// Bytes in use (`df`'s Used): capacity less used less free is reserved for root.
+    pub used: u64,
     pub inodes: u64,
     pub inodes_free: u64,
     /// The filesystem it lives on (0: unknown); targets on one device share its space.
@@ -111,13 +115,14 @@ pub fn targets_text(v: &ClusterView) -> String {
     targets.sort_by_key(|t| t.id);
     for t in targets {
         s += &format!(
-            "target={} node={} pool={} online={} capacity={} free={} inodes={} inodes_free={} device={:x}\n",
+            "target={} node={} pool={} online={} capacity={} free={} used={} inodes={} inodes_free={} device={:x}\n",
             t.id,
             t.node,
             t.pool,
             u8::from(t.online),
             t.space.capacity,
             t.space.free,
+            t.space.used,
             t.space.inodes_total,
             t.space.inodes_free,
             t.space.device
@@ -151,13 +156,16 @@ pub fn parse_targets(text: &str) -> std::result::Result<Vec<TargetsLine>, String
             out.push(TargetsLine::Meta(num("meta")? as u16, num("node")? as u32, get("online") == Some("1")));
             continue;
         }
+        let (capacity, free) = (num("capacity")?, num("free")?);
         out.push(TargetsLine::Target(TargetRow {
             id: num("target")? as u32,
             node: num("node")? as u32,
             pool: get("pool").unwrap_or("").to_string(),
             online: get("online") == Some("1"),
-            capacity: num("capacity")?,
-            free: num("free")?,
+            capacity,
+            free,
+            // An older odfs leaves it out: everything not free was counted as used.
+            used: num("used").unwrap_or(capacity.saturating_sub(free)),
             inodes: num("inodes")?,
             inodes_free: num("inodes_free")?,
             device: get("device").and_then(|d| u64::from_str_radix(d, 16).ok()).unwrap_or(0),
@@ -289,8 +297,8 @@ mod tests {
 
     #[test]
     fn targets_text_round_trips() {
-        let text =
-            "target=3 node=1 pool=nvme online=1 capacity=100 free=40 inodes=10 inodes_free=7\npool=nvme\npool=ram\n";
+        let text = "target=3 node=1 pool=nvme online=1 capacity=100 free=40 used=55 inodes=10 inodes_free=7\n\
+                    pool=nvme\npool=ram\n";
         let v = parse_targets(text).unwrap();
         assert_eq!(v.len(), 3);
         assert_eq!(
@@ -302,6 +310,7 @@ mod tests {
                 online: true,
                 capacity: 100,
                 free: 40,
+                used: 55,
                 inodes: 10,
                 inodes_free: 7,
                 device: 0
@@ -309,5 +318,11 @@ mod tests {
         );
         assert_eq!(v[2], TargetsLine::Pool("ram".into()));
         assert!(parse_targets("target=x node=1").is_err());
+        // Without used= (an older odfs): all but the free bytes.
+        match &parse_targets("target=3 node=1 pool=a online=1 capacity=100 free=40 inodes=1 inodes_free=1").unwrap()[0]
+        {
+            TargetsLine::Target(t) => assert_eq!(t.used, 60),
+            other => panic!("{other:?}"),
+        }
     }
 }

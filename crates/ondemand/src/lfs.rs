@@ -155,6 +155,39 @@ impl Place {
         }
     }
 
+    /// The sealed tree this place is in — or, when it does not exist, the directory it would
+    /// be made in — named as the user names places (`odfs:/ds`, or its path in the mount);
+    /// None when not sealed. metad's refusal names only an inode, and a mount's only says
+    /// "Read-only file system".
+    pub async fn sealed_tree(&self) -> Result<Option<String>> {
+        match self {
+            Place::Lib { client, path } => {
+                let top = client.sealed_tree(&Ctx::current(), path).await.map_err(why)?;
+                Ok(top.map(|t| format!("odfs:{t}")))
+            }
+            Place::Mount(p) => {
+                let Some(root) = mount_of(p) else { return Ok(None) };
+                let sealed = |d: &Path| get_xattr(d, vxattr::SEALED).is_ok_and(|v| v == b"1");
+                let abs = std::path::absolute(p)?;
+                // The nearest existing place, then up while the directory above is sealed too.
+                let mut at = abs.as_path();
+                while std::fs::symlink_metadata(at).is_err() {
+                    match at.parent() {
+                        Some(up) if up.starts_with(&root) => at = up,
+                        _ => return Ok(None),
+                    }
+                }
+                if !sealed(at) {
+                    return Ok(None);
+                }
+                while let Some(up) = at.parent().filter(|up| up.starts_with(&root) && sealed(up)) {
+                    at = up;
+                }
+                Ok(Some(at.display().to_string()))
+            }
+        }
+    }
+
     /// Creates an empty regular file (for `setstripe` of a new file).
     async fn create_empty(&self) -> Result<()> {
         match self {
@@ -334,6 +367,7 @@ pub async fn setstripe(place: &Place, a: &StripeArgs) -> Result<()> {
     if kind == Some(FileKind::Symlink) {
         bail!("{} is a symbolic link; name what it points to", place.show());
     }
+    refuse_sealed(place, "set a layout").await?;
     precheck(place, a, kind).await?;
     let created = match kind {
         Some(_) => false,
@@ -356,6 +390,19 @@ pub async fn setstripe(place: &Place, a: &StripeArgs) -> Result<()> {
         }
     }
     r
+}
+
+/// Refuses to `what` (a change) at `place` in a sealed tree, naming the tree, before
+/// anything is made.
+async fn refuse_sealed(place: &Place, what: &str) -> Result<()> {
+    let Some(top) = place.sealed_tree().await? else { return Ok(()) };
+    let shown = place.show();
+    let at = if shown.trim_end_matches('/') == top {
+        format!("{top} is a sealed tree")
+    } else {
+        format!("{shown} is in the sealed tree {top}")
+    };
+    bail!("cannot {what}: {at}, which is read-only until `odfs unseal {top}`")
 }
 
 /// `odfs seal PATH` (`sealed`) / `odfs unseal PATH`: the whole tree under PATH, through the
@@ -546,15 +593,20 @@ pub struct DfArgs {
     pub pool: Option<String>,
 }
 
-/// One row of `odfs df`: (total, used, available).
-fn df_row(out: &mut String, label: &str, total: u64, used: u64, avail: u64, a: &DfArgs, tail: &str) {
-    let pct = if total > 0 { format!("{}%", (used as f64 * 100.0 / total as f64).ceil() as u64) } else { "-".into() };
+/// One row of `odfs df`: (size, used, available) as `df` counts them, the blocks reserved for
+/// root in neither used nor available; Use% is used of used plus available, rounded up, as
+/// `df` has it.
+fn df_row(out: &mut String, label: &str, (total, used, avail): (u64, u64, u64), a: &DfArgs, tail: &str) {
+    let pct = match used.saturating_add(avail) {
+        0 => "-".into(),
+        of => format!("{}%", (u128::from(used) * 100).div_ceil(u128::from(of))),
+    };
     let n = |v: u64| if a.human && !a.inodes { odfs_proto::units::bytes_short(v) } else { v.to_string() };
     let _ = writeln!(out, "{label:<24} {:>16} {:>16} {:>16} {pct:>5} {tail}", n(total), n(used), n(avail));
 }
 
 /// `odfs df`: space (or, with -i, inodes) per target, per pool and in all; bytes in 1K
-/// blocks unless -h. The byte summary is the sum over the online targets, as `df` on the mount
+/// blocks unless -h, counted as `df` counts them on the targets' disks. The byte summary is the sum over the online targets, as `df` on the mount
 /// shows it; the inode summary is the filesystem's metadata inodes, as `df -i` shows them.
 /// Targets on one device (one disk holding several data paths) count its space once.
 pub async fn df(place: &Place, a: &DfArgs) -> Result<String> {
@@ -590,15 +642,21 @@ fn df_table(targets: &[TargetRow], pools: &[String], a: &DfArgs, meta_inodes: Op
         ("1K-blocks", "Used", "Available")
     };
     let mut out = format!("{:<24} {h1:>16} {h2:>16} {h3:>16} {:>5} {}\n", "TARGET", "Use%", "Node Pool");
-    let pick = |t: &TargetRow| -> (u64, u64) {
+    // (size, used, available).
+    let pick = |t: &TargetRow| -> (u64, u64, u64) {
         if a.inodes {
-            (t.inodes, t.inodes_free)
+            (t.inodes, t.inodes.saturating_sub(t.inodes_free), t.inodes_free)
         } else {
-            (scale(t.capacity), scale(t.free))
+            (scale(t.capacity), scale(t.used), scale(t.free))
         }
     };
-    let mut sums: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
-    let mut all = (0u64, 0u64);
+    let add = |into: &mut (u64, u64, u64), (total, used, free): (u64, u64, u64)| {
+        into.0 += total;
+        into.1 += used;
+        into.2 += free;
+    };
+    let mut sums: std::collections::BTreeMap<String, (u64, u64, u64)> = Default::default();
+    let mut all = (0u64, 0u64, 0u64);
     // The first online target seen on each device, which carries the device's space.
     let mut first: std::collections::BTreeMap<u64, u32> = Default::default();
     let mut shared = 0;
@@ -606,7 +664,7 @@ fn df_table(targets: &[TargetRow], pools: &[String], a: &DfArgs, meta_inodes: Op
         if a.pool.as_ref().is_some_and(|p| *p != t.pool) {
             continue;
         }
-        let (total, free) = pick(t);
+        let space = pick(t);
         let mut tail = format!("{:>4} {}", t.node, t.pool);
         if !t.online {
             tail += " OFFLINE";
@@ -615,29 +673,25 @@ fn df_table(targets: &[TargetRow], pools: &[String], a: &DfArgs, meta_inodes: Op
             shared += 1;
         } else {
             first.insert(t.device, t.id);
-            let s = sums.entry(t.pool.clone()).or_default();
-            s.0 += total;
-            s.1 += free;
-            all.0 += total;
-            all.1 += free;
+            add(sums.entry(t.pool.clone()).or_default(), space);
+            add(&mut all, space);
         }
-        df_row(&mut out, &format!("odfs-T{:04}", t.id), total, total.saturating_sub(free), free, a, &tail);
+        df_row(&mut out, &format!("odfs-T{:04}", t.id), space, a, &tail);
     }
     out.push('\n');
     for p in pools {
         if a.pool.as_ref().is_some_and(|x| x != p) {
             continue;
         }
-        let (total, free) = sums.get(p).copied().unwrap_or((0, 0));
-        df_row(&mut out, &format!("pool {p}"), total, total.saturating_sub(free), free, a, "");
+        df_row(&mut out, &format!("pool {p}"), sums.get(p).copied().unwrap_or_default(), a, "");
     }
     if a.pool.is_none() {
         out.push('\n');
         match meta_inodes {
             Some((total, free)) => {
-                df_row(&mut out, "filesystem_summary:", total, total.saturating_sub(free), free, a, "(metadata)")
+                df_row(&mut out, "filesystem_summary:", (total, total.saturating_sub(free), free), a, "(metadata)")
             }
-            None => df_row(&mut out, "filesystem_summary:", all.0, all.0.saturating_sub(all.1), all.1, a, ""),
+            None => df_row(&mut out, "filesystem_summary:", all, a, ""),
         }
     }
     if shared > 0 {
@@ -685,6 +739,7 @@ mod tests {
             online: true,
             capacity: 1000 << 30,
             free: 400 << 30,
+            used: 550 << 30,
             inodes: 100,
             inodes_free: 40,
             device,
@@ -704,16 +759,35 @@ mod tests {
         // Four targets on one disk (one machine's data paths), then each on its own.
         let one_disk: Vec<TargetRow> = (1..=4).map(|i| target(i, i - 1, 0xabc)).collect();
         let t = df_table(&one_disk, &pools, &a, None);
-        assert_eq!(row(&t, "pool nvme")[..3], [1000 << 20, 600 << 20, 400 << 20], "{t}");
-        assert_eq!(row(&t, "filesystem_summary:")[..3], [1000 << 20, 600 << 20, 400 << 20], "{t}");
+        assert_eq!(row(&t, "pool nvme")[..3], [1000 << 20, 550 << 20, 400 << 20], "{t}");
+        assert_eq!(row(&t, "filesystem_summary:")[..3], [1000 << 20, 550 << 20, 400 << 20], "{t}");
         assert!(t.contains("odfs-T0002") && t.contains("same device as odfs-T0001"), "{t}");
         assert!(t.contains("3 target(s) share a device"), "{t}");
         let own: Vec<TargetRow> = (1..=4).map(|i| target(i, i - 1, 0x100 + i as u64)).collect();
         let t = df_table(&own, &pools, &a, None);
         assert_eq!(row(&t, "filesystem_summary:")[0], 4000 << 20, "{t}");
         assert!(!t.contains("share a device"), "{t}");
+        // Used of used plus available, rounded up: 550 of 950 is 57.9 %.
+        assert!(t.lines().any(|l| l.starts_with("odfs-T0001") && l.contains(" 58% ")), "{t}");
         // Unknown devices (0) are never merged.
         let unknown: Vec<TargetRow> = (1..=2).map(|i| target(i, 0, 0)).collect();
         assert_eq!(row(&df_table(&unknown, &pools, &a, None), "filesystem_summary:")[0], 2000 << 20);
+    }
+
+    #[test]
+    fn df_leaves_the_blocks_reserved_for_root_out_of_used_as_df_does() {
+        // A 250 GiB disk with 21 GiB used and 70 GiB available to users: the rest is reserved
+        // for root (or counted by the filesystem itself), used by no one.
+        let t = TargetRow { capacity: 250 << 30, used: 21 << 30, free: 70 << 30, ..target(1, 0, 7) };
+        let a = DfArgs { human: true, inodes: false, pool: None };
+        let text = df_table(&[t], &["nvme".to_string()], &a, None);
+        let summary: Vec<&str> =
+            text.lines().find(|l| l.starts_with("filesystem_summary:")).unwrap().split_whitespace().collect();
+        assert_eq!(summary[1..5], ["250G", "21G", "70G", "24%"], "{text}");
+        // Inodes: used is all but the free ones.
+        let a = DfArgs { human: false, inodes: true, pool: None };
+        let text = df_table(&[target(1, 0, 7)], &["nvme".to_string()], &a, None);
+        assert_eq!(row(&text, "odfs-T0001")[..3], [100, 60, 40], "{text}");
+        assert!(text.contains(" 60% "), "{text}");
     }
 }

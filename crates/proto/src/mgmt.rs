@@ -43,8 +43,14 @@ pub enum FsState {
 /// Space of one target as its stored reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct TargetSpace {
+    /// The size of the filesystem holding the target (`f_blocks`), as `df` shows it.
     pub capacity: u64,
+    /// Bytes free to unprivileged writers (`f_bavail`): what `df` shows as available.
     pub free: u64,
+    /// Bytes in use (`f_blocks - f_bfree`), as `df` counts them: what is neither used nor free
+    /// is reserved for root.
+    #[serde(default)]
+    pub used: u64,
     pub inodes_total: u64,
     pub inodes_free: u64,
     /// The filesystem the target lives on (0: unknown). Targets with the same device share

@@ -15,7 +15,7 @@ fn router() -> Arc<Router> {
         if req.target == 0 {
             return Err(RemoteError::new(ErrorCode::NotFound, "no target 0"));
         }
-        Ok(TargetSpace { capacity: req.target as u64, free: h.uid as u64, inodes_total: 0, inodes_free: 0, device: 0 })
+        Ok(TargetSpace { capacity: req.target as u64, free: h.uid as u64, ..Default::default() })
     });
     Arc::new(r)
 }
@@ -214,7 +214,7 @@ async fn a_waiting_handler_does_not_hold_back_its_stream() {
                 2 => g.notify_one(),
                 _ => {}
             }
-            Ok(TargetSpace { capacity: req.target as u64, free: 0, inodes_total: 0, inodes_free: 0, device: 0 })
+            Ok(TargetSpace { capacity: req.target as u64, ..Default::default() })
         }
     });
     let srv = start_with(&cred, Arc::new(r)).await;

@@ -554,7 +554,8 @@ impl ChunkStore {
     }
 
     /// Space of the file system holding the target: capacity, bytes free to unprivileged writers
-    /// (`f_bavail × f_frsize`), inodes.
+    /// (`f_bavail × f_frsize`), bytes used (`(f_blocks - f_bfree) × f_frsize`, as `df` counts
+    /// them), inodes.
     pub fn space(&self, target: TargetId) -> Result<TargetSpace, StoreError> {
         let t = self.target(target)?;
         let s = nix::sys::statvfs::statvfs(&t.root).map_err(|e| StoreError::Io {
@@ -566,6 +567,7 @@ impl ChunkStore {
         Ok(TargetSpace {
             capacity: (s.blocks() as u64).saturating_mul(frsize),
             free: (s.blocks_available() as u64).saturating_mul(frsize),
+            used: (s.blocks() as u64).saturating_sub(s.blocks_free() as u64).saturating_mul(frsize),
             inodes_total: s.files() as u64,
             // Pooled chunk files are inodes odfs takes before any new one.
             inodes_free: (s.files_available() as u64).saturating_add(t.pool.len() as u64).min(s.files() as u64),

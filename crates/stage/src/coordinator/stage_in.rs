@@ -80,6 +80,7 @@ pub async fn stage_in(
     o: &StageOptions,
 ) -> Result<StageReport> {
     let start = Instant::now();
+    refuse_sealed(client, ctx, dst_root).await?;
     let agents = agents(client).await?;
     let mut report = StageReport { kind: "stage-in", ..StageReport::default() };
     let mut listing = list_source(ctx, src, o, &mut report).await?;
@@ -120,6 +121,23 @@ pub async fn stage_in(
     write_odfs_file(client, ctx, &manifest_path, &m.to_json()).await.during(|| "cannot write the manifest".into())?;
     run.report.elapsed = start.elapsed();
     Ok(run.report)
+}
+
+/// Refuses a destination in a sealed tree before anything is listed or copied: every file,
+/// directory and the manifest would be refused there (EROFS). Names the tree, as
+/// `odfs unseal` takes it.
+async fn refuse_sealed(client: &Client, ctx: &Ctx, dst_root: &str) -> Result<()> {
+    let top = client.sealed_tree(ctx, dst_root).await.during(|| format!("cannot look at odfs:{dst_root}"))?;
+    let Some(top) = top else { return Ok(()) };
+    let what = if dst_root.trim_end_matches('/') == top {
+        format!("odfs:{top} is a sealed tree")
+    } else {
+        format!("odfs:{dst_root} is in the sealed tree odfs:{top}")
+    };
+    invalid!(
+        "{what}, which is read-only: nothing was copied; stage into another directory, or make it \
+         writable with `odfs unseal odfs:{top}`"
+    )
 }
 
 /// Lists the source; unsafe names go to the report's refused list.
