@@ -7,14 +7,18 @@
 //! Owns planning, cross-agent verification and manifests. Must not move file data itself:
 //! the agents do, on their nodes.
 //!
-//! - this module: settings, the report, passes of work over the agents, progress, and the
-//!   odfs and S3 helpers both directions use;
+//! - this module: settings, the report, passes of work over the agents, and the odfs and S3
+//!   helpers both directions use;
+//! - `progress`: what a stage says while it lists and transfers;
 //! - `stage_in`: list → skip what is done → plan → transfer → verify ranged files → manifest;
 //! - `stage_out`: walk odfs → (S3: skip unchanged objects) → transfer → complete uploads →
 //!   verify against the bucket → manifest → completion marker.
 
+mod progress;
 mod stage_in;
 pub(crate) mod stage_out;
+
+pub(crate) use progress::{ListingProgress, Progress};
 
 pub use stage_in::stage_in;
 pub use stage_out::stage_out;
@@ -266,69 +270,6 @@ fn take_batch(pool: &mut VecDeque<usize>, items: &[WorkItem], n: usize) -> Vec<u
     batch
 }
 
-/// Progress on a terminal (a bar), else a line every `every`.
-pub(crate) struct Progress {
-    bar: Option<indicatif::ProgressBar>,
-    kind: &'static str,
-    total: u64,
-    last_log: Instant,
-    every: Duration,
-    start: Instant,
-}
-
-impl Progress {
-    pub(crate) fn new(kind: &'static str, total: u64, every: Duration) -> Progress {
-        use std::io::IsTerminal;
-        let bar = std::io::stderr().is_terminal().then(|| {
-            let b = indicatif::ProgressBar::new(total);
-            b.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "{prefix} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta} {msg}",
-                )
-                .expect("valid template")
-                .progress_chars("=> "),
-            );
-            b.set_prefix(kind);
-            b
-        });
-        Progress { bar, kind, total, last_log: Instant::now(), every, start: Instant::now() }
-    }
-
-    pub(crate) fn update(&mut self, per_agent: &[(u32, StageCounters)]) {
-        let bytes: u64 = per_agent.iter().map(|(_, c)| c.bytes).sum();
-        let done: u64 = per_agent.iter().map(|(_, c)| c.items_done).sum();
-        let items: u64 = per_agent.iter().map(|(_, c)| c.items_total).sum();
-        let shares: Vec<String> = per_agent
-            .iter()
-            .map(|(n, c)| format!("n{n}:{:.0}%", if bytes > 0 { 100.0 * c.bytes as f64 / bytes as f64 } else { 0.0 }))
-            .collect();
-        let msg = format!("{done}/{items} items {}", shares.join(" "));
-        match &self.bar {
-            Some(b) => {
-                b.set_position(bytes);
-                b.set_message(msg);
-            }
-            None if self.last_log.elapsed() >= self.every => {
-                self.last_log = Instant::now();
-                eprintln!(
-                    "odfs {}: {} of {}, {msg}, {:.0} MiB/s",
-                    self.kind,
-                    units::bytes(bytes),
-                    units::bytes(self.total),
-                    units::mib_per_sec(bytes, self.start.elapsed().as_secs_f64())
-                );
-            }
-            None => {}
-        }
-    }
-
-    pub(crate) fn finish(&self) {
-        if let Some(b) = &self.bar {
-            b.finish_and_clear();
-        }
-    }
-}
-
 /// Everything one pass of work needs.
 pub(crate) struct Pass<'a> {
     client: &'a Client,
@@ -358,6 +299,7 @@ pub(crate) async fn run_pass(
     progress: &mut Progress,
 ) -> Result<(Vec<ItemResult>, Vec<(u32, StageCounters)>)> {
     let n = p.agents.len();
+    progress.set_items(items.len() as u64);
     let (mut plan, mut pool) = split_work(&items, n, |it| {
         let node = p.node_of.get(it.rel())?;
         p.agents.iter().position(|(k, _)| k == node)

@@ -246,14 +246,24 @@ impl S3 {
 
     /// Every object under `prefix` (all pages).
     pub async fn list(&self, prefix: &str) -> Result<Vec<Object>> {
-        self.reachable(|| self.list_once(prefix)).await
+        self.list_paging(prefix, &|_, _| {}).await
     }
 
-    async fn list_once(&self, prefix: &str) -> Result<Vec<Object>> {
+    /// Every object under `prefix`, telling `page` the objects and bytes of each page as it
+    /// comes (a listing again after the endpoint was unreachable tells its pages again).
+    pub async fn list_paging(&self, prefix: &str, page: &(dyn Fn(u64, u64) + Sync)) -> Result<Vec<Object>> {
+        self.reachable(|| self.list_once(prefix, page)).await
+    }
+
+    async fn list_once(&self, prefix: &str, seen: &(dyn Fn(u64, u64) + Sync)) -> Result<Vec<Object>> {
         let mut out = Vec::new();
         let mut pages = self.client.list_objects_v2().bucket(&self.spec.bucket).prefix(prefix).into_paginator().send();
         while let Some(page) = pages.next().await {
             let page = page.map_err(|e| describe(e, &self.spec, prefix))?;
+            seen(
+                page.contents().len() as u64,
+                page.contents().iter().map(|o| o.size().unwrap_or(0).max(0) as u64).sum(),
+            );
             for o in page.contents() {
                 let mtime = o
                     .last_modified()

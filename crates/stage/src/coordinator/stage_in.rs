@@ -5,8 +5,8 @@
 //! combined) → write the manifest.
 
 use super::{
-    agents, make_dirs, read_odfs_file, run_pass, s3_for, write_odfs_file, Pass, Progress, SrcFile, StageOptions,
-    StageReport,
+    agents, make_dirs, read_odfs_file, run_pass, s3_for, write_odfs_file, ListingProgress, Pass, Progress, SrcFile,
+    StageOptions, StageReport,
 };
 use crate::error::{invalid, During, Result, StageError};
 use crate::keys::{check_relative, join, parents};
@@ -148,7 +148,10 @@ async fn list_source(ctx: &Ctx, src: &Location, o: &StageOptions, report: &mut S
     let endpoint = match src {
         Location::S3 { bucket, prefix } => {
             let s3 = s3_for(bucket, prefix, o).await?;
-            let listed = s3.list(prefix).await?;
+            let progress = std::sync::Mutex::new(ListingProgress::new("stage-in", o.log_every));
+            let listed = s3.list_paging(prefix, &|n, b| progress.lock().expect("progress lock").page(n, b)).await?;
+            let bytes = listed.iter().map(|x| x.size).sum();
+            progress.into_inner().expect("progress lock").complete(listed.len() as u64, bytes);
             for obj in listed {
                 let rel = &obj.key[prefix.len()..];
                 if rel.is_empty() {
