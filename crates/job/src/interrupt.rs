@@ -1,7 +1,9 @@
 //! An interrupted command leaves nothing running: `odfs local up`, `odfs demo` and `odfs bench`
 //! call [`stop_started_on_signals`], and then SIGINT (Ctrl-C), SIGTERM or SIGHUP unmounts every
-//! mount this process made and stops every daemon it started, and the process exits with
-//! 128 + the signal's number (docs/architecture.md, "Failure handling"). `odfs bench --startup`
+//! mount this process made, stops every daemon it started and removes its work directories,
+//! and the process exits with 128 + the signal's number (docs/architecture.md, "Failure
+//! handling"). A command that gives up ([`give_up`]: a phase past its bound) takes the same
+//! way out, with status 1. `odfs bench --startup`
 //! is the exception: its filesystems are started by `odfs start` processes, as a job's are.
 //!
 //! Owns the record of what this process started and has not stopped or unmounted yet (every
@@ -26,12 +28,25 @@ struct Started {
     /// Other children of this process not yet waited for (so their pids are still theirs).
     children: Vec<u32>,
     mounts: Vec<PathBuf>,
+    /// Work directories removed at a teardown, once nothing runs or is mounted there.
+    dirs: Vec<PathBuf>,
     /// The command is ending on its own ([`disarm`]): a signal now ends the process at once.
     disarmed: bool,
 }
 
-static STARTED: Mutex<Started> =
-    Mutex::new(Started { procs: Vec::new(), children: Vec::new(), mounts: Vec::new(), disarmed: false });
+static STARTED: Mutex<Started> = Mutex::new(Started {
+    procs: Vec::new(),
+    children: Vec::new(),
+    mounts: Vec::new(),
+    dirs: Vec::new(),
+    disarmed: false,
+});
+
+/// Why the command gave up ([`give_up`]), for the teardown's first line.
+static GAVE_UP: Mutex<Option<String>> = Mutex::new(None);
+
+/// The byte [`give_up`] writes to the signal pipe: no signal's number.
+const GIVE_UP: u8 = 0;
 
 /// Set (under the record's lock) once a signal's teardown has begun: nothing new is started or
 /// mounted after it, and no other thread ends the process under it ([`disarm`], and the panic
@@ -110,6 +125,34 @@ pub fn unmounted(path: &Path) {
     started().mounts.retain(|m| m != path);
 }
 
+/// Records a work directory of the command (a demo's or benchmark's data), removed by a
+/// teardown after its mounts and processes are gone; never while anything is mounted below it.
+pub fn removing(dir: &Path) {
+    let mut s = started();
+    if !s.dirs.iter().any(|d| d == dir) {
+        s.dirs.push(dir.to_path_buf());
+    }
+}
+
+/// Forgets a work directory the command removed (or keeps) itself.
+pub fn removed(dir: &Path) {
+    started().dirs.retain(|d| d != dir);
+}
+
+/// The command cannot go on (a phase that never ends): tears down what it started as a signal
+/// does, its first line saying `why`, and ends the process with status 1. Without
+/// [`stop_started_on_signals`] armed it only says why and exits.
+pub fn give_up(why: &str) {
+    *GAVE_UP.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.to_string());
+    let fd = SIGNAL_PIPE.load(Ordering::SeqCst);
+    if fd < 0 {
+        say(format_args!("odfs: {why}"));
+        std::process::exit(1);
+    }
+    // SAFETY: write(2) of one byte from a live local.
+    unsafe { libc::write(fd, (&GIVE_UP as *const u8).cast(), 1) };
+}
+
 /// From now on SIGINT, SIGTERM and SIGHUP stop what this process started (mounts first, as
 /// `odfs local down` does, then processes) and exit with 128 + the signal. Idempotent.
 pub fn stop_started_on_signals() -> Result<()> {
@@ -168,17 +211,23 @@ fn wait_and_tear_down(read: OwnedFd) {
         }
     }
     let sig = b[0] as i32;
+    let why = match b[0] {
+        GIVE_UP => GAVE_UP.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_else(|| "gave up".into()),
+        _ => {
+            let name = nix::sys::signal::Signal::try_from(sig).map(|s| s.as_str()).unwrap_or("a signal");
+            format!("interrupted ({name})")
+        }
+    };
     if let Some(s) = take_for_teardown() {
-        let name = nix::sys::signal::Signal::try_from(sig).map(|s| s.as_str()).unwrap_or("a signal");
         say(format_args!(
-            "odfs: interrupted ({name}): unmounting {} mount(s) and stopping {} process(es) this command started",
+            "odfs: {why}: unmounting {} mount(s) and stopping {} process(es) this command started",
             s.mounts.len(),
             s.procs.len() + s.children.len()
         ));
         // Whatever fails in it, the process still ends here, with the signal's status.
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tear_down(&s)));
     }
-    std::process::exit(128 + sig);
+    std::process::exit(if b[0] == GIVE_UP { 1 } else { 128 + sig });
 }
 
 /// Marks the teardown begun and takes the record (None once [`disarm`]ed); a spawn under way
@@ -212,6 +261,21 @@ fn tear_down(s: &Started) {
         say(format_args!("odfs: killed {killed:?} after they ignored SIGTERM"));
     }
     other.into_iter().for_each(|m| unmount(m));
+    s.dirs.iter().for_each(|d| remove_dir(d));
+}
+
+/// Removes a work directory, or says why it stays.
+fn remove_dir(d: &Path) {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    if let Some(m) = mount::parse_mountinfo(&text).into_iter().find(|m| m.mount_point.starts_with(d)) {
+        say(format_args!("odfs: left {}: {} is still mounted", d.display(), m.mount_point.display()));
+        return;
+    }
+    match std::fs::remove_dir_all(d) {
+        Ok(()) => say(format_args!("odfs: removed {}", d.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => say(format_args!("odfs: left {}: cannot remove it: {e}", d.display())),
+    }
 }
 
 fn unmount(m: &Path) {

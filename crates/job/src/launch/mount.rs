@@ -118,12 +118,64 @@ fn ensure_fusectl() {
 }
 
 /// Takes the mount at `path` down, escalating: unmount; abort the FUSE connection and unmount;
-/// lazy unmount. Returns what it did, one line per step; an error only if the mount is still
-/// there after every step.
+/// lazy unmount. Then a FUSE connection that outlives its mount here is aborted (see
+/// [`end_survivor`]). Returns what it did, one line per step; an error only if the mount is
+/// still there after every step.
 pub fn unmount(path: &Path) -> Result<Vec<String>> {
-    let did = unmount_escalating(path)?;
+    let before = mount_at(path);
+    let mut did = unmount_escalating(path)?;
+    if let Some(m) = before.filter(|m| m.fstype.starts_with("fuse")) {
+        did.extend(end_survivor(path, m.minor));
+    }
     crate::interrupt::unmounted(path);
     Ok(did)
+}
+
+/// How long a FUSE connection may outlive its last mount in this namespace before it is taken
+/// for one that a copy elsewhere keeps alive.
+const SURVIVOR_GRACE: Duration = Duration::from_secs(1);
+
+/// Whether FUSE connection `minor` still lives (its directory in the control filesystem).
+pub fn connection_alive(minor: u32) -> bool {
+    Path::new(&format!("/sys/fs/fuse/connections/{minor}")).exists()
+}
+
+/// Aborts FUSE connection `minor`: every request of it fails at once and its daemon's reads
+/// end, wherever the mount is.
+pub fn abort_connection(minor: u32) -> std::io::Result<()> {
+    ensure_fusectl();
+    std::fs::write(format!("/sys/fs/fuse/connections/{minor}/abort"), "1")
+}
+
+/// After `path`'s mount here is gone: a mount namespace made while it was mounted (`unshare
+/// -m`, a container, a service with its own /tmp) holds a copy of it that the unmount did not
+/// reach, and that copy keeps the FUSE connection and its daemon alive — a bindfs or a
+/// session thread waiting for the end of a connection that never comes. Such a connection,
+/// still alive after [`SURVIVOR_GRACE`] with no mount of it left here, is aborted: the copy
+/// then fails with ENOTCONN, and the daemon ends. One line when it did.
+fn end_survivor(path: &Path, minor: u32) -> Option<String> {
+    ensure_fusectl();
+    let t = Instant::now();
+    while connection_alive(minor) {
+        let here = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        if parse_mountinfo(&here).iter().any(|m| m.minor == minor && m.fstype.starts_with("fuse")) {
+            return None;
+        }
+        if t.elapsed() >= SURVIVOR_GRACE {
+            return Some(match abort_connection(minor) {
+                Ok(()) => format!(
+                    "aborted FUSE connection {minor}: a copy of {} in another mount namespace kept it open",
+                    path.display()
+                ),
+                Err(e) => format!(
+                    "cannot abort FUSE connection {minor}, which a copy of {} in another mount namespace keeps open: {e}",
+                    path.display()
+                ),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
 }
 
 /// The steps of [`unmount`].
@@ -140,11 +192,9 @@ fn unmount_escalating(path: &Path) -> Result<Vec<String>> {
         None => did.push(format!("unmount of {} did not return within 2 s", path.display())),
     }
     if m.fstype.starts_with("fuse") {
-        ensure_fusectl();
-        let abort = format!("/sys/fs/fuse/connections/{}/abort", m.minor);
-        match std::fs::write(&abort, "1") {
+        match abort_connection(m.minor) {
             Ok(()) => did.push(format!("aborted FUSE connection {}", m.minor)),
-            Err(e) => did.push(format!("cannot abort FUSE connection {} ({abort}): {e}", m.minor)),
+            Err(e) => did.push(format!("cannot abort FUSE connection {}: {e}", m.minor)),
         }
         let p = path.to_path_buf();
         if let Some(Ok(())) = bounded(Duration::from_secs(2), move || umount2(&p, 0)) {
