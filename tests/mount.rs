@@ -199,3 +199,165 @@ fn local_up_refuses_more_nodes_than_one_machine_runs() {
     assert!(!dir.path().join("local.state.toml").exists(), "state written for a refused start");
     assert_eq!(processes_naming(dir.path()), Vec::<String>::new());
 }
+
+/// Private mount namespaces made one after the other while it lives, each holding copies of
+/// every mount there is at its making (as `unshare -m`, a container or a service with its own
+/// /tmp does): an unmount here does not reach those copies, which keep FUSE connections and
+/// their daemons alive.
+struct NamespaceCopies {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    maker: Option<std::thread::JoinHandle<Vec<std::process::Child>>>,
+}
+
+impl NamespaceCopies {
+    fn start() -> NamespaceCopies {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let maker = std::thread::spawn(move || {
+            // One every 2 s, each kept to the end: copies of every mount the demo makes
+            // outlive its unmount, whatever waits follow it.
+            let mut held = Vec::new();
+            while !s.load(std::sync::atomic::Ordering::SeqCst) {
+                let c = std::process::Command::new("unshare")
+                    .args(["--mount", "--propagation", "private", "sleep", "900"])
+                    .spawn()
+                    .expect("unshare (util-linux)");
+                held.push(c);
+                for _ in 0..20 {
+                    if s.load(std::sync::atomic::Ordering::SeqCst) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+            held
+        });
+        NamespaceCopies { stop, maker: Some(maker) }
+    }
+}
+
+impl Drop for NamespaceCopies {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        for mut c in self.maker.take().and_then(|m| m.join().ok()).unwrap_or_default() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Runs `odfs demo` with `args` from `cwd` with TMPDIR `tmp`; (status, stdout, stderr).
+fn demo(cwd: &Path, tmp: &Path, args: &[&str]) -> (std::process::ExitStatus, String, String) {
+    let out = std::process::Command::new(bin_dir().join("odfs"))
+        .arg("demo")
+        .args(args)
+        .current_dir(cwd)
+        .env("TMPDIR", tmp)
+        .env("ODFS_BIN_DIR", bin_dir())
+        .output()
+        .unwrap();
+    (out.status, String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// `odfs demo` three times in a row from a fresh directory, with its benchmark the first time,
+/// while other mount namespaces keep copies of its mounts: each run works under TMPDIR (not
+/// the directory it is run from), ends, and leaves no process, mount or data.
+#[test]
+fn three_demos_in_a_row_leave_no_process_mount_or_data_even_with_copies_of_their_mounts() {
+    assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing: this test mounts a FUSE filesystem");
+    let (here, tmp) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let user = String::from_utf8(std::process::Command::new("id").arg("-un").output().unwrap().stdout).unwrap();
+    let root = tmp.path().join(format!("odfs-demo-{}", user.trim()));
+    let _copies = NamespaceCopies::start();
+    for (run, bench) in [(1, true), (2, false), (3, false)] {
+        let mut args = vec!["--nodes", "2", "--dataset-mib", "16"];
+        if !bench {
+            args.push("--no-bench");
+        }
+        let (status, out, err) = demo(here.path(), tmp.path(), &args);
+        let said = format!("run {run}: {status}\nstdout:\n{out}\nstderr:\n{err}");
+        assert!(status.success(), "{said}");
+        assert!(out.contains(&format!("under {}", root.join("fs").display())), "works under TMPDIR: {said}");
+        if bench {
+            assert!(out.contains("6/6 short benchmark") && out.contains("FUSE minimum"), "{said}");
+        }
+        assert!(out.contains(&format!("removed {} (", root.display())), "{said}");
+        assert!(out.trim_end().ends_with("demo finished: filesystem stopped, no process or mount left"), "{said}");
+        assert_eq!(entries(here.path()), Vec::<String>::new(), "the demo wrote into the directory it ran from: {said}");
+        assert!(!root.exists(), "{} is left: {said}", root.display());
+        assert_eq!(entries(tmp.path()), Vec::<String>::new(), "{said}");
+        assert_eq!(processes_naming(tmp.path()), Vec::<String>::new(), "left running: {said}");
+        assert_eq!(mounts_under(tmp.path()), Vec::<String>::new(), "left mounted: {said}");
+    }
+}
+
+/// A demo whose benchmark stalls (the benchmark's odfs-fuse stopped while fio writes through
+/// its mount) ends once the phase passes its bound, with a line naming the phase and what it
+/// waited for, and leaves no process, mount or data.
+#[test]
+fn a_demo_whose_benchmark_stalls_ends_at_its_bound_and_leaves_nothing() {
+    use std::io::{BufRead, Read};
+    assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing: this test mounts a FUSE filesystem");
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("demo");
+    let mut child = std::process::Command::new(bin_dir().join("odfs"))
+        .args(["demo", "--root", root.to_str().unwrap(), "--nodes", "2", "--dataset-mib", "16"])
+        .args(["--phase-timeout", "15"])
+        .env("ODFS_BIN_DIR", bin_dir())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout_pipe = child.stdout.take().unwrap();
+    let stdout = std::thread::spawn(move || {
+        let mut s = String::new();
+        stdout_pipe.read_to_string(&mut s).unwrap();
+        s
+    });
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut said = String::new();
+    let phase = "fio sequential write, 4 jobs x 64 MiB";
+    while !said.contains(&format!("bench: {phase}")) {
+        let n = stderr.read_line(&mut said).unwrap();
+        assert!(n > 0, "the demo ended before its benchmark wrote: {said}");
+    }
+    // The benchmark's own filesystem: its odfs-fuse stops answering.
+    let fuse: Vec<u32> = processes_naming(&root.join("bench"))
+        .iter()
+        .filter(|p| p.contains("odfs-fuse"))
+        .map(|p| p.split(':').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(fuse.len(), 1, "the benchmark's odfs-fuse: {fuse:?}\n{said}");
+    assert_eq!(unsafe { libc::kill(fuse[0] as i32, libc::SIGSTOP) }, 0);
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t.elapsed() > Duration::from_secs(180) {
+            let _ = child.kill();
+            panic!("the stalled demo did not end within 180 s of a 15 s bound: {said}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    stderr.read_to_string(&mut said).unwrap();
+    let out = stdout.join().unwrap();
+    let all = format!("{status}\nstdout:\n{out}\nstderr:\n{said}");
+    assert_eq!(status.code(), Some(1), "{all}");
+    // What it waited for: the stopped mount (its side's work there, the sync(2) before the
+    // write, or fio's write itself).
+    let line =
+        format!("odfs: odfs demo: phase \"{phase}\" did not end within 15 s (--phase-timeout); it was waiting for ");
+    let waited = said.split(&line).nth(1).unwrap_or_else(|| panic!("no line {line:?}: {all}"));
+    let mnt = root.join("bench/fs/mnt");
+    assert!(
+        [format!("the odfs side's work in {}:", mnt.display()), "sync(2)".into(), "fio (pid ".into()]
+            .iter()
+            .any(|w| waited.starts_with(w.as_str())),
+        "{all}"
+    );
+    assert!(said.contains(&format!("odfs: removed {}", root.display())), "{all}");
+    assert_eq!(processes_naming(dir.path()), Vec::<String>::new(), "left running: {all}");
+    assert_eq!(mounts_under(dir.path()), Vec::<String>::new(), "left mounted: {all}");
+    assert!(!root.exists(), "{} is left: {all}", root.display());
+}

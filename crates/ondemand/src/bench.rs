@@ -124,6 +124,8 @@ pub fn fill_pattern(buf: &mut [u8], seed: u64) {
 
 /// Drops the page cache so reads come from disk; returns false without root.
 pub fn drop_caches() -> bool {
+    let _waiting =
+        crate::phase::waiting("sync(2), which waits for every mounted filesystem (each FUSE daemon must answer)");
     // SAFETY: sync has no preconditions.
     unsafe { libc::sync() };
     std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok()
@@ -402,7 +404,7 @@ fn run_phases(o: &BenchOptions, fsroot: &Path, plain: &Path, pids: &[u32]) -> Re
     let mut phases = Vec::new();
     let mut dropped = true;
 
-    eprintln!("bench: sequential write, {} clients x {} MiB", o.clients, o.file_size >> 20);
+    crate::phase::say("bench", format!("sequential write, {} clients x {} MiB", o.clients, o.file_size >> 20));
     let (t, c) = time(pids, || rt.block_on(odfs_seq_write(&cfg, o)))?;
     let mut p = Phase::odfs_only("seq write", "MiB/s", mib / t, c);
     if !o.skip_plain {
@@ -412,7 +414,7 @@ fn run_phases(o: &BenchOptions, fsroot: &Path, plain: &Path, pids: &[u32]) -> Re
     }
     phases.push(p);
 
-    eprintln!("bench: sequential read (page cache dropped)");
+    crate::phase::say("bench", "sequential read (page cache dropped)".to_string());
     dropped &= drop_caches();
     let (t, c) = time(pids, || rt.block_on(odfs_seq_read(&cfg, o)))?;
     let mut p = Phase::odfs_only("seq read", "MiB/s", mib / t, c);
@@ -434,7 +436,7 @@ fn run_phases(o: &BenchOptions, fsroot: &Path, plain: &Path, pids: &[u32]) -> Re
         anyhow::Ok(v)
     })?;
     for (name, op) in [("create", MdOp::Create), ("stat", MdOp::Stat), ("unlink", MdOp::Unlink)] {
-        eprintln!("bench: {name}, {} threads x {} files", o.threads, o.files_per_thread);
+        crate::phase::say("bench", format!("{name}, {} threads x {} files", o.threads, o.files_per_thread));
         let (t, c) = time(pids, || rt.block_on(odfs_md(&cfg, o, op, &dirs)))?;
         let mut p = Phase::odfs_only(name, "ops/s", ops / t, c);
         if !o.skip_plain {

@@ -160,6 +160,19 @@ struct Places {
     out: PathBuf,
 }
 
+/// Where `odfs demo` (`what` = "demo") or `odfs bench` works unless told (`--root`): a
+/// directory of its own under `$TMPDIR`, else `/var/tmp` (a disk, where `/tmp` may be memory)
+/// — never the directory it is run from, which may be a checkout.
+pub fn default_root(what: &str) -> PathBuf {
+    let base =
+        std::env::var_os("TMPDIR").filter(|t| !t.is_empty()).map_or_else(|| PathBuf::from("/var/tmp"), PathBuf::from);
+    let user = nix::unistd::User::from_uid(nix::unistd::getuid())
+        .ok()
+        .flatten()
+        .map_or_else(|| nix::unistd::getuid().to_string(), |u| u.name);
+    base.join(format!("odfs-{what}-{user}"))
+}
+
 pub fn run(o: &DemoOptions) -> Result<()> {
     // The benchmark needs fio; without it the demo still runs the job.
     let bench = match (o.bench, mount_bench::fio()) {
@@ -170,20 +183,59 @@ pub fn run(o: &DemoOptions) -> Result<()> {
         (b, _) => b,
     };
     let p = prepare(&o.root)?;
-    let state = start_filesystem(o, &p)?;
-    let result = run_job(o, &p);
+    if !o.keep {
+        // Ctrl-C, or a phase past its bound, removes it too.
+        odfs_job::interrupt::removing(&p.root);
+    }
+    let result = run_steps(o, &p, bench);
+    crate::phase::end();
+    let left = leave_root(o, &p.root);
+    result?;
+    left?;
+    println!("demo finished: filesystem stopped, no process or mount left");
+    Ok(())
+}
+
+/// The demo's steps, each a bounded phase.
+fn run_steps(o: &DemoOptions, p: &Places, bench: bool) -> Result<()> {
+    let state = start_filesystem(o, p)?;
+    let result = run_job(o, p);
+    crate::phase::begin("stopping the demo filesystem");
     let down = local::down(&p.fsroot);
     result?;
-    check_teardown(&p, &state, down)?;
+    check_teardown(p, &state, down)?;
     if bench {
         run_bench(o, &p.root)?;
     } else {
         println!("6/6 benchmark skipped");
     }
-    if !o.keep {
-        std::fs::remove_dir_all(&p.root).with_context(|| format!("cannot remove {}", p.root.display()))?;
+    Ok(())
+}
+
+/// What the demo leaves when it ends, whether it worked or not: nothing (its root removed),
+/// or with `--keep` everything, and the last line says which.
+fn leave_root(o: &DemoOptions, root: &Path) -> Result<()> {
+    if o.keep {
+        println!(
+            "kept {} (--keep): its data, logs and configs; remove it with `rm -r {}`",
+            root.display(),
+            root.display()
+        );
+        return Ok(());
     }
-    println!("demo finished: filesystem stopped, no process or mount left");
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    if let Some(m) = mount::parse_mountinfo(&text).into_iter().find(|m| m.mount_point.starts_with(root)) {
+        bail!(
+            "left {}: {} is still mounted; unmount it, then remove {}",
+            root.display(),
+            m.mount_point.display(),
+            root.display()
+        );
+    }
+    let bytes = local::disk_usage(root);
+    std::fs::remove_dir_all(root).with_context(|| format!("cannot remove {}", root.display()))?;
+    odfs_job::interrupt::removed(root);
+    println!("removed {} ({}; --keep keeps it)", root.display(), odfs_proto::units::bytes(bytes));
     Ok(())
 }
 
@@ -210,6 +262,7 @@ fn start_filesystem(o: &DemoOptions, p: &Places) -> Result<local::LocalState> {
         p.fsroot.display(),
         p.mnt.display()
     );
+    crate::phase::begin(format!("1/6 starting a {}-node odfs", o.nodes));
     let t = Instant::now();
     let up = UpOptions { root: p.fsroot.clone(), nodes: o.nodes, mount: Some(p.mnt.clone()), ..UpOptions::default() };
     let state = local::up(&up)?;
@@ -225,12 +278,14 @@ fn start_filesystem(o: &DemoOptions, p: &Places) -> Result<local::LocalState> {
 /// The job: a dataset staged in, worked on through the mount, staged out and compared.
 fn run_job(o: &DemoOptions, p: &Places) -> Result<()> {
     println!("2/6 generating a {} MiB dataset in {}", o.dataset_mib, p.src.display());
+    crate::phase::begin("2/6 generating the dataset");
     let bytes = generate_dataset(&p.src, o.dataset_mib)?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let client = rt.block_on(Client::connect(ClientConfig::load(&local::client_config_path(&p.fsroot))?))?;
     let stage = StageOptions::default();
 
     println!("3/6 stage-in {} -> odfs:/dataset (every node's agent moves its share, verified)", p.src.display());
+    crate::phase::begin("3/6 stage-in");
     let src = Location::Posix(p.src.clone());
     let r = rt.block_on(odfs_stage::stage_in(&client, &Ctx::current(), &src, "/dataset", &stage))?;
     println!("    {}", r.summary().replace('\n', "\n    "));
@@ -240,11 +295,13 @@ fn run_job(o: &DemoOptions, p: &Places) -> Result<()> {
     let cold = if drop_caches() { "page cache dropped" } else { "page cache not dropped: not root" };
     let mnt = p.mnt.display();
     println!("4/6 the job, through the mount: {mnt}/dataset -> {mnt}/out ({COPY_THREADS} workers, {cold})");
+    crate::phase::begin("4/6 the job, through the mount");
     let t = Instant::now();
     let s = copy_tree(&p.mnt.join("dataset"), &p.mnt.join("out"), COPY_THREADS)?;
     print_copy(&s, t.elapsed().as_secs_f64());
 
     println!("5/6 stage-out odfs:/out -> {} and comparing sha256 of every file with the dataset", p.out.display());
+    crate::phase::begin("5/6 stage-out and compare");
     let dst = Location::Posix(p.out.clone());
     let r = rt.block_on(odfs_stage::stage_out(&client, &Ctx::current(), "/out", &dst, &stage))?;
     println!("    {}", r.summary().replace('\n', "\n    "));

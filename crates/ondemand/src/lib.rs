@@ -13,6 +13,7 @@ pub mod demo;
 pub mod find;
 pub mod fsref;
 pub mod lfs;
+pub mod phase;
 pub mod stage;
 pub mod stats;
 pub mod status;

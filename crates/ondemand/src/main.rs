@@ -525,8 +525,10 @@ impl KeygenArgs {
 
 #[derive(Args)]
 struct DemoArgs {
-    #[arg(long, default_value = "odfs-demo")]
-    root: PathBuf,
+    /// Where the demo works (removed at its end unless --keep) [default: $TMPDIR/odfs-demo-USER,
+    /// or /var/tmp/odfs-demo-USER without TMPDIR].
+    #[arg(long)]
+    root: Option<PathBuf>,
     #[arg(long, default_value_t = 4)]
     nodes: u32,
     #[arg(long, default_value_t = 256)]
@@ -537,12 +539,17 @@ struct DemoArgs {
     /// Skip the benchmark (`odfs bench --mount --scale small`).
     #[arg(long)]
     no_bench: bool,
+    /// Longest any step of the demo or phase of its benchmark may run before the demo gives up
+    /// (and removes what it made).
+    #[arg(long, value_name = "SECS", default_value_t = odfs_ondemand::phase::DEFAULT_BOUND_SECS)]
+    phase_timeout: u64,
 }
 
 impl DemoArgs {
     fn run(self) -> Result<()> {
+        odfs_ondemand::phase::bound(Duration::from_secs(self.phase_timeout), "odfs demo")?;
         let o = demo::DemoOptions {
-            root: self.root,
+            root: self.root.unwrap_or_else(|| demo::default_root("demo")),
             nodes: self.nodes,
             dataset_mib: self.dataset_mib,
             keep: self.keep,
@@ -564,8 +571,10 @@ enum Scale {
 
 #[derive(Args)]
 struct BenchArgs {
-    #[arg(long, default_value = "odfs-bench")]
-    root: PathBuf,
+    /// Where the benchmark works [default: $TMPDIR/odfs-bench-USER, or /var/tmp/odfs-bench-USER
+    /// without TMPDIR].
+    #[arg(long)]
+    root: Option<PathBuf>,
     #[arg(long, default_value_t = 4)]
     nodes: u32,
     /// Run through the FUSE mount: fio sequential and 4 KiB random I/O, mdtest-style metadata,
@@ -629,11 +638,15 @@ struct BenchArgs {
     skip_plain: bool,
     #[arg(long)]
     keep: bool,
+    /// Longest any phase may run before the benchmark gives up (and stops what it started).
+    #[arg(long, value_name = "SECS", default_value_t = odfs_ondemand::phase::DEFAULT_BOUND_SECS)]
+    phase_timeout: u64,
 }
 
 impl BenchArgs {
     fn run(self) -> Result<()> {
         odfs_job::interrupt::stop_started_on_signals()?;
+        odfs_ondemand::phase::bound(Duration::from_secs(self.phase_timeout), "odfs bench")?;
         if self.startup {
             self.startup()
         } else if self.shards {
@@ -651,9 +664,13 @@ impl BenchArgs {
         matches!(self.scale, Scale::Small)
     }
 
+    fn work_root(&self) -> PathBuf {
+        self.root.clone().unwrap_or_else(|| demo::default_root("bench"))
+    }
+
     fn startup(self) -> Result<()> {
         let o = bench::startup::StartupBenchOptions {
-            root: self.root,
+            root: self.work_root(),
             nodes: self.nodes,
             rounds: self.rounds,
             keep: self.keep,
@@ -667,7 +684,7 @@ impl BenchArgs {
         let d = bench::shards::ShardBenchOptions::default();
         let o = bench::shards::ShardBenchOptions {
             files: self.files.unwrap_or(if self.small() { 20_000 } else { d.files }),
-            root: self.root,
+            root: self.work_root(),
             nodes: self.nodes,
             clients: self.clients.unwrap_or(d.clients),
             keep: self.keep,
@@ -678,7 +695,7 @@ impl BenchArgs {
 
     fn stage(self) -> Result<()> {
         let d = if self.small() { bench::stage::StageBenchOptions::small() } else { Default::default() };
-        let o = bench::stage::StageBenchOptions { root: self.root, nodes: self.nodes, keep: self.keep, ..d };
+        let o = bench::stage::StageBenchOptions { root: self.work_root(), nodes: self.nodes, keep: self.keep, ..d };
         print!("{}", bench::stage::render(&bench::stage::run(&o)?));
         Ok(())
     }
@@ -686,7 +703,7 @@ impl BenchArgs {
     fn through_mount(self) -> Result<()> {
         let d = if self.small() { bench::mount::MountBenchOptions::small() } else { Default::default() };
         let o = bench::mount::MountBenchOptions {
-            root: self.root,
+            root: self.work_root(),
             nodes: self.nodes,
             transport: self.transport,
             meta_transport: self.meta_transport.unwrap_or(d.meta_transport),
@@ -715,7 +732,7 @@ impl BenchArgs {
     fn library(self) -> Result<()> {
         let d = if self.small() { bench::BenchOptions::small() } else { Default::default() };
         let o = bench::BenchOptions {
-            root: self.root,
+            root: self.work_root(),
             nodes: self.nodes,
             clients: self.clients.unwrap_or(d.clients),
             file_size: self.file_mib.map_or(d.file_size, |m| m << 20),

@@ -10,10 +10,10 @@
 //! deployed FUSE daemon pays: the bound under any FUSE filesystem run apart from its callers.
 
 use super::fill_pattern;
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use odfs_client_fuse::minimum::{BackgroundSession, FileServer, MinimumFs, WriteServer};
 use odfs_client_fuse::uring_minimum::{self, UringSource, UringSpec};
-use odfs_job::launch::procs;
+use odfs_job::launch::{mount, procs};
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -170,6 +170,9 @@ impl MinimumSpec {
     }
 }
 
+/// How long a minimum's session may take to end after its unmount.
+const SESSION_END: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What the serving process prints once its mount is up.
 const READY: &str = "mounted";
 
@@ -259,15 +262,50 @@ impl Minimum {
         }
     }
 
-    /// Unmounts and waits for the reader threads or the serving process.
-    pub fn unmount(self) -> Result<()> {
-        match self {
-            Minimum::Here(session, _server) => MinimumFs::unmount(session).context("unmounting the FUSE minimum"),
-            Minimum::Apart { mut child, stdin } => {
-                drop(stdin);
-                let status = child.wait().context("waiting for odfs fuse-minimum")?;
-                anyhow::ensure!(status.success(), "odfs fuse-minimum failed ({status}); its error is printed above");
-                Ok(())
+    /// Unmounts and waits for the reader threads or the serving process, at most
+    /// [`SESSION_END`]; a connection that outlives that (a copy of the mount in another mount
+    /// namespace keeps it) is aborted, and its session ends then.
+    pub fn unmount(self, at: &Path) -> Result<()> {
+        let conn = mount::mount_at(at).map(|m| m.minor);
+        let _waiting = crate::phase::waiting(format!("the FUSE minimum at {} to end after its unmount", at.display()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let pid = self.pid();
+        std::thread::spawn(move || {
+            let _ = tx.send(match self {
+                Minimum::Here(session, _server) => MinimumFs::unmount(session).context("unmounting the FUSE minimum"),
+                Minimum::Apart { mut child, stdin } => {
+                    drop(stdin);
+                    child.wait().context("waiting for odfs fuse-minimum").and_then(|status| {
+                        anyhow::ensure!(
+                            status.success(),
+                            "odfs fuse-minimum failed ({status}); its error is printed above"
+                        );
+                        Ok(())
+                    })
+                }
+            });
+        });
+        if let Ok(r) = rx.recv_timeout(SESSION_END) {
+            return r;
+        }
+        let Some(minor) = conn.filter(|&m| mount::connection_alive(m)) else {
+            bail!("the FUSE minimum at {} did not end within {} s of its unmount", at.display(), SESSION_END.as_secs());
+        };
+        eprintln!(
+            "bench: the FUSE minimum at {} still serves {} s after its unmount (a copy of the mount in another \
+             mount namespace keeps its connection): aborting FUSE connection {minor}",
+            at.display(),
+            SESSION_END.as_secs()
+        );
+        mount::abort_connection(minor).with_context(|| format!("cannot abort FUSE connection {minor}"))?;
+        match rx.recv_timeout(SESSION_END) {
+            // An end after an abort may report the abort: the minimum is gone either way.
+            Ok(_) => Ok(()),
+            Err(_) => {
+                if let Some(pid) = pid {
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::SIGKILL);
+                }
+                bail!("the FUSE minimum at {} did not end even after its connection was aborted", at.display())
             }
         }
     }

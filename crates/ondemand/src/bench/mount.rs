@@ -246,6 +246,7 @@ impl Sides {
     ) -> Result<Vec<Sampled>> {
         let mut dropped = true;
         let mut one = |dir: &Path, side: &str, pids: &[u32], i: usize| -> Result<Sample> {
+            let _waiting = crate::phase::waiting(format!("the {side} side's work in {}", dir.display()));
             match starts[i] {
                 Start::Cold => dropped &= drop_caches(),
                 Start::Settled => {
@@ -255,7 +256,10 @@ impl Sides {
                 // Each step starts with no dirty data left by the one before (often another
                 // side's): writeback owed by a previous step would throttle this one's writes.
                 // SAFETY: sync has no preconditions.
-                Start::Warm => unsafe { libc::sync() },
+                Start::Warm => {
+                    let _waiting = crate::phase::waiting("sync(2), which waits for every mounted filesystem");
+                    unsafe { libc::sync() }
+                }
             }
             let cpu = CpuMeter::start(pids);
             let t = Instant::now();
@@ -345,6 +349,12 @@ pub fn run(o: &MountBenchOptions) -> Result<(Vec<Phase>, bool, Vec<String>)> {
     mount::unmount(&floor)?;
     mount::unmount(&minimum)?;
     clean(&fsroot, &mnt, &[&plain, &reports, &floor, &floor_src, &minimum])?;
+    if !o.keep {
+        // Ctrl-C, or a phase past its bound, removes them too.
+        for d in [&fsroot, &plain, &reports, &floor, &floor_src, &minimum] {
+            odfs_job::interrupt::removing(d);
+        }
+    }
     std::fs::create_dir_all(&reports)?;
     if !o.skip_plain {
         std::fs::create_dir_all(&plain)?;
@@ -353,7 +363,7 @@ pub fn run(o: &MountBenchOptions) -> Result<(Vec<Phase>, bool, Vec<String>)> {
     // The mount takes its requests by io_uring where the kernel allows it (as docs/admin.md
     // recommends); the switch is put back after the run.
     let uring = odfs_client_fuse::uring_minimum::TransportAllowed::new();
-    eprintln!("bench: starting a {}-node odfs mounted at {}", o.nodes, mnt.display());
+    crate::phase::say("bench", format!("starting a {}-node odfs mounted at {}", o.nodes, mnt.display()));
     let up = UpOptions {
         root: fsroot.clone(),
         nodes: o.nodes,
@@ -384,8 +394,10 @@ pub fn run(o: &MountBenchOptions) -> Result<(Vec<Phase>, bool, Vec<String>)> {
         }
         Ok((sides.phases, sides.dropped, sides.notes))
     })();
-    let _ = mount::unmount(&floor);
+    crate::phase::say("bench", format!("stopping the {}-node odfs and the FUSE floor", o.nodes));
+    unmount_floor(&floor);
     let down = local::down(&fsroot);
+    crate::phase::end();
     if !o.keep {
         let _ = clean(&fsroot, &mnt, &[&plain, &reports, &floor, &floor_src, &minimum]);
     }
@@ -461,22 +473,47 @@ fn mount_floor(src: &Path, at: &Path) -> Result<Option<PathBuf>> {
 /// The bindfs process serving the floor at `at` (it forks away from the bench when it mounts),
 /// found by its command line; none, with a note, when it cannot be found.
 fn floor_daemon(at: &Path) -> Vec<u32> {
+    let pids = bindfs_serving(at);
+    if pids.is_empty() {
+        eprintln!("bench: bindfs's process for {} not found: the FUSE floor's CPU is not shown", at.display());
+    }
+    pids
+}
+
+/// Longest wait for bindfs to end after the floor's unmount, before it is killed.
+const FLOOR_END: Duration = Duration::from_secs(5);
+
+/// Takes the FUSE floor down: its unmount (which aborts a connection that a copy of the mount
+/// elsewhere keeps), then bindfs, which no record of this process holds, waited for and
+/// killed if it outlives [`FLOOR_END`].
+fn unmount_floor(at: &Path) {
+    if let Ok(steps) = mount::unmount(at) {
+        steps.iter().filter(|s| !s.starts_with("unmounted ")).for_each(|s| eprintln!("bench: {s}"));
+    }
+    let t = Instant::now();
+    while !bindfs_serving(at).is_empty() && t.elapsed() < FLOOR_END {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for pid in bindfs_serving(at) {
+        eprintln!("bench: bindfs (pid {pid}) still serves {} after its unmount: killed", at.display());
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::SIGKILL);
+    }
+}
+
+/// The bindfs processes whose command line serves `at`.
+fn bindfs_serving(at: &Path) -> Vec<u32> {
     let serves = |cmdline: &[u8]| {
         let mut args = cmdline.split(|&b| b == 0).filter(|a| !a.is_empty());
         let is_bindfs = args.next().is_some_and(|a| a.rsplit(|&b| b == b'/').next() == Some(&b"bindfs"[..]));
         is_bindfs && args.any(|a| Path::new(std::ffi::OsStr::from_bytes(a)) == at)
     };
-    let pids: Vec<u32> = std::fs::read_dir("/proc")
+    std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| serves(&c)))
-        .collect();
-    if pids.is_empty() {
-        eprintln!("bench: bindfs's process for {} not found: the FUSE floor's CPU is not shown", at.display());
-    }
-    pids
+        .collect()
 }
 
 /// Removes what a previous run left, never descending into a live mount.
@@ -531,7 +568,7 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
     let seq_bytes = o.jobs as u64 * o.job_size;
     let fio_common = |dir: &Path| fio_files("seq", &dir.join(SEQ_DIR), SEQ_FILES, o);
 
-    eprintln!("bench: fio sequential write, {} jobs x {} MiB", o.jobs, o.job_size >> 20);
+    crate::phase::say("bench", format!("fio sequential write, {} jobs x {} MiB", o.jobs, o.job_size >> 20));
     let s = sides.run(Start::Settled, |dir, side| {
         std::fs::create_dir_all(dir.join(SEQ_DIR))?;
         let mut args = fio_common(dir);
@@ -542,7 +579,7 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
     })?;
     sides.push("seq write", "MiB/s", 0.0, &s);
 
-    eprintln!("bench: fio sequential read (page cache dropped)");
+    crate::phase::say("bench", "fio sequential read (page cache dropped)".to_string());
     let s = sides.run(Start::Cold, |dir, side| {
         let mut args = fio_common(dir);
         args.extend(SEQ_READ.map(String::from));
@@ -555,7 +592,7 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
     let note = odfs_past_page_cache(o, fio, reports, sides)?;
     sides.notes.push(note);
 
-    eprintln!("bench: fio 4 KiB random read, O_DIRECT, {} s", o.randread_secs);
+    crate::phase::say("bench", format!("fio 4 KiB random read, O_DIRECT, {} s", o.randread_secs));
     let s = sides.run(Start::Cold, |dir, side| {
         probe_direct(&dir.join("fio/seq.0.0"))?;
         randread_iops(fio, fio_common(dir), &reports.join(format!("{side}-randread.json")), o).map(Some)
@@ -606,7 +643,7 @@ fn fio_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &mut Sid
 /// faults to fill (see BENCHMARKS.md). The write makes new files beside them, removed after.
 /// One line.
 fn odfs_past_page_cache(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &Sides) -> Result<String> {
-    eprintln!("bench: odfs with O_DIRECT: sequential read (page cache dropped), then write");
+    crate::phase::say("bench", "odfs with O_DIRECT: sequential read (page cache dropped), then write".to_string());
     let seq_bytes = o.jobs as u64 * o.job_size;
     let phase = |dir: &Path, write: bool| -> Result<(f64, f64)> {
         let mut args = fio_files("seq", dir, SEQ_FILES, o);
@@ -764,7 +801,7 @@ fn odfs_over_uring(
         Ok(m) => m,
         Err(skipped) => return Ok(skipped),
     };
-    eprintln!("bench: {name}: 4 KiB random read");
+    crate::phase::say("bench", format!("{name}: 4 KiB random read"));
     // Its CPU is odfs's as much as the minimum's: the daemons serve every READ.
     let pids: Vec<u32> = sides.pids.iter().copied().chain(minimum.pid()).collect();
     let report = reports.join("odfs-uring-randread.json");
@@ -796,7 +833,7 @@ fn minimum_randread(
         let iops = randread_iops(fio, minimum_fio_files(o, at), report, o)?;
         Ok((iops, cpu.stop()))
     })();
-    let unmounted = minimum.unmount().with_context(|| format!("unmounting the {name}"));
+    let unmounted = minimum.unmount(at).with_context(|| format!("unmounting the {name}"));
     let measured = measured.with_context(|| format!("reading the {name}'s large files"))?;
     unmounted?;
     Ok(measured)
@@ -829,7 +866,7 @@ fn striped_runs(
             Ok(m) => m,
             Err(skipped) => return Ok(skipped),
         };
-        eprintln!("bench: {name}, {n} {what}: 4 KiB random read");
+        crate::phase::say("bench", format!("{name}, {n} {what}: 4 KiB random read"));
         let pids: Vec<u32> = minimum.pid().into_iter().collect();
         let tag = if spec.uring { "uring" } else { "striped" };
         let report = reports.join(format!("FUSE-{tag}-minimum-{n}-randread.json"));
@@ -897,7 +934,10 @@ fn tcp_minimum(o: &MountBenchOptions) -> Result<Option<(String, f64)>> {
     if bytes == 0 {
         return Ok(None);
     }
-    eprintln!("bench: TCP minimum: {} MiB through loopback TCP, no disk, no copy on receipt", bytes >> 20);
+    crate::phase::say(
+        "bench",
+        format!("TCP minimum: {} MiB through loopback TCP, no disk, no copy on receipt", bytes >> 20),
+    );
     let (mut runs, mut least) = (Vec::new(), f64::INFINITY);
     for how in transport::SendBy::ALL {
         let mut cpus = Vec::new();
@@ -950,7 +990,7 @@ const NETWORK_MINIMUM_RUNS: usize = 3;
 /// the rate of these files read so (one disk stream each, as the FUSE + network minimum). One
 /// line with every run, or why it was skipped.
 fn network_minimum(o: &MountBenchOptions, files: &[PathBuf]) -> Result<String> {
-    eprintln!("bench: network minimum: {} files read cold through loopback TCP", files.len());
+    crate::phase::say("bench", format!("network minimum: {} files read cold through loopback TCP", files.len()));
     let mut runs = Vec::new();
     for _ in 0..NETWORK_MINIMUM_RUNS {
         drop_caches();
@@ -1005,7 +1045,7 @@ fn fuse_minimum_large(
     what: &str,
     name: &str,
 ) -> Result<(String, f64)> {
-    eprintln!("bench: {name}, large files: sequential read, then 4 KiB random read");
+    crate::phase::say("bench", format!("{name}, large files: sequential read, then 4 KiB random read"));
     let report = name.replace([' ', '+'], "-");
     let files = minimum_fio_files(o, at);
     // CPU-s as for every phase: fio's and this process's, where a minimum served here runs,
@@ -1033,7 +1073,7 @@ fn fuse_minimum_large(
         let ckpt = (o.jobs as u64 * o.job_size) as f64 / MIB / t.elapsed().as_secs_f64();
         Ok([(seq, seq_cpu), (iops, rand_cpu), (ckpt, cpu.stop())])
     })();
-    let unmounted = minimum.unmount().with_context(|| format!("unmounting the {name}"));
+    let unmounted = minimum.unmount(at).with_context(|| format!("unmounting the {name}"));
     let [(seq, seq_cpu), (iops, rand_cpu), (ckpt, ckpt_cpu)] =
         rates.with_context(|| format!("reading the {name}'s large files"))?;
     unmounted?;
@@ -1083,7 +1123,7 @@ fn fuse_minimum_write(
         Ok(m) => m,
         Err(skipped) => return Ok(skipped),
     };
-    eprintln!("bench: {name}: sequential write, {} jobs x {} MiB", o.jobs, o.job_size >> 20);
+    crate::phase::say("bench", format!("{name}: sequential write, {} jobs x {} MiB", o.jobs, o.job_size >> 20));
     let dir = spec.at.join(SEQ_DIR);
     let written = (|| -> Result<(f64, f64)> {
         std::fs::create_dir_all(&dir)?;
@@ -1097,7 +1137,7 @@ fn fuse_minimum_write(
         r.expect_bytes("write", o.jobs as u64 * o.job_size)?;
         Ok((r.bw_bytes("write")? / MIB, cpu))
     })();
-    let unmounted = minimum.unmount();
+    let unmounted = minimum.unmount(&spec.at);
     let (rate, cpu) = written.context("writing to the FUSE minimum")?;
     unmounted?;
     Ok(format!("{name}: seq write {rate:.0} MiB/s ({cpu:.1} CPU-s)"))
@@ -1264,7 +1304,10 @@ fn md_phases(o: &MountBenchOptions, sides: &mut Sides) -> Result<()> {
     for (name, op) in
         [("md create", Md::Create), ("md stat", Md::Stat), ("md read", Md::Read), ("md unlink", Md::Unlink)]
     {
-        eprintln!("bench: {name}, {} workers x {} files, own directories", o.threads, o.files_per_thread);
+        crate::phase::say(
+            "bench",
+            format!("{name}, {} workers x {} files, own directories", o.threads, o.files_per_thread),
+        );
         let s = sides.run(Start::Warm, |dir, _| {
             md(&dir.join("md"), MdShape { threads: o.threads, files: o.files_per_thread, size: 0, shared: false }, op)
                 .map(|()| None)
@@ -1325,13 +1368,13 @@ fn fuse_minimum_creates(at: &Path, phase: &str, shape: MdShape) -> Result<Vec<St
                 continue;
             }
         };
-        eprintln!("bench: {name}, {phase}: {} workers x {} files", shape.threads, shape.files);
+        crate::phase::say("bench", format!("{name}, {phase}: {} workers x {} files", shape.threads, shape.files));
         // CPU-s: this process's, where the workers run, and the serving process's.
         let cpu = CpuMeter::start(&minimum.pid().into_iter().collect::<Vec<_>>());
         let t = Instant::now();
         let made = md(&at.join(phase.replace(' ', "-")), shape, Md::Create);
         let (secs, cpu) = (t.elapsed().as_secs_f64(), cpu.stop());
-        let unmounted = minimum.unmount();
+        let unmounted = minimum.unmount(at);
         made.context("creating files on the FUSE minimum")?;
         unmounted?;
         let rate = (shape.threads * shape.files) as f64 / secs;
@@ -1349,7 +1392,10 @@ fn settle_deletes(pause: Duration) {
     if pause.is_zero() {
         return;
     }
-    eprintln!("bench: pausing {} s so freed inodes are reusable again before the next creates", pause.as_secs());
+    crate::phase::say(
+        "bench",
+        format!("pausing {} s so freed inodes are reusable again before the next creates", pause.as_secs()),
+    );
     // SAFETY: sync has no preconditions.
     unsafe { libc::sync() };
     std::thread::sleep(pause);
@@ -1373,7 +1419,10 @@ fn small_phases(o: &MountBenchOptions, sides: &mut Sides) -> Result<()> {
     sides.push("small write", "files/s", n, &s);
     // A training job's epochs: cold first, then twice more in other random orders with the
     // caches kept (each side runs its three epochs in a row).
-    eprintln!("bench: small read, cold, then epochs 2 and 3 (caches kept), random order, {} workers", o.small_threads);
+    crate::phase::say(
+        "bench",
+        format!("small read, cold, then epochs 2 and 3 (caches kept), random order, {} workers", o.small_threads),
+    );
     let s = sides.run_series(&[Start::Cold, Start::Warm, Start::Warm], |dir, _, epoch| {
         small_read(&dir.join("small"), o, epoch as u64).map(|()| None)
     })?;
@@ -1414,7 +1463,7 @@ fn fuse_minimum(o: &MountBenchOptions, at: &Path, dropped: &mut bool) -> Result<
                 continue;
             }
         };
-        eprintln!("bench: {what}: small read cold, then epochs 2 and 3");
+        crate::phase::say("bench", format!("{what}: small read cold, then epochs 2 and 3"));
         let mut rates = Vec::new();
         for epoch in 0..3u64 {
             if epoch == 0 {
@@ -1423,12 +1472,12 @@ fn fuse_minimum(o: &MountBenchOptions, at: &Path, dropped: &mut bool) -> Result<
             let t = Instant::now();
             let r = small_read(at, o, epoch);
             if let Err(e) = r {
-                let _ = minimum.unmount();
+                let _ = minimum.unmount(at);
                 return Err(e.context("reading the FUSE minimum"));
             }
             rates.push(o.small_files as f64 / t.elapsed().as_secs_f64());
         }
-        minimum.unmount()?;
+        minimum.unmount(at)?;
         notes.push(format!(
             "{what}: small read cold {:.0} files/s, epoch 2 {:.0}, epoch 3 {:.0}",
             rates[0], rates[1], rates[2]
@@ -1458,12 +1507,16 @@ impl FioReport {
 
 /// Runs fio with `args`, JSON report to `out`; fails on a non-zero exit or a job error.
 fn run_fio(fio: &Path, args: &[String], out: &Path) -> Result<FioReport> {
-    let res = Command::new(fio)
+    let child = Command::new(fio)
         .args(args)
         .arg("--output-format=json")
         .arg(format!("--output={}", out.display()))
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .with_context(|| format!("cannot run {}", fio.display()))?;
+    let _waiting = crate::phase::waiting(format!("fio (pid {}) {}", child.id(), args.join(" ")));
+    let res = child.wait_with_output().with_context(|| format!("waiting for {}", fio.display()))?;
     let text = std::fs::read_to_string(out).unwrap_or_default();
     if !res.status.success() {
         bail!(
