@@ -249,6 +249,13 @@ fn mounts_that_ended_leave_no_lease_for_the_stage_out_to_wait_for() {
     assert!(!metad.contains(LEASE_WAITED), "a change waited out a lease:\n{metad}");
     let byes = metad.matches("a client's session ended by itself").count();
     assert!(byes >= 2, "both mounts said goodbye ({byes}):\n{metad}");
+    // odfs local down after the write and the stage-out: the stage agents say goodbye too,
+    // and nothing waits a lease.
+    let t = Instant::now();
+    fs.down();
+    eprintln!("odfs local down after the stage-out: {:.2} s", t.elapsed().as_secs_f64());
+    let metad = std::fs::read_to_string(fs.node_dir(0).join("metad.log")).unwrap();
+    assert!(!metad.contains(LEASE_WAITED), "a change waited out a lease:\n{metad}");
 }
 
 #[test]
@@ -795,4 +802,36 @@ fn a_name_that_is_not_utf8_is_left_out_of_a_drain_and_refused_by_the_stage_out()
     assert!(!out.status.success(), "{}", text(&out));
     assert!(text(&out).contains("bad-\u{fffd}.pt: a name that is not UTF-8 (an S3 key must be)"), "{}", text(&out));
     assert_eq!(std::fs::read(&bad).unwrap(), b"kept in odfs\n");
+}
+
+/// Progress off a terminal (the log of a prolog, a batch job's output): the listing says it is
+/// complete, with its totals, before any transfer line; transfer lines carry the item total
+/// of the whole run from the start, a rate over the recent seconds and an ETA.
+#[test]
+fn stage_in_progress_lines_off_a_terminal_say_the_listing_is_complete_a_recent_rate_and_an_eta() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s3 = S3Server::s3s(&tmp.path().join("s3"), &["data"]);
+    make_tree(&s3.object_path("data", "set"), 40, &[6 << 20, 6 << 20]);
+    let fs = LocalFs::up(2, &[]);
+    let url = s3.url();
+    // 2 MiB/s over about 12 MiB: the run lasts several of the 5 s progress intervals.
+    let args =
+        ["stage-in", "s3://data/set", "odfs:/in", "--endpoint-url", &url, "--path-style", "--max-bandwidth", "2M"];
+    let out = odfs_stage(&fs, &s3.env(), &args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{}", text(&out));
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("odfs stage-in: ")).collect();
+    let complete = lines.iter().position(|l| l.starts_with("odfs stage-in: listing complete: 42 files, "));
+    let complete = complete.unwrap_or_else(|| panic!("no complete listing line:\n{err}"));
+    let transfers: Vec<&&str> = lines.iter().filter(|l| l.contains(" items")).collect();
+    assert!(!transfers.is_empty(), "no transfer line in a run of several seconds:\n{err}");
+    assert!(lines.iter().position(|l| l.contains(" items")).unwrap() > complete, "listing first:\n{err}");
+    for l in &transfers {
+        // The run's whole item count, from the first line on.
+        assert!(l.contains("/42 items"), "{l}\n{err}");
+    }
+    let timed: Vec<&&&str> = transfers.iter().filter(|l| l.contains("MiB/s over the last ")).collect();
+    assert!(!timed.is_empty(), "no recent rate:\n{err}");
+    assert!(timed.iter().all(|l| l.contains(", ETA ")), "a rate without an ETA:\n{err}");
+    assert!(!err.contains('\x1b'), "terminal escapes off a terminal:\n{err:?}");
 }
