@@ -400,6 +400,8 @@ pub fn run(o: &MountBenchOptions) -> Result<(Vec<Phase>, bool, Vec<String>)> {
     crate::phase::end();
     if !o.keep {
         let _ = clean(&fsroot, &mnt, &[&plain, &reports, &floor, &floor_src, &minimum]);
+        // ROOT too, when the run left nothing else in it.
+        let _ = std::fs::remove_dir(&root);
     }
     let out = result?;
     down.context("stopping the local filesystem")?;
