@@ -78,7 +78,8 @@ impl OpenFile {
     /// Whether this handle has writes to publish (a read-only one never has: the inode's data
     /// state is shared with this process's writers, whose own close publishes their writes).
     pub fn has_writes_to_publish(&self) -> bool {
-        self.kernel_writes() || (self.writable && self.handle.has_unpublished_writes())
+        self.kernel_writes()
+            || (self.writable && (self.handle.has_unpublished_writes() || self.handle.has_unreported_error()))
     }
 
     /// Publishes what this handle wrote, if anything: at its FLUSH, before its locks go.

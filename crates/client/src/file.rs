@@ -2,7 +2,9 @@
 //! bounded memory, read-ahead for sequential readers.
 //!
 //! Writes are coalesced per chunk and sent in the background; a later read, fsync, flush,
-//! truncate or close waits for them, and the first write error is reported by the next call.
+//! truncate or close waits for them. A background write that fails is never forgotten: every
+//! open file learns of it at its next write and at its next fsync, flush or close, once each,
+//! as a local filesystem's write-back errors reach every file description (`WriteErrors`).
 //! A write that overlaps one still in flight waits for it first: stored may apply writes sent
 //! together in any order, and the later of two writes to the same bytes must win.
 //! The size grows locally and reaches metad on flush/fsync/close (close-to-open).
@@ -16,7 +18,7 @@ use odfs_proto::meta::Attr;
 use odfs_proto::storage::{PunchChunk, SyncChunk, WriteChunk, Written};
 use odfs_proto::{InodeId, Layout, Timespec};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::task::JoinHandle;
 
@@ -64,6 +66,18 @@ struct WriteState {
     /// Stripe indices written since the last fsync.
     touched: BTreeSet<usize>,
     mtime: Timespec,
+}
+
+/// The background writes of one inode that failed. Each open file keeps the count it last
+/// learned for its writes and for its syncs (fsync, flush, close), sampled at open: a failure
+/// after that fails its next write and its next sync, once each, so that no error of a
+/// write-behind is acknowledged away (a first ENOSPC taken by one call left the fsync and the
+/// close after it to return 0 over lost bytes).
+#[derive(Default)]
+struct WriteErrors {
+    seq: u64,
+    /// The latest failure.
+    last: Option<ClientError>,
 }
 
 /// Pieces handed over smaller than this are copied into the write buffer instead: an iovec
@@ -153,8 +167,8 @@ pub struct InodeData {
     pub ino: InodeId,
     pub layout: Layout,
     ws: tokio::sync::Mutex<WriteState>,
-    /// First error of a background write, reported once by the next call.
-    error: Mutex<Option<ClientError>>,
+    /// Background writes that failed, for every open file of the inode to learn of.
+    error: Mutex<WriteErrors>,
     ra: Mutex<ReadAhead>,
     opens: AtomicUsize,
     /// Request id of the latest open registered with metad for this inode (its `Release`
@@ -176,7 +190,7 @@ impl InodeData {
             ino,
             layout,
             ws: tokio::sync::Mutex::new(WriteState::default()),
-            error: Mutex::new(None),
+            error: Mutex::new(WriteErrors::default()),
             ra: Mutex::new(ReadAhead::default()),
             opens: AtomicUsize::new(0),
             registered: std::sync::atomic::AtomicU64::new(0),
@@ -236,18 +250,29 @@ impl InodeData {
         self.ra.lock().expect("ra lock").chunks.clear();
     }
 
-    fn take_error(&self) -> Result<()> {
-        match self.error.lock().expect("error lock").take() {
-            Some(e) => Err(e),
-            None => Ok(()),
+    /// How many background writes of this inode have failed so far.
+    fn error_seq(&self) -> u64 {
+        self.error.lock().expect("error lock").seq
+    }
+
+    /// The latest failure of a background write if one came after `seen` (the count an open
+    /// file last learned), which then learns it; else Ok.
+    fn error_since(&self, seen: &AtomicU64) -> Result<()> {
+        let g = self.error.lock().expect("error lock");
+        if g.seq > seen.load(Ordering::Acquire) {
+            seen.store(g.seq, Ordering::Release);
+            return Err(g
+                .last
+                .clone()
+                .unwrap_or_else(|| ClientError::new(odfs_proto::ErrorCode::Io, "a write failed")));
         }
+        Ok(())
     }
 
     fn record_error(&self, e: ClientError) {
         let mut g = self.error.lock().expect("error lock");
-        if g.is_none() {
-            *g = Some(e);
-        }
+        g.seq += 1;
+        g.last = Some(e);
     }
 
     /// Sends the coalescing buffer in the background, within the client's write budget.
@@ -271,7 +296,13 @@ impl InodeData {
         ws.inflight.retain(|w| !w.task.is_finished());
         let rt = client.inner.runtime.clone();
         let task = rt.spawn(async move {
-            let r = client.store(req.target, &req).await.map(|w| me.record_written(off, &w));
+            let mut r = client.store(req.target, &req).await;
+            // Space this client's own unlinks freed a moment ago counts at once.
+            if matches!(&r, Err(e) if e.code() == odfs_proto::ErrorCode::NoSpace) && client.reclaim_removed_now().await
+            {
+                r = client.store(req.target, &req).await;
+            }
+            let r = r.map(|w| me.record_written(off, &w));
             drop(permit);
             if let Err(e) = &r {
                 me.record_error(e.clone());
@@ -354,7 +385,6 @@ impl InodeData {
         len: usize,
         mut put: impl FnMut(&mut WriteBuf, usize, usize, usize),
     ) -> Result<()> {
-        self.take_error()?;
         self.ra.lock().expect("ra lock").chunks.clear();
         let mut ws = self.ws.lock().await;
         for seg in self.layout.segments(offset, len as u64) {
@@ -397,9 +427,6 @@ impl InodeData {
         if self.fills(start, (end - start) as usize) {
             return None;
         }
-        if let Err(e) = self.take_error() {
-            return Some(Err(e));
-        }
         self.ra.lock().expect("ra lock").chunks.clear();
         let cap = self.buffer_cap();
         ws.buf.get_or_insert_with(|| WriteBuf::new(offset)).copy_in(data, cap);
@@ -435,7 +462,8 @@ impl InodeData {
         *self.size_hint.lock().expect("size lock") = (ws.size, true);
     }
 
-    /// Waits for every write of this inode to reach stored.
+    /// Waits for every write of this inode to reach stored (or fail: each open file learns of
+    /// a failure through `error_since`, not here).
     pub(crate) async fn drain(self: &Arc<Self>, client: &Client) -> Result<()> {
         // The writes stay listed while they are awaited, so a concurrent drain (parallel reads
         // of one file, as FUSE sends them) or an overlapping write waits for them too.
@@ -445,7 +473,7 @@ impl InodeData {
             ws.inflight.iter().map(|w| w.done.clone()).collect()
         };
         futures::future::join_all(waits).await;
-        self.take_error()
+        Ok(())
     }
 
     /// Drains writes and publishes the size (close-to-open). With `sync`, data is made durable
@@ -626,6 +654,10 @@ pub struct FileHandle {
     readable: bool,
     writable: bool,
     closed: bool,
+    /// The inode's failed background writes this file's writes learned of (`WriteErrors`).
+    write_seen: AtomicU64,
+    /// Likewise for its fsyncs, flushes and close.
+    sync_seen: AtomicU64,
 }
 
 impl FileHandle {
@@ -635,8 +667,29 @@ impl FileHandle {
         self.data.size_hint.lock().expect("size lock").1
     }
 
+    /// True when a background write failed since this file's last fsync, flush or close
+    /// learned of the failures: its next one reports it.
+    pub fn has_unreported_error(&self) -> bool {
+        self.data.error_seq() > self.sync_seen.load(Ordering::Acquire)
+    }
+
     pub(crate) fn new(client: Client, data: Arc<InodeData>, ctx: Ctx, readable: bool, writable: bool) -> FileHandle {
-        FileHandle { client, data, ctx, readable, writable, closed: false }
+        let seen = data.error_seq();
+        FileHandle {
+            client,
+            data,
+            ctx,
+            readable,
+            writable,
+            closed: false,
+            write_seen: AtomicU64::new(seen),
+            sync_seen: AtomicU64::new(seen),
+        }
+    }
+
+    /// After the inode's writes were waited for: a failure this file's syncs have not learned.
+    fn sync_error(&self) -> Result<()> {
+        self.data.error_since(&self.sync_seen)
     }
 
     pub fn ino(&self) -> InodeId {
@@ -662,6 +715,7 @@ impl FileHandle {
 
     pub async fn write(&self, offset: u64, data: &[u8]) -> Result<usize> {
         self.check_writable()?;
+        self.data.error_since(&self.write_seen)?;
         self.data.write(&self.client, offset, data).await?;
         Ok(data.len())
     }
@@ -671,6 +725,7 @@ impl FileHandle {
     /// the write budget counts the bytes written); smaller ones are copied.
     pub async fn write_bytes(&self, offset: u64, data: Bytes) -> Result<usize> {
         self.check_writable()?;
+        self.data.error_since(&self.write_seen)?;
         let n = data.len();
         self.data.write_bytes(&self.client, offset, data).await?;
         Ok(n)
@@ -681,6 +736,9 @@ impl FileHandle {
     pub fn try_write(&self, offset: u64, data: &[u8]) -> Option<Result<usize>> {
         if !self.writable {
             return None;
+        }
+        if let Err(e) = self.data.error_since(&self.write_seen) {
+            return Some(Err(e));
         }
         Some(self.data.try_write(offset, data)?.map(|()| data.len()))
     }
@@ -729,7 +787,8 @@ impl FileHandle {
     /// Waits until every write this process made to the file has reached stored (or failed:
     /// the first error is returned).
     pub async fn wait_written(&self) -> Result<()> {
-        self.data.drain(&self.client).await
+        self.data.drain(&self.client).await?;
+        self.sync_error()
     }
 
     /// After [`Self::wait_written`]: the CRC32C of bytes `offset..offset + len` as stored
@@ -742,13 +801,19 @@ impl FileHandle {
     }
 
     /// Makes written data durable on every target and publishes the size.
+    /// A background write that failed since this file's last fsync, flush or close fails it.
     pub async fn fsync(&self) -> Result<()> {
-        self.data.flush(&self.client, &self.ctx, true).await
+        let r = self.data.flush(&self.client, &self.ctx, true).await;
+        self.sync_error()?;
+        r
     }
 
-    /// Publishes written data and size to other nodes (what close does).
+    /// Publishes written data and size to other nodes (what close does); fails as fsync does
+    /// for a background write that failed.
     pub async fn flush(&self) -> Result<()> {
-        self.data.flush(&self.client, &self.ctx, false).await
+        let r = self.data.flush(&self.client, &self.ctx, false).await;
+        self.sync_error()?;
+        r
     }
 
     /// `ftruncate`: through a descriptor open for writing, access was decided at open.
@@ -761,6 +826,7 @@ impl FileHandle {
     /// size stays.
     pub async fn punch_hole(&self, offset: u64, len: u64) -> Result<()> {
         self.check_writable()?;
+        self.data.error_since(&self.write_seen)?;
         self.data.drain(&self.client).await?;
         let end = offset.saturating_add(len).min(self.size().await);
         if end <= offset {
@@ -785,7 +851,8 @@ impl FileHandle {
     /// or its writes published by a flush already): done at once. Otherwise the handle comes
     /// back, for `close`.
     pub fn close_if_clean(mut self) -> std::result::Result<(), FileHandle> {
-        if (self.writable && self.has_unpublished_writes()) || !self.client.release_without_request(&self.data) {
+        let unpublished = self.has_unpublished_writes() || self.has_unreported_error();
+        if (self.writable && unpublished) || !self.client.release_without_request(&self.data) {
             return Err(self);
         }
         self.closed = true;

@@ -944,6 +944,22 @@ impl Client {
         });
     }
 
+    /// A write refused for want of space: the files this client removed a moment ago and
+    /// keeps for `REMOVED_GRACE` (none of them open here) give their space back now, so that
+    /// what an unlink freed counts at once for this client's writes. True when any did.
+    pub(crate) async fn reclaim_removed_now(&self) -> bool {
+        let gone: Vec<Attr> = {
+            let open = self.inner.inodes.lock().expect("inodes lock");
+            let mut removed = self.inner.removed.lock().expect("removed lock");
+            let ids: Vec<InodeId> = removed.keys().filter(|i| !open.contains_key(i)).copied().collect();
+            ids.iter().filter_map(|i| removed.remove(i)).collect()
+        };
+        for attr in &gone {
+            self.remove_data(attr).await;
+        }
+        !gone.is_empty()
+    }
+
     /// Removes the chunks of a file that is gone.
     async fn remove_data(&self, attr: &Attr) {
         let Some(layout) = &attr.layout else { return };
