@@ -1023,3 +1023,61 @@ fn crc32(data: &[u8]) -> u32 {
     }
     !c
 }
+
+/// pwrite(2) of `data` at `offset`: the bytes written, or the errno.
+fn pwrite(f: &File, data: &[u8], offset: u64) -> Result<usize, i32> {
+    // SAFETY: a live buffer of data.len() bytes and an open descriptor.
+    let n = unsafe { libc::pwrite(f.as_raw_fd(), data.as_ptr().cast(), data.len(), offset as libc::off_t) };
+    if n < 0 {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// Writes and truncates past odfs's largest file (16 TiB) fail with EFBIG before anything
+/// changes, through the mount and the library; a write that crosses it is cut short at it, as
+/// a local filesystem cuts one at its own limit.
+#[test]
+fn writes_and_truncates_past_the_largest_file_fail_with_efbig_and_change_nothing() {
+    const MAX: u64 = odfs_proto::layout::MAX_FILE_SIZE;
+    let fs = LocalFs::up(2, &[]);
+    let m = FuseMount::start(&fs);
+    let p = m.p("big");
+    let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&p).unwrap();
+    for at in [1u64 << 62, (1u64 << 63) - 2, MAX] {
+        assert_eq!(pwrite(&f, b"X", at), Err(libc::EFBIG), "a write at {at}");
+    }
+    assert_eq!(f.metadata().unwrap().len(), 0, "a refused write changed the size");
+    f.sync_all().unwrap();
+    assert_eq!(fs::metadata(&p).unwrap().len(), 0);
+    // Crossing the limit: the bytes below it are written.
+    assert_eq!(pwrite(&f, b"ABCD", MAX - 2), Ok(2));
+    f.sync_all().unwrap();
+    assert_eq!(fs::metadata(&p).unwrap().len(), MAX);
+    let mut tail = [0u8; 8];
+    // SAFETY: a live buffer and an open descriptor.
+    let n = unsafe { libc::pread(f.as_raw_fd(), tail.as_mut_ptr().cast(), 8, (MAX - 2) as libc::off_t) };
+    assert_eq!((n, &tail[..2]), (2, &b"AB"[..]));
+    // Truncates past it: ftruncate, truncate(2) by path, fallocate.
+    assert_eq!(f.set_len(MAX + 1).map_err(|e| e.raw_os_error()), Err(Some(libc::EFBIG)));
+    let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::truncate(c.as_ptr(), i64::MAX) }, -1);
+    assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EFBIG));
+    assert_eq!(unsafe { libc::fallocate(f.as_raw_fd(), 0, (MAX - 1) as i64, 2) }, -1);
+    assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EFBIG));
+    drop(f);
+    assert_eq!(fs::metadata(&p).unwrap().len(), MAX, "a refused truncate changed the size");
+    // Through the library: the same refusal, with its reason.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let c = fs.node_client(1).await;
+        let ctx = odfs_client::Ctx::root();
+        let (_, h) = c.create_open(&ctx, odfs_proto::InodeId::ROOT, b"lib", 0o644, false, None).await.unwrap();
+        let e = h.write(1 << 62, b"X").await.unwrap_err();
+        assert_eq!(e.errno(), libc::EFBIG, "{e}");
+        assert!(e.to_string().contains("largest file size"), "{e}");
+        assert_eq!(h.size().await, 0);
+        h.close().await.unwrap();
+    });
+}

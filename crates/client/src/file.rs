@@ -646,6 +646,18 @@ fn assemble(pieces: Vec<(usize, Piece)>, total: usize) -> ReadBuf {
     ReadBuf::Owned(out)
 }
 
+/// How many of `len` bytes a write at `offset` may write: all of them, or those below
+/// `MAX_FILE_SIZE` (a short write, as a local filesystem cuts one at its limit); EFBIG, with
+/// nothing written, when it starts at or past it.
+fn within_max_size(offset: u64, len: usize) -> Result<usize> {
+    let max = odfs_proto::layout::MAX_FILE_SIZE;
+    if len > 0 && offset >= max {
+        let why = odfs_proto::layout::check_file_size(offset.saturating_add(len as u64)).unwrap_err();
+        return Err(ClientError::new(odfs_proto::ErrorCode::FileTooBig, format!("a write at offset {offset}: {why}")));
+    }
+    Ok(len.min((max - offset.min(max)) as usize))
+}
+
 /// An open file of one process.
 pub struct FileHandle {
     client: Client,
@@ -715,6 +727,7 @@ impl FileHandle {
 
     pub async fn write(&self, offset: u64, data: &[u8]) -> Result<usize> {
         self.check_writable()?;
+        let data = &data[..within_max_size(offset, data.len())?];
         self.data.error_since(&self.write_seen)?;
         self.data.write(&self.client, offset, data).await?;
         Ok(data.len())
@@ -725,6 +738,7 @@ impl FileHandle {
     /// the write budget counts the bytes written); smaller ones are copied.
     pub async fn write_bytes(&self, offset: u64, data: Bytes) -> Result<usize> {
         self.check_writable()?;
+        let data = data.slice(..within_max_size(offset, data.len())?);
         self.data.error_since(&self.write_seen)?;
         let n = data.len();
         self.data.write_bytes(&self.client, offset, data).await?;
@@ -734,7 +748,8 @@ impl FileHandle {
     /// [`Self::write`] when it can be done without waiting (see `InodeData::try_write`): `None`,
     /// with nothing done, when `write` must run instead.
     pub fn try_write(&self, offset: u64, data: &[u8]) -> Option<Result<usize>> {
-        if !self.writable {
+        // A write at or past the largest file size: the general path refuses or cuts it.
+        if !self.writable || within_max_size(offset, data.len()).ok() != Some(data.len()) {
             return None;
         }
         if let Err(e) = self.data.error_since(&self.write_seen) {

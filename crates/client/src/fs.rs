@@ -861,6 +861,7 @@ impl Client {
 
     /// Sets a file's size: chunks on every target, then the size at metad.
     pub async fn truncate(&self, ctx: &Ctx, ino: InodeId, size: u64, how: Truncate) -> Result<()> {
+        odfs_proto::layout::check_file_size(size).map_err(|why| ClientError::new(ErrorCode::FileTooBig, why))?;
         if how == Truncate::CheckAccess {
             self.access(ctx, ino, 2).await?;
         }

@@ -16,6 +16,18 @@ pub const MAX_CHUNK_SIZE: u32 = 1 << 30;
 pub const DEFAULT_CHUNK_SIZE: u32 = 1 << 20;
 /// Default stripe count.
 pub const DEFAULT_STRIPE_COUNT: i32 = 4;
+/// The largest file odfs holds: 16 TiB, as ext4 with 4 KiB blocks (a file of stripe count 1
+/// is one chunk file of its size on a target's disk). A write or truncate past it fails with
+/// EFBIG before anything changes; a write that crosses it is cut short at it.
+pub const MAX_FILE_SIZE: u64 = 1 << 44;
+
+/// EFBIG's reason for a size or write end past [`MAX_FILE_SIZE`], or Ok.
+pub fn check_file_size(end: u64) -> Result<(), String> {
+    if end > MAX_FILE_SIZE {
+        return Err(format!("{end} bytes is past odfs's largest file size, {MAX_FILE_SIZE} bytes (16 TiB)"));
+    }
+    Ok(())
+}
 /// Name of the pool holding every target unless configured otherwise.
 pub const DEFAULT_POOL: &str = "default";
 

@@ -33,6 +33,9 @@ fn require_regular(node: &Inode, ino: InodeId) -> RpcResult<()> {
 /// Who may change what (Linux `setattr_prepare`): only root gives a file away, the owner
 /// changes the mode and sets explicit times, write permission suffices for "now".
 fn check_setattr(h: &RequestHeader, node: &Inode, req: &SetAttr) -> RpcResult<()> {
+    if let Some(size) = req.size {
+        odfs_proto::layout::check_file_size(size).map_err(|why| RemoteError::new(ErrorCode::FileTooBig, why))?;
+    }
     if req.size.is_some() || req.kill_setid {
         require_regular(node, req.ino)?;
         // Through a descriptor opened for writing, access was decided at open (POSIX).
@@ -143,6 +146,7 @@ impl Namespace {
         // checked at open, and an open descriptor keeps its access after a chmod (a file
         // created with mode 0444, as git does for its objects, is written and closed).
         require_regular(self.node(req.ino)?, req.ino)?;
+        odfs_proto::layout::check_file_size(req.size).map_err(|why| RemoteError::new(ErrorCode::FileTooBig, why))?;
         let node = self.node_mut(req.ino)?;
         node.size = node.size.max(req.size);
         node.mtime = req.mtime;
