@@ -561,3 +561,23 @@ async fn a_rewrite_of_bytes_still_in_flight_wins() {
     assert!(d[second.clone()].iter().all(|&x| x == b), "after close: the last rewrite is what stays");
     assert!(d[..second.start].iter().all(|&x| x == a));
 }
+
+/// A copy onto a file as if it were a directory fails with a sentence: the system's words for
+/// the errno, no Rust names of codes.
+#[test]
+fn a_copy_into_a_file_as_a_directory_says_so_in_words() {
+    let fs = LocalFs::up(1, &[]);
+    let src = tempfile::tempdir().unwrap();
+    std::fs::create_dir(src.path().join("d")).unwrap();
+    std::fs::write(src.path().join("d/a"), b"a").unwrap();
+    std::fs::write(src.path().join("ref.bin"), b"r").unwrap();
+    fs.cli_ok(&["cp", src.path().join("ref.bin").to_str().unwrap(), "odfs:/ref.bin"]);
+    for args in [
+        vec!["cp", "-r", src.path().join("d").to_str().unwrap(), "odfs:/ref.bin"],
+        vec!["cp", src.path().join("d/a").to_str().unwrap(), "odfs:/ref.bin/x"],
+    ] {
+        let err = fs.cli_err(&args);
+        assert!(err.contains("Not a directory"), "{args:?}: {err}");
+        assert!(!err.contains("NotDir") && !err.contains("os error"), "{args:?}: Rust names in: {err}");
+    }
+}

@@ -401,3 +401,18 @@ fn a_demo_whose_benchmark_stalls_ends_at_its_bound_and_leaves_nothing() {
     assert_eq!(mounts_under(dir.path()), Vec::<String>::new(), "left mounted: {all}");
     assert!(!root.exists(), "{} is left: {all}", root.display());
 }
+
+/// A stripe count wider than the pool is refused before anything starts (files would silently
+/// get fewer stripes), as `setstripe -c 100` is.
+#[test]
+fn local_up_refuses_a_stripe_count_wider_than_its_targets() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let out = odfs(&["local", "up", "--root", root, "--nodes", "2", "--stripe-count", "9", "--no-mount"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "--stripe-count 9 over 2 targets was accepted: {stderr}");
+    assert!(stderr.contains("--stripe-count 9 is more than the 2 targets of pool default"), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(!dir.path().join("local.state.toml").exists(), "state written for a refused start");
+    assert_eq!(processes_naming(dir.path()), Vec::<String>::new());
+}

@@ -464,6 +464,22 @@ fn bad_urls_credentials_buckets_and_endpoints_are_one_line_errors() {
     one_line(&s3.env(), &["stage-in", "s3://", "odfs:/x"], "no bucket");
     one_line(&s3.env(), &["stage-in", "s3://Bad_Name/x", "odfs:/x"], "not a valid S3 bucket");
     one_line(&s3.env(), &["stage-in", "gs://b/x", "odfs:/x"], "unknown scheme");
+    // A URL that is almost s3:// is named as malformed, not taken for a local path.
+    one_line(
+        &s3.env(),
+        &["stage-in", "s3:/data/ds", "odfs:/x"],
+        "s3:/data/ds: malformed S3 URL: write s3://BUCKET/PREFIX",
+    );
+    // Endpoints that cannot be one are refused at once, not retried as unreachable.
+    for (bad, why) in [
+        ("http//127.0.0.1:45123", "no scheme"),
+        ("ftp://127.0.0.1:45123", "the scheme is \"ftp\""),
+        ("http://", "no host"),
+        ("http://127.0.0.1:99999", "the port \"99999\" is not a number"),
+    ] {
+        let args = ["stage-in", "s3://data/x", "odfs:/x", e, bad, "--path-style"];
+        one_line(&s3.env(), &args, &format!("--endpoint-url {bad:?} is not an S3 endpoint URL: {why}"));
+    }
     one_line(
         &s3.env(),
         &["stage-in", "s3://nosuch/x", "odfs:/x", e, &url, "--path-style"],

@@ -800,9 +800,10 @@ struct LocalUpArgs {
     mount: Option<PathBuf>,
     #[arg(long, default_value_t = 1)]
     targets_per_node: u32,
-    /// Default stripe count (-1 = every target).
-    #[arg(long, default_value_t = 4, allow_hyphen_values = true)]
-    stripe_count: i32,
+    /// Default stripe count (-1 = every target); at most the pool's targets [default: 4, or
+    /// every target when there are fewer].
+    #[arg(long, allow_hyphen_values = true)]
+    stripe_count: Option<i32>,
     /// Default chunk size in bytes (power of two, >= 65536).
     #[arg(long, default_value_t = 1 << 20)]
     chunk_size: u32,
@@ -864,6 +865,17 @@ impl LocalCmd {
 
 impl LocalUpArgs {
     fn run(self) -> Result<()> {
+        // A count the pool cannot give is a mistake: files would silently get fewer stripes.
+        let targets = self.nodes.saturating_mul(self.targets_per_node);
+        if let Some(n) = self.stripe_count.filter(|&n| n > 0 && n as u32 > targets) {
+            bail!(
+                "--stripe-count {n} is more than the {targets} targets of pool {} ({} nodes x {} per node); \
+                 -1 stripes over every target",
+                self.pool,
+                self.nodes,
+                self.targets_per_node
+            );
+        }
         let mount = if self.no_mount { None } else { Some(self.mount.unwrap_or_else(|| self.root.join("mnt"))) };
         let opts = local::UpOptions {
             root: self.root.clone(),
@@ -871,7 +883,7 @@ impl LocalUpArgs {
             targets_per_node: self.targets_per_node,
             pool: self.pool,
             chunk_size: self.chunk_size,
-            stripe_count: self.stripe_count,
+            stripe_count: self.stripe_count.unwrap_or(odfs_proto::layout::DEFAULT_STRIPE_COUNT),
             bulk: self.bulk,
             meta_transport: self.meta_transport.unwrap_or(local::UpOptions::default().meta_transport),
             job_id: self.job_id,

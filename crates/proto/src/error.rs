@@ -96,14 +96,15 @@ error_codes! {
 
 impl fmt::Display for ErrorCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = std::io::Error::from_raw_os_error(self.errno());
-        write!(f, "{self:?} ({s})")
+        // The system's words for the errno ("Not a directory"), without Rust's names.
+        let s = std::io::Error::from_raw_os_error(self.errno()).to_string();
+        write!(f, "{}", s.split(" (os error").next().unwrap_or(&s))
     }
 }
 
 /// An error returned by a remote service: a code and a human-readable message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-#[error("{code:?}: {message}")]
+#[error("{}", if message.is_empty() { code.to_string() } else { message.clone() })]
 pub struct RemoteError {
     pub code: ErrorCode,
     pub message: String,

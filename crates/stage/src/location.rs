@@ -71,6 +71,11 @@ pub fn parse(s: &str, mounts: &[PathBuf]) -> Result<Location> {
     if s.contains("://") {
         return invalid!("{s}: unknown scheme (use s3://BUCKET/PREFIX, odfs:/PATH or a local path)");
     }
+    if s.len() > 3 && s[..3].eq_ignore_ascii_case("s3:") {
+        return invalid!(
+            "{s}: malformed S3 URL: write s3://BUCKET/PREFIX, with two slashes (a local path of that name: ./{s})"
+        );
+    }
     if let Some(p) = s.strip_prefix("odfs:") {
         return Ok(Location::Odfs(odfs_path(p)?));
     }

@@ -110,6 +110,9 @@ impl StageRequest {
             part_size,
             ..d
         };
+        if let Some(url) = &o.endpoint_url {
+            crate::s3::check_endpoint_url(url).map_err(StageError::Invalid)?;
+        }
         if o.part_size < 5 << 20 && (self.src.starts_with("s3://") || self.dst.starts_with("s3://")) {
             return invalid!("--part-size must be at least 5M for S3 (its smallest multipart part)");
         }

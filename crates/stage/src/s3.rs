@@ -440,6 +440,36 @@ pub fn multipart_etag(part_md5s: &[[u8; 16]]) -> String {
     format!("{}-{}", hex::encode(h.finalize()), part_md5s.len())
 }
 
+/// Refuses an S3 endpoint URL that cannot be one (`http//host:port`, `ftp://...`, no host, a
+/// port that is not a number) with the reason: such a URL never answers, and retrying it as
+/// "unreachable" only delays the error.
+pub fn check_endpoint_url(url: &str) -> std::result::Result<(), String> {
+    let bad = |why: &str| {
+        Err(format!("--endpoint-url {url:?} is not an S3 endpoint URL: {why} (expected http://HOST[:PORT] or https://HOST[:PORT])"))
+    };
+    let Some((scheme, rest)) = url.split_once("://") else { return bad("no scheme") };
+    if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
+        return bad(&format!("the scheme is {scheme:?}"));
+    }
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => (h, Some(p)),
+        _ => (authority, None),
+    };
+    if host.is_empty() {
+        return bad("no host");
+    }
+    if !host.chars().all(|c| c.is_ascii_alphanumeric() || "-._[]:".contains(c)) {
+        return bad(&format!("{host:?} is not a host name or address"));
+    }
+    if let Some(p) = port {
+        if p.parse::<u16>().map_or(true, |n| n == 0) {
+            return bad(&format!("the port {p:?} is not a number from 1 to 65535"));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
