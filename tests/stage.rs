@@ -721,6 +721,122 @@ fn a_drain_uploads_settled_files_while_running_and_the_stage_out_sends_only_what
     assert!(e.contains("no drain of odfs:/nothing is running"), "{e}");
 }
 
+/// The objects under `s3://out/PREFIX/`, by their key below it (the stage-out's own files left
+/// out), each as the SHA-256 of its bytes.
+fn objects_below(s3: &S3Server, prefix: &str) -> BTreeMap<String, String> {
+    let root = s3.object_path("out", prefix);
+    let mut out = BTreeMap::new();
+    let mut dirs = vec![root.clone()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            let rel = p.strip_prefix(&root).unwrap().to_string_lossy().into_owned();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if !rel.starts_with(".odfs-stage-out") && !rel.contains(".s3s") {
+                out.insert(rel, sha256(&std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out
+}
+
+/// Four ranks each write one shard per step into `step_N/` and rank 0 a `COMPLETE` marker, as a
+/// sharded training job checkpoints. `--keep 2` keeps the last two checkpoints whole — every
+/// shard and the marker — and retires older ones whole; with `--marker COMPLETE` the marker is
+/// uploaded only after its shards. The stage-out's completion marker is written only when every
+/// checkpoint in the bucket is whole: one part retired (a shard of an old checkpoint rewritten
+/// after its retirement) is made whole again by sending its retired files.
+#[test]
+fn a_drain_keeps_the_last_k_checkpoints_whole_and_the_stage_out_vouches_only_for_whole_ones() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s3 = S3Server::s3s(&tmp.path().join("s3"), &["out"]);
+    let fs = LocalFs::up(4, &[]);
+    let m = FuseMount::start(&fs);
+    let url = s3.url();
+    let s3_args = ["--endpoint-url", url.as_str(), "--path-style"];
+    for (src, dst, marker) in [("plain", "run/plain", None), ("marked", "run/marked", Some("COMPLETE"))] {
+        std::fs::create_dir(m.p(src)).unwrap();
+        let src = format!("odfs:/{src}");
+        let dst = format!("s3://out/{dst}");
+        let mut start = vec!["drain", "start", &src, &dst, "--settle", "1", "--keep", "2"];
+        if let Some(name) = marker {
+            start.extend(["--marker", name]);
+        }
+        start.extend(s3_args);
+        ok(odfs_stage(&fs, &s3.env(), &start));
+    }
+    let shard = |step: u64, rank: u64| pattern(256 << 10, step * 10 + rank);
+    let marker_of = |step: u64| format!("step {step} complete\n").into_bytes();
+    let want = |steps: std::ops::RangeInclusive<u64>| -> BTreeMap<String, String> {
+        let mut w = BTreeMap::new();
+        for step in steps {
+            for rank in 0..4 {
+                w.insert(format!("step_{step:06}/model-rank{rank}"), sha256(&shard(step, rank)));
+            }
+            w.insert(format!("step_{step:06}/COMPLETE"), sha256(&marker_of(step)));
+        }
+        w
+    };
+    for step in 1..=5u64 {
+        for dir in ["plain", "marked"] {
+            let d = m.p(&format!("{dir}/step_{step:06}"));
+            std::fs::create_dir(&d).unwrap();
+            for rank in 0..4 {
+                std::fs::write(d.join(format!("model-rank{rank}")), shard(step, rank)).unwrap();
+            }
+            std::fs::write(d.join("COMPLETE"), marker_of(step)).unwrap();
+        }
+        // With --marker, a marker in the bucket means its whole checkpoint is there.
+        wait_object(&s3, &format!("run/marked/step_{step:06}/COMPLETE"), &marker_of(step));
+        let held = objects_below(&s3, "run/marked");
+        for (k, sum) in want(step..=step) {
+            assert_eq!(held.get(&k), Some(&sum), "step {step}'s marker is in the bucket before {k}: {held:?}");
+        }
+        wait_object(&s3, &format!("run/plain/step_{step:06}/COMPLETE"), &marker_of(step));
+    }
+    // Exactly the last two checkpoints, whole, in both buckets.
+    for dir in ["plain", "marked"] {
+        wait_for(&format!("{dir}: steps 1-3 retired"), Duration::from_secs(60), || {
+            let held = objects_below(&s3, &format!("run/{dir}"));
+            (held == want(4..=5), held.into_keys().collect::<Vec<_>>())
+        });
+        let st = drain_state(&fs, &format!("/{dir}"));
+        assert_eq!((st["retired"].as_u64(), st["retired_checkpoints"].as_u64()), (Some(15), Some(3)), "{st}");
+    }
+    let said = ok(odfs_stage(&fs, &[], &["drain", "status"]));
+    assert!(said.contains("3 checkpoints (15 files) retired by --keep"), "{said}");
+
+    // A shard of retired step 1 rewritten: drained again, its checkpoint is now part retired.
+    let again = pattern(256 << 10, 99);
+    std::fs::write(m.p("plain/step_000001/model-rank0"), &again).unwrap();
+    wait_object(&s3, "run/plain/step_000001/model-rank0", &again);
+    let stopped = ok(odfs_stage(&fs, &[], &["drain", "stop"]));
+    assert!(stopped.contains("stopped"), "{stopped}");
+    for (dir, expect) in [("plain", 4), ("marked", 0)] {
+        let mut args = vec!["stage-out".to_string(), format!("odfs:/{dir}"), format!("s3://out/run/{dir}")];
+        args.extend(s3_args.iter().map(|a| a.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = ok(odfs_stage(&fs, &s3.env(), &args));
+        assert!(out.contains(&format!("stage-out: {expect} files")), "{dir}: {out}");
+        let held = objects_below(&s3, &format!("run/{dir}"));
+        let mut w = want(4..=5);
+        if dir == "plain" {
+            // step 1 whole again: its 4 retired files sent, its rewritten shard as it is now;
+            // nothing of steps 2 and 3.
+            w.extend(want(1..=1));
+            w.insert("step_000001/model-rank0".into(), sha256(&again));
+        }
+        assert_eq!(held, w, "{dir}: {out}");
+        let marker: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(s3.object_path("out", &format!("run/{dir}/.odfs-stage-out.complete"))).unwrap(),
+        )
+        .unwrap();
+        let (files, retired) = if dir == "plain" { (15, 10) } else { (10, 15) };
+        assert_eq!((marker["files"].as_u64(), marker["retired"].as_u64()), (Some(files), Some(retired)), "{marker}");
+    }
+}
+
 #[test]
 fn a_drain_deletes_after_upload_only_files_that_nobody_holds_open() {
     use std::io::Write;

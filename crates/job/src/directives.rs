@@ -29,8 +29,8 @@ pub struct Transfer {
     pub seal: bool,
 }
 
-/// A continuous drain (`drain SRC DST [--settle SECS] [--keep K] [--concurrency N]
-/// [--max-bandwidth SIZE] [--share PCT] [--delete-after-upload]`): SRC's settled files
+/// A continuous drain (`drain SRC DST [--settle SECS] [--keep K] [--marker NAME]
+/// [--concurrency N] [--max-bandwidth SIZE] [--share PCT] [--delete-after-upload]`): SRC's settled files
 /// uploaded to DST while the job runs. A drain also stages SRC out to DST at the end, like
 /// `stage-out SRC DST`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -40,6 +40,8 @@ pub struct Drain {
     pub settle: Option<f64>,
     #[serde(default)]
     pub keep: u32,
+    #[serde(default)]
+    pub marker: Option<String>,
     pub concurrency: Option<u32>,
     pub max_bandwidth: Option<u64>,
     /// The share as a fraction (0.2 for `--share 20`).
@@ -106,7 +108,7 @@ impl Directives {
 
 /// The help text listing every directive (printed with errors).
 pub const HELP: &str = "stage-in SRC DST [--seal] | stage-out SRC DST | \
-                        drain SRC DST [--settle SECS] [--keep K] [--concurrency N] [--max-bandwidth SIZE] [--share PCT] [--delete-after-upload] | stripe-count N | chunk-size SIZE | pool NAME | placement local|rotate | \
+                        drain SRC DST [--settle SECS] [--keep K] [--marker NAME] [--concurrency N] [--max-bandwidth SIZE] [--share PCT] [--delete-after-upload] | stripe-count N | chunk-size SIZE | pool NAME | placement local|rotate | \
                         endpoint-url URL | region NAME | path-style | profile NAME | concurrency N | max-bandwidth SIZE";
 
 /// Splits one directive's arguments (blanks; quotes group). An unquoted `#` that starts a word
@@ -267,7 +269,7 @@ fn one_directive(d: &mut Directives, w: &[String]) -> Result<(), String> {
 /// `drain SRC DST [options]`.
 fn drain(args: &[String]) -> Result<Drain, String> {
     const FORM: &str = "drain takes a source in the job's filesystem, an s3://BUCKET/PREFIX, then any of \
-                        --settle SECS, --keep K, --concurrency N, --max-bandwidth SIZE, --share PCT, --delete-after-upload";
+                        --settle SECS, --keep K, --marker NAME, --concurrency N, --max-bandwidth SIZE, --share PCT, --delete-after-upload";
     if args.len() < 2 || args[0].starts_with("--") || args[1].starts_with("--") {
         return Err(FORM.into());
     }
@@ -280,6 +282,7 @@ fn drain(args: &[String]) -> Result<Drain, String> {
         dst,
         settle: None,
         keep: 0,
+        marker: None,
         concurrency: None,
         max_bandwidth: None,
         share: None,
@@ -302,7 +305,12 @@ fn drain(args: &[String]) -> Result<Drain, String> {
                 dr.settle = Some(v);
             }
             "--keep" => {
-                dr.keep = value.parse().map_err(|_| format!("drain --keep {value:?} is not a number of files"))?;
+                dr.keep =
+                    value.parse().map_err(|_| format!("drain --keep {value:?} is not a number of checkpoints"))?;
+            }
+            "--marker" => {
+                odfs_stage::drain::check_marker(value).map_err(|e| format!("drain {e}"))?;
+                dr.marker = Some(value.clone());
             }
             "--concurrency" => {
                 let n: u32 = value
@@ -404,7 +412,7 @@ mod tests {
     #[test]
     fn a_drain_is_also_the_stage_out_of_its_pair() {
         let d = parse(
-            "#ODFS drain /ckpt s3://runs/%j/ckpt --settle 5 --keep 3 --max-bandwidth 100M --share 10%\n",
+            "#ODFS drain /ckpt s3://runs/%j/ckpt --settle 5 --keep 3 --marker COMPLETE --max-bandwidth 100M --share 10%\n",
             "9",
             "u",
         )
@@ -416,6 +424,7 @@ mod tests {
                 dst: "s3://runs/9/ckpt".into(),
                 settle: Some(5.0),
                 keep: 3,
+                marker: Some("COMPLETE".into()),
                 concurrency: None,
                 max_bandwidth: Some(100 << 20),
                 share: Some(0.1),
@@ -436,7 +445,8 @@ mod tests {
             ("#ODFS drain c s3://b/c\n", "not a path in the job's filesystem"),
             ("#ODFS drain /c s3://b/c --settle\n", "--settle needs a value"),
             ("#ODFS drain /c s3://b/c --settle soon\n", "not a number of seconds"),
-            ("#ODFS drain /c s3://b/c --keep -1\n", "not a number of files"),
+            ("#ODFS drain /c s3://b/c --keep -1\n", "not a number of checkpoints"),
+            ("#ODFS drain /c s3://b/c --marker a/b\n", "drain --marker \"a/b\" is not a file name"),
             ("#ODFS drain /c s3://b/c --delete yes\n", "unknown option \"--delete\""),
             ("#ODFS drain /c s3://b/c --share 0\n", "drain --share \"0\" is not a percentage from 1 to 100"),
             ("#ODFS drain /c s3://b/c --share most\n", "is not a percentage"),

@@ -675,6 +675,7 @@ fn start_drains(link: &BoardLink, state: &StateDir, rec: &Record, ctx: &NodeCont
                 dst: dr.dst.clone(),
                 settle: dr.settle,
                 keep: dr.keep,
+                marker: dr.marker.clone(),
                 concurrency: dr.concurrency,
                 max_bandwidth: dr.max_bandwidth,
                 share: dr.share,

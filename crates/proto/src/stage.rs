@@ -204,7 +204,8 @@ pub struct DrainStart {
     pub groups: Vec<u32>,
     /// Milliseconds a file's attributes must stay unchanged before it is uploaded.
     pub settle_ms: u64,
-    /// Keep only the objects of the last `keep` drained files in `dst` (0 = keep all).
+    /// Keep only the objects of the last `keep` whole checkpoints in `dst` (0 = keep all): a
+    /// checkpoint is each entry at the top of `src`, a directory with all below it or a file.
     pub keep: u32,
     /// Limits of the drain's own transfers, per agent.
     pub limits: StageLimits,
@@ -215,6 +216,10 @@ pub struct DrainStart {
     /// any node (`UnlinkIdle`): for checkpoints, opt-in.
     #[serde(default)]
     pub delete_after_upload: bool,
+    /// A checkpoint directory is whole only once it holds a file of this name, which is
+    /// uploaded only after the rest of its directory.
+    #[serde(default)]
+    pub marker: Option<String>,
 }
 
 /// Stops the drain of `src` (every drain if None), after the pass in flight; replies with
@@ -247,8 +252,10 @@ pub struct DrainState {
     /// Uploads that failed (each is tried again later) and the latest reason.
     pub failed: u64,
     pub last_error: Option<String>,
-    /// Objects deleted from `dst` by `keep`.
+    /// Objects deleted from `dst` by `keep`, and the checkpoints they made up.
     pub retired: u64,
+    #[serde(default)]
+    pub retired_checkpoints: u64,
     /// Files deleted from odfs after their upload (`delete_after_upload`), and files whose
     /// deletion waits because they are open somewhere.
     pub deleted: u64,

@@ -10,13 +10,13 @@
 
 use crate::coordinator::stage_out::{drain_pass, drained_entries, put_manifest, src_file, walk_odfs_attrs};
 use crate::coordinator::StageOptions;
-use crate::manifest::{FileEntry, Manifest};
+use crate::manifest::{checkpoint_of, FileEntry, Manifest};
 use crate::s3::S3;
 use odfs_client::{Client, Ctx};
 use odfs_proto::meta::Attr;
 use odfs_proto::stage::{DrainList, DrainStart, DrainState, DrainStop, StageEndpoint};
 use odfs_proto::{ErrorCode, InodeId, RemoteError, Timespec};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -173,8 +173,9 @@ struct Drainer {
     /// The destination's manifest was read (or found absent): until then nothing is uploaded,
     /// so an earlier record is never overwritten.
     loaded: bool,
-    /// Files of the last scan (for `--keep`).
-    present: std::collections::BTreeSet<String>,
+    /// Files of the last scan, and those of them not drained as they are now (for `--keep`).
+    present: BTreeSet<String>,
+    pending: BTreeSet<String>,
     /// The manifest changed since it was last written.
     dirty: bool,
 }
@@ -213,7 +214,8 @@ impl Drainer {
             to_delete: BTreeMap::new(),
             unrecorded: BTreeMap::new(),
             loaded: false,
-            present: Default::default(),
+            present: BTreeSet::new(),
+            pending: BTreeSet::new(),
             dirty: false,
         }
     }
@@ -233,6 +235,9 @@ impl Drainer {
                     Ok(_) => {}
                     Err(e) => self.drain.update(|s| s.last_error = Some(e)),
                 }
+                // After every scan, not only a pass's: a checkpoint may become whole with no
+                // upload (a pending file deleted), and a deletion that failed is tried again.
+                self.retire().await;
                 // Deleted only once the manifest that records the upload is in the store.
                 self.write_manifest().await;
                 self.delete_uploaded().await;
@@ -285,7 +290,7 @@ impl Drainer {
         let files = walk.files;
         let (now, wall, settle) = (Instant::now(), Timespec::now(), self.settle());
         let mut ready = Vec::new();
-        let mut pending = 0;
+        let mut pending = BTreeSet::new();
         let mut present = HashMap::new();
         for (rel, a) in files {
             // What stages write themselves (a stage-in's manifest, the stage-out's marker).
@@ -303,7 +308,7 @@ impl Drainer {
             if self.manifest.files.get(&rel).is_some_and(|e| e.drained.is_some() && e.same_file(a.size, a.mtime)) {
                 continue;
             }
-            pending += 1;
+            pending.insert(rel.clone());
             let w = self.watching.entry(rel.clone()).or_insert(Watch { id, since: now });
             if w.id != id {
                 *w = Watch { id, since: now };
@@ -316,8 +321,13 @@ impl Drainer {
         self.watching.retain(|k, _| present.contains_key(k));
         self.to_delete.retain(|k, _| present.contains_key(k));
         self.unrecorded.retain(|k, _| present.contains_key(k));
+        if let Some(marker) = &self.req.marker {
+            // A marker goes last: once every other file of its checkpoint is drained.
+            ready.retain(|(rel, _)| !held_marker(rel, marker, &pending));
+        }
         self.present = present.into_keys().collect();
-        self.drain.update(|s| s.pending = pending);
+        self.drain.update(|s| s.pending = pending.len() as u64);
+        self.pending = pending;
         Ok(ready)
     }
 
@@ -355,7 +365,6 @@ impl Drainer {
             let Some(entry) = out.verified.get(&rel) else { continue };
             self.record(rel, &a, entry.clone()).await;
         }
-        self.retire().await;
     }
 
     /// Records a verified upload, unless the file changed while it was sent.
@@ -382,6 +391,7 @@ impl Drainer {
         });
         info!(rel, size = entry.size, "drained");
         self.retry.remove(&rel);
+        self.pending.remove(&rel);
         if self.req.delete_after_upload {
             self.unrecorded.insert(rel.clone(), now);
         }
@@ -440,31 +450,34 @@ impl Drainer {
         self.drain.update(|s| s.delete_waiting = waiting);
     }
 
-    /// `--keep K`: deletes the objects of all but the K most recently drained files.
+    /// `--keep K`: deletes the objects of the whole checkpoints older than the last K held
+    /// whole (docs/architecture.md, "Keeping the last K checkpoints").
     async fn retire(&mut self) {
         let keep = self.req.keep as usize;
         if keep == 0 {
             return;
         }
-        let mut live: Vec<(i64, String)> = self
-            .manifest
-            .files
-            .iter()
-            .filter(|(k, e)| !e.retired && (e.deleted_local || self.present.contains(k.as_str())))
-            .filter_map(|(k, e)| Some((e.drained?, k.clone())))
-            .collect();
-        live.sort_by(|a, b| b.cmp(a));
-        for (_, rel) in live.into_iter().skip(keep) {
-            match self.s3.delete(&self.s3.key(&rel)).await {
-                Ok(()) => {
-                    if let Some(e) = self.manifest.files.get_mut(&rel) {
-                        e.retired = true;
+        let plan = to_retire(&self.manifest.files, &self.present, &self.pending, self.req.marker.as_deref(), keep);
+        for (checkpoint, files) in plan {
+            let mut all = true;
+            for rel in files {
+                match self.s3.delete(&self.s3.key(&rel)).await {
+                    Ok(()) => {
+                        if let Some(e) = self.manifest.files.get_mut(&rel) {
+                            e.retired = true;
+                        }
+                        self.dirty = true;
+                        self.drain.update(|s| s.retired += 1);
                     }
-                    self.dirty = true;
-                    self.drain.update(|s| s.retired += 1);
-                    info!(rel, keep, "retired from the destination (--keep)");
+                    Err(e) => {
+                        all = false;
+                        warn!(rel, error = %e, "cannot retire a drained object; tried again after the next scan");
+                    }
                 }
-                Err(e) => warn!(rel, error = %e, "cannot retire a drained object; tried again after the next pass"),
+            }
+            if all {
+                self.drain.update(|s| s.retired_checkpoints += 1);
+                info!(checkpoint, keep, "checkpoint retired from the destination (--keep)");
             }
         }
     }
@@ -487,6 +500,75 @@ impl Drainer {
     }
 }
 
+/// Whether `rel` is the `--marker` file of a checkpoint directory with other files pending.
+fn held_marker(rel: &str, marker: &str, pending: &BTreeSet<String>) -> bool {
+    let top = checkpoint_of(rel);
+    rel.len() > top.len()
+        && rel[top.len() + 1..] == *marker
+        && pending.iter().any(|p| p != rel && checkpoint_of(p) == top)
+}
+
+/// One checkpoint of a drained tree, as its manifest and the last scan see it.
+#[derive(Default)]
+struct Checkpoint<'a> {
+    /// The newest modification time among its drained files.
+    newest: (i64, u32),
+    /// Its drained files whose objects DST holds, and how many were retired.
+    held: Vec<&'a str>,
+    retired: usize,
+    /// A file of it is not drained as it is now.
+    pending: bool,
+    /// It is a directory, and it holds its `--marker`, drained.
+    dir: bool,
+    marked: bool,
+}
+
+/// `--keep K`: the files to delete from DST, by checkpoint — every whole checkpoint older than
+/// the K newest held whole in DST. Only files drained and recorded, and still in SRC (or
+/// deleted from it by the drain), are considered; a checkpoint that is not whole is never in
+/// the plan.
+fn to_retire(
+    files: &BTreeMap<String, FileEntry>,
+    present: &BTreeSet<String>,
+    pending: &BTreeSet<String>,
+    marker: Option<&str>,
+    keep: usize,
+) -> Vec<(String, Vec<String>)> {
+    let mut all: BTreeMap<&str, Checkpoint> = BTreeMap::new();
+    for (rel, e) in files {
+        if e.drained.is_none() || !(e.deleted_local || present.contains(rel)) {
+            continue;
+        }
+        let top = checkpoint_of(rel);
+        let c = all.entry(top).or_default();
+        c.newest = c.newest.max((e.mtime, e.mtime_nsec));
+        c.dir |= top.len() < rel.len();
+        c.marked |= marker.is_some_and(|m| rel.len() > top.len() && rel[top.len() + 1..] == *m);
+        match e.retired {
+            true => c.retired += 1,
+            false => c.held.push(rel),
+        }
+    }
+    for rel in pending {
+        if let Some(c) = all.get_mut(checkpoint_of(rel)) {
+            c.pending = true;
+        }
+    }
+    let mut order: Vec<(&str, Checkpoint)> = all.into_iter().collect();
+    order.sort_by(|(a, x), (b, y)| (y.newest, *b).cmp(&(x.newest, *a)));
+    let mut kept = 0;
+    let mut plan = Vec::new();
+    for (name, c) in order {
+        let whole = !c.pending && (marker.is_none() || !c.dir || c.marked);
+        if kept < keep {
+            kept += (whole && c.retired == 0) as usize;
+        } else if whole && !c.held.is_empty() {
+            plan.push((name.to_string(), c.held.iter().map(|r| r.to_string()).collect()));
+        }
+    }
+    plan
+}
+
 /// A drain as a caller asks for it: `odfs drain start` or an `#ODFS drain` directive.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct DrainRequest {
@@ -498,10 +580,16 @@ pub struct DrainRequest {
     /// [default 3].
     #[arg(long)]
     pub settle: Option<f64>,
-    /// Keep only the objects of the K most recently drained files in the destination, deleting
-    /// older ones the drain uploaded (0 = keep all).
+    /// Keep only the last K whole checkpoints in the destination, deleting the objects of older
+    /// ones the drain uploaded (0 = keep all). A checkpoint is each entry at the top of the
+    /// drained directory: a directory with everything below it, or a single file; it is whole
+    /// once every file in it is drained, and never partly deleted.
     #[arg(long, default_value_t = 0)]
     pub keep: u32,
+    /// A checkpoint directory is whole only once it holds a file of this name (e.g. COMPLETE),
+    /// which is uploaded only after the rest of its directory.
+    #[arg(long, value_name = "NAME")]
+    pub marker: Option<String>,
     /// Drain uploads in flight per node [default 2].
     #[arg(long)]
     pub concurrency: Option<u32>,
@@ -569,6 +657,9 @@ impl DrainRequest {
         if self.concurrency == Some(0) {
             return invalid!("drain: --concurrency must be positive");
         }
+        if let Some(Err(e)) = self.marker.as_deref().map(check_marker) {
+            return invalid!("drain: {e}");
+        }
         let creds = crate::s3::resolve_credentials(None).await?;
         let region = crate::s3::resolve_region(o.region.clone()).await;
         let s3 = S3::new(&crate::coordinator::s3_spec(&bucket, &prefix, &o, creds, region));
@@ -599,8 +690,19 @@ impl DrainRequest {
             split_threshold: o.split_threshold,
             part_size: o.part_size,
             delete_after_upload: self.delete_after_upload,
+            marker: self.marker.clone(),
         })
     }
+}
+
+/// A `--marker` name: one file name in a checkpoint directory.
+pub fn check_marker(name: &str) -> Result<(), String> {
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
+        return Err(format!(
+            "--marker {name:?} is not a file name (a name in each checkpoint directory, e.g. COMPLETE)"
+        ));
+    }
+    Ok(())
 }
 
 /// The address of node 0's stage agent, where a job's drains run.
@@ -660,7 +762,7 @@ pub fn describe(s: &DrainState) -> String {
         s.failed
     );
     if s.retired > 0 {
-        line += &format!(", {} retired by --keep", s.retired);
+        line += &format!(", {} checkpoints ({} files) retired by --keep", s.retired_checkpoints, s.retired);
     }
     if s.deleted + s.delete_waiting > 0 {
         line += &format!(", {} deleted after upload ({} open, waiting)", s.deleted, s.delete_waiting);
@@ -681,6 +783,82 @@ mod tests {
             size,
             mtime: Timespec { sec: mtime, nsec: 0 },
             ctime: Timespec { sec: ctime, nsec: 0 },
+        }
+    }
+
+    /// A manifest of `steps` checkpoints `step_N/` of 4 shards and a COMPLETE, step N's files
+    /// modified at time N, all drained, present in SRC.
+    fn checkpoints(steps: u32) -> (BTreeMap<String, FileEntry>, BTreeSet<String>) {
+        let mut files = BTreeMap::new();
+        for n in 1..=steps {
+            for f in ["rank0", "rank1", "rank2", "rank3", "COMPLETE"] {
+                let e = FileEntry { mtime: n as i64, drained: Some(n as i64), ..FileEntry::default() };
+                files.insert(format!("step_{n}/{f}"), e);
+            }
+        }
+        let present = files.keys().cloned().collect();
+        (files, present)
+    }
+
+    fn tops(plan: &[(String, Vec<String>)]) -> Vec<(&str, usize)> {
+        plan.iter().map(|(c, f)| (c.as_str(), f.len())).collect()
+    }
+
+    #[test]
+    fn keep_retires_whole_checkpoints_older_than_the_last_k_whole_ones() {
+        let none = BTreeSet::new();
+        let (mut files, mut present) = checkpoints(5);
+        // Whole directories go, every file of each.
+        let plan = to_retire(&files, &present, &none, None, 2);
+        assert_eq!(tops(&plan), [("step_3", 5), ("step_2", 5), ("step_1", 5)]);
+        // A newer checkpoint still pending (rank 3 not drained yet) is not counted: the last two
+        // whole ones stay.
+        let six = FileEntry { mtime: 6, drained: Some(6), ..FileEntry::default() };
+        for f in ["rank0", "rank1", "rank2"] {
+            files.insert(format!("step_6/{f}"), six.clone());
+            present.insert(format!("step_6/{f}"));
+        }
+        let pending: BTreeSet<String> = ["step_6/rank3".to_string()].into();
+        present.insert("step_6/rank3".into());
+        assert_eq!(
+            tops(&to_retire(&files, &present, &pending, None, 2)),
+            [("step_3", 5), ("step_2", 5), ("step_1", 5)]
+        );
+        // Without a pending file but with --marker, step_6 is still not whole (no COMPLETE).
+        present.remove("step_6/rank3");
+        assert_eq!(tops(&to_retire(&files, &present, &none, Some("COMPLETE"), 2)).len(), 3);
+        // Without --marker it is whole: it counts, and step_4 goes too.
+        assert_eq!(tops(&to_retire(&files, &present, &none, None, 2))[0], ("step_4", 5));
+        // An old checkpoint part retired (a deletion cut short) is finished; a newer one does
+        // not count toward K (DST does not hold it whole).
+        let (mut files, present) = checkpoints(5);
+        files.get_mut("step_2/rank0").unwrap().retired = true;
+        assert_eq!(tops(&to_retire(&files, &present, &none, None, 2)), [("step_3", 5), ("step_2", 4), ("step_1", 5)]);
+        let (mut files, present) = checkpoints(5);
+        files.get_mut("step_5/rank0").unwrap().retired = true;
+        assert_eq!(tops(&to_retire(&files, &present, &none, None, 2)), [("step_2", 5), ("step_1", 5)]);
+        // An old checkpoint not whole (a file changed since its upload) is never touched.
+        let (files, present) = checkpoints(5);
+        let pending: BTreeSet<String> = ["step_1/rank2".to_string()].into();
+        assert_eq!(tops(&to_retire(&files, &present, &pending, None, 2)), [("step_3", 5), ("step_2", 5)]);
+        // Files at the top are checkpoints of their own, as before; files gone from SRC count not.
+        let mut files = BTreeMap::new();
+        for n in 1..=4 {
+            files.insert(format!("ckpt-{n}.pt"), FileEntry { mtime: n, drained: Some(n), ..FileEntry::default() });
+        }
+        let present: BTreeSet<String> = ["ckpt-2.pt", "ckpt-3.pt", "ckpt-4.pt"].map(String::from).into();
+        assert_eq!(tops(&to_retire(&files, &present, &none, Some("COMPLETE"), 2)), [("ckpt-2.pt", 1)]);
+    }
+
+    #[test]
+    fn a_marker_waits_for_the_rest_of_its_checkpoint() {
+        let pending: BTreeSet<String> = ["s1/COMPLETE", "s1/rank0", "s2/COMPLETE", "COMPLETE"].map(String::from).into();
+        assert!(held_marker("s1/COMPLETE", "COMPLETE", &pending), "rank0 is not drained yet");
+        assert!(!held_marker("s2/COMPLETE", "COMPLETE", &pending), "all else of s2 is drained");
+        assert!(!held_marker("COMPLETE", "COMPLETE", &pending), "a file at the top is its own checkpoint");
+        assert!(!held_marker("s1/rank0", "COMPLETE", &pending));
+        for bad in ["", ".", "..", "a/b"] {
+            assert!(check_marker(bad).unwrap_err().contains("is not a file name"), "{bad:?}");
         }
     }
 

@@ -17,6 +17,12 @@ pub fn reserved(rel: &str) -> bool {
     [STAGE_IN_MANIFEST, STAGE_OUT_MANIFEST, STAGE_OUT_MARKER].contains(&rel)
 }
 
+/// The checkpoint a file of a drained (or staged-out) tree belongs to, for `--keep`: the entry
+/// at the top of the tree that holds it — its first path component.
+pub fn checkpoint_of(rel: &str) -> &str {
+    rel.split_once('/').map_or(rel, |(top, _)| top)
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct FileEntry {
     pub size: u64,

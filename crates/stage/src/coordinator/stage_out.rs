@@ -10,7 +10,7 @@ use super::{
 use crate::error::{invalid, During, Result};
 use crate::keys::parents;
 use crate::location::Location;
-use crate::manifest::{self, FileEntry, Manifest};
+use crate::manifest::{self, checkpoint_of, FileEntry, Manifest};
 use crate::posix;
 use crate::s3::{self, multipart_etag, S3};
 use odfs_client::{Client, Ctx};
@@ -322,13 +322,33 @@ impl Outputs<'_> {
 
     /// Files a drain uploaded that are unchanged since (same size and mtime) and whose objects
     /// still have the ETag it verified; and those its `--keep` retired, unchanged since.
+    /// A retired file whose checkpoint DST also holds other files of is sent again, so that
+    /// no checkpoint is left part retired (docs/architecture.md, "Keeping the last K
+    /// checkpoints").
     fn keep_drained(&mut self, drained: &BTreeMap<String, FileEntry>, existing: &HashMap<String, s3::Object>) {
+        let unchanged =
+            |f: &SrcFile| drained.get(&f.rel).filter(|e| e.drained.is_some() && e.same_file(f.size, f.mtime));
+        let here: BTreeSet<&str> = self.files.iter().map(|f| f.rel.as_str()).collect();
+        let held: BTreeSet<&str> = self
+            .files
+            .iter()
+            .filter(|f| !unchanged(f).is_some_and(|e| e.retired))
+            .map(|f| checkpoint_of(&f.rel))
+            .chain(
+                drained
+                    .iter()
+                    .filter(|(rel, e)| e.deleted_local && !e.retired && !here.contains(rel.as_str()))
+                    .map(|(rel, _)| checkpoint_of(rel)),
+            )
+            .collect();
         for f in &self.files {
-            let Some(e) = drained.get(&f.rel).filter(|e| e.drained.is_some() && e.same_file(f.size, f.mtime)) else {
+            let Some(e) = unchanged(f) else {
                 continue;
             };
             let in_bucket = existing.get(&f.rel).is_some_and(|o| Some(&o.etag) == e.etag.as_ref());
-            if e.retired {
+            if e.retired && held.contains(checkpoint_of(&f.rel)) {
+                continue;
+            } else if e.retired {
                 self.report.retired += 1;
             } else if in_bucket {
                 self.report.drained += 1;
@@ -338,7 +358,6 @@ impl Outputs<'_> {
             self.kept.insert(f.rel.clone(), e.clone());
         }
         // Files a drain deleted from odfs after uploading them: their objects are the outputs.
-        let here: BTreeSet<&str> = self.files.iter().map(|f| f.rel.as_str()).collect();
         for (rel, e) in drained.iter().filter(|(rel, e)| e.deleted_local && !here.contains(rel.as_str())) {
             if e.retired || existing.get(rel).is_some_and(|o| Some(&o.etag) == e.etag.as_ref()) {
                 self.report.drained += !e.retired as u64;
