@@ -575,6 +575,83 @@ fn stage_in_from_a_posix_tree_keeps_modes_and_times_and_resumes() {
     assert!(!o.status.success() && text(&o).contains("--seal seals a stage-in's destination"), "{}", text(&o));
 }
 
+/// The files a stage-in's manifest in odfs records, and whether it says it is in progress
+/// (None while there is none).
+fn stage_in_record(c: &odfs_client::Client, rt: &tokio::runtime::Runtime, path: &str) -> Option<(usize, bool)> {
+    let data = rt.block_on(async {
+        let a = c.resolve(&Ctx::root(), path, true).await.ok()?;
+        let h = c.open(&Ctx::root(), a.ino, true, false, false).await.ok()?;
+        let mut d = Vec::new();
+        while let Ok(more) = h.read(d.len() as u64, 4 << 20).await {
+            if more.is_empty() {
+                break;
+            }
+            d.extend_from_slice(&more);
+        }
+        h.close().await.ok()?;
+        Some(d)
+    })?;
+    let m: serde_json::Value = serde_json::from_slice(&data).ok()?;
+    Some((m["files"].as_object()?.len(), m["in_progress"].as_bool().unwrap_or(false)))
+}
+
+/// A stage-in interrupted (Ctrl-C), or killed outright, has recorded what it verified as it
+/// went: the next run copies only the rest, and the tree ends byte-identical.
+#[test]
+fn an_interrupted_or_killed_stage_in_records_its_progress_and_a_rerun_copies_only_the_rest() {
+    const FILES: usize = 2000;
+    let tmp = tempfile::tempdir().unwrap();
+    let s3 = S3Server::s3s(&tmp.path().join("s3"), &["data"]);
+    let sums = make_tree(&s3.object_path("data", "set"), FILES, &[]);
+    let fs = LocalFs::up(4, &[]);
+    let url = s3.url();
+    let args = ["stage-in", "s3://data/set", "odfs:/ds", "--endpoint-url", &url, "--path-style"];
+    // About 80 files a second: long enough to be stopped midway.
+    let slow: Vec<&str> = args.iter().copied().chain(["--max-requests-per-sec", "80"]).collect();
+    let rt = runtime();
+    let c = rt.block_on(fs.client());
+    let record = || stage_in_record(&c, &rt, "/ds/.odfs-stage-in.json");
+    let grown_past = |n: usize| {
+        wait_for(&format!("the running stage-in's record holds more than {n} files"), Duration::from_secs(60), || {
+            let r = record();
+            (r.is_some_and(|(files, going)| going && files > n), r)
+        })
+    };
+
+    // Ctrl-C: the record is written at once, the command says what it holds, exit 130.
+    let child = odfs_spawn(&fs, &s3.env(), &slow);
+    grown_past(100);
+    // SAFETY: kill(2) with the pid of a child this test started.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let o = child.wait_with_output().unwrap();
+    let said = text(&o);
+    assert_eq!(o.status.code(), Some(130), "{said}");
+    let (held, going) = record().expect("a record after the interruption");
+    assert!(going && held > 100 && held < FILES, "{held} files recorded, in progress {going}:\n{said}");
+    let want = format!(
+        "{held} of {FILES} files are verified and recorded in odfs:/ds/.odfs-stage-in.json; the same command again copies only the rest"
+    );
+    assert!(said.contains("stage-in interrupted after ") && said.contains(&want), "{said}");
+    assert_eq!(said.trim_end().lines().last().map(|l| l.contains(&want)), Some(true), "{said}");
+
+    // Killed outright (kill -9, no chance to write): the record written last still counts.
+    let mut child = odfs_spawn(&fs, &s3.env(), &slow);
+    let before_kill = grown_past(held + 100).unwrap().0;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let at_kill = record().unwrap().0;
+    assert!(at_kill >= before_kill, "the record shrank: {at_kill} < {before_kill}");
+
+    // The next run copies only what no run recorded as verified, and ends complete.
+    let out = ok(odfs_stage(&fs, &s3.env(), &args));
+    let skipped = out.split(" already complete").next().and_then(|h| h.rsplit(' ').next()).and_then(|n| n.parse().ok());
+    let skipped: usize = skipped.unwrap_or_else(|| panic!("no count of files already complete: {out}"));
+    assert!(skipped >= at_kill, "{skipped} skipped, {at_kill} recorded: {out}");
+    assert!(out.contains(&format!("stage-in: {} files", FILES - skipped)), "{out}");
+    assert_odfs_tree(&fs, "/ds", &sums);
+    assert_eq!(record(), Some((FILES, false)), "the finished stage-in's manifest");
+}
+
 #[test]
 fn the_site_config_supplies_the_endpoint_and_settings() {
     let tmp = tempfile::tempdir().unwrap();

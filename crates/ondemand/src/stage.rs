@@ -11,13 +11,64 @@ use odfs_stage::{request, Direction, StageRequest};
 
 /// Runs a stage; prints the report; fails (non-zero exit) when any file failed or any source
 /// name was refused.
+///
+/// SIGINT (Ctrl-C), SIGTERM and SIGHUP stop a stage-in: what it verified is recorded in its
+/// manifest, it says so, and the process exits with 128 + the signal's number.
 pub async fn run(fs: Option<&std::path::Path>, r: &StageRequest, way: Direction) -> Result<()> {
     let client = fsref::connect(fs).await?;
-    let report = request::run(&client, &Ctx::current(), r, way).await;
+    let mut r = r.clone();
+    let (stop, signals) = match way {
+        Direction::In => {
+            let (tx, rx) = tokio::sync::watch::channel(false);
+            r.interrupted = Some(rx);
+            (Some(tx), Some(tokio::spawn(first_signal())))
+        }
+        Direction::Out => (None, None),
+    };
+    let signalled = async {
+        match signals {
+            Some(s) => s.await.unwrap_or(None),
+            None => std::future::pending().await,
+        }
+    };
+    let ctx = Ctx::current();
+    let work = request::run(&client, &ctx, &r, way);
+    tokio::pin!(work, signalled);
+    let (report, signal) = tokio::select! {
+        report = &mut work => (report, None),
+        sig = &mut signalled => {
+            if let Some(tx) = &stop {
+                let _ = tx.send(true);
+            }
+            eprintln!("odfs: interrupted: recording what is verified (a second signal ends at once, recording nothing more)");
+            tokio::select! {
+                report = &mut work => (report, sig),
+                again = first_signal() => std::process::exit(128 + again.or(sig).unwrap_or(2)),
+            }
+        }
+    };
     client.close().await;
+    if let (Err(e), Some(sig)) = (&report, signal) {
+        eprintln!("odfs: {e}");
+        std::process::exit(128 + sig);
+    }
     let report = report?;
     println!("{}", report.summary());
     Ok(request::check(&report)?)
+}
+
+/// The number of the first of SIGINT, SIGTERM and SIGHUP this process gets (None if they
+/// cannot be listened for).
+async fn first_signal() -> Option<i32> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (int, term, hup) = (SignalKind::interrupt(), SignalKind::terminate(), SignalKind::hangup());
+    let (mut i, mut t, mut h) = (signal(int).ok()?, signal(term).ok()?, signal(hup).ok()?);
+    let got = tokio::select! {
+        _ = i.recv() => int,
+        _ = t.recv() => term,
+        _ = h.recv() => hup,
+    };
+    Some(got.as_raw_value())
 }
 
 /// `odfs drain start SRC DST`: starts draining SRC on node 0's agent, as the caller.

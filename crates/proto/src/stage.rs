@@ -168,6 +168,18 @@ pub struct StagePoll {
     /// to finish (0: not), so the coordinator can add more before it runs dry.
     #[serde(default)]
     pub low_water: u32,
+    /// How many of the run's results the caller holds: an unfinished run's answer carries the
+    /// results after those (each item's, as it ends, so the caller can record progress); a
+    /// finished run's carries them all, final.
+    #[serde(default)]
+    pub have: u32,
+}
+
+/// Stops a run: items not started fail as cancelled, those in flight end; the run then
+/// finishes as usual (its results recorded, polls answered).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageCancel {
+    pub run: u64,
 }
 
 /// The longest an agent holds a `StagePoll` before answering.
@@ -186,7 +198,9 @@ pub struct StageCounters {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StageStatus {
     pub counters: StageCounters,
-    /// True once every item is done or failed; `results` is then complete.
+    /// True once every item is done or failed; `results` is then complete and final (an
+    /// unfinished run's are the new ones since `StagePoll::have`, provisional: a share whose
+    /// files metad does not take at its end fails them all).
     pub finished: bool,
     pub results: Vec<ItemResult>,
 }
@@ -271,4 +285,5 @@ crate::rpc! {
     DrainStop = 303 => Vec<DrainState>,
     DrainList = 304 => Vec<DrainState>,
     StageAdd = 305 => (),
+    StageCancel = 306 => (),
 }

@@ -19,8 +19,8 @@ use odfs_client::{Client, ClientConfig, Ctx, FileHandle};
 use odfs_proto::meta::{SetAttr, SetTime};
 use odfs_proto::mgmt::ServiceKind;
 use odfs_proto::stage::{
-    DrainList, DrainStart, DrainStop, ItemResult, StageAdd, StageCounters, StageEndpoint, StageLimits, StagePoll,
-    StageStart, StageStatus, WorkItem,
+    DrainList, DrainStart, DrainStop, ItemResult, StageAdd, StageCancel, StageCounters, StageEndpoint, StageLimits,
+    StagePoll, StageStart, StageStatus, WorkItem,
 };
 use odfs_proto::{ErrorCode, RemoteError, Timespec};
 use odfs_rpc::quic::QuicEndpoint;
@@ -65,6 +65,16 @@ struct Run {
     errors: AtomicU64,
     retries: AtomicU64,
     finished: AtomicBool,
+    /// The caller gave up on the run (`StageCancel`, a later run into the same odfs
+    /// directory, or no poll for `ABANDONED_AFTER`): items not started fail.
+    cancelled: AtomicBool,
+    /// When the caller last asked about the run (`StagePoll`, `StageAdd`).
+    last_heard: Mutex<Option<std::time::Instant>>,
+    /// The odfs directory a stage-in run writes into.
+    into_odfs: Option<String>,
+    /// Earlier runs into the same directory, cancelled by this one, whose items in flight it
+    /// waits for before it starts its own.
+    superseded: Mutex<Vec<Arc<Run>>>,
     /// Wakes the polls waiting on the run: an item done, the run finished.
     changed: tokio::sync::Notify,
     /// Where a `StageAdd` puts more items while the run is open (`StageStart::open`).
@@ -73,6 +83,29 @@ struct Run {
 }
 
 impl Run {
+    /// Items not started fail from now on; nothing more is added.
+    fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Release);
+        self.more.lock().expect("more lock").take();
+    }
+
+    fn heard(&self) {
+        *self.last_heard.lock().expect("last heard lock") = Some(std::time::Instant::now());
+    }
+
+    /// Waits until the run has finished (its items in flight ended).
+    async fn ended(&self) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.finished.load(Ordering::Acquire) {
+                return;
+            }
+            changed.await;
+        }
+    }
+
     /// Marks the run finished (its results recorded) and answers the polls waiting on it.
     fn finish(&self) {
         self.more.lock().expect("more lock").take();
@@ -196,6 +229,11 @@ impl Agent {
             async move { a.poll(&req).await }
         });
         let a = self.clone();
+        r.add(move |_h, req: StageCancel| {
+            let a = a.clone();
+            async move { a.cancel(&req) }
+        });
+        let a = self.clone();
         r.add(move |_h, req: DrainStart| {
             let a = a.clone();
             async move {
@@ -222,7 +260,12 @@ impl Agent {
                 RemoteError::new(ErrorCode::Invalid, format!("unsafe path {:?} in stage work: {e}", it.rel()))
             })?;
         }
-        let run = Arc::new(Run::default());
+        let into_odfs = match &req.dst {
+            StageEndpoint::Odfs(root) => Some(root.clone()),
+            _ => None,
+        };
+        let run = Arc::new(Run { into_odfs, ..Run::default() });
+        run.heard();
         run.items_total.store(req.items.len() as u64, Ordering::Relaxed);
         let more = req.open.then(|| {
             let (tx, rx) = mpsc::unbounded();
@@ -234,6 +277,24 @@ impl Agent {
             if runs.contains_key(&req.run) {
                 return Err(RemoteError::new(ErrorCode::Exists, format!("stage run {} already started", req.run)));
             }
+            // A stage-in into the same directory that still runs was given up by its caller
+            // (killed, then run again): it starts no more items, and this run waits for those
+            // in flight, so no file is written by both.
+            let superseded: Vec<Arc<Run>> = runs
+                .values()
+                .filter(|r| run.into_odfs.is_some() && r.into_odfs == run.into_odfs)
+                .filter(|r| !r.finished.load(Ordering::Acquire))
+                .cloned()
+                .collect();
+            for old in &superseded {
+                info!(
+                    run = req.run,
+                    dst = run.into_odfs.as_deref(),
+                    "an earlier stage-in into the same directory is cancelled"
+                );
+                old.cancel();
+            }
+            *run.superseded.lock().expect("superseded lock") = superseded;
             runs.insert(req.run, run.clone());
             let mut order = self.order.lock().expect("order lock");
             order.push_back(req.run);
@@ -259,6 +320,7 @@ impl Agent {
             self.runs.lock().expect("runs lock").get(&req.run).cloned().ok_or_else(|| {
                 RemoteError::new(ErrorCode::NotFound, format!("no stage run {} on this agent", req.run))
             })?;
+        run.heard();
         let mut more = run.more.lock().expect("more lock");
         if more.is_none() && req.items.is_empty() && req.last {
             // Closed already (a close sent again after its answer was lost): nothing to do.
@@ -285,13 +347,28 @@ impl Agent {
             self.runs.lock().expect("runs lock").get(&req.run).cloned().ok_or_else(|| {
                 RemoteError::new(ErrorCode::NotFound, format!("no stage run {} on this agent", req.run))
             })?;
+        run.heard();
         let wait = req.wait_ms.min(odfs_proto::stage::MAX_POLL_WAIT_MS);
         if wait > 0 {
             run.wait_for_news(Duration::from_millis(wait.into()), req.low_water).await;
         }
         let finished = run.finished.load(Ordering::Acquire);
-        let results = if finished { run.results.lock().expect("results lock").clone() } else { Vec::new() };
+        let results = {
+            let all = run.results.lock().expect("results lock");
+            let from = if finished { 0 } else { (req.have as usize).min(all.len()) };
+            all[from..].to_vec()
+        };
         Ok(StageStatus { counters: run.counters(), finished, results })
+    }
+
+    /// `StageCancel`: no more items of the run start; it finishes once those in flight end.
+    fn cancel(&self, req: &StageCancel) -> Result<(), RemoteError> {
+        let run = self.runs.lock().expect("runs lock").get(&req.run).cloned();
+        if let Some(run) = run {
+            info!(run = req.run, "stage run cancelled by its caller");
+            run.cancel();
+        }
+        Ok(())
     }
 
     async fn execute(self: Arc<Self>, run: Arc<Run>, req: StageStart, more: Option<mpsc::UnboundedReceiver<WorkItem>>) {
@@ -307,6 +384,11 @@ impl Agent {
             run.errors.store(n, Ordering::Relaxed);
             run.finish();
         };
+        let earlier = std::mem::take(&mut *run.superseded.lock().expect("superseded lock"));
+        for old in earlier {
+            old.ended().await;
+        }
+        tokio::spawn(watch_caller(run.clone(), req.run));
         let client = match self.client().await {
             Ok(c) => c,
             Err(e) => return fail_all(e),
@@ -336,7 +418,12 @@ impl Agent {
             .enumerate()
             .map(|(i, item)| {
                 let env = env.clone();
-                async move { (i, item_with_retries(&env, &item).await) }
+                async move {
+                    if env.run.cancelled.load(Ordering::Acquire) {
+                        return (i, Err("the stage was interrupted before this file was copied".to_string()));
+                    }
+                    (i, item_with_retries(&env, &item).await)
+                }
             })
             .buffer_unordered(concurrency.max(1) as usize);
         while let Some((i, r)) = results.next().await {
@@ -374,13 +461,36 @@ impl Agent {
     }
 }
 
+/// A run whose caller has not asked about it for this long is given up (its coordinator was
+/// killed): as long as a coordinator waits before it gives up on a silent agent.
+const ABANDONED_AFTER: Duration = Duration::from_secs(30);
+
+/// Cancels `run` once its caller has been silent for `ABANDONED_AFTER`, so a killed `odfs
+/// stage-in` leaves no copy running into the job's files.
+async fn watch_caller(run: Arc<Run>, id: u64) {
+    while !run.finished.load(Ordering::Acquire) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let last = *run.last_heard.lock().expect("last heard lock");
+        if last.is_some_and(|t| t.elapsed() > ABANDONED_AFTER) && !run.cancelled.load(Ordering::Acquire) {
+            warn!(
+                run = id,
+                "no word from the stage's coordinator for {} s: the run is cancelled",
+                ABANDONED_AFTER.as_secs()
+            );
+            run.cancel();
+        }
+    }
+}
+
 async fn item_with_retries(env: &Env, item: &WorkItem) -> ItemResultOr {
     let mut attempt = 1;
     loop {
         match run_item(env, item).await {
             Ok(r) => return Ok(r),
             Err(Failure::Final(e)) => return Err(e),
-            Err(Failure::Transient(e)) if attempt >= ITEM_ATTEMPTS => return Err(e),
+            Err(Failure::Transient(e)) if attempt >= ITEM_ATTEMPTS || env.run.cancelled.load(Ordering::Acquire) => {
+                return Err(e)
+            }
             Err(Failure::Transient(e)) => {
                 env.run.retries.fetch_add(1, Ordering::Relaxed);
                 warn!(rel = item.rel(), attempt, error = %e, "retrying stage item");

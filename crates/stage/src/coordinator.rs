@@ -24,7 +24,7 @@ pub use stage_in::stage_in;
 pub use stage_out::stage_out;
 
 use crate::config::DEFAULT_CONCURRENCY;
-use crate::error::{invalid, During, Result};
+use crate::error::{invalid, During, Result, StageError};
 use crate::keys::join;
 use crate::s3::{self, S3};
 use futures::{FutureExt, StreamExt};
@@ -64,6 +64,9 @@ pub struct StageOptions {
     pub log_every: Duration,
     /// A drain's share of each node's time while the job is busy (0 = none: stages).
     pub share: f64,
+    /// Turns true when the stage is to stop (the command got SIGINT or SIGTERM): a stage-in
+    /// then records what it verified and ends with `StageError::Interrupted`.
+    pub interrupted: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl Default for StageOptions {
@@ -81,6 +84,7 @@ impl Default for StageOptions {
             part_size: 16 << 20,
             log_every: Duration::from_secs(5),
             share: 0.0,
+            interrupted: None,
         }
     }
 }
@@ -298,6 +302,21 @@ pub(crate) async fn run_pass(
     items: Vec<WorkItem>,
     progress: &mut Progress,
 ) -> Result<(Vec<ItemResult>, Vec<(u32, StageCounters)>)> {
+    run_pass_noting(p, items, progress, &mut |_, _| {}, None).await
+}
+
+/// [`run_pass`], telling `noted` of each item's result as its agent reports it (by the item's
+/// index; a result an agent reports before its share ends is provisional, and is noted again
+/// when the share ends), and giving up when `interrupted` turns true: the agents are told to
+/// start no more of the pass's items (`StageCancel`), and the pass ends with
+/// `StageError::Interrupted`.
+pub(crate) async fn run_pass_noting(
+    p: &Pass<'_>,
+    items: Vec<WorkItem>,
+    progress: &mut Progress,
+    noted: &mut (dyn FnMut(usize, &ItemResult) + Send),
+    mut interrupted: Option<tokio::sync::watch::Receiver<bool>>,
+) -> Result<(Vec<ItemResult>, Vec<(u32, StageCounters)>)> {
     let n = p.agents.len();
     progress.set_items(items.len() as u64);
     let (mut plan, mut pool) = split_work(&items, n, |it| {
@@ -350,12 +369,14 @@ pub(crate) async fn run_pass(
     // connect once held the rpc pool's slot so, and the coordinator waited for ever).
     // An open agent's poll is also answered at its low water (for a batch); a closed one's
     // only at its end.
-    let poll = |a: usize, after: Duration, open: bool| {
+    // How many of each agent's results are held here (those reported before its share ends).
+    let mut have = vec![0u32; n];
+    let poll = |a: usize, after: Duration, open: bool, have: u32| {
         let low_water = if open { low_water } else { 0 };
         async move {
             tokio::time::sleep(after).await;
             let asked = Instant::now();
-            let req = StagePoll { run, wait_ms: POLL_WAIT_MS, low_water };
+            let req = StagePoll { run, wait_ms: POLL_WAIT_MS, low_water, have };
             Event::Polled { a, asked, reply: p.client.call(p.ctx, p.agents[a].1, &req).await }
         }
         .boxed()
@@ -372,9 +393,19 @@ pub(crate) async fn run_pass(
     let (mut adding, mut polling) = (vec![false; n], vec![false; n]);
     for &a in &started {
         polling[a] = true;
-        calls.push(poll(a, Duration::ZERO, open[a]));
+        calls.push(poll(a, Duration::ZERO, open[a], 0));
     }
-    while let Some(event) = calls.next().await {
+    loop {
+        let event = tokio::select! {
+            e = calls.next() => match e {
+                Some(e) => e,
+                None => break,
+            },
+            _ = turns_true(&mut interrupted) => {
+                cancel_run(p, run, &started).await;
+                return Err(StageError::Interrupted("interrupted".into()));
+            }
+        };
         match event {
             Event::Polled { a, asked, reply } => {
                 polling[a] = false;
@@ -387,10 +418,21 @@ pub(crate) async fn run_pass(
                             for r in st.results {
                                 if let Some(&global) = plan[a].get(r.index as usize) {
                                     results[global] = ItemResult { index: global as u32, ..r };
+                                    noted(global, &results[global]);
                                 }
                             }
                             finished.insert(a);
-                        } else if open[a]
+                        } else {
+                            // Provisional: an item of a batch whose add is not answered yet
+                            // is asked for again, with those after it.
+                            for r in st.results {
+                                let Some(&global) = plan[a].get(r.index as usize) else { break };
+                                noted(global, &ItemResult { index: global as u32, ..r });
+                                have[a] += 1;
+                            }
+                        }
+                        if !st.finished
+                            && open[a]
                             && !adding[a]
                             && st.counters.items_total.saturating_sub(st.counters.items_done) <= low_water as u64
                         {
@@ -423,7 +465,7 @@ pub(crate) async fn run_pass(
                     let early = asked.elapsed() < POLL_WAIT / 2;
                     let after = if early { POLL_WAIT.saturating_sub(asked.elapsed()) } else { Duration::ZERO };
                     polling[a] = true;
-                    calls.push(poll(a, after, open[a]));
+                    calls.push(poll(a, after, open[a], have[a]));
                 }
             }
             Event::Added { a, add: batch, last, sent } => {
@@ -453,7 +495,7 @@ pub(crate) async fn run_pass(
                     // After a refusal, not at once: its poll would ask for the same again.
                     let after = if refused { POLL_WAIT } else { Duration::ZERO };
                     polling[a] = true;
-                    calls.push(poll(a, after, open[a]));
+                    calls.push(poll(a, after, open[a], have[a]));
                 }
             }
         }
@@ -471,6 +513,33 @@ pub(crate) async fn run_pass(
         .map(|(a, (node, _))| (*node, counters.get(&a).copied().unwrap_or_default()))
         .collect();
     Ok((results, per_agent))
+}
+
+/// Resolves once `flag` is true; never without one (or once its sender is gone).
+async fn turns_true(flag: &mut Option<tokio::sync::watch::Receiver<bool>>) {
+    if let Some(rx) = flag {
+        if rx.wait_for(|v| *v).await.is_ok() {
+            return;
+        }
+    }
+    futures::future::pending().await
+}
+
+/// Tells the agents given a share of the run to start no more of its items; each is asked
+/// once, briefly: an agent that does not answer finishes its share on its own.
+async fn cancel_run(p: &Pass<'_>, run: u64, started: &[usize]) {
+    let asks = started.iter().map(|&a| {
+        let (node, addr) = p.agents[a];
+        async move {
+            let req = odfs_proto::stage::StageCancel { run };
+            match tokio::time::timeout(Duration::from_secs(2), p.client.call(p.ctx, addr, &req)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => warn!(node, error = %e, "cannot tell a stage agent the stage was interrupted"),
+                Err(_) => warn!(node, "the stage agent did not answer the interruption within 2 s"),
+            }
+        }
+    });
+    futures::future::join_all(asks).await;
 }
 
 pub(crate) fn add_counters(into: &mut Vec<(u32, StageCounters)>, more: &[(u32, StageCounters)]) {
@@ -544,15 +613,20 @@ pub(crate) async fn read_odfs_file(client: &Client, ctx: &Ctx, path: &str) -> Re
     Ok(Some(out))
 }
 
+/// Writes `data` as the file at `path`, whole or not at all: into a temporary name beside it
+/// (`manifest::writing_name`), synced, then renamed over it — a stage interrupted while it
+/// writes its manifest leaves the last one whole.
 pub(crate) async fn write_odfs_file(client: &Client, ctx: &Ctx, path: &str, data: &[u8]) -> Result<()> {
     let (parent, name) = client.resolve_parent(ctx, path).await?;
-    let (r, h) = client.create_open(ctx, parent.ino, &name, 0o644, false, None).await?;
+    let tmp = crate::manifest::writing_name(&name);
+    let (r, h) = client.create_open(ctx, parent.ino, &tmp, 0o644, false, None).await?;
     if !r.created {
         h.truncate(0).await?;
     }
     h.write(0, data).await?;
     h.fsync().await?;
     h.close().await?;
+    client.rename(ctx, parent.ino, &tmp, parent.ino, &name, 0).await?;
     Ok(())
 }
 

@@ -30,6 +30,9 @@ pub enum StageError {
     /// The agent could not start or serve: its credential, endpoint or mgmtd.
     #[error(transparent)]
     Rpc(#[from] odfs_rpc::RpcError),
+    /// The stage was told to stop (a signal); what it verified is recorded.
+    #[error("{0}")]
+    Interrupted(String),
     /// What a step was doing when the error below happened.
     #[error("{what}: {inner}")]
     During { what: String, inner: Box<StageError> },

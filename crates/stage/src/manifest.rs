@@ -14,7 +14,14 @@ pub const STAGE_OUT_MARKER: &str = ".odfs-stage-out.complete";
 
 /// Names a stage writes itself; a source file of the same name at the top is not copied.
 pub fn reserved(rel: &str) -> bool {
-    [STAGE_IN_MANIFEST, STAGE_OUT_MANIFEST, STAGE_OUT_MARKER].contains(&rel)
+    [STAGE_IN_MANIFEST, STAGE_OUT_MANIFEST, STAGE_OUT_MARKER]
+        .iter()
+        .any(|m| rel == *m || rel.as_bytes() == writing_name(m.as_bytes()).as_slice())
+}
+
+/// The name a stage writes a file of its own under before renaming it to `name`.
+pub fn writing_name(name: &[u8]) -> Vec<u8> {
+    [name, b".writing"].concat()
 }
 
 /// The checkpoint a file of a drained (or staged-out) tree belongs to, for `--keep`: the entry
@@ -79,6 +86,10 @@ pub struct Manifest {
     /// Source keys refused as unsafe paths, with the reason.
     #[serde(default)]
     pub refused: BTreeMap<String, String>,
+    /// A stage-in's record while it runs, or after it was interrupted: `files` holds what is
+    /// verified so far, and a run of the same stage-in copies only the rest.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_progress: bool,
 }
 
 impl Manifest {

@@ -78,6 +78,9 @@ pub struct StageRequest {
     /// `odfs unseal`. Not the default: a job writing next to its dataset would be refused.
     #[arg(long)]
     pub seal: bool,
+    /// Turns true when the stage is to stop (`StageOptions::interrupted`).
+    #[arg(skip)]
+    pub interrupted: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl StageRequest {
@@ -108,6 +111,7 @@ impl StageRequest {
             unreachable_secs: self.unreachable_secs.or(site.unreachable_secs).unwrap_or(d.unreachable_secs),
             split_threshold: self.split_threshold.or(site.split_threshold).unwrap_or(d.split_threshold).max(part_size),
             part_size,
+            interrupted: self.interrupted.clone(),
             ..d
         };
         if let Some(url) = &o.endpoint_url {

@@ -5,8 +5,8 @@
 //! combined) → write the manifest.
 
 use super::{
-    agents, make_dirs, read_odfs_file, run_pass, s3_for, write_odfs_file, ListingProgress, Pass, Progress, SrcFile,
-    StageOptions, StageReport,
+    agents, make_dirs, read_odfs_file, run_pass, run_pass_noting, s3_for, write_odfs_file, ListingProgress, Pass,
+    Progress, SrcFile, StageOptions, StageReport,
 };
 use crate::error::{invalid, During, Result, StageError};
 use crate::keys::{check_relative, join, parents};
@@ -18,7 +18,8 @@ use odfs_proto::meta::{FileKind, SetAttr, SetTime};
 use odfs_proto::stage::{ItemResult, StageEndpoint, WorkItem};
 use odfs_proto::Timespec;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+use tracing::warn;
 
 /// What the source holds, as the agents will be told to read it.
 struct Listing {
@@ -100,7 +101,26 @@ pub async fn stage_in(
     let limits = super::limits(o, agents.len());
     let balanced = HashMap::new();
     let pass = Pass { client, ctx, agents: &agents, src: &listing.endpoint, dst: &dst_ep, limits, node_of: &balanced };
-    let (results, per_agent) = run_pass(&pass, plan.items.clone(), &mut progress).await?;
+    let skeleton = Manifest {
+        version: 1,
+        kind: "stage-in".into(),
+        source: listing.name.clone(),
+        destination: format!("odfs:{dst_root}"),
+        directories: listing.dirs.iter().cloned().collect(),
+        refused: run.report.refused.clone(),
+        in_progress: true,
+        ..Manifest::default()
+    };
+    let record = Recorder::new(client, ctx, &manifest_path, skeleton, &run.entries);
+    let mut note = |i: usize, r: &ItemResult| record.note(&plan.items[i], r);
+    let work = run_pass_noting(&pass, plan.items.clone(), &mut progress, &mut note, o.interrupted.clone());
+    let (results, per_agent) = match record.alongside(work).await {
+        Err(StageError::Interrupted(_)) => {
+            progress.finish();
+            return Err(record.interrupted(listing.files.len()).await);
+        }
+        r => r?,
+    };
     run.report.agents = per_agent;
     run.record_whole(&plan, &results);
     let by_rel: HashMap<&str, &SrcFile> = todo.iter().map(|f| (f.rel.as_str(), *f)).collect();
@@ -117,6 +137,7 @@ pub async fn stage_in(
         files: run.entries,
         directories: listing.dirs.into_iter().collect(),
         refused: run.report.refused.clone(),
+        in_progress: false,
     };
     write_odfs_file(client, ctx, &manifest_path, &m.to_json()).await.during(|| "cannot write the manifest".into())?;
     run.report.elapsed = start.elapsed();
@@ -285,16 +306,7 @@ impl StageIn<'_> {
             }
             self.report.files += 1;
             self.report.bytes += size;
-            let entry = FileEntry {
-                size: *size,
-                etag: r.etag.clone(),
-                md5: r.md5.map(hex::encode),
-                crc32c: r.crc32c.map(|c| format!("{c:08x}")),
-                mtime: mtime.sec,
-                verified: r.verified.clone().unwrap_or_else(|| "size".into()),
-                ..FileEntry::default()
-            };
-            self.entries.insert(rel.clone(), entry);
+            self.entries.insert(rel.clone(), whole_entry(*size, *mtime, r));
         }
     }
 
@@ -368,6 +380,132 @@ impl StageIn<'_> {
         };
         self.entries.insert(f.rel.clone(), entry);
         Ok(())
+    }
+}
+
+/// The manifest entry of a whole file its agent copied and verified.
+fn whole_entry(size: u64, mtime: Timespec, r: &ItemResult) -> FileEntry {
+    FileEntry {
+        size,
+        etag: r.etag.clone(),
+        md5: r.md5.map(hex::encode),
+        crc32c: r.crc32c.map(|c| format!("{c:08x}")),
+        mtime: mtime.sec,
+        verified: r.verified.clone().unwrap_or_else(|| "size".into()),
+        ..FileEntry::default()
+    }
+}
+
+/// Seconds between two writes of a running stage-in's manifest, at least; and at least this
+/// many times as long as the last write took (a manifest of millions of files is large).
+const RECORD_EVERY: Duration = Duration::from_secs(5);
+const RECORD_SPACING: u32 = 10;
+
+/// A running stage-in's record: the files verified so far, written to its manifest (marked
+/// `in_progress`) every few seconds and when it is interrupted, so that a run of the same
+/// stage-in — after a Ctrl-C, a kill, a requeued job's prolog — copies only the rest. What a
+/// share's agent reports before the share ends is provisional (`run_pass_noting`); a later
+/// run still checks each recorded file in odfs before it skips it (`done_before`).
+struct Recorder<'a> {
+    client: &'a Client,
+    ctx: &'a Ctx,
+    path: &'a str,
+    state: std::sync::Mutex<Recorded>,
+    stop: tokio::sync::Notify,
+}
+
+struct Recorded {
+    manifest: Manifest,
+    /// Files verified by this run.
+    new: usize,
+    changed: bool,
+}
+
+impl<'a> Recorder<'a> {
+    fn new(
+        client: &'a Client,
+        ctx: &'a Ctx,
+        path: &'a str,
+        mut manifest: Manifest,
+        done: &BTreeMap<String, FileEntry>,
+    ) -> Recorder<'a> {
+        manifest.files = done.clone();
+        let state = std::sync::Mutex::new(Recorded { manifest, new: 0, changed: false });
+        Recorder { client, ctx, path, state, stop: tokio::sync::Notify::new() }
+    }
+
+    /// An item's result, as its agent reported it.
+    fn note(&self, item: &WorkItem, r: &ItemResult) {
+        let WorkItem::Whole { rel, size, mtime, .. } = item else { return };
+        let mut st = self.state.lock().expect("stage-in record lock");
+        let had = st.manifest.files.contains_key(rel);
+        match &r.error {
+            None if !had => {
+                st.manifest.files.insert(rel.clone(), whole_entry(*size, *mtime, r));
+                st.new += 1;
+            }
+            Some(_) if had => {
+                st.manifest.files.remove(rel);
+                st.new -= 1;
+            }
+            _ => return,
+        }
+        st.changed = true;
+    }
+
+    /// Runs `work` while writing the record every few seconds; the last write ends before
+    /// this returns (a write is never cut short).
+    async fn alongside<T>(&self, work: impl std::future::Future<Output = T>) -> T {
+        let work = async {
+            let r = work.await;
+            self.stop.notify_one();
+            r
+        };
+        let writes = async {
+            let mut spacing = RECORD_EVERY;
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(spacing) => {}
+                    _ = self.stop.notified() => return,
+                }
+                let began = Instant::now();
+                if let Err(e) = self.write().await {
+                    warn!(error = %e, manifest = self.path, "cannot record the stage-in's progress; tried again later");
+                }
+                spacing = RECORD_EVERY.max(began.elapsed() * RECORD_SPACING);
+            }
+        };
+        tokio::join!(work, writes).0
+    }
+
+    /// Writes the record if it changed since it was last written.
+    async fn write(&self) -> Result<()> {
+        let data = {
+            let mut st = self.state.lock().expect("stage-in record lock");
+            if !std::mem::take(&mut st.changed) {
+                return Ok(());
+            }
+            st.manifest.written = Timespec::now().sec;
+            st.manifest.to_json()
+        };
+        write_odfs_file(self.client, self.ctx, self.path, &data).await
+    }
+
+    /// The stage was interrupted: the record is written now, and the error says what it holds.
+    async fn interrupted(&self, listed: usize) -> StageError {
+        let (held, new) = {
+            let mut st = self.state.lock().expect("stage-in record lock");
+            st.changed = true;
+            (st.manifest.files.len(), st.new)
+        };
+        let recorded = match self.write().await {
+            Ok(()) => format!("{held} of {listed} files are verified and recorded in odfs:{}", self.path),
+            Err(e) => format!("its record could not be written ({e}): the next run copies again what this one did"),
+        };
+        StageError::Interrupted(format!(
+            "stage-in interrupted after {new} files copied and verified: {recorded}; the same command \
+             again copies only the rest"
+        ))
     }
 }
 
