@@ -368,6 +368,8 @@ async fn a_dead_storage_node_goes_offline_and_comes_back() {
     let c = fs.client().await;
     let target_of_node1 = |v: &odfs_proto::mgmt::ClusterView| v.targets.iter().find(|t| t.node == 1).unwrap().online;
     assert!(target_of_node1(&c.cluster().refresh().await.unwrap()));
+    // 4 MiB over both nodes' targets.
+    let striped = write_file(&c, &Ctx::root(), InodeId::ROOT, "striped", &pattern(4 << 20, 3)).await;
     fs.kill9("stored", 1);
     let t = std::time::Instant::now();
     loop {
@@ -385,6 +387,27 @@ async fn a_dead_storage_node_goes_offline_and_comes_back() {
     let status = odfs_ok(&["--fs", fs.config_path().to_str().unwrap(), "status"]);
     assert!(status.contains("OFFLINE"), "{status}");
     assert!(status.contains("storage services 1/2  meta 1/1"), "{status}");
+    // A read of a chunk on the offline target fails with EIO at once — through a mount that
+    // has none of it cached, and through the library — instead of waiting out the 30 s the
+    // client retries a stored that may come back.
+    let mount = FuseMount::start(&fs);
+    let t = std::time::Instant::now();
+    let e = std::fs::read(mount.p("striped")).unwrap_err();
+    let through_mount = t.elapsed();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    let t = std::time::Instant::now();
+    let h = c.open(&Ctx::root(), striped, true, false, false).await.unwrap();
+    let e = h.read(0, 4 << 20).await.unwrap_err();
+    let through_lib = t.elapsed();
+    assert_eq!(e.errno(), libc::EIO, "{e}");
+    assert!(e.to_string().contains("is offline"), "{e}");
+    h.close().await.unwrap();
+    eprintln!("EIO after {through_mount:?} through the mount, {through_lib:?} through the library");
+    assert!(
+        through_mount.as_secs() < 10 && through_lib.as_secs() < 10,
+        "reads of an offline target waited: {through_mount:?} through the mount, {through_lib:?} through the library"
+    );
+    drop(mount);
     // A restart whose daemon cannot come back (its target is not a directory) fails and says
     // why, rather than leaving a filesystem that looks up.
     let target = fs.root().join("node1/target2");

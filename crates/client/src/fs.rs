@@ -542,7 +542,7 @@ impl Client {
 
     /// [`Self::read_chunk`] through the stored holding `target`.
     async fn read_chunk_from_store(&self, target: TargetId, ino: InodeId, offset: u64, len: u32) -> Result<Vec<u8>> {
-        Ok(self.store(target, &ReadChunk { target, ino, offset, len }).await?.data)
+        Ok(self.store_read(target, &ReadChunk { target, ino, offset, len }).await?.data)
     }
 
     /// Several chunk files' ranges on `target`, as a `ReadChunks` reply gives them: from the
@@ -554,7 +554,33 @@ impl Client {
                 Err(e) => self.inner.local.failed(target, &dir, &e),
             }
         }
-        self.store(target, &ReadChunks { target, items }).await
+        self.store_read(target, &ReadChunks { target, items }).await
+    }
+
+    /// Calls the stored holding `target` for a read, which fails at once (EIO) when mgmtd
+    /// reports the target offline: between tries (each retried for a second) the view is
+    /// refreshed, so a reader learns of a stored that died within a second of mgmtd, instead
+    /// of waiting out the retry deadline. Writes keep waiting (`store`): a stored restarting
+    /// takes them when it is back.
+    pub(crate) async fn store_read<R: Rpc>(&self, target: TargetId, req: &R) -> Result<R::Reply> {
+        let bulk = self.inner.cfg.bulk_transport;
+        let h = self.header(&Ctx::root());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(self.inner.cfg.retry_secs);
+        loop {
+            let (addr, t) = self.inner.cluster.target_addr(target, bulk)?;
+            match self.inner.pool.call_within(addr, t, &h, req, Duration::from_secs(1)).await {
+                Err(e) if e.retryable() && tokio::time::Instant::now() < deadline => {
+                    let view = self.inner.cluster.refresh().await.unwrap_or_else(|_| self.inner.cluster.view());
+                    if let Some(t) = view.target(target).filter(|t| !t.online) {
+                        return Err(ClientError::new(
+                            ErrorCode::Io,
+                            format!("target {target} on node {} is offline (mgmtd has not heard from its storage service): {e}", t.node),
+                        ));
+                    }
+                }
+                other => return other.map_err(Into::into),
+            }
+        }
     }
 
     /// Calls the stored holding `target`.

@@ -151,6 +151,19 @@ impl Pool {
         header: &RequestHeader,
         req: &R,
     ) -> Result<R::Reply, RpcError> {
+        self.call_within(addr, transport, header, req, self.cfg.retry_deadline).await
+    }
+
+    /// [`Self::call`], retrying transport failures only until `retry_deadline` (a caller that
+    /// looks elsewhere between tries: whether mgmtd still counts the peer online).
+    pub async fn call_within<R: Rpc>(
+        &self,
+        addr: SocketAddr,
+        transport: Transport,
+        header: &RequestHeader,
+        req: &R,
+        retry_deadline: Duration,
+    ) -> Result<R::Reply, RpcError> {
         let start = Instant::now();
         let mut backoff = Duration::from_millis(20);
         loop {
@@ -159,7 +172,7 @@ impl Pool {
                 Err(e) => Err(e),
             };
             match result {
-                Err(e) if e.retryable() && start.elapsed() + backoff < self.cfg.retry_deadline => {
+                Err(e) if e.retryable() && start.elapsed() + backoff < retry_deadline => {
                     debug!(method = R::NAME, %addr, error = %e, "retrying");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(1));
