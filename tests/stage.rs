@@ -521,6 +521,55 @@ fn bad_urls_credentials_buckets_and_endpoints_are_one_line_errors() {
     );
 }
 
+/// An endpoint that takes connections and never answers is announced within seconds — what is
+/// waited for and until when — and the stage fails at `--unreachable-secs`, not after the SDK's
+/// read timeout times its attempts (485 s once).
+#[test]
+fn a_silent_endpoint_is_announced_at_once_and_given_up_at_its_bound() {
+    use std::io::BufRead;
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", silent.local_addr().unwrap());
+    // Takes every connection and keeps it, reading nothing, answering nothing.
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for c in silent.incoming() {
+            held.push(c);
+        }
+    });
+    let fs = LocalFs::up(1, &[]);
+    let env = [("AWS_ACCESS_KEY_ID", "k".to_string()), ("AWS_SECRET_ACCESS_KEY", "s".to_string())];
+    let args =
+        ["stage-in", "s3://data/ds", "odfs:/x", "--endpoint-url", &url, "--path-style", "--unreachable-secs", "15"];
+    let t = Instant::now();
+    let mut child = odfs_spawn(&fs, &env, &args);
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut lines = Vec::new();
+    let mut told = None;
+    for line in stderr.lines() {
+        let line = line.unwrap();
+        if told.is_none() && line.contains("has not answered") {
+            told = Some(t.elapsed());
+        }
+        lines.push(line);
+    }
+    let status = child.wait().unwrap();
+    let took = t.elapsed();
+    let all = lines.join("\n");
+    let told = told.unwrap_or_else(|| panic!("no line about the silent endpoint: {all}"));
+    eprintln!("announced after {told:?}, failed after {took:?}");
+    assert!(
+        all.contains(&format!("the S3 endpoint {url} has not answered a request for bucket \"data\" for 3 s"))
+            && all.contains("waiting for it until ")
+            && all.contains(" UTC (15 s in all, --unreachable-secs)"),
+        "{all}"
+    );
+    assert_eq!(status.code(), Some(1), "{all}");
+    let gave_up = format!("the S3 endpoint {url} did not answer a request for bucket \"data\" within 15 s");
+    assert!(all.contains(&gave_up) && all.contains("is it up, and is it an S3 server?"), "{all}");
+    assert!(told < Duration::from_secs(5), "the silence was announced only after {told:?}: {all}");
+    assert!(took < Duration::from_secs(40), "a 15 s bound took {took:?}: {all}");
+}
+
 #[test]
 fn stage_in_from_a_posix_tree_keeps_modes_and_times_and_resumes() {
     let tmp = tempfile::tempdir().unwrap();

@@ -43,3 +43,19 @@ impl From<Timespec> for SystemTime {
         }
     }
 }
+
+/// `t` as a UTC time of day, `HH:MM:SS UTC`: for a message that says until when something is
+/// waited for.
+pub fn utc_clock(t: std::time::SystemTime) -> String {
+    let secs = t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()) % 86_400;
+    format!("{:02}:{:02}:{:02} UTC", secs / 3600, secs / 60 % 60, secs % 60)
+}
+
+#[cfg(test)]
+mod clock_tests {
+    #[test]
+    fn a_time_of_day_in_utc() {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(86_400 * 3 + 13 * 3600 + 5 * 60 + 9);
+        assert_eq!(super::utc_clock(t), "13:05:09 UTC");
+    }
+}

@@ -154,7 +154,14 @@ pub async fn resolve_region(given: Option<String>) -> String {
 pub struct S3 {
     pub spec: S3Spec,
     client: aws_sdk_s3::Client,
+    /// A silent endpoint was announced already (`answered`): once is enough.
+    silence_told: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
+
+/// How long a request without a body (a listing page, a HEAD) waits for an answer before the
+/// wait is announced: the SDK's own read timeout (60 s, a minute a byte may take in a large
+/// body) times its attempts once left a silent endpoint unannounced for 485 s.
+const SILENCE_TOLD_AFTER: Duration = Duration::from_secs(3);
 
 impl S3 {
     pub fn new(spec: &S3Spec) -> S3 {
@@ -190,7 +197,7 @@ impl S3 {
         if let Some(url) = &spec.endpoint_url {
             b = b.endpoint_url(url);
         }
-        S3 { spec: spec.clone(), client: aws_sdk_s3::Client::from_conf(b.build()) }
+        S3 { spec: spec.clone(), client: aws_sdk_s3::Client::from_conf(b.build()), silence_told: Default::default() }
     }
 
     pub fn key(&self, rel: &str) -> String {
@@ -238,9 +245,43 @@ impl S3 {
         self.reachable(|| async { op().await.map_err(|e| describe(e, &self.spec, what)) }).await
     }
 
+    /// Waits for `request`, one without a body, whose answer takes no time to send: after
+    /// `SILENCE_TOLD_AFTER` a line says what is waited for and until when, and past
+    /// `unreachable_secs` the request fails as unreachable (not tried again).
+    async fn answered<T>(&self, what: &str, request: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+        let limit = Duration::from_secs(self.spec.unreachable_secs as u64).max(SILENCE_TOLD_AFTER);
+        tokio::pin!(request);
+        if let Ok(r) = tokio::time::timeout(SILENCE_TOLD_AFTER, &mut request).await {
+            return r;
+        }
+        let endpoint = self.spec.endpoint_url.as_deref().unwrap_or("the default AWS endpoint");
+        if !self.silence_told.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            let until = std::time::SystemTime::now() + (limit - SILENCE_TOLD_AFTER);
+            tracing::warn!(
+                "the S3 endpoint {endpoint} has not answered {what} for {} s; waiting for it until {} \
+                 ({} s in all, --unreachable-secs)",
+                SILENCE_TOLD_AFTER.as_secs(),
+                odfs_proto::time::utc_clock(until),
+                limit.as_secs()
+            );
+        }
+        match tokio::time::timeout(limit - SILENCE_TOLD_AFTER, request).await {
+            Ok(r) => r,
+            Err(_) => Err(S3Error {
+                msg: format!(
+                    "the S3 endpoint {endpoint} did not answer {what} within {} s (--unreachable-secs): \
+                     is it up, and is it an S3 server?",
+                    limit.as_secs()
+                ),
+                unreachable: true,
+            }),
+        }
+    }
+
     /// Fails with a clear line unless the bucket exists and the credentials are accepted.
     pub async fn check_bucket(&self) -> Result<()> {
-        self.send("", || self.client.head_bucket().bucket(&self.spec.bucket).send()).await?;
+        let what = format!("a request for bucket {:?}", self.spec.bucket);
+        self.answered(&what, self.send("", || self.client.head_bucket().bucket(&self.spec.bucket).send())).await?;
         Ok(())
     }
 
@@ -258,7 +299,8 @@ impl S3 {
     async fn list_once(&self, prefix: &str, seen: &(dyn Fn(u64, u64) + Sync)) -> Result<Vec<Object>> {
         let mut out = Vec::new();
         let mut pages = self.client.list_objects_v2().bucket(&self.spec.bucket).prefix(prefix).into_paginator().send();
-        while let Some(page) = pages.next().await {
+        let what = format!("a listing of s3://{}/{prefix}", self.spec.bucket);
+        while let Some(page) = self.answered(&what, async { Ok(pages.next().await) }).await? {
             let page = page.map_err(|e| describe(e, &self.spec, prefix))?;
             seen(
                 page.contents().len() as u64,
@@ -282,11 +324,10 @@ impl S3 {
 
     /// Size, ETag and (if the server keeps one) CRC32C of one object.
     pub async fn head(&self, key: &str) -> Result<Head> {
-        let r = self
-            .send(key, || {
-                self.client.head_object().bucket(&self.spec.bucket).key(key).checksum_mode(ChecksumMode::Enabled).send()
-            })
-            .await?;
+        let head = self.send(key, || {
+            self.client.head_object().bucket(&self.spec.bucket).key(key).checksum_mode(ChecksumMode::Enabled).send()
+        });
+        let r = self.answered(&format!("a request for s3://{}/{key}", self.spec.bucket), head).await?;
         let etag = r.e_tag().unwrap_or_default().trim_matches('"').to_string();
         Ok(Head {
             size: r.content_length().unwrap_or(0).max(0) as u64,
