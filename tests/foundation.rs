@@ -247,11 +247,15 @@ async fn other_job_credential_is_refused_and_changes_nothing() {
     let ctx = Ctx::root();
     let before = c.readdir_all(&ctx, InodeId::ROOT, false).await.unwrap().len();
     // Same site key, another job id.
+    // Refused at once, with its reason: no retry makes another job's credential this one's
+    // (the client's 30 s retry deadline is its default here).
     let mut other = good.clone();
     other.job.id = "some-other-job".into();
-    other.retry_secs = 1;
+    let t = std::time::Instant::now();
     let e = Client::connect(other).await.err().expect("another job's client must be refused");
-    assert!(e.to_string().contains("mgmtd"), "{e}");
+    let took = t.elapsed();
+    assert!(e.to_string().contains("mgmtd") && e.to_string().contains("credential"), "{e}");
+    assert!(took.as_secs() < 2, "a refused credential was retried for {took:?}: {e}");
     // Another site key, same job id.
     let key = fs.root().join("other.key");
     odfs_rpc::SiteKey::generate().write_new(&key).unwrap();
@@ -268,7 +272,13 @@ async fn other_job_credential_is_refused_and_changes_nothing() {
         assert!(tcp.iter().any(|(k, _)| *k == kind), "no {kind:?} service serves TCP: {tcp:?}");
     }
     for (kind, addr) in tcp {
-        assert!(odfs_rpc::tcp::connect(&wrong, addr).await.is_err(), "{kind:?} at {addr} took a wrong credential");
+        match odfs_rpc::tcp::connect(&wrong, addr).await {
+            Err(e @ odfs_rpc::RpcError::Credential(_)) => {
+                assert!(!e.retryable() && e.to_string().contains("credential"))
+            }
+            Err(e) => panic!("{kind:?} at {addr}: not a credential refusal: {e}"),
+            Ok(_) => panic!("{kind:?} at {addr} took a wrong credential"),
+        }
     }
     assert_eq!(c.readdir_all(&ctx, InodeId::ROOT, false).await.unwrap().len(), before);
 }

@@ -210,7 +210,7 @@ impl QuicEndpoint {
     pub async fn connect(&self, addr: SocketAddr) -> Result<Conn, RpcError> {
         let connecting =
             self.endpoint.connect(addr, SERVER_NAME).map_err(|e| RpcError::Connect { addr, reason: e.to_string() })?;
-        let conn = connecting.await.map_err(|e| RpcError::Connect { addr, reason: e.to_string() })?;
+        let conn = connecting.await.map_err(|e| handshake_error(addr, e))?;
         let (send, recv) = conn.open_bi().await.map_err(|e| RpcError::Connect { addr, reason: e.to_string() })?;
         let label = format!("quic {addr}");
         let c = Conn::new(recv, send, label);
@@ -258,5 +258,21 @@ impl QuicEndpoint {
     /// Closes every connection of this endpoint.
     pub fn close(&self) {
         self.endpoint.close(0u32.into(), b"shutdown");
+    }
+}
+
+/// A failed QUIC handshake: a TLS failure (either side refused the other's certificate — a
+/// credential of another job, or none) is a `Credential` error, which no caller retries; the
+/// rest (no answer, refused, reset) may pass.
+fn handshake_error(addr: SocketAddr, e: quinn::ConnectionError) -> RpcError {
+    let tls = |code: quinn::TransportErrorCode| (0x100..0x200).contains(&u64::from(code));
+    match &e {
+        quinn::ConnectionError::TransportError(t) if tls(t.code) => {
+            RpcError::Credential(format!("the handshake with {addr} failed: {e}"))
+        }
+        quinn::ConnectionError::ConnectionClosed(c) if tls(c.error_code) => RpcError::Credential(format!(
+            "{addr} refused this job's credential (it serves another job, or this config is another job's): {e}"
+        )),
+        _ => RpcError::Connect { addr, reason: e.to_string() },
     }
 }

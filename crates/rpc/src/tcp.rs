@@ -48,7 +48,19 @@ fn nonce() -> [u8; 32] {
     n
 }
 
-async fn client_handshake(s: &mut TcpStream, key: &[u8; 32]) -> Result<(), String> {
+/// Why a client's handshake failed: the server proved another credential, or anything else.
+enum HandshakeError {
+    Credential(String),
+    Other(String),
+}
+
+impl From<String> for HandshakeError {
+    fn from(s: String) -> HandshakeError {
+        HandshakeError::Other(s)
+    }
+}
+
+async fn client_handshake(s: &mut TcpStream, key: &[u8; 32]) -> Result<(), HandshakeError> {
     let nc = nonce();
     let mut hello = Vec::with_capacity(44);
     hello.extend_from_slice(MAGIC);
@@ -62,13 +74,13 @@ async fn client_handshake(s: &mut TcpStream, key: &[u8; 32]) -> Result<(), Strin
     let ns: [u8; 32] = reply[..32].try_into().expect("32 bytes");
     let tag: [u8; 32] = reply[32..].try_into().expect("32 bytes");
     if !verify(key, b"server", &nc, &ns, &tag) {
-        return Err("server does not hold this job's credential".into());
+        return Err(HandshakeError::Credential("server does not hold this job's credential".into()));
     }
     s.write_all(&mac(key, b"client", &ns, &nc)).await.map_err(|e| e.to_string())?;
     let mut ok = [0u8; 1];
     s.read_exact(&mut ok).await.map_err(|_| "server refused this job's credential".to_string())?;
     if ok[0] != 1 {
-        return Err("server refused the handshake".into());
+        return Err("server refused the handshake".to_string().into());
     }
     Ok(())
 }
@@ -114,7 +126,11 @@ pub async fn connect_stream(cred: &JobCredential, addr: SocketAddr) -> Result<Tc
     tokio::time::timeout(HANDSHAKE_TIMEOUT, client_handshake(&mut s, cred.bulk_key()))
         .await
         .map_err(|_| RpcError::Connect { addr, reason: "handshake timed out".into() })?
-        .map_err(|reason| RpcError::Connect { addr, reason })?;
+        .map_err(|reason| match reason {
+            // The peer answered, with another job's proof: no retry makes it this job's.
+            HandshakeError::Credential(why) => RpcError::Credential(format!("{addr}: {why}")),
+            HandshakeError::Other(reason) => RpcError::Connect { addr, reason },
+        })?;
     Ok(s)
 }
 

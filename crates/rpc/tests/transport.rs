@@ -114,9 +114,10 @@ async fn other_jobs_credential_is_refused() {
         let pool = Pool::new(other, quick()).unwrap();
         let h = RequestHeader::default();
         let e = pool.call(srv.quic, Transport::Quic, &h, &StatTarget { target: 3 }).await.unwrap_err();
-        assert!(matches!(e, odfs_rpc::RpcError::Connect { .. }), "quic: {e}");
+        // A refusal of the credential, which no caller retries.
+        assert!(matches!(e, odfs_rpc::RpcError::Credential(_)) && !e.retryable(), "quic: {e}");
         let e = pool.call(srv.tcp, Transport::Tcp, &h, &StatTarget { target: 3 }).await.unwrap_err();
-        assert!(matches!(e, odfs_rpc::RpcError::Connect { .. }), "tcp: {e}");
+        assert!(matches!(e, odfs_rpc::RpcError::Credential(_)) && !e.retryable(), "tcp: {e}");
     }
     // A raw TCP peer with no credential gets nothing served.
     let mut s = tokio::net::TcpStream::connect(srv.tcp).await.unwrap();
