@@ -614,3 +614,32 @@ fn a_copy_into_a_file_as_a_directory_says_so_in_words() {
         assert!(!err.contains("NotDir") && !err.contains("os error"), "{args:?}: Rust names in: {err}");
     }
 }
+
+/// `odfs check-script` reports every bad `#ODFS` line, each with its number, not only the
+/// first; the prolog's one-line reason names the first and counts the rest.
+#[test]
+fn check_script_reports_every_bad_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("job.sh");
+    let script = "#!/bin/sh\n#SBATCH -N 2\n#ODFS stripe-count four\n#ODFS pool\n#ODFS stage-in s3:/data/ds /data\n\
+                  #ODFS frobnicate\n#ODFS stage-out /out s3://runs/x\necho ran\n";
+    std::fs::write(&path, script).unwrap();
+    let o = odfs(&["check-script", path.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    for ln in [3, 4, 5, 6] {
+        assert_eq!(err.matches(&format!(": line {ln}: `#ODFS")).count(), 1, "line {ln} reported once: {err}");
+    }
+    assert!(!err.contains("line 7"), "a good line is not reported: {err}");
+    assert!(err.contains("\"s3:/data/ds\" is neither s3://BUCKET/PREFIX nor an absolute path"), "{err}");
+    assert!(err.contains("unknown directive \"frobnicate\""), "{err}");
+    assert!(
+        err.trim_end().ends_with("1 script(s) with invalid #ODFS lines: the job would be refused when it starts"),
+        "{err}"
+    );
+    let one = odfs_job::directives::parse(script, "1", "u").unwrap_err();
+    assert!(
+        one.starts_with("line 3: ") && one.ends_with("(and 3 more bad #ODFS lines: `odfs check-script` lists them)"),
+        "{one}"
+    );
+}

@@ -567,7 +567,7 @@ impl Client {
         let h = self.header(&Ctx::root());
         let deadline = tokio::time::Instant::now() + Duration::from_secs(self.inner.cfg.retry_secs);
         loop {
-            let (addr, t) = self.inner.cluster.target_addr(target, bulk)?;
+            let (addr, t) = self.located(&|c: &Cluster| c.target_addr(target, bulk)).await?;
             match self.inner.pool.call_within(addr, t, &h, req, Duration::from_secs(1)).await {
                 Err(e) if e.retryable() && tokio::time::Instant::now() < deadline => {
                     let view = self.inner.cluster.refresh().await.unwrap_or_else(|_| self.inner.cluster.view());
@@ -599,13 +599,33 @@ impl Client {
     ) -> Result<R::Reply> {
         let mut refreshed = false;
         loop {
-            let (addr, t) = find(&self.inner.cluster)?;
+            let (addr, t) = self.located(&find).await?;
             match self.inner.pool.call(addr, t, h, req).await {
                 Err(e) if e.retryable() && !refreshed => {
                     refreshed = true;
                     self.inner.cluster.refresh().await?;
                 }
                 other => return other.map_err(Into::into),
+            }
+        }
+    }
+
+    /// Where `find` locates a service in the cluster view; while the view does not hold it (a
+    /// restarted mgmtd knows only the services that registered again since), the view is asked
+    /// for again, up to the retry deadline: a restart of mgmtd never fails a request.
+    async fn located(
+        &self,
+        find: &impl Fn(&Cluster) -> Result<(std::net::SocketAddr, Transport)>,
+    ) -> Result<(std::net::SocketAddr, Transport)> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(self.inner.cfg.retry_secs);
+        loop {
+            match find(&self.inner.cluster) {
+                Err(ClientError::Unavailable(_)) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    // mgmtd itself may be down for the moment: the pool waits for it.
+                    let _ = self.inner.cluster.refresh().await;
+                }
+                other => return other,
             }
         }
     }

@@ -330,30 +330,49 @@ fn drain(args: &[String]) -> Result<Drain, String> {
 
 /// Parses the `#ODFS` lines of a batch script. Errors name the line: `line 4: ...`.
 pub fn parse(script: &str, job: &str, user: &str) -> Result<Directives, String> {
+    parse_all(script, job, user).map_err(|errors| match errors.as_slice() {
+        [one] => one.clone(),
+        [first, rest @ ..] => {
+            format!("{first} (and {} more bad #ODFS lines: `odfs check-script` lists them)", rest.len())
+        }
+        [] => unreachable!("an error has at least one line"),
+    })
+}
+
+/// [`parse`], with every bad line's error (each names its line), not only the first.
+pub fn parse_all(script: &str, job: &str, user: &str) -> Result<Directives, Vec<String>> {
     let mut d = Directives::default();
+    let mut errors = Vec::new();
     let mut header = true;
     for (i, line) in script.lines().enumerate() {
         let t = line.trim();
-        let ln = i + 1;
         if let Some(rest) = t.strip_prefix("#ODFS") {
-            if !rest.is_empty() && !rest.starts_with(char::is_whitespace) {
-                return Err(format!("line {ln}: `{t}`: write `#ODFS directive args`"));
+            if let Err(e) = directive_line(&mut d, rest, header, job, user) {
+                errors.push(format!("line {}: `{t}`: {e}", i + 1));
             }
-            if !header {
-                return Err(format!(
-                    "line {ln}: `{t}`: #ODFS lines must come before the script's first command, as #SBATCH lines do"
-                ));
-            }
-            let w = words(&expand(rest, job, user)).map_err(|e| format!("line {ln}: `{t}`: {e}"))?;
-            if w.is_empty() {
-                return Err(format!("line {ln}: `{t}`: no directive (known: {HELP})"));
-            }
-            one_directive(&mut d, &w).map_err(|e| format!("line {ln}: `{t}`: {e}"))?;
         } else if !(t.is_empty() || t.starts_with('#')) {
             header = false;
         }
     }
-    Ok(d)
+    match errors.is_empty() {
+        true => Ok(d),
+        false => Err(errors),
+    }
+}
+
+/// One `#ODFS` line, `rest` the text after `#ODFS`, into `d`.
+fn directive_line(d: &mut Directives, rest: &str, header: bool, job: &str, user: &str) -> Result<(), String> {
+    if !rest.is_empty() && !rest.starts_with(char::is_whitespace) {
+        return Err("write `#ODFS directive args`".into());
+    }
+    if !header {
+        return Err("#ODFS lines must come before the script's first command, as #SBATCH lines do".into());
+    }
+    let w = words(&expand(rest, job, user))?;
+    if w.is_empty() {
+        return Err(format!("no directive (known: {HELP})"));
+    }
+    one_directive(d, &w)
 }
 
 #[cfg(test)]

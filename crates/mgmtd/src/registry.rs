@@ -36,6 +36,8 @@ struct State {
 }
 
 pub struct Registry {
+    /// This run of mgmtd (`RegisterReply::incarnation`).
+    incarnation: u64,
     job_id: String,
     created: Timespec,
     expect_storage_nodes: u32,
@@ -50,6 +52,11 @@ impl Registry {
     pub fn new(cfg: &MgmtdConfig) -> Registry {
         let heartbeat = Duration::from_millis(cfg.heartbeat_ms);
         Registry {
+            // When this run started, to the nanosecond: no two runs share it.
+            incarnation: {
+                let t = Timespec::now();
+                ((t.sec as u64) << 30 | t.nsec as u64) | 1
+            },
             job_id: cfg.job.id.clone(),
             created: Timespec::now(),
             expect_storage_nodes: cfg.expect_storage_nodes,
@@ -135,12 +142,13 @@ impl Registry {
         );
         st.version += 1;
         self.update_state(&mut st);
-        RegisterReply { service_id: id, heartbeat_ms: self.heartbeat_ms() }
+        RegisterReply { service_id: id, heartbeat_ms: self.heartbeat_ms(), incarnation: self.incarnation }
     }
 
     pub fn heartbeat(&self, hb: Heartbeat) -> HeartbeatReply {
         let mut st = self.state.lock().expect("registry lock");
-        let Some(s) = st.services.get_mut(&hb.service_id) else {
+        // An id an earlier run of mgmtd gave may be one of this run's for another service.
+        let Some(s) = st.services.get_mut(&hb.service_id).filter(|_| hb.incarnation == self.incarnation) else {
             return HeartbeatReply { known: false };
         };
         s.last_seen = Instant::now();

@@ -1166,10 +1166,12 @@ impl CheckScriptArgs {
                 std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?
             };
             // A job id and the user stand in for %j and %u: only their syntax is checked here.
-            match odfs_job::directives::parse(&text, "0", &user) {
+            match odfs_job::directives::parse_all(&text, "0", &user) {
                 Ok(d) => println!("{name}: ok ({})", d.summary()),
-                Err(e) => {
-                    eprintln!("{name}: {e}");
+                Err(errors) => {
+                    for e in errors {
+                        eprintln!("{name}: {e}");
+                    }
                     bad += 1;
                 }
             }

@@ -98,12 +98,19 @@ pub struct Register {
 pub struct RegisterReply {
     pub service_id: ServiceId,
     pub heartbeat_ms: u64,
+    /// Which run of mgmtd gave the id: a restarted mgmtd (which numbers services from 1 again)
+    /// does not take an earlier run's id for one of its own.
+    #[serde(default)]
+    pub incarnation: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Heartbeat {
     pub service_id: ServiceId,
     pub targets: Vec<(TargetId, TargetSpace)>,
+    /// The `RegisterReply::incarnation` the id came with.
+    #[serde(default)]
+    pub incarnation: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

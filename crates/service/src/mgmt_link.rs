@@ -40,14 +40,14 @@ impl MgmtLink {
 
     /// Heartbeats until shutdown, then unregisters.
     pub async fn run(self, first: RegisterReply, probe: SpaceProbe, mut shutdown: Shutdown) {
-        let mut id = first.service_id;
+        let (mut id, mut incarnation) = (first.service_id, first.incarnation);
         let mut every = Duration::from_millis(first.heartbeat_ms.max(50));
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(every) => {}
                 _ = shutdown.changed() => break,
             }
-            let hb = Heartbeat { service_id: id, targets: probe() };
+            let hb = Heartbeat { service_id: id, targets: probe(), incarnation };
             match self.pool.call(self.mgmtd, Transport::Quic, &Self::header(), &hb).await {
                 Ok(r) if r.known => {}
                 Ok(_) => {
@@ -59,7 +59,7 @@ impl MgmtLink {
                         }
                     }
                     if let Ok(r) = self.pool.call(self.mgmtd, Transport::Quic, &Self::header(), &reg).await {
-                        id = r.service_id;
+                        (id, incarnation) = (r.service_id, r.incarnation);
                         every = Duration::from_millis(r.heartbeat_ms.max(50));
                     }
                 }
