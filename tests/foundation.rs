@@ -643,3 +643,47 @@ fn check_script_reports_every_bad_line() {
         "{one}"
     );
 }
+
+/// What a client config's `mgmtd =` may say, in words: a host name is taken, one that does not
+/// resolve is named, and another service's address is said not to be mgmtd's (it was `unknown
+/// method 4`). And `odfs cp` of things that hold no data says it skipped them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mgmtd_addresses_and_skipped_copies_are_told_in_words() {
+    let fs = LocalFs::up(1, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = std::fs::read_to_string(fs.config_path()).unwrap();
+    let mgmtd = fs.config().mgmtd;
+    let metad = {
+        let c = fs.client().await;
+        let v = c.cluster().refresh().await.unwrap();
+        v.services.iter().find(|s| s.kind == odfs_proto::mgmt::ServiceKind::Meta).unwrap().addr.unwrap()
+    };
+    let with_mgmtd = |name: &str, addr: &str| {
+        let line = cfg.lines().find(|l| l.starts_with("mgmtd")).unwrap();
+        let p = dir.path().join(name);
+        std::fs::write(&p, cfg.replace(line, &format!("mgmtd = \"{addr}\""))).unwrap();
+        p
+    };
+    let status = |p: &std::path::Path| odfs(&["--fs", p.to_str().unwrap(), "status"]);
+    let o = status(&with_mgmtd("byname.toml", &format!("localhost:{}", mgmtd.port())));
+    assert!(o.status.success(), "a host name is taken: {}", String::from_utf8_lossy(&o.stderr));
+    let o = status(&with_mgmtd("nosuch.toml", "nosuchhost.invalid:7700"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("the host name \"nosuchhost.invalid\" does not resolve"), "{err}");
+    let o = status(&with_mgmtd("noport.toml", "node0"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("\"node0\" is not an address: write IP:PORT or HOST:PORT"), "{err}");
+    let o = status(&with_mgmtd("metad.toml", &metad.to_string()));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains(&format!("{metad} is not mgmtd")), "{err}");
+    assert!(!err.contains("method") && err.trim_end().lines().count() == 1, "{err}");
+
+    // A FIFO, and /dev/null: nothing copied, and the reason said.
+    let fifo = dir.path().join("pipe");
+    // SAFETY: mkfifo(3) with a NUL-terminated path that lives for the call.
+    assert_eq!(unsafe { libc::mkfifo(std::ffi::CString::new(fifo.to_str().unwrap()).unwrap().as_ptr(), 0o644) }, 0);
+    for src in [fifo.to_str().unwrap(), "/dev/null"] {
+        let out = fs.cli_ok(&["cp", src, "odfs:/copied"]);
+        assert!(out.contains("skipped 1 FIFOs, sockets or device nodes (they hold no data to copy)"), "{src}: {out}");
+    }
+}

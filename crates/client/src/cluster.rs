@@ -17,10 +17,15 @@ pub struct Cluster {
 
 impl Cluster {
     pub async fn fetch(pool: Arc<Pool>, mgmtd: SocketAddr) -> Result<Cluster> {
-        let view = pool
-            .call(mgmtd, Transport::Quic, &RequestHeader::default(), &GetCluster {})
-            .await
-            .map_err(|e| ClientError::Unavailable(format!("mgmtd at {mgmtd}: {e}")))?;
+        let view = pool.call(mgmtd, Transport::Quic, &RequestHeader::default(), &GetCluster {}).await.map_err(|e| {
+            match &e {
+                // Another service of the job answered: it serves no cluster view.
+                odfs_rpc::RpcError::Remote(r) if r.code == odfs_proto::ErrorCode::BadMethod => ClientError::Config(format!(
+                    "{mgmtd} is not mgmtd: an odfs service there answered, but not as mgmtd does (another                      daemon's address?); `mgmtd =` in the client config names mgmtd's"
+                )),
+                _ => ClientError::Unavailable(format!("mgmtd at {mgmtd}: {e}")),
+            }
+        })?;
         Ok(Cluster { pool, mgmtd, view: RwLock::new(Arc::new(view)) })
     }
 

@@ -16,6 +16,7 @@ pub const FILL_MAX: u64 = 16 << 20;
 pub struct ClientConfig {
     pub job: JobSection,
     /// mgmtd's QUIC address.
+    #[serde(deserialize_with = "odfs_service::config::address")]
     pub mgmtd: SocketAddr,
     /// Transport for chunk data: "tcp" (authenticated, unencrypted, fastest) or "quic" (TLS).
     pub bulk_transport: Transport,

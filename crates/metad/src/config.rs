@@ -17,6 +17,7 @@ pub struct MetadConfig {
     /// Where to write the bound address once serving.
     pub addr_file: Option<PathBuf>,
     /// mgmtd's address.
+    #[serde(deserialize_with = "odfs_service::config::address")]
     pub mgmtd: SocketAddr,
     /// Index of this node in the job's node list.
     pub node: u32,

@@ -44,3 +44,35 @@ pub fn load_config<T: DeserializeOwned + Default>(path: Option<&Path>) -> Result
     toml::from_str(&text)
         .map_err(|e| ConfigError::Parse { path: path.into(), message: e.to_string().trim().replace('\n', " ") })
 }
+
+/// A service address in a config file (`mgmtd = "..."`): `IP:PORT`, or `HOST:PORT` with a host
+/// name resolved when the file is read (its first IPv4 address, else its first). For
+/// `#[serde(deserialize_with = "odfs_service::config::address")]`.
+pub fn address<'de, D: serde::Deserializer<'de>>(d: D) -> Result<std::net::SocketAddr, D::Error> {
+    let text = <String as serde::Deserialize>::deserialize(d)?;
+    resolve_address(&text).map_err(serde::de::Error::custom)
+}
+
+/// [`address`] for a string; the error says what is wrong with it.
+pub fn resolve_address(text: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(a) = text.parse() {
+        return Ok(a);
+    }
+    let Some((host, port)) = text.rsplit_once(':').filter(|(h, _)| !h.is_empty()) else {
+        return Err(format!("{text:?} is not an address: write IP:PORT or HOST:PORT (e.g. node0:7700)"));
+    };
+    if port.parse::<u16>().is_err() {
+        return Err(format!("{text:?}: the port {port:?} is not a number from 0 to 65535"));
+    }
+    let found: Vec<std::net::SocketAddr> = text
+        .to_socket_addrs()
+        .map_err(|e| format!("{text:?}: the host name {host:?} does not resolve ({e})"))?
+        .collect();
+    found
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(found.first())
+        .copied()
+        .ok_or_else(|| format!("{text:?}: the host name {host:?} has no address"))
+}

@@ -11,6 +11,7 @@ pub struct AgentConfig {
     /// QUIC address to serve on (the coordinator hands work here).
     pub listen: SocketAddr,
     /// mgmtd's address.
+    #[serde(deserialize_with = "odfs_service::config::address")]
     pub mgmtd: SocketAddr,
     /// Index of this node in the job's node list.
     pub node: u32,

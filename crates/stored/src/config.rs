@@ -40,6 +40,7 @@ pub struct StoredConfig {
     /// Where to write the bound addresses once serving.
     pub addr_file: Option<PathBuf>,
     /// mgmtd's address.
+    #[serde(deserialize_with = "odfs_service::config::address")]
     pub mgmtd: SocketAddr,
     /// Index of this node in the job's node list.
     pub node: u32,
