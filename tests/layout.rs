@@ -979,6 +979,8 @@ fn a_full_pool_fails_the_write_fsync_or_close_with_enospc_and_loses_nothing_fsyn
                 );
             }
         }
+        // The next round's create follows at once: the space this unlink frees counts for it
+        // (the chunks go now and the create waits for the next space report), not ENOSPC.
         fs::remove_file(&path).unwrap();
     }
     // The pool was really full in most rounds (four 64 MiB targets), not refused early.

@@ -77,6 +77,9 @@ pub(crate) struct Inner {
     /// Files this client's own unlink or rename just removed, whose chunks are kept a moment
     /// (see `reclaim`).
     removed: Mutex<HashMap<InodeId, Attr>>,
+    /// When this client last removed a gone file's chunks (`remove_data`): space that mgmtd
+    /// hears of with the next heartbeats of the targets' stored.
+    last_freed: Mutex<Option<std::time::Instant>>,
     /// This client's unlinks and renames in flight, which opens of a removed file wait for.
     removals: crate::removing::Removals,
     /// What the program on top counted of its own operations (a mount: every FUSE request,
@@ -103,6 +106,10 @@ pub type OpStats = Box<dyn Fn() -> odfs_proto::stats::StatsSnapshot + Send + Syn
 /// path walk runs ahead of an open), and such an open gets the old file, as on a local
 /// filesystem, instead of ESTALE. Kept longer while this client still holds the file open.
 const REMOVED_GRACE: Duration = Duration::from_secs(2);
+
+/// How long after this client freed space a create refused for want of space is asked again:
+/// two of stored's heartbeats (1 s each) and metad's look at mgmtd, with room to spare.
+const FREED_SPACE_WAIT: Duration = Duration::from_secs(4);
 
 /// How long a goodbye (`EndSession`) waits for each metadata shard.
 const GOODBYE_WAIT: Duration = Duration::from_secs(2);
@@ -264,6 +271,7 @@ impl Client {
             runtime: tokio::runtime::Handle::current(),
             stripes: Mutex::new(HashMap::new()),
             removed: Mutex::new(HashMap::new()),
+            last_freed: Mutex::new(None),
             removals: Default::default(),
             ops: std::sync::OnceLock::new(),
             delegations: Arc::new(Delegations::new()),
@@ -1014,7 +1022,18 @@ impl Client {
         // (bytes of a writer that died before publishing its size stay until the wipe).
         if attr.size > 0 {
             self.remove_chunks(layout, attr.ino, Some(attr.size)).await;
+            *self.inner.last_freed.lock().expect("last freed lock") = Some(std::time::Instant::now());
         }
+    }
+
+    /// A create refused for want of space (every target of its pool full, as mgmtd last heard):
+    /// if this client freed space a moment ago, or frees its just-removed files' space now, the
+    /// stored report it within a heartbeat or two, so the create is asked again (a new request)
+    /// until `FREED_SPACE_WAIT` has passed since that space was freed. True when it is worth it.
+    async fn freed_space_coming(&self) -> bool {
+        self.reclaim_removed_now().await;
+        let freed = *self.inner.last_freed.lock().expect("last freed lock");
+        freed.is_some_and(|t| t.elapsed() < FREED_SPACE_WAIT)
     }
 
     pub async fn create(
@@ -1647,14 +1666,21 @@ impl Client {
             }
         }
         let t = self.inner.cache.ticket();
-        let h = self.header(ctx);
         // A caching client does not register: the new file is leased to it, and it registers
         // its opens before it removes a name (see `open_cached`). Others hold no lease.
         let register = !self.caching();
-        let registered = if register { h.request_id } else { 0 };
         let req = Create { parent, name: name.to_vec(), mode, exclusive, layout, register, node: Some(self.node()) };
         self.inner.cache.forget_entry(parent, name);
-        let r = self.entry_call_as(ctx, &h, parent, name, &req).await?;
+        let (r, registered) = loop {
+            let h = self.header(ctx);
+            let registered = if register { h.request_id } else { 0 };
+            match self.entry_call_as(ctx, &h, parent, name, &req).await {
+                Err(e) if e.code() == ErrorCode::NoSpace && self.freed_space_coming().await => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                r => break (r?, registered),
+            }
+        };
         self.made_entry(ctx, parent, name, Some(&r.attr), t);
         self.cache_parent(r.parent.as_ref(), t);
         let handle = self.handle_for(ctx, r.attr.clone(), true, true, registered)?;

@@ -171,17 +171,30 @@ async fn mutate_fresh(
         }
     }
     let first = coord.store.lock().expect("store lock").mutate(h, op.clone());
-    match first {
-        Err(e) if again.contains(&e.code) => {
-            if let Err(err) = coord.refresh().await {
-                warn!(error = %err, "cannot refresh targets from mgmtd");
-                return Err(e);
-            }
-            coord.store.lock().expect("store lock").mutate(h, op)
+    let Err(e) = &first else { return first };
+    if !again.contains(&e.code) {
+        return first;
+    }
+    // A pool with no target online right after mgmtd restarted: its stored have not
+    // registered again yet (they do within a heartbeat or two). Waited for, bounded.
+    let until = std::time::Instant::now() + TARGETS_WAIT;
+    loop {
+        if let Err(err) = coord.refresh().await {
+            warn!(error = %err, "cannot refresh targets from mgmtd");
+            return first;
         }
-        other => other,
+        let r = coord.store.lock().expect("store lock").mutate(h, op.clone());
+        match r {
+            Err(e) if e.message.ends_with(crate::store::NO_ONLINE_TARGETS) && std::time::Instant::now() < until => {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            other => return other,
+        }
     }
 }
+
+/// Longest a create waits for a pool's targets to come online again (mgmtd restarted).
+const TARGETS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Maps metad's requests to the store.
 pub fn router(store: Shared, coord: Coordinator) -> Router {

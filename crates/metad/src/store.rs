@@ -8,6 +8,11 @@
 
 use crate::inode::IdHasher;
 use crate::namespace::{Changes, Choice, Intent, IntentKind, Namespace};
+
+/// How a create's refusal for a pool with no online target ends (`service::mutate_fresh`
+/// waits, bounded, for targets to register again after mgmtd's restart).
+pub const NO_ONLINE_TARGETS: &str = "has no online targets";
+
 pub use crate::namespace::{Found, MetaOp, MetaReply};
 use crate::permission;
 use crate::sessions::{Sessions, Wait};
@@ -141,13 +146,14 @@ impl Placement {
         Ok(())
     }
 
-    /// The targets of a new file with layout `dl`, created by a client on `node`.
+    /// The targets of a new file with layout `dl`, created by a client on `node`; a pool with
+    /// none online is refused ending in [`NO_ONLINE_TARGETS`].
     fn choose(&mut self, dl: &DirLayout, node: Option<NodeIndex>) -> RpcResult<Layout> {
         let invalid = |m: String| RemoteError::new(ErrorCode::Invalid, m);
         dl.validate().map_err(invalid)?;
         let cands = match self.pools.get(&dl.pool) {
             Some(c) if !c.is_empty() => c,
-            _ => return Err(invalid(format!("pool \"{}\" has no online targets", dl.pool))),
+            _ => return Err(invalid(format!("pool \"{}\" {NO_ONLINE_TARGETS}", dl.pool))),
         };
         let n = cands.len();
         let want = if dl.stripe_count < 0 { n } else { dl.stripe_count as usize };
