@@ -316,10 +316,7 @@ impl Agent {
                 RemoteError::new(ErrorCode::Invalid, format!("unsafe path {:?} in stage work: {e}", it.rel()))
             })?;
         }
-        let run =
-            self.runs.lock().expect("runs lock").get(&req.run).cloned().ok_or_else(|| {
-                RemoteError::new(ErrorCode::NotFound, format!("no stage run {} on this agent", req.run))
-            })?;
+        let run = self.run(req.run)?;
         run.heard();
         let mut more = run.more.lock().expect("more lock");
         if more.is_none() && req.items.is_empty() && req.last {
@@ -343,10 +340,7 @@ impl Agent {
     }
 
     async fn poll(&self, req: &StagePoll) -> Result<StageStatus, RemoteError> {
-        let run =
-            self.runs.lock().expect("runs lock").get(&req.run).cloned().ok_or_else(|| {
-                RemoteError::new(ErrorCode::NotFound, format!("no stage run {} on this agent", req.run))
-            })?;
+        let run = self.run(req.run)?;
         run.heard();
         let wait = req.wait_ms.min(odfs_proto::stage::MAX_POLL_WAIT_MS);
         if wait > 0 {
@@ -362,13 +356,19 @@ impl Agent {
     }
 
     /// `StageCancel`: no more items of the run start; it finishes once those in flight end.
+    /// A run this agent no longer knows has nothing left to stop.
     fn cancel(&self, req: &StageCancel) -> Result<(), RemoteError> {
-        let run = self.runs.lock().expect("runs lock").get(&req.run).cloned();
-        if let Some(run) = run {
+        if let Ok(run) = self.run(req.run) {
             info!(run = req.run, "stage run cancelled by its caller");
             run.cancel();
         }
         Ok(())
+    }
+
+    /// The run `id` of this agent.
+    fn run(&self, id: u64) -> Result<Arc<Run>, RemoteError> {
+        let run = self.runs.lock().expect("runs lock").get(&id).cloned();
+        run.ok_or_else(|| RemoteError::new(ErrorCode::NotFound, format!("no stage run {id} on this agent")))
     }
 
     async fn execute(self: Arc<Self>, run: Arc<Run>, req: StageStart, more: Option<mpsc::UnboundedReceiver<WorkItem>>) {
