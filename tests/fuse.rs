@@ -1212,6 +1212,21 @@ fn stats_count_requests_by_kind_and_client() {
         .map(|m| m.count)
         .sum();
     assert!(again >= creates, "through the mount: {again} creates, before {creates}");
+    // Another user is refused by the mount, and told so first.
+    let other = TestUser::create("st");
+    let odfs = bin_dir().join("odfs");
+    let mount_env = format!("ODFS_MOUNT={}", m.path.display());
+    let out =
+        other.run("env", &[Path::new("-u"), Path::new("ODFS_FS"), Path::new(&mount_env), &odfs, Path::new("stats")]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "another user read the statistics: {err}");
+    assert!(
+        err.starts_with(&format!(
+            "odfs: permission denied: the odfs mount {} serves only its job's user",
+            m.path.display()
+        )),
+        "{err}"
+    );
     // And what the mount itself answered, by FUSE request: each create of the storm was one
     // CREATE sent on to metad, and one FLUSH and one RELEASE answered without a request.
     let me = via_mount

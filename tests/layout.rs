@@ -184,6 +184,20 @@ fn invalid_layouts_are_refused_with_their_reason_and_change_nothing() {
     // Through setfattr the refusal is EINVAL; nothing changed anywhere.
     let o = Command::new("setfattr").args(["-n", "odfs.layout", "-v", "stripe_count=99"]).arg(&d).output().unwrap();
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("Invalid argument"));
+    // The errno is all setfattr can show; the mount's log gives the reason, as the CLI does.
+    for (value, want) in [
+        ("stripe_count=2 bogus=1", "unknown layout key \"bogus\""),
+        ("chunk_size=12345", "chunk size 12345 is invalid: it must be a power of two"),
+        ("stripe_count=99", "stripe count 99 is more than the 4 targets of pool"),
+    ] {
+        let o = Command::new("setfattr").args(["-n", "odfs.layout", "-v", value]).arg(&d).output().unwrap();
+        assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("Invalid argument"), "{value}");
+        let log = m.log_text();
+        assert!(
+            log.lines().any(|l| l.contains(&format!("setting odfs.layout refused: {want}"))),
+            "{value}: the reason ({want}) is not in the mount's log:\n{log}"
+        );
+    }
     let o = Command::new("setfattr").args(["-n", "odfs.targets", "-v", "x"]).arg(&d).output().unwrap();
     assert!(!o.status.success(), "odfs.targets is read-only");
     assert_eq!(getfattr(&d, "odfs.layout"), before_dir);

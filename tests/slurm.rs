@@ -395,16 +395,36 @@ fn a_stage_in_from_a_missing_bucket_says_how_to_release_or_cancel_the_job() {
     // The job's mistake drains no node for long, and leaves nothing behind.
     c.wait_nodes_idle(&c.nodes.clone(), LONG);
     assert_all_clean(&c);
-    // Doing what it says: the data is put there, the user releases the job, and it runs.
+    let release = || {
+        let out = Command::new("runuser")
+            .args(["-u", &user.name, "--", "scontrol", "release", &job])
+            .env("SLURM_CONF", c.dir.path().join("slurm.conf"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "the user's scontrol release: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    // The bucket made but the dataset not yet in it: a job does not start on an empty dataset.
     let obj = c.s3.object_path("later", "ds/f");
+    fs::create_dir_all(obj.parent().unwrap().parent().unwrap()).unwrap();
+    release();
+    let out = wait_for("the empty dataset named in the job's output", LONG, || {
+        let o = c.output(&job);
+        (o.contains("holds no files"), o)
+    });
+    assert!(
+        out.contains("stage-in s3://later/ds -> odfs:/data: s3://later/ds/ holds no files: nothing was staged")
+            && out.contains("an #ODFS stage-in of no files is refused"),
+        "{out}"
+    );
+    wait_for("the job requeued and held again", LONG, || {
+        let j = c.job(&job);
+        (j.state == "PENDING" && j.reason.contains("held") && j.restarts >= 2, j)
+    });
+    c.wait_nodes_idle(&c.nodes.clone(), LONG);
+    // Doing what it says: the data is put there, the user releases the job, and it runs.
     fs::create_dir_all(obj.parent().unwrap()).unwrap();
     fs::write(&obj, b"arrived\n").unwrap();
-    let release = Command::new("runuser")
-        .args(["-u", &user.name, "--", "scontrol", "release", &job])
-        .env("SLURM_CONF", c.dir.path().join("slurm.conf"))
-        .output()
-        .unwrap();
-    assert!(release.status.success(), "the user's scontrol release: {}", String::from_utf8_lossy(&release.stderr));
+    release();
     let info = c.wait_ended(&job, LONG);
     assert_eq!(info.state, "COMPLETED", "{}\n{}", c.output(&job), c.logs());
     assert!(c.output(&job).contains("arrived"), "{}", c.output(&job));

@@ -410,7 +410,8 @@ fn unsafe_keys_are_refused_and_listed_and_nothing_lands_outside() {
     let keys = ["ds/ok/a.txt", "ds/../escape", "ds/a/../../b", "ds//abs", "ds/a//b", "ds/./dot", &format!("ds/{long}")];
     let script = format!(
         "import boto3,sys\ns3=boto3.client('s3',endpoint_url='{}',region_name='us-east-1')\n\
-         s3.create_bucket(Bucket='keys')\nfor k in sys.argv[1:]:\n    s3.put_object(Bucket='keys',Key=k,Body=b'data of '+k.encode())\n",
+         s3.create_bucket(Bucket='keys')\nfor k in sys.argv[1:]:\n    s3.put_object(Bucket='keys',Key=k,Body=b'data of '+k.encode())\n\
+         s3.create_bucket(Bucket='evil')\nfor k in ['ds/a\\x00b', 'ds/ok']:\n    s3.put_object(Bucket='evil',Key=k,Body=b'x')\n",
         s3.url()
     );
     let out =
@@ -426,6 +427,18 @@ fn unsafe_keys_are_refused_and_listed_and_nothing_lands_outside() {
         assert!(all.contains(&format!("refused {k:?}")), "{k} not listed as refused:\n{all}");
     }
     assert!(all.contains("6 source names refused"), "{all}");
+    // A key with a NUL byte is sent raw in the listing's XML, which no XML reader takes: the
+    // stage fails naming the key, escaped.
+    let o =
+        odfs_stage(&fs, &s3.env(), &["stage-in", "s3://evil/ds", "odfs:/evil", "--endpoint-url", &url, "--path-style"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("the listing holds the key ds/a\\u{0}b which has a character an S3 listing cannot carry")
+            && !err.contains('\0')
+            && err.trim_end().lines().count() == 1,
+        "{err:?}"
+    );
     let rt = runtime();
     let c = rt.block_on(fs.client());
     assert_eq!(rt.block_on(lib_read(&c, "/ds/ok/a.txt")), b"data of ds/ok/a.txt");
@@ -519,6 +532,75 @@ fn bad_urls_credentials_buckets_and_endpoints_are_one_line_errors() {
         ],
         "cannot reach the S3 endpoint http://127.0.0.1:1",
     );
+    // A web server that is not S3 is named so, not taken for a missing bucket.
+    let web = http_answering("404 Not Found", "<html><body>no such page</body></html>");
+    one_line(
+        &s3.env(),
+        &["stage-in", "s3://data/x", "odfs:/x", e, &web, "--path-style"],
+        &format!("the endpoint {web} did not answer as S3 does (HTTP 404 without an S3 error)"),
+    );
+    // A prefix with no objects is staged (nothing) with a warning that names it.
+    let o = odfs_stage(&fs, &s3.env(), &["stage-in", "s3://data/none", "odfs:/empty", e, &url, "--path-style"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        err.contains(
+            "odfs: warning: s3://data/none/ holds no files: nothing was staged; check the bucket and the prefix"
+        ),
+        "{err}"
+    );
+    // A POSIX source with a path longer than a program can open: refused by name, the rest staged.
+    let src = tmp.path().join("deep");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("ok"), b"fine").unwrap();
+    let name = "d".repeat(250);
+    let made = Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "import os\nos.chdir({:?})\nfor i in range(20):\n    os.mkdir('{name}')\n    os.chdir('{name}')\nopen('f','w').write('x')\n",
+            src.display().to_string()
+        ))
+        .status()
+        .unwrap();
+    assert!(made.success(), "a 5,000-byte path made by relative steps");
+    let o = odfs_stage(&fs, &[], &["stage-in", &src.display().to_string(), "odfs:/deep"]);
+    let all = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{all}");
+    // The first directory whose path reaches PATH_MAX (4,096 with its NUL) is refused.
+    let root_len = src.as_os_str().len();
+    let depth = (1..=20).find(|k| root_len + k * (name.len() + 1) >= 4096).unwrap();
+    let refused = vec![name.as_str(); depth].join("/");
+    assert!(
+        all.contains(&format!("refused {refused:?}: its path is {} bytes long", root_len + 1 + refused.len()))
+            && all.contains("more than the 4095 bytes a program can open"),
+        "{}",
+        &all[..all.len().min(2000)]
+    );
+    let rt = runtime();
+    let c = rt.block_on(fs.client());
+    assert_eq!(rt.block_on(lib_read(&c, "/deep/ok")), b"fine");
+}
+
+/// `http://ADDR` of a server that answers every request with `status` and an HTML `body`.
+fn http_answering(status: &'static str, body: &'static str) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for c in l.incoming().flatten() {
+            let mut r = BufReader::new(c);
+            let mut line = String::new();
+            while r.read_line(&mut line).map(|n| n > 0).unwrap_or(false) && line != "\r\n" {
+                line.clear();
+            }
+            let reply = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = r.get_mut().write_all(reply.as_bytes());
+        }
+    });
+    url
 }
 
 /// An endpoint that takes connections and never answers is announced within seconds — what is

@@ -250,6 +250,15 @@ fn gone(s: &Shared, i: InodeId, e: odfs_client::ClientError) -> FuseError {
     }
 }
 
+/// A refused `odfs.*` setting (`setfattr -n odfs.layout ...`) reaches its caller as a bare
+/// errno; the reason, as the CLI would give it, goes to the log where an admin finds it.
+fn refused_setting(i: InodeId, name: &[u8], e: &odfs_client::ClientError) {
+    if name.starts_with(vxattr::PREFIX) && e.errno() != libc::EIO {
+        let attr = String::from_utf8_lossy(name);
+        warn!(inode = %i, errno = e.errno(), "setting {attr} refused: {e}");
+    }
+}
+
 /// Attributes with how long the kernel may keep them (and the name that led to them).
 struct Timed {
     attr: Attr,
@@ -1338,7 +1347,13 @@ impl Filesystem for OdfsFuse {
         self.here(
             "setxattr",
             reply,
-            async move { s.client.setxattr(&ctx, ino(i), &name, &value, pflags).await.map_err(|e| gone(&s, ino(i), e)) },
+            async move {
+                let r = s.client.setxattr(&ctx, ino(i), &name, &value, pflags).await;
+                if let Err(e) = &r {
+                    refused_setting(ino(i), &name, e);
+                }
+                r.map_err(|e| gone(&s, ino(i), e))
+            },
             |reply, ()| reply.ok(),
         );
     }

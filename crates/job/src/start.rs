@@ -603,6 +603,13 @@ pub(crate) fn run_stages(
                     .map_err(|e| format!("{kind} {} -> {}: {e:#}", t.src, t.dst))?;
                 state.say(&job, &report.summary());
                 odfs_stage::request::check(&report).map_err(|e| format!("{kind} {} -> {}: {e:#}", t.src, t.dst))?;
+                if let Some(w) = report.warning() {
+                    // A job's dataset that is empty is a wrong prefix, not a dataset.
+                    return Err(format!(
+                        "{kind} {} -> {}: {w}; an #ODFS stage-in of no files is refused",
+                        t.src, t.dst
+                    ));
+                }
             }
             Ok::<(), String>(())
         };

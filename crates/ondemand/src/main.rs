@@ -205,6 +205,22 @@ fn mount_attr(m: &Path, name: &[u8]) -> Result<String> {
     Ok(String::from_utf8_lossy(&v).into_owned())
 }
 
+/// Why the statistics could not be read through the mount `m`, the likely cause first.
+fn stats_unreadable(m: &Path, e: std::io::Error) -> anyhow::Error {
+    let m = m.display();
+    match e.raw_os_error() {
+        Some(libc::EACCES | libc::EPERM) => anyhow::anyhow!(
+            "permission denied: the odfs mount {m} serves only its job's user (and root); \
+             run odfs stats as that user, or as root with --fs CONFIG"
+        ),
+        Some(libc::ERANGE | libc::E2BIG) => anyhow::anyhow!(
+            "the statistics of {m} do not fit in an extended attribute (a job with very many \
+             services): run odfs stats --fs CONFIG on one of its nodes as root"
+        ),
+        _ => anyhow::anyhow!("cannot read the statistics of the odfs mount {m}: {e}"),
+    }
+}
+
 #[derive(Args)]
 struct CpArgs {
     #[arg(short = 'r', long)]
@@ -346,11 +362,8 @@ impl StatsArgs {
             match &from {
                 Ok(client) => Ok(rt.block_on(client.fs_stats())?),
                 Err(m) => {
-                    let text = mount_attr(m, odfs_client::vxattr::STATS).context(
-                        "a job with very many services may not fit its statistics in an extended \
-                         attribute: run odfs stats --fs CONFIG on one of its nodes as root",
-                    )?;
-                    serde_json::from_str(&text).with_context(|| format!("the statistics of {}", m.display()))
+                    let text = lfs::get_xattr(m, odfs_client::vxattr::STATS).map_err(|e| stats_unreadable(m, e))?;
+                    serde_json::from_slice(&text).with_context(|| format!("the statistics of {}", m.display()))
                 }
             }
         };

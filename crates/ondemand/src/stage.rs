@@ -54,6 +54,9 @@ pub async fn run(fs: Option<&std::path::Path>, r: &StageRequest, way: Direction)
     }
     let report = report?;
     println!("{}", report.summary());
+    if let Some(w) = report.warning() {
+        eprintln!("odfs: warning: {w}");
+    }
     Ok(request::check(&report)?)
 }
 

@@ -144,7 +144,7 @@ pub fn file_layout_text(l: &Layout) -> String {
 }
 
 /// Reads the text form, starting from `base` for the keys it leaves out (`stripe_count`,
-/// `stripe_size`, `pool`, `stripe_offset`, `placement` = `local` or `rotate`; `targets` is
+/// `stripe_size` (or `chunk_size`), `pool`, `stripe_offset`, `placement` = `local` or `rotate`; `targets` is
 /// ignored: it is chosen, not set).
 /// Sizes take K/M/G suffixes. Errors name the key and the problem; the result is validated.
 pub fn parse_layout_text(text: &str, base: &DirLayout) -> Result<DirLayout, String> {
@@ -156,7 +156,7 @@ pub fn parse_layout_text(text: &str, base: &DirLayout) -> Result<DirLayout, Stri
             "stripe_count" | "count" => {
                 dl.stripe_count = v.parse().map_err(|_| format!("stripe_count {v:?} is not a number"))?;
             }
-            "stripe_size" | "size" => {
+            "stripe_size" | "size" | "chunk_size" => {
                 let n = parse_size(v).map_err(|_| format!("stripe_size {v:?} is not a size (e.g. 1M)"))?;
                 dl.chunk_size = u32::try_from(n).map_err(|_| format!("stripe_size {v} is too large"))?;
             }

@@ -117,9 +117,19 @@ pub struct StageReport {
     /// files read back to be verified (to check an MD5 ETag, or where the writes did not tell).
     pub split_verified_as_written: u64,
     pub split_read_back: u64,
+    /// Stage-in: the source named (bucket and prefix, or directory) held no file at all,
+    /// which is almost always a wrong prefix; the source as given.
+    pub empty_source: Option<String>,
 }
 
 impl StageReport {
+    /// A warning to show beside the summary: a stage-in of a source with no file in it.
+    pub fn warning(&self) -> Option<String> {
+        self.empty_source.as_ref().map(|src| {
+            format!("{src} holds no files: nothing was staged; check the bucket and the prefix (or the directory)")
+        })
+    }
+
     /// The one-paragraph summary printed at the end.
     pub fn summary(&self) -> String {
         let secs = self.elapsed.as_secs_f64().max(1e-6);

@@ -157,23 +157,28 @@ pub struct Entry {
 
 /// Every directory and regular file below `root` as the user (symlinks and special files are
 /// reported in `skipped`).
-pub async fn walk(ctx: &Ctx, root: &Path) -> Result<(Vec<Entry>, Vec<String>), String> {
+pub async fn walk(ctx: &Ctx, root: &Path) -> Result<(Vec<Entry>, Vec<(String, String)>), String> {
     let r = root.to_path_buf();
     as_user(ctx, move || {
         let mut out = Vec::new();
         let mut skipped = Vec::new();
-        let meta = std::fs::metadata(&r)?;
+        let meta = std::fs::metadata(&r).map_err(named(&r))?;
         if !meta.is_dir() {
-            return Err(std::io::Error::other("is not a directory"));
+            return Err(std::io::Error::other(format!("{}: is not a directory", r.display())));
         }
         let mut stack = vec![String::new()];
         while let Some(rel) = stack.pop() {
             let dir = if rel.is_empty() { r.clone() } else { r.join(&rel) };
-            for e in std::fs::read_dir(&dir)? {
-                let e = e?;
+            for e in std::fs::read_dir(&dir).map_err(named(&dir))? {
+                let e = e.map_err(named(&dir))?;
                 let name = e.file_name().to_string_lossy().into_owned();
                 let child = if rel.is_empty() { name } else { format!("{rel}/{name}") };
-                let m = std::fs::symlink_metadata(e.path())?;
+                let path = e.path();
+                if let Some(why) = too_long(&path) {
+                    skipped.push((child, why));
+                    continue;
+                }
+                let m = std::fs::symlink_metadata(&path).map_err(named(&path))?;
                 let entry = Entry {
                     rel: child.clone(),
                     dir: m.is_dir(),
@@ -187,12 +192,26 @@ pub async fn walk(ctx: &Ctx, root: &Path) -> Result<(Vec<Entry>, Vec<String>), S
                 } else if m.is_file() {
                     out.push(entry);
                 } else {
-                    skipped.push(child);
+                    skipped
+                        .push((child, "not a regular file or directory (symlinks and devices are not staged)".into()));
                 }
             }
         }
         Ok((out, skipped))
     })
     .await
-    .map_err(|e| format!("{}: {e}", root.display()))
+    .map_err(|e| e.to_string())
+}
+
+/// An I/O error with the path it concerns in front.
+fn named(p: &Path) -> impl Fn(std::io::Error) -> std::io::Error + '_ {
+    move |e| std::io::Error::new(e.kind(), format!("{}: {e}", p.display()))
+}
+
+/// Why a path is longer than a program can open (PATH_MAX, with its NUL), if it is: it and
+/// all below it are refused rather than failing the walk.
+fn too_long(path: &Path) -> Option<String> {
+    let len = path.as_os_str().len();
+    (len >= libc::PATH_MAX as usize)
+        .then(|| format!("its path is {len} bytes long, more than the {} bytes a program can open", libc::PATH_MAX - 1))
 }

@@ -168,7 +168,7 @@ pub fn check(report: &StageReport) -> Result<()> {
     if report.failed.is_empty() && report.refused.is_empty() {
         return Ok(());
     }
-    let first = report.failed.iter().chain(&report.refused).next().map(|(k, why)| format!("; first: {k}: {why}"));
+    let first = report.failed.iter().chain(&report.refused).next().map(|(k, why)| format!("; first: {k:?}: {why}"));
     Err(StageError::Incomplete(format!(
         "{} incomplete: {} files failed, {} source names refused{}; nothing was deleted",
         report.kind,

@@ -73,10 +73,15 @@ pub fn describe<E: ProvideErrorMetadata + std::error::Error + 'static>(
         SdkError::ServiceError(se) => {
             let code = se.err().code().unwrap_or("");
             let status = se.raw().status().as_u16();
+            let body = se.raw().body().bytes().unwrap_or_default();
             match code {
+                // S3 names its error in the body of every reply that has one; a reply without
+                // (but a HEAD's) did not come from S3, or S3 could not say it in XML.
+                "" if (200..300).contains(&status) => unreadable_reply(endpoint, &place, body),
+                "" if status != 403 && (what.is_empty() || !body.is_empty()) => not_s3(endpoint, status),
                 "NoSuchBucket" => format!("bucket {:?} does not exist at {endpoint}", spec.bucket),
                 "InvalidAccessKeyId" | "SignatureDoesNotMatch" | "InvalidToken" | "ExpiredToken" => {
-                    format!("S3 refused the credentials ({code}) for {place}: check the access key and secret")
+                    format!("S3 refused the credentials ({code}) for {place}: check the credentials (access key and secret)")
                 }
                 "AccessDenied" => format!("access denied to {place}"),
                 "NoSuchKey" => format!("{place} does not exist"),
@@ -87,9 +92,78 @@ pub fn describe<E: ProvideErrorMetadata + std::error::Error + 'static>(
                 _ => format!("{place}: {} (HTTP {status})", se.err().message().unwrap_or(code)),
             }
         }
+        SdkError::ResponseError(re) => unreadable_reply(endpoint, &place, re.raw().body().bytes().unwrap_or_default()),
         _ => format!("{place}: {}", DisplayErrorContext(&e)),
     };
     S3Error { msg, unreachable: matches!(e, SdkError::DispatchFailure(_) | SdkError::TimeoutError(_)) }
+}
+
+/// An error reply that names no S3 error: the endpoint is some other HTTP server.
+fn not_s3(endpoint: &str, status: u16) -> String {
+    format!(
+        "the endpoint {endpoint} did not answer as S3 does (HTTP {status} without an S3 error): \
+         check --endpoint-url (or endpoint_url), and that it is an S3 server's address"
+    )
+}
+
+/// A success reply the SDK could not read. A listing naming a key that XML cannot carry (a
+/// NUL or another control character; S3 accepts any UTF-8 in a key) is the likely cause, and
+/// the key is named, escaped.
+fn unreadable_reply(endpoint: &str, place: &str, body: &[u8]) -> String {
+    match unreadable_key(body) {
+        Some(key) => format!(
+            "{place}: the listing holds the key {} which has a character an S3 listing cannot \
+             carry: odfs cannot stage it; rename or delete that object",
+            key.escape_default()
+        ),
+        None => format!("{place}: the reply of {endpoint} could not be read as S3's: is it an S3 server?"),
+    }
+}
+
+/// The first `<Key>` of a listing reply whose text holds a character XML 1.0 forbids, as a
+/// raw byte or as a character reference.
+fn unreadable_key(body: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(body);
+    text.split("<Key>").skip(1).filter_map(|rest| rest.split_once("</Key>").map(|(k, _)| k)).find_map(|raw| {
+        let key = unescape_xml(raw);
+        key.chars().any(|c| c.is_control() && !matches!(c, '\t' | '\n' | '\r')).then_some(key)
+    })
+}
+
+/// XML's five named entities and numeric character references, kept as written where they do
+/// not decode.
+fn unescape_xml(raw: &str) -> String {
+    let mut out = String::with_capacity(raw.len());
+    let mut rest = raw;
+    while let Some(at) = rest.find('&') {
+        out.push_str(&rest[..at]);
+        rest = &rest[at..];
+        let Some(end) = rest.find(';') else { break };
+        let decoded = match &rest[1..end] {
+            "amp" => Some('&'),
+            "lt" => Some('<'),
+            "gt" => Some('>'),
+            "quot" => Some('"'),
+            "apos" => Some('\''),
+            e => match e.strip_prefix("#x") {
+                Some(h) => u32::from_str_radix(h, 16).ok(),
+                None => e.strip_prefix('#').and_then(|d| d.parse::<u32>().ok()),
+            }
+            .and_then(char::from_u32),
+        };
+        match decoded {
+            Some(c) => {
+                out.push(c);
+                rest = &rest[end + 1..];
+            }
+            None => {
+                out.push('&');
+                rest = &rest[1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Resolves credentials: the ones given, else the AWS chain of environment variables, then
@@ -281,7 +355,10 @@ impl S3 {
     /// Fails with a clear line unless the bucket exists and the credentials are accepted.
     pub async fn check_bucket(&self) -> Result<()> {
         let what = format!("a request for bucket {:?}", self.spec.bucket);
-        self.answered(&what, self.send("", || self.client.head_bucket().bucket(&self.spec.bucket).send())).await?;
+        // A listing of one key, not a HEAD: its error reply has a body, which tells a missing
+        // bucket from an endpoint that is not S3 at all.
+        let probe = || self.client.list_objects_v2().bucket(&self.spec.bucket).max_keys(1).send();
+        self.answered(&what, self.send("", probe)).await?;
         Ok(())
     }
 
@@ -526,5 +603,21 @@ mod tests {
         let mut cat = a.to_vec();
         cat.extend_from_slice(&b);
         assert_eq!(multipart_etag(&[a, b]), format!("{}-2", hex::encode(Md5::digest(&cat))));
+    }
+
+    #[test]
+    fn a_listing_key_xml_cannot_carry_is_found_and_named_escaped() {
+        let page = |keys: &[&str]| {
+            let c: String = keys.iter().map(|k| format!("<Contents><Key>{k}</Key><Size>1</Size></Contents>")).collect();
+            format!("<?xml version=\"1.0\"?><ListBucketResult><Name>evil</Name>{c}</ListBucketResult>").into_bytes()
+        };
+        assert_eq!(unreadable_key(&page(&["ds/ok", "ds/a&amp;b"])), None);
+        assert_eq!(unreadable_key(&page(&["ds/ok", "ds/a&#0;b"])).as_deref(), Some("ds/a\0b"));
+        assert_eq!(unreadable_key(&page(&["ds/a\u{1}b"])).as_deref(), Some("ds/a\u{1}b"));
+        assert_eq!(unreadable_key(&page(&["ds/x&#x1F;"])).as_deref(), Some("ds/x\u{1f}"));
+        assert_eq!(unescape_xml("a&lt;b&gt;&quot;&apos;&amp;&bogus;&"), "a<b>\"'&&bogus;&");
+        let msg = unreadable_reply("http://e", "s3://evil/ds/", &page(&["ds/a&#0;b"]));
+        assert!(msg.contains("the key ds/a\\u{0}b which has a character"), "{msg}");
+        assert!(unreadable_reply("http://e", "s3://evil/ds/", b"<html>").contains("could not be read as S3's"));
     }
 }

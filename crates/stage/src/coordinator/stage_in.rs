@@ -85,6 +85,9 @@ pub async fn stage_in(
     let agents = agents(client).await?;
     let mut report = StageReport { kind: "stage-in", ..StageReport::default() };
     let mut listing = list_source(ctx, src, o, &mut report).await?;
+    if listing.files.is_empty() && report.refused.is_empty() {
+        report.empty_source = Some(listing.name.clone());
+    }
     let manifest_path = join(dst_root, manifest::STAGE_IN_MANIFEST);
     report.manifest = format!("odfs:{manifest_path}");
     make_dirs(client, ctx, dst_root, &listing.dirs).await?;
@@ -195,11 +198,7 @@ async fn list_source(ctx: &Ctx, src: &Location, o: &StageOptions, report: &mut S
         Location::Posix(root) => {
             let (entries, skipped) =
                 posix::walk(ctx, root).await.map_err(|e| StageError::Posix(format!("cannot read {e}")))?;
-            for s in skipped {
-                report
-                    .refused
-                    .insert(s, "not a regular file or directory (symlinks and devices are not staged)".into());
-            }
+            report.refused.extend(skipped);
             for e in entries {
                 if let Err(why) = check_relative(&e.rel) {
                     report.refused.insert(e.rel.clone(), why.to_string());
