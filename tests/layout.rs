@@ -1000,3 +1000,38 @@ fn a_full_pool_fails_the_write_fsync_or_close_with_enospc_and_loses_nothing_fsyn
     // The pool was really full in most rounds (four 64 MiB targets), not refused early.
     assert!(full >= 10, "only {full} of 20 rounds filled the pool");
 }
+
+/// Space one client's unlink frees counts at once for another client's create and writes: in 5
+/// rounds, one mount fills a directory striped over every 64 MiB RAM target until ENOSPC and
+/// unlinks the file; a second mount (another client, its own caches) then creates a file there
+/// at once and writes 32 MiB into it, fsync'd, without ENOSPC, and reads it back intact.
+#[test]
+fn space_another_client_frees_counts_at_once_for_the_next_create_and_write() {
+    use std::io::Write;
+    let (fs, a) = up();
+    let b = FuseMount::start_at(&fs, "mnt2", &[]);
+    let dir = a.p("ram");
+    fs::create_dir(&dir).unwrap();
+    fs.cli_ok(&["setstripe", "-p", "ram", "-c", "-1", &s(&dir)]);
+    for r in 0..5 {
+        let fill = dir.join(format!("fill{r}"));
+        let round = fill_until_full(&fill, r);
+        assert!(
+            matches!(round.first_failure, Some((_, libc::ENOSPC))) && round.acked >= 200 << 20,
+            "round {r}: the pool did not fill: {round:?}"
+        );
+        fs::remove_file(&fill).unwrap();
+        let next = b.p(&format!("ram/next{r}"));
+        let mut f = fs::File::create(&next).unwrap_or_else(|e| panic!("round {r}: create after the unlink: {e}"));
+        let data: Vec<u8> = (0..32usize << 20).map(|i| (i / 4096 + r) as u8).collect();
+        f.write_all(&data).unwrap_or_else(|e| panic!("round {r}: write after the unlink: {e}"));
+        f.sync_all().unwrap_or_else(|e| panic!("round {r}: fsync after the unlink: {e}"));
+        drop(f);
+        assert!(fs::read(&next).unwrap() == data, "round {r}: the new file reads back different");
+        assert!(
+            fs::read(a.p(&format!("ram/next{r}"))).unwrap() == data,
+            "round {r}: different through the first mount"
+        );
+        fs::remove_file(&next).unwrap();
+    }
+}

@@ -296,12 +296,17 @@ impl InodeData {
         ws.inflight.retain(|w| !w.task.is_finished());
         let rt = client.inner.runtime.clone();
         let task = rt.spawn(async move {
-            let mut r = client.store(req.target, &req).await;
-            // Space this client's own unlinks freed a moment ago counts at once.
-            if matches!(&r, Err(e) if e.code() == odfs_proto::ErrorCode::NoSpace) && client.reclaim_removed_now().await
-            {
-                r = client.store(req.target, &req).await;
-            }
+            // Refused for want of space: asked again while space freed by an unlink (this
+            // client's or another's) may still come (`Client::space_may_come`).
+            let mut refused = None;
+            let r = loop {
+                let r = client.store(req.target, &req).await;
+                match &r {
+                    Err(e)
+                        if e.code() == odfs_proto::ErrorCode::NoSpace && client.space_may_come(&mut refused).await => {}
+                    _ => break r,
+                }
+            };
             let r = r.map(|w| me.record_written(off, &w));
             drop(permit);
             if let Err(e) = &r {

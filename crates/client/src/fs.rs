@@ -77,9 +77,8 @@ pub(crate) struct Inner {
     /// Files this client's own unlink or rename just removed, whose chunks are kept a moment
     /// (see `reclaim`).
     removed: Mutex<HashMap<InodeId, Attr>>,
-    /// When this client last removed a gone file's chunks (`remove_data`): space that mgmtd
-    /// hears of with the next heartbeats of the targets' stored.
-    last_freed: Mutex<Option<std::time::Instant>>,
+    /// When a write or create of this client was last refused for want of space.
+    last_no_space: Mutex<Option<std::time::Instant>>,
     /// This client's unlinks and renames in flight, which opens of a removed file wait for.
     removals: crate::removing::Removals,
     /// What the program on top counted of its own operations (a mount: every FUSE request,
@@ -107,9 +106,17 @@ pub type OpStats = Box<dyn Fn() -> odfs_proto::stats::StatsSnapshot + Send + Syn
 /// filesystem, instead of ESTALE. Kept longer while this client still holds the file open.
 const REMOVED_GRACE: Duration = Duration::from_secs(2);
 
-/// How long after this client freed space a create refused for want of space is asked again:
-/// two of stored's heartbeats (1 s each) and metad's look at mgmtd, with room to spare.
-const FREED_SPACE_WAIT: Duration = Duration::from_secs(4);
+/// A target with less than 1/`SHORT_OF_SPACE` of its capacity free is short of space: files
+/// removed from it give their space back at once, without the `REMOVED_GRACE`.
+const SHORT_OF_SPACE: u64 = 8;
+
+/// How long an unlink short of space waits for the kernel's release of the file it removes.
+const RELEASE_WAIT: Duration = Duration::from_millis(200);
+
+/// How long a write or create refused for want of space is asked again before the caller
+/// gets ENOSPC: another client's `REMOVED_GRACE` and a space report of the targets' stored
+/// (a heartbeat, 1 s), so that space any node's unlink freed counts as on a local disk.
+pub(crate) const SPACE_WAIT: Duration = Duration::from_secs(3);
 
 /// How long a goodbye (`EndSession`) waits for each metadata shard.
 const GOODBYE_WAIT: Duration = Duration::from_secs(2);
@@ -271,7 +278,7 @@ impl Client {
             runtime: tokio::runtime::Handle::current(),
             stripes: Mutex::new(HashMap::new()),
             removed: Mutex::new(HashMap::new()),
-            last_freed: Mutex::new(None),
+            last_no_space: Mutex::new(None),
             removals: Default::default(),
             ops: std::sync::OnceLock::new(),
             delegations: Arc::new(Delegations::new()),
@@ -985,6 +992,11 @@ impl Client {
             // A one-shot client has no kernel racing its changes: at once.
             return self.remove_data(&attr).await;
         }
+        if self.short_of_space(&attr) && self.released_soon(attr.ino).await {
+            // Space another node may be waiting for (its create or write refused for want of
+            // it) counts more than an open racing this unlink: freed before the unlink returns.
+            return self.remove_data(&attr).await;
+        }
         self.inner.removed.lock().expect("removed lock").insert(attr.ino, attr.clone());
         let client = self.clone();
         self.inner.runtime.spawn(async move {
@@ -999,10 +1011,48 @@ impl Client {
         });
     }
 
+    /// Whether a target holding the removed file's data is short of space: this client was
+    /// refused for want of space a moment ago, or the last view of mgmtd (refreshed every
+    /// second, so a pool filled within it may not show yet) has less than 1/`SHORT_OF_SPACE` of
+    /// the target free.
+    fn short_of_space(&self, attr: &Attr) -> bool {
+        let Some(layout) = &attr.layout else { return false };
+        let refused = *self.inner.last_no_space.lock().expect("no space lock");
+        if refused.is_some_and(|t| t.elapsed() < SPACE_WAIT) {
+            return true;
+        }
+        let view = self.inner.cluster.view();
+        view.targets
+            .iter()
+            .filter(|t| layout.targets.contains(&t.id))
+            .any(|t| t.space.free < t.space.capacity / SHORT_OF_SPACE)
+    }
+
+    /// Notes a request refused for want of space (see `short_of_space`).
+    fn refused_for_space(&self) {
+        *self.inner.last_no_space.lock().expect("no space lock") = Some(std::time::Instant::now());
+    }
+
+    /// Waits (up to `RELEASE_WAIT`) until no handle of this client holds `ino` open: the kernel
+    /// sends a file's last release after close(2) has returned, so an unlink right after the
+    /// close can arrive first. False when it is still open (kept, as any open file is).
+    async fn released_soon(&self, ino: InodeId) -> bool {
+        let until = std::time::Instant::now() + RELEASE_WAIT;
+        loop {
+            if !self.inner.inodes.lock().expect("inodes lock").contains_key(&ino) {
+                return true;
+            }
+            if std::time::Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     /// A write refused for want of space: the files this client removed a moment ago and
     /// keeps for `REMOVED_GRACE` (none of them open here) give their space back now, so that
     /// what an unlink freed counts at once for this client's writes. True when any did.
-    pub(crate) async fn reclaim_removed_now(&self) -> bool {
+    async fn reclaim_removed_now(&self) -> bool {
         let gone: Vec<Attr> = {
             let open = self.inner.inodes.lock().expect("inodes lock");
             let mut removed = self.inner.removed.lock().expect("removed lock");
@@ -1022,18 +1072,20 @@ impl Client {
         // (bytes of a writer that died before publishing its size stay until the wipe).
         if attr.size > 0 {
             self.remove_chunks(layout, attr.ino, Some(attr.size)).await;
-            *self.inner.last_freed.lock().expect("last freed lock") = Some(std::time::Instant::now());
         }
     }
 
-    /// A create refused for want of space (every target of its pool full, as mgmtd last heard):
-    /// if this client freed space a moment ago, or frees its just-removed files' space now, the
-    /// stored report it within a heartbeat or two, so the create is asked again (a new request)
-    /// until `FREED_SPACE_WAIT` has passed since that space was freed. True when it is worth it.
-    async fn freed_space_coming(&self) -> bool {
-        self.reclaim_removed_now().await;
-        let freed = *self.inner.last_freed.lock().expect("last freed lock");
-        freed.is_some_and(|t| t.elapsed() < FREED_SPACE_WAIT)
+    /// A write or create refused for want of space, first at `first`: frees this client's
+    /// just-removed files' space now, and says whether to ask again (until `SPACE_WAIT` has
+    /// passed since the first refusal).
+    pub(crate) async fn space_may_come(&self, first: &mut Option<std::time::Instant>) -> bool {
+        self.refused_for_space();
+        let freed = self.reclaim_removed_now().await;
+        let since = *first.get_or_insert_with(std::time::Instant::now);
+        if !freed {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        since.elapsed() < SPACE_WAIT
     }
 
     pub async fn create(
@@ -1671,13 +1723,13 @@ impl Client {
         let register = !self.caching();
         let req = Create { parent, name: name.to_vec(), mode, exclusive, layout, register, node: Some(self.node()) };
         self.inner.cache.forget_entry(parent, name);
+        let mut refused = None;
         let (r, registered) = loop {
+            // Each try a new request: metad refuses a full pool from the space last reported.
             let h = self.header(ctx);
             let registered = if register { h.request_id } else { 0 };
             match self.entry_call_as(ctx, &h, parent, name, &req).await {
-                Err(e) if e.code() == ErrorCode::NoSpace && self.freed_space_coming().await => {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
+                Err(e) if e.code() == ErrorCode::NoSpace && self.space_may_come(&mut refused).await => {}
                 r => break (r?, registered),
             }
         };
