@@ -1,5 +1,6 @@
-//! The odfs FUSE mount: a thin adapter from the kernel's FUSE requests to the odfs client
-//! library (`odfs-client`).
+//! The odfs FUSE mount: its own FUSE protocol layer (`abi`, `session`, `reply`, `ring` for
+//! FUSE over io_uring, `splice`, `passthrough`) and the adapter from the kernel's requests to
+//! the odfs client library (`odfs-client`).
 //!
 //! Owns: translating FUSE requests and replies (inode numbers are odfs inode ids, generation
 //! 0), the table of open file handles, reply TTLs, the kernel settings negotiated at mount, the
@@ -18,7 +19,7 @@
 //! file itself, and the adapter publishes what it wrote at close and fsync.
 //!
 //! The FUSE protocol is odfs-fuse's own (`abi`, `session`, `reply`, and `ring` for the io_uring
-//! transport: docs/architecture.md, "The FUSE transport"); fuser's plain types (attributes,
+//! transport: docs/architecture.md, "client-fuse"); fuser's plain types (attributes,
 //! flags, inode numbers) are still used.
 //!
 //! Also here, for benchmarks only: `minimum`, a synthetic FUSE filesystem that measures what

@@ -1,5 +1,5 @@
 //! FUSE over io_uring (kernel 6.14+, the `fuse` module's `enable_uring`): the session's second
-//! transport (docs/architecture.md, "The FUSE transport"). After INIT agrees on it, one thread
+//! transport (docs/architecture.md, "client-fuse"). After INIT agrees on it, one thread
 //! per possible CPU owns an io_uring and registers ring entries on that CPU's queue (a header
 //! buffer and a payload buffer each); a request made on that CPU lands in a free entry and
 //! completes the thread's fetch of it; the answer is written into the same entry and committed

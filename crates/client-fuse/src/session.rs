@@ -1,4 +1,4 @@
-//! odfs-fuse's session with the kernel (docs/architecture.md, "The FUSE transport"): mounting
+//! odfs-fuse's session with the kernel (docs/architecture.md, "client-fuse"): mounting
 //! (`mount(2)`, or `fusermount3` where that is refused) and unmounting, the INIT handshake, the
 //! threads that read requests from `/dev/fuse` and, where INIT agreed on it, those that take
 //! them from io_uring ([`crate::ring`]), and the dispatch of each request, decoded by

@@ -1,11 +1,11 @@
-//! READ replies spliced into `/dev/fuse` (docs/architecture.md, "Spliced reads").
+//! READ replies spliced into `/dev/fuse` (docs/decisions/0017-spliced-reads.md).
 //!
 //! Owns whether this mount splices its replies (decided once, at mount, and said why not when
 //! it does not), the duplicate of the session's `/dev/fuse` descriptor the replies go to, the
 //! pipes they are gathered in, and the reply itself: the FUSE header, then the read's bytes
 //! (`FileHandle::read_into_pipe`), spliced into the device in one call, which the kernel
 //! copies once into the reader's page cache. A read that cannot be spliced (the pipe or a
-//! stream failed midway) is answered through fuser as before, so a failure here costs a
+//! stream failed midway) is answered by a copied reply as before, so a failure here costs a
 //! copy, never a read.
 
 use odfs_client::{Client, FileHandle, Pipe};
@@ -13,7 +13,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::{Mutex, OnceLock};
 use tracing::info;
 
-/// Reads shorter than this are answered through fuser: a 4 KiB random read gains nothing
+/// Reads shorter than this are answered by a copied reply: a 4 KiB random read gains nothing
 /// from a pipe and a stream of its own, and keeps the multiplexed connections' batching.
 pub const MIN_SPLICED: u32 = 128 << 10;
 /// Longest READ spliced: what the kernel sends at most (`max_pages` of 256 pages); a longer
@@ -75,7 +75,7 @@ impl Splicer {
         }
         if pipe.splice_all_into(fuse.as_raw_fd()).is_err() {
             // The kernel took none of it or dropped the request (interrupted): an answer
-            // through fuser is either the reply or ignored.
+            // copied is either the reply or ignored.
             return false;
         }
         let mut idle = self.idle.lock().expect("pipes lock");

@@ -1,6 +1,6 @@
 //! What this client caches of metad's answers — attributes, names and the absence of names,
 //! extended attributes — and for how long it may trust them: for as long as its leases last
-//! (see docs/architecture.md, "Coherent caching").
+//! (see docs/architecture.md, "client").
 //!
 //! Entries do not age: metad recalls them before any change is acknowledged, and the client
 //! trusts a shard's entries only until its session with that shard could have lapsed (the

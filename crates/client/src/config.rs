@@ -27,7 +27,7 @@ pub struct ClientConfig {
     pub write_behind_bytes: u64,
     /// 0 turns caching of attributes and names off (every request asks metad); any other
     /// value caches them for as long as this client's leases last (metad recalls them before
-    /// any change; see docs/architecture.md, "Coherent caching"). Default 1000.
+    /// any change; see docs/architecture.md, "client"). Default 1000.
     pub attr_cache_ms: u64,
     /// A caching client answers creates itself in a directory no other client uses (and
     /// unlinks of the files it made there), and sends them to metad in batches (a create
@@ -38,7 +38,7 @@ pub struct ClientConfig {
     /// `splice_reads`, ride the kernel's read-ahead instead).
     pub readahead_chunks: u32,
     /// Chunks on this node's own targets are read straight from their chunk files, with no
-    /// request to stored (docs/architecture.md, "A node reads its own chunks itself"); a
+    /// request to stored (docs/decisions/0016-short-circuit-local-reads.md); a
     /// target whose directory this client cannot see or read is read through stored. Default
     /// true.
     pub local_reads: bool,
@@ -50,7 +50,7 @@ pub struct ClientConfig {
     pub drop_behind_reads: bool,
     /// Through the mount, a read of 128 KiB to 1 MiB is answered by splicing its bytes into
     /// `/dev/fuse`: a remote chunk's from the socket, a local one's from its chunk file, with
-    /// no copy of odfs-fuse's (docs/architecture.md, "Spliced reads"). Needs `bulk_transport`
+    /// no copy of odfs-fuse's (docs/decisions/0017-spliced-reads.md). Needs `bulk_transport`
     /// "tcp" and pipes of 2 MiB (root with `CAP_SYS_RESOURCE`, or `fs.pipe-max-size` at least
     /// 2097152); where either is missing the mount says why once and copies. Default true.
     pub splice_reads: bool,
@@ -67,7 +67,7 @@ pub struct ClientConfig {
     pub fuse_passthrough: bool,
     /// Through the mount, a read-only open of a file of at most this many bytes fetches the
     /// whole file and hands it to the kernel's page cache before it is answered, so its reads
-    /// need no request (docs/architecture.md, "Small files filled at open"). 0: never;
+    /// need no request (docs/decisions/0019-small-files-filled-at-open.md). 0: never;
     /// values above 16 MiB count as 16 MiB (a fill holds the whole file in memory). Default
     /// 1 MiB.
     pub fill_at_open_bytes: u64,
@@ -75,7 +75,7 @@ pub struct ClientConfig {
     /// through the mount finds a small file (see `fill_at_open_bytes`) neither in the page
     /// cache nor read ahead, the other small files of its directory that this client knows
     /// are read from stored in batches and held here until opened, for at most a minute
-    /// (docs/architecture.md, "Cold small files: batched prefetch by directory"). 0: never.
+    /// (docs/decisions/0020-batched-prefetch-by-directory.md). 0: never.
     /// Default (unset): one eighth of the node's memory, at most 8 GiB (the bytes are held only
     /// until their opens hand them to the page cache, which would hold them anyway).
     #[serde(skip_serializing_if = "Option::is_none")]

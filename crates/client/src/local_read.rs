@@ -1,6 +1,6 @@
 //! Short-circuit reads: the chunks on this node's own targets are read straight from their
 //! chunk files, with no request to stored — save the disk part of a small read, which the
-//! node's stored does for less (docs/architecture.md, "A node reads its own chunks itself").
+//! node's stored does for less (docs/decisions/0016-short-circuit-local-reads.md).
 //!
 //! Owns which of the node's targets may be read so — each checked once: the cluster view puts
 //! it on this node and its directory's `target.id` names it, so a client that cannot see the
@@ -132,7 +132,7 @@ fn names_target(dir: &Path, target: TargetId) -> Result<(), String> {
 /// Reads shorter than this that the page cache cannot answer whole are sent to the node's
 /// stored rather than finished on the blocking pool: for a small read the hand-off to a pool
 /// thread and back costs more than the request to stored, whose io_uring waits for the disk
-/// with no thread per read (docs/architecture.md, "A node reads its own chunks itself").
+/// with no thread per read (docs/decisions/0016-short-circuit-local-reads.md).
 /// Measured on 4 local nodes, O_DIRECT random reads, the local path against stored's: 4 KiB
 /// 19.2k/19.0k against 23.2k/23.3k IOPS, 16 KiB 231/240 against 270/293 MiB/s, 32 KiB about
 /// even (454/420 against 405/446), 64 KiB 583/642 against 494/566.

@@ -1,5 +1,5 @@
 //! Spliced reads: a read's bytes gathered in a pipe with no copy of this process's
-//! (docs/architecture.md, "Spliced reads").
+//! (docs/decisions/0017-spliced-reads.md).
 //!
 //! Owns the streams to stored that spliced reads use (one exchange at a time each, kept per
 //! address between reads) and the filling of a pipe with a read's segments, in file order: a

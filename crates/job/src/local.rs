@@ -366,7 +366,7 @@ fn plan_nodes(
 /// Runtime threads of each node's stored: the node's share of this machine's cores, never more
 /// than stored's default. The nodes share the machine, so the default's threads for every one of
 /// them would be more runtime threads than cores, and each request they serve would more often
-/// wake one that sleeps (docs/architecture.md, "A local filesystem's daemons share the machine").
+/// wake one that sleeps (docs/decisions/0001-stored-threads-on-a-shared-machine.md).
 fn stored_workers(nodes: u32) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     (cores / nodes.max(1) as usize).clamp(1, odfs_service::DEFAULT_WORKER_THREADS)

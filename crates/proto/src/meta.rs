@@ -74,7 +74,8 @@ const TEMP_SUFFIXES: [&[u8]; 6] = [b".tmp", b".temp", b".part", b".partial", b".
 
 /// The part of a name its shard is chosen by: the name without the decorations of a temporary
 /// file, so that writing `NAME.tmp` (or rsync's `.NAME.Xa9qZ2`, or `NAME~`) and renaming it to
-/// `NAME` stays within one shard — a rename between shards is refused (EXDEV). As Lustre's
+/// `NAME` stays within one shard — a rename between shards is a spanning operation, coordinated
+/// across both and slower. As Lustre's
 /// `crush` directory hash, it strips:
 /// - a random suffix `.XXXXXX` of 6 to 8 letters and digits with both upper- and lower-case
 ///   letters (mkstemp's alphabet; hex ids and extensions like `.sha256` never qualify), or of

@@ -1,5 +1,5 @@
 //! Chunk bytes moved into a pipe without passing through a buffer of the receiver's
-//! (docs/architecture.md, "Spliced reads").
+//! (docs/decisions/0017-spliced-reads.md).
 //!
 //! Owns the pipe a spliced reply is gathered in and the one exchange of a [`SpliceStream`]:
 //! a request written as any frame, the reply's fixed part and body read as usual, and its

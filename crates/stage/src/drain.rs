@@ -451,7 +451,7 @@ impl Drainer {
     }
 
     /// `--keep K`: deletes the objects of the whole checkpoints older than the last K held
-    /// whole (docs/architecture.md, "Keeping the last K checkpoints").
+    /// whole (docs/architecture.md, "stage").
     async fn retire(&mut self) {
         let keep = self.req.keep as usize;
         if keep == 0 {

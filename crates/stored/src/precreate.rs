@@ -34,7 +34,7 @@ const SPARE_INODES_PER_FILE: u64 = 4;
 /// A disk is busy when it was doing I/O for more than this share of the time since the last
 /// look. Precreation's own writes (a journal commit, inode table blocks) count too, so it may
 /// pause for its own writeback; measured, the pools still filled within seconds (see
-/// docs/architecture.md, "Data path").
+/// docs/decisions/0009-chunk-files-precreated-while-quiet.md).
 const MAX_DISK_BUSY: f64 = 0.1;
 
 /// Starts the thread that keeps each pool at `want` files while `requests` (the store's count

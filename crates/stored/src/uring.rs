@@ -11,7 +11,7 @@
 //! kernel signals every completion on an eventfd registered with the ring; one reaper task on the
 //! runtime waits for it and finishes the rest. No thread of its own: a hand-off to a ring thread
 //! and back costs two wake-ups per operation, which on a busy node cost more than a 4 KiB read
-//! itself (docs/architecture.md, "Chunk I/O is submitted from the runtime"). At most `max_ops`
+//! itself (docs/decisions/0011-io-uring-submitted-from-the-runtime.md). At most `max_ops`
 //! operations and `max_bytes` bytes are in flight; the rest wait in order. Short transfers are
 //! resubmitted for the remainder, so callers see whole writes (or an error) and reads that are
 //! short only where the file ends.

@@ -323,8 +323,7 @@ impl Outputs<'_> {
     /// Files a drain uploaded that are unchanged since (same size and mtime) and whose objects
     /// still have the ETag it verified; and those its `--keep` retired, unchanged since.
     /// A retired file whose checkpoint DST also holds other files of is sent again, so that
-    /// no checkpoint is left part retired (docs/architecture.md, "Keeping the last K
-    /// checkpoints").
+    /// no checkpoint is left part retired (docs/architecture.md, "stage").
     fn keep_drained(&mut self, drained: &BTreeMap<String, FileEntry>, existing: &HashMap<String, s3::Object>) {
         let unchanged =
             |f: &SrcFile| drained.get(&f.rel).filter(|e| e.drained.is_some() && e.same_file(f.size, f.mtime));
