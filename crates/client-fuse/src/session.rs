@@ -42,8 +42,8 @@ const READ_SLACK: usize = 8192;
 /// Largest `max_write` a file system may ask for (the kernel's own limit).
 const MAX_WRITE_LIMIT: u32 = 16 << 20;
 /// Ring entries per CPU queue with the io_uring transport (requests of one CPU in flight at
-/// once), at most: 64, where the FUSE io_uring minimum read 4 KiB fastest (BENCHMARKS.md, run
-/// 66: 34.0k IOPS with 32, 35.7k with 64; run 67: 22.1k, 26.0k).
+/// once), at most: 64, where the FUSE io_uring minimum read 4 KiB fastest (bench/history/,
+/// mount runs 66: 34.0k IOPS with 32, 35.7k with 64; and 67: 22.1k, 26.0k).
 const RING_ENTRIES_MAX: usize = 64;
 /// Each entry holds a payload buffer of the largest request or reply (1 MiB): the entries of
 /// all queues together stay within this, down to `RING_ENTRIES_MIN` a queue on machines with

@@ -13,7 +13,7 @@
 //! x^(2^k): one product of 32 steps per set bit of the length, 125 ns for a 1 MiB part here.
 //! The crc32c crate's combine squares 32 x 32 bit matrices for every bit of the length instead
 //! (81 us for 1 MiB): a stage-in combines once per chunk written, and that took 4.5% of the
-//! machine's CPU while it ran (BENCHMARKS.md, staging, 2026-11-29).
+//! machine's CPU while it ran (bench/history/, the staging runs of 2026-11-29).
 
 use crc_fast::CrcAlgorithm::Crc32Iscsi;
 

@@ -617,7 +617,7 @@ pub struct DrainRequest {
 pub const DEFAULT_SETTLE_SECS: f64 = 3.0;
 
 /// Default share of a busy node's time a drain may take: an uncapped drain halved a
-/// checkpoint round written beside it (BENCHMARKS.md, "Continuous drain").
+/// checkpoint round written beside it (bench/history/2026-11-26-18-continuous-drain-checkpoint-cost.md).
 pub const DEFAULT_SHARE: f64 = 0.2;
 
 /// A drain's share as `--share` and the `#ODFS drain` directive take it: a percentage from 1

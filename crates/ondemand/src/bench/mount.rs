@@ -325,7 +325,7 @@ enum Start {
     /// writes into memory in the same state. Without the wait, a side writing right after
     /// another side's files were removed reuses the pages just freed, while the side before
     /// it wrote into memory the virtual machine had taken back and faults each page in again
-    /// (BENCHMARKS.md, run 66: 2.6 GB/s against 0.5 GB/s for the same plain-directory write).
+    /// (bench/history/, mount run 66: 2.6 GB/s against 0.5 GB/s for the same plain-directory write).
     Settled,
 }
 
