@@ -20,9 +20,12 @@ impl Cluster {
         let view = pool.call(mgmtd, Transport::Quic, &RequestHeader::default(), &GetCluster {}).await.map_err(|e| {
             match &e {
                 // Another service of the job answered: it serves no cluster view.
-                odfs_rpc::RpcError::Remote(r) if r.code == odfs_proto::ErrorCode::BadMethod => ClientError::Config(format!(
-                    "{mgmtd} is not mgmtd: an odfs service there answered, but not as mgmtd does (another                      daemon's address?); `mgmtd =` in the client config names mgmtd's"
-                )),
+                odfs_rpc::RpcError::Remote(r) if r.code == odfs_proto::ErrorCode::BadMethod => {
+                    ClientError::Config(format!(
+                        "{mgmtd} is not mgmtd: an odfs service there answered, but not as mgmtd does (another \
+                     daemon's address?); `mgmtd =` in the client config names mgmtd's"
+                    ))
+                }
                 _ => ClientError::Unavailable(format!("mgmtd at {mgmtd}: {e}")),
             }
         })?;
