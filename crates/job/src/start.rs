@@ -90,21 +90,14 @@ pub(crate) fn resolve(name: &str) -> Result<IpAddr> {
     if let Ok(ip) = name.parse() {
         return Ok(ip);
     }
-    let addrs: Vec<IpAddr> = (name, 0)
-        .to_socket_addrs()
-        .with_context(|| {
-            format!(
-                "cannot resolve node name {name} (every node name, with [ondemand] resolve_suffix, must resolve \
-                 on every node to the address the job's filesystem uses)"
-            )
-        })?
+    let found = (name, 0).to_socket_addrs().with_context(|| {
+        format!(
+            "cannot resolve node name {name} (every node name, with [ondemand] resolve_suffix, must resolve \
+             on every node to the address the job's filesystem uses)"
+        )
+    })?;
+    odfs_service::config::preferred(found)
         .map(|a| a.ip())
-        .collect();
-    addrs
-        .iter()
-        .find(|a| a.is_ipv4())
-        .or(addrs.first())
-        .copied()
         .with_context(|| format!("node name {name} resolves to no address"))
 }
 

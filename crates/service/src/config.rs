@@ -65,14 +65,14 @@ pub fn resolve_address(text: &str) -> Result<std::net::SocketAddr, String> {
     if port.parse::<u16>().is_err() {
         return Err(format!("{text:?}: the port {port:?} is not a number from 0 to 65535"));
     }
-    let found: Vec<std::net::SocketAddr> = text
-        .to_socket_addrs()
-        .map_err(|e| format!("{text:?}: the host name {host:?} does not resolve ({e})"))?
-        .collect();
-    found
-        .iter()
-        .find(|a| a.is_ipv4())
-        .or(found.first())
-        .copied()
-        .ok_or_else(|| format!("{text:?}: the host name {host:?} has no address"))
+    let found =
+        text.to_socket_addrs().map_err(|e| format!("{text:?}: the host name {host:?} does not resolve ({e})"))?;
+    preferred(found).ok_or_else(|| format!("{text:?}: the host name {host:?} has no address"))
+}
+
+/// The address a name that resolves to several is used by: its first IPv4 address, else its
+/// first (the job's daemons listen on IPv4 unless a node has none).
+pub fn preferred(found: impl IntoIterator<Item = std::net::SocketAddr>) -> Option<std::net::SocketAddr> {
+    let found: Vec<std::net::SocketAddr> = found.into_iter().collect();
+    found.iter().find(|a| a.is_ipv4()).or(found.first()).copied()
 }
