@@ -95,14 +95,27 @@ impl Run {
 
     /// Waits until the run has finished (its items in flight ended).
     async fn ended(&self) {
+        self.wait_until(|r| r.finished.load(Ordering::Acquire), None).await;
+    }
+
+    /// Waits until `ready` holds of the run, looked at after each change, or `deadline` passes.
+    async fn wait_until(&self, ready: impl Fn(&Run) -> bool, deadline: Option<tokio::time::Instant>) {
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
+            // Registered before the check, so a change in between is not missed.
             changed.as_mut().enable();
-            if self.finished.load(Ordering::Acquire) {
+            if ready(self) {
                 return;
             }
-            changed.await;
+            match deadline {
+                Some(d) => {
+                    if tokio::time::timeout_at(d, changed).await.is_err() {
+                        return;
+                    }
+                }
+                None => changed.await,
+            }
         }
     }
 
@@ -126,15 +139,7 @@ impl Run {
     /// Waits up to `wait` for a reason to answer a poll (`answer_now`).
     async fn wait_for_news(&self, wait: Duration, low_water: u32) {
         let deadline = tokio::time::Instant::now() + wait;
-        loop {
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            // Registered before the check, so a change in between is not missed.
-            changed.as_mut().enable();
-            if self.answer_now(low_water) || tokio::time::timeout_at(deadline, changed).await.is_err() {
-                return;
-            }
-        }
+        self.wait_until(|r| r.answer_now(low_water), Some(deadline)).await;
     }
 
     fn counters(&self) -> StageCounters {

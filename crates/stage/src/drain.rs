@@ -502,10 +502,12 @@ impl Drainer {
 
 /// Whether `rel` is the `--marker` file of a checkpoint directory with other files pending.
 fn held_marker(rel: &str, marker: &str, pending: &BTreeSet<String>) -> bool {
-    let top = checkpoint_of(rel);
-    rel.len() > top.len()
-        && rel[top.len() + 1..] == *marker
-        && pending.iter().any(|p| p != rel && checkpoint_of(p) == top)
+    is_marker(rel, marker) && pending.iter().any(|p| p != rel && checkpoint_of(p) == checkpoint_of(rel))
+}
+
+/// Whether `rel` is the `--marker` file of its checkpoint directory (right below it).
+fn is_marker(rel: &str, marker: &str) -> bool {
+    rel.split_once('/').is_some_and(|(_, inside)| inside == marker)
 }
 
 /// One checkpoint of a drained tree, as its manifest and the last scan see it.
@@ -543,7 +545,7 @@ fn to_retire(
         let c = all.entry(top).or_default();
         c.newest = c.newest.max((e.mtime, e.mtime_nsec));
         c.dir |= top.len() < rel.len();
-        c.marked |= marker.is_some_and(|m| rel.len() > top.len() && rel[top.len() + 1..] == *m);
+        c.marked |= marker.is_some_and(|m| is_marker(rel, m));
         match e.retired {
             true => c.retired += 1,
             false => c.held.push(rel),
