@@ -65,9 +65,8 @@ pub fn watch_header(now: &FsStats, secs: f64) -> String {
     if now.taken_unix_ms == 0 {
         return format!("odfs stats at an unknown time (an older odfs), rates over the last {secs:.3} s");
     }
-    let ms_of_day = now.taken_unix_ms % 86_400_000;
-    let (h, m, s, ms) = (ms_of_day / 3_600_000, ms_of_day / 60_000 % 60, ms_of_day / 1000 % 60, ms_of_day % 1000);
-    format!("odfs stats at {h:02}:{m:02}:{s:02}.{ms:03} UTC, rates over the last {secs:.3} s")
+    let at = odfs_proto::time::utc_clock_ms(now.taken_unix_ms);
+    format!("odfs stats at {at}, rates over the last {secs:.3} s")
 }
 
 /// Requests and bytes per storage target (a hot or idle target shows an unbalanced layout);

@@ -47,8 +47,17 @@ impl From<Timespec> for SystemTime {
 /// `t` as a UTC time of day, `HH:MM:SS UTC`: for a message that says until when something is
 /// waited for.
 pub fn utc_clock(t: std::time::SystemTime) -> String {
-    let secs = t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()) % 86_400;
-    format!("{:02}:{:02}:{:02} UTC", secs / 3600, secs / 60 % 60, secs % 60)
+    let ms = t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let full = utc_clock_ms(ms);
+    format!("{} UTC", &full[..8])
+}
+
+/// A time in milliseconds since the epoch as a UTC time of day, `HH:MM:SS.mmm UTC` (for a line
+/// that scripts compare with their own clocks).
+pub fn utc_clock_ms(unix_ms: u64) -> String {
+    let ms_of_day = unix_ms % 86_400_000;
+    let (h, m, s, ms) = (ms_of_day / 3_600_000, ms_of_day / 60_000 % 60, ms_of_day / 1000 % 60, ms_of_day % 1000);
+    format!("{h:02}:{m:02}:{s:02}.{ms:03} UTC")
 }
 
 #[cfg(test)]
@@ -57,5 +66,6 @@ mod clock_tests {
     fn a_time_of_day_in_utc() {
         let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(86_400 * 3 + 13 * 3600 + 5 * 60 + 9);
         assert_eq!(super::utc_clock(t), "13:05:09 UTC");
+        assert_eq!(super::utc_clock_ms(((86_400 * 3 + 13 * 3600 + 5 * 60 + 9) * 1000 + 42) as u64), "13:05:09.042 UTC");
     }
 }
