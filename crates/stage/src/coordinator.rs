@@ -315,6 +315,26 @@ pub(crate) async fn run_pass(
     run_pass_noting(p, items, progress, &mut |_, _| {}, None).await
 }
 
+/// One agent's part of a pass, as the coordinator follows it.
+#[derive(Default)]
+struct Share {
+    /// The pass's items handed to the agent, in the order it numbers them.
+    plan: Vec<usize>,
+    /// More items may be added (the run was started open and not closed yet).
+    open: bool,
+    /// A `StageAdd` or a `StagePoll` of the agent is in flight.
+    adding: bool,
+    polling: bool,
+    /// The agent reported its share ended (or stopped answering for good).
+    finished: bool,
+    /// The agent's counters as last reported.
+    counters: Option<StageCounters>,
+    /// Since when its polls have failed.
+    silent_since: Option<Instant>,
+    /// How many of its results are held here (those reported before its share ends).
+    have: u32,
+}
+
 /// [`run_pass`], telling `noted` of each item's result as its agent reports it (by the item's
 /// index; a result an agent reports before its share ends is provisional, and is noted again
 /// when the share ends), and giving up when `interrupted` turns true: the agents are told to
@@ -329,18 +349,18 @@ pub(crate) async fn run_pass_noting(
 ) -> Result<(Vec<ItemResult>, Vec<(u32, StageCounters)>)> {
     let n = p.agents.len();
     progress.set_items(items.len() as u64);
-    let (mut plan, mut pool) = split_work(&items, n, |it| {
+    let (plan, mut pool) = split_work(&items, n, |it| {
         let node = p.node_of.get(it.rel())?;
         p.agents.iter().position(|(k, _)| k == node)
     });
     let run: u64 = rand::random();
-    let mut open = vec![false; n];
+    let mut shares: Vec<Share> = plan.into_iter().map(|plan| Share { plan, ..Share::default() }).collect();
     let mut started = Vec::new();
-    for (a, idx) in plan.iter().enumerate() {
-        if idx.is_empty() && pool.is_empty() {
+    for (a, share) in shares.iter_mut().enumerate() {
+        if share.plan.is_empty() && pool.is_empty() {
             continue;
         }
-        open[a] = !pool.is_empty();
+        share.open = !pool.is_empty();
         let req = StageStart {
             run,
             uid: p.ctx.uid,
@@ -349,8 +369,8 @@ pub(crate) async fn run_pass_noting(
             src: p.src.clone(),
             dst: p.dst.clone(),
             limits: p.limits,
-            items: idx.iter().map(|&i| items[i].clone()).collect(),
-            open: open[a],
+            items: share.plan.iter().map(|&i| items[i].clone()).collect(),
+            open: share.open,
         };
         let (node, addr) = p.agents[a];
         p.client
@@ -371,16 +391,11 @@ pub(crate) async fn run_pass_noting(
         })
         .collect();
     let mut failed: Vec<(usize, String)> = Vec::new();
-    let mut counters: HashMap<usize, StageCounters> = HashMap::new();
-    let mut finished: BTreeSet<usize> = BTreeSet::new();
-    let mut silent_since: HashMap<usize, Instant> = HashMap::new();
     // Polls and adds run side by side, never one awaited while the others wait unpolled: a
     // call parked in a stream nobody polls must not be what another call waits for (a parked
     // connect once held the rpc pool's slot so, and the coordinator waited for ever).
     // An open agent's poll is also answered at its low water (for a batch); a closed one's
     // only at its end.
-    // How many of each agent's results are held here (those reported before its share ends).
-    let mut have = vec![0u32; n];
     let poll = |a: usize, after: Duration, open: bool, have: u32| {
         let low_water = if open { low_water } else { 0 };
         async move {
@@ -400,10 +415,9 @@ pub(crate) async fn run_pass_noting(
     // asks for a batch goes again only once the batch is answered (so it sees the items
     // added); a close may cross an agent's poll.
     let mut calls = futures::stream::FuturesUnordered::new();
-    let (mut adding, mut polling) = (vec![false; n], vec![false; n]);
     for &a in &started {
-        polling[a] = true;
-        calls.push(poll(a, Duration::ZERO, open[a], 0));
+        shares[a].polling = true;
+        calls.push(poll(a, Duration::ZERO, shares[a].open, 0));
     }
     loop {
         let event = tokio::select! {
@@ -418,32 +432,33 @@ pub(crate) async fn run_pass_noting(
         };
         match event {
             Event::Polled { a, asked, reply } => {
-                polling[a] = false;
+                shares[a].polling = false;
                 let node = p.agents[a].0;
                 match reply {
                     Ok(st) => {
-                        silent_since.remove(&a);
-                        counters.insert(a, st.counters);
+                        let share = &mut shares[a];
+                        share.silent_since = None;
+                        share.counters = Some(st.counters);
                         if st.finished {
                             for r in st.results {
-                                if let Some(&global) = plan[a].get(r.index as usize) {
+                                if let Some(&global) = share.plan.get(r.index as usize) {
                                     results[global] = ItemResult { index: global as u32, ..r };
                                     noted(global, &results[global]);
                                 }
                             }
-                            finished.insert(a);
+                            share.finished = true;
                         } else {
                             // Provisional: an item of a batch whose add is not answered yet
                             // is asked for again, with those after it.
                             for r in st.results {
-                                let Some(&global) = plan[a].get(r.index as usize) else { break };
+                                let Some(&global) = share.plan.get(r.index as usize) else { break };
                                 noted(global, &ItemResult { index: global as u32, ..r });
-                                have[a] += 1;
+                                share.have += 1;
                             }
                         }
                         if !st.finished
-                            && open[a]
-                            && !adding[a]
+                            && share.open
+                            && !share.adding
                             && st.counters.items_total.saturating_sub(st.counters.items_done) <= low_water as u64
                         {
                             // A batch for this agent; once the pool is empty, a close for every
@@ -451,43 +466,49 @@ pub(crate) async fn run_pass_noting(
                             // their add is answered).
                             let batch = take_batch(&mut pool, &items, n);
                             let last = pool.is_empty();
-                            let to: Vec<usize> =
-                                if last { (0..n).filter(|&b| open[b] && !adding[b]).collect() } else { vec![a] };
+                            let to: Vec<usize> = if last {
+                                (0..n).filter(|&b| shares[b].open && !shares[b].adding).collect()
+                            } else {
+                                vec![a]
+                            };
                             for b in to {
-                                adding[b] = true;
+                                shares[b].adding = true;
                                 calls.push(add(b, if b == a { batch.clone() } else { Vec::new() }, last));
                             }
                         }
                     }
                     Err(e) => {
-                        let since = *silent_since.entry(a).or_insert_with(Instant::now);
+                        let share = &mut shares[a];
+                        let since = *share.silent_since.get_or_insert_with(Instant::now);
                         if since.elapsed() > Duration::from_secs(30) {
                             let why = format!("the stage agent of node {node} stopped answering: {e}");
-                            failed.extend(plan[a].iter().map(|&i| (i, why.clone())));
-                            finished.insert(a);
+                            failed.extend(share.plan.iter().map(|&i| (i, why.clone())));
+                            share.finished = true;
                         }
                     }
                 }
                 // An agent given a batch (or a close) is polled again when it is answered.
-                if !finished.contains(&a) && !adding[a] {
+                let share = &mut shares[a];
+                if !share.finished && !share.adding {
                     // A poll answered early without news (a failing agent, a close refused) is
                     // not repeated at once.
                     let early = asked.elapsed() < POLL_WAIT / 2;
                     let after = if early { POLL_WAIT.saturating_sub(asked.elapsed()) } else { Duration::ZERO };
-                    polling[a] = true;
-                    calls.push(poll(a, after, open[a], have[a]));
+                    share.polling = true;
+                    calls.push(poll(a, after, share.open, share.have));
                 }
             }
             Event::Added { a, add: batch, last, sent } => {
-                adding[a] = false;
+                let share = &mut shares[a];
+                share.adding = false;
                 let refused = sent.is_err();
                 debug!(node = p.agents[a].0, items = batch.len(), last, ok = sent.is_ok(), "stage add answered");
                 match sent {
                     Ok(()) => {
                         // Numbered by the agent in the order they arrive: one add in flight
                         // per agent keeps that order.
-                        plan[a].extend(&batch);
-                        open[a] = !last;
+                        share.plan.extend(&batch);
+                        share.open = !last;
                     }
                     // The items fail; a close that failed is sent again at the agent's next
                     // low-water poll (it stays open).
@@ -497,31 +518,27 @@ pub(crate) async fn run_pass_noting(
                         failed.extend(batch.iter().map(|&i| (i, why.clone())));
                     }
                 }
-                if pool.is_empty() && open[a] && !last {
+                if pool.is_empty() && share.open && !last {
                     // The pool ran out while this agent's batch was on its way.
-                    adding[a] = true;
+                    share.adding = true;
                     calls.push(add(a, Vec::new(), true));
-                } else if !finished.contains(&a) && !polling[a] {
+                } else if !share.finished && !share.polling {
                     // After a refusal, not at once: its poll would ask for the same again.
                     let after = if refused { POLL_WAIT } else { Duration::ZERO };
-                    polling[a] = true;
-                    calls.push(poll(a, after, open[a], have[a]));
+                    share.polling = true;
+                    calls.push(poll(a, after, share.open, share.have));
                 }
             }
         }
         let snapshot: Vec<(u32, StageCounters)> =
-            started.iter().map(|a| (p.agents[*a].0, counters.get(a).copied().unwrap_or_default())).collect();
+            started.iter().map(|&a| (p.agents[a].0, shares[a].counters.unwrap_or_default())).collect();
         progress.update(&snapshot);
     }
     for (i, why) in failed {
         results[i] = ItemResult { index: i as u32, error: Some(why), ..ItemResult::default() };
     }
-    let per_agent = p
-        .agents
-        .iter()
-        .enumerate()
-        .map(|(a, (node, _))| (*node, counters.get(&a).copied().unwrap_or_default()))
-        .collect();
+    let per_agent =
+        p.agents.iter().zip(&shares).map(|((node, _), share)| (*node, share.counters.unwrap_or_default())).collect();
     Ok((results, per_agent))
 }
 
