@@ -239,6 +239,18 @@ pub(crate) fn serve_queue(
     payload: usize,
     handle: &Handler<'_>,
 ) -> io::Result<u64> {
+    let (mut ring, q) = register_queue(dev, qid, entries, payload)?;
+    run_queue(&mut ring, &q, handle)
+}
+
+/// Sets queue `qid` up: its ring, its eventfd, `entries` entries of `payload` bytes, each
+/// registered with the kernel (the registrations are submitted with the queue's first wait).
+fn register_queue(
+    dev: &Dev,
+    qid: u16,
+    entries: usize,
+    payload: usize,
+) -> io::Result<(IoUring<squeue::Entry128>, Arc<Queue>)> {
     let mut ring: IoUring<squeue::Entry128> =
         IoUring::builder().setup_single_issuer().setup_defer_taskrun().build((entries * 2 + 8) as u32)?;
     // SAFETY: eventfd(2) has no memory preconditions; the descriptor is owned from here.
@@ -275,13 +287,20 @@ pub(crate) fn serve_queue(
     for (i, e) in q.entries.iter().enumerate() {
         push(&mut ring, &ring_cmd(fd, CMD_REGISTER, 0, qid, Some(e.iov.as_ptr() as u64)).user_data(tag(i, FETCHED)))?;
     }
+    Ok((ring, q))
+}
+
+/// Serves queue `q` on `ring` until the connection ends: submits, waits, hands each request
+/// to `handle`, commits the replies written meanwhile; returns how many requests came.
+fn run_queue(ring: &mut IoUring<squeue::Entry128>, q: &Arc<Queue>, handle: &Handler<'_>) -> io::Result<u64> {
+    let (qid, entries, fd) = (q.qid, q.entries.len(), q.dev.as_raw_fd());
     let mut counter = [0u8; 8];
     let wake_sqe = |counter: &mut [u8; 8]| {
         squeue::Entry128::from(
             opcode::Read::new(types::Fd(q.wake.as_raw_fd()), counter.as_mut_ptr(), 8).build().user_data(tag(0, WOKEN)),
         )
     };
-    push(&mut ring, &wake_sqe(&mut counter))?;
+    push(ring, &wake_sqe(&mut counter))?;
     let mut served = 0u64;
     // Kept across passes: the loop allocates nothing per request.
     let (mut completions, mut committing) = (Vec::with_capacity(entries + 1), Vec::with_capacity(entries));
@@ -319,9 +338,9 @@ pub(crate) fn serve_queue(
                 },
                 FETCHED => {
                     served += 1;
-                    on_request(&q, i, handle)
+                    on_request(q, i, handle)
                 }
-                _ => push(&mut ring, &wake_sqe(&mut counter))?,
+                _ => push(ring, &wake_sqe(&mut counter))?,
             }
         }
         std::mem::swap(&mut committing, &mut *q.ready.lock().expect("ready lock"));
@@ -330,10 +349,7 @@ pub(crate) fn serve_queue(
             // SAFETY: the entry is written and handed to this thread to commit.
             let header = unsafe { std::slice::from_raw_parts(e.header.ptr, RING_HEADER) };
             let commit_id = u64::from_le_bytes(header[ENT_COMMIT_ID..ENT_COMMIT_ID + 8].try_into().expect("8 bytes"));
-            push(
-                &mut ring,
-                &ring_cmd(fd, CMD_COMMIT_AND_FETCH, commit_id, qid, None).user_data(tag(i as usize, FETCHED)),
-            )?;
+            push(ring, &ring_cmd(fd, CMD_COMMIT_AND_FETCH, commit_id, qid, None).user_data(tag(i as usize, FETCHED)))?;
         }
     }
 }
