@@ -1458,7 +1458,7 @@ fn stats_count_missing_names_as_answers_fold_commands_and_watch_plainly_into_a_p
 /// once; it remembers directories, not files; and refuses creates when not asked to make them.
 #[test]
 fn the_creating_fuse_minimum_makes_directories_and_files() {
-    use odfs_client_fuse::minimum::MinimumFs;
+    use odfs_bench::minimum_fs::MinimumFs;
     assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing: this test mounts a FUSE filesystem");
     let dir = tempfile::tempdir().unwrap();
     let at = dir.path().join("mnt");
@@ -1493,20 +1493,20 @@ fn the_creating_fuse_minimum_makes_directories_and_files() {
         assert!(fs::metadata(at.join(format!("md/t{t}"))).unwrap().is_dir());
     }
     assert_eq!(fs::read_dir(at.join("md/t0")).unwrap().count(), 0);
-    MinimumFs::unmount(session).unwrap();
+    session.unmount().unwrap();
 
     // The read-only minimum refuses a create (the kernel's EROFS for a read-only mount).
     let session = MinimumFs::new(0, 0, Vec::new(), false).mount(&at).unwrap();
     let err = fs::create_dir(at.join("x")).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EROFS));
-    MinimumFs::unmount(session).unwrap();
+    session.unmount().unwrap();
 }
 
 /// The networked FUSE minimum of `odfs bench --mount` (the bound it sets odfs's default-stripe
 /// reads) serves its files' real bytes: each READ fetched over loopback TCP with sendfile.
 #[test]
 fn the_networked_fuse_minimum_reads_its_files_bytes() {
-    use odfs_client_fuse::minimum::{FileServer, MinimumFs};
+    use odfs_bench::minimum_fs::{FileServer, MinimumFs};
     assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing: this test mounts a FUSE filesystem");
     let dir = tempfile::tempdir().unwrap();
     // Two files of the same size (the minimum's large files all have one size), not a whole
@@ -1529,7 +1529,7 @@ fn the_networked_fuse_minimum_reads_its_files_bytes() {
         let n = f.read_at(&mut buf, size as u64 - 50_000).unwrap();
         assert_bytes(&buf[..n], &d[size - 50_000..], "a read across the end");
     }
-    MinimumFs::unmount(session).unwrap();
+    session.unmount().unwrap();
 }
 
 /// The striped FUSE minimum (the bound `odfs bench --mount` sets the default stripe's 4 KiB
@@ -1538,7 +1538,7 @@ fn the_networked_fuse_minimum_reads_its_files_bytes() {
 /// files of different bytes on each side, every chunk must read as its side's.
 #[test]
 fn the_striped_fuse_minimum_reads_one_chunk_in_four_from_disk_and_the_rest_over_tcp() {
-    use odfs_client_fuse::minimum::{FileServer, MinimumFs, STRIPE_UNIT};
+    use odfs_bench::minimum_fs::{FileServer, MinimumFs, STRIPE_UNIT};
     assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing: this test mounts a FUSE filesystem");
     let dir = tempfile::tempdir().unwrap();
     let unit = STRIPE_UNIT as usize;
@@ -1565,7 +1565,7 @@ fn the_striped_fuse_minimum_reads_one_chunk_in_four_from_disk_and_the_rest_over_
         let want = if chunk % 4 == 0 { &disk } else { &remote };
         assert_bytes(&got, &want[offset..offset + 4096], &format!("chunk {chunk}"));
     }
-    MinimumFs::unmount(session).unwrap();
+    session.unmount().unwrap();
 }
 
 /// The striped FUSE minimum over the kernel's io_uring transport for FUSE (the bound
@@ -1575,8 +1575,8 @@ fn the_striped_fuse_minimum_reads_one_chunk_in_four_from_disk_and_the_rest_over_
 /// offsets `O_DIRECT` cannot take, and a missing name as ENOENT.
 #[test]
 fn the_io_uring_fuse_minimum_reads_one_chunk_in_four_from_disk_and_the_rest_over_tcp() {
-    use odfs_client_fuse::minimum::STRIPE_UNIT;
-    use odfs_client_fuse::uring_minimum::{self, TransportAllowed, UringSource, UringSpec};
+    use odfs_bench::minimum_fs::{FileServer, MinimumFs, STRIPE_UNIT};
+    use odfs_bench::uring_minimum::{self, TransportAllowed};
     use std::os::unix::fs::OpenOptionsExt;
     assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing: this test mounts a FUSE filesystem");
     let _allowed = TransportAllowed::new().expect("this test needs the kernel's FUSE io_uring transport (6.14+, root)");
@@ -1589,9 +1589,12 @@ fn the_io_uring_fuse_minimum_reads_one_chunk_in_four_from_disk_and_the_rest_over
     fs::write(&df, &disk).unwrap();
     let at = dir.path().join("mnt");
     fs::create_dir_all(&at).unwrap();
-    let spec =
-        UringSpec { source: UringSource::Striped { remote: vec![rf], disk: vec![df], size: size as u64 }, entries: 4 };
-    let mounted = uring_minimum::mount(&spec, &at).unwrap();
+    let server = FileServer::start(std::slice::from_ref(&rf)).unwrap();
+    let striped = MinimumFs::new(0, 0, Vec::new(), false)
+        .with_remote_large(&server, size as u64)
+        .with_disk_large(std::slice::from_ref(&df), size as u64)
+        .unwrap();
+    let mounted = uring_minimum::mount(striped, &at, 4).unwrap();
     let want: Vec<u8> = (0..size).map(|i| if (i / unit).is_multiple_of(4) { disk[i] } else { remote[i] }).collect();
     let p = at.join("seq.0.0");
     for chunk in 0..9 {
@@ -1612,60 +1615,6 @@ fn the_io_uring_fuse_minimum_reads_one_chunk_in_four_from_disk_and_the_rest_over
     assert!(answered >= 9, "only {answered} requests were answered through the rings");
 }
 
-/// The io_uring minimum serving a running odfs's files (`UringSource::Odfs`: each READ read
-/// through odfs's client library, as odfs-fuse reads) returns the bytes written through the
-/// mount, whole and at 4 KiB `O_DIRECT` offsets in every chunk, through its rings.
-#[test]
-fn the_io_uring_fuse_minimum_serves_an_odfs_files_bytes_through_the_client_library() {
-    use odfs_client_fuse::uring_minimum::{self, TransportAllowed, UringSource, UringSpec};
-    assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing: this test mounts a FUSE filesystem");
-    let _allowed = TransportAllowed::new().expect("this test needs the kernel's FUSE io_uring transport (6.14+, root)");
-    let fs = LocalFs::up(4, &[]);
-    let m = FuseMount::start(&fs);
-    let sizes = [(5 << 20) + 4321, 3 << 20];
-    let data: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(k, &n)| pattern(n, 70 + k as u64)).collect();
-    for (k, d) in data.iter().enumerate() {
-        fs::write(m.path.join(format!("seq.{k}.0")), d).unwrap();
-    }
-    let at = fs.root().join("uring");
-    fs::create_dir_all(&at).unwrap();
-    // Through the client's runtime, then asked of stored on the rings themselves (`direct`).
-    for direct in [false, true] {
-        let source = UringSource::Odfs { fs: fs.config_path(), dir: "/".into(), files: 2, direct };
-        let mounted = uring_minimum::mount(&UringSpec { source, entries: 4 }, &at).unwrap();
-        for (k, d) in data.iter().enumerate() {
-            let p = at.join(format!("seq.{k}.0"));
-            let how = format!("file {k}, direct {direct}");
-            assert_eq!(fs::metadata(&p).unwrap().len(), d.len() as u64);
-            assert_bytes(&fs::read(&p).unwrap(), d, &format!("{how}, buffered"));
-            for chunk in 0..d.len().div_ceil(1 << 20) {
-                // In every chunk (each on its own target), and the file's short last page.
-                let offset = (chunk << 20) + if (chunk << 20) + 8192 < d.len() { 8192 } else { 4096 };
-                let len = 4096.min(d.len() - offset);
-                let got = read_direct(&p, offset as u64, 4096);
-                assert_bytes(&got, &d[offset..offset + len], &format!("{how}, chunk {chunk}"));
-            }
-        }
-        let served = mounted.unmount().unwrap();
-        assert!(
-            served.requests >= 8,
-            "only {} requests were answered through the rings (direct {direct})",
-            served.requests
-        );
-        // Every 4 KiB direct read above, at least, was asked of stored by a ring (none with
-        // `direct` off), each READ answered once.
-        let reads = data.iter().map(|d| d.len().div_ceil(1 << 20)).sum::<usize>() as u64;
-        match direct {
-            true => assert!(
-                served.from_stored >= reads,
-                "only {} READs were answered from stored on the rings",
-                served.from_stored
-            ),
-            false => assert_eq!(served.from_stored, 0),
-        }
-    }
-}
-
 /// odfs-fuse over the kernel's io_uring transport (`fuse_io_uring`, with `enable_uring` on):
 /// the requests POSIX tools make (creates, large and small writes and reads, appends, renames,
 /// links, symlinks, xattrs, chmod, truncate, listings, removals, and the errors of each) are
@@ -1673,7 +1622,7 @@ fn the_io_uring_fuse_minimum_serves_an_odfs_files_bytes_through_the_client_libra
 /// reads the same bytes, and the queues' own counts show they served.
 #[test]
 fn the_mount_answers_through_io_uring_when_the_kernel_offers_it() {
-    use odfs_client_fuse::uring_minimum::TransportAllowed;
+    use odfs_bench::uring_minimum::TransportAllowed;
     assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing: this test mounts a FUSE filesystem");
     let _allowed = TransportAllowed::new().expect("this test needs the kernel's FUSE io_uring transport (6.14+, root)");
     let fs = LocalFs::up(2, &[]);

@@ -7,9 +7,9 @@
 //! is only a hint: the kernel may evict pages without saying so, and then READs them as
 //! usual; all a wrong hint costs is that READ.
 
-use crate::reply::Notifier;
 use fuser::INodeNo;
 use odfs_client::{Client, FileHandle, Ticket};
+use odfs_fuse_kernel::reply::Notifier;
 use odfs_proto::meta::Attr;
 use odfs_proto::InodeId;
 use std::collections::HashSet;

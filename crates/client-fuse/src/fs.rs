@@ -12,7 +12,6 @@
 //! needs: the file-handle table, the ".." inode numbers, reply TTLs, and the kernel settings
 //! negotiated at init.
 
-use crate::abi::init;
 use crate::attr::{
     file_attr, file_type, name_bytes, set_time, special_kind, statfs_blocks, xattr_list, NAMELEN, STATFS_BSIZE,
 };
@@ -21,11 +20,6 @@ use crate::counts::Counts;
 use crate::fill::Filled;
 use crate::handles::{Handles, OpenFile, Parents};
 use crate::passthrough::{Backing, Backings, Candidate};
-use crate::reply::{
-    BackingId, ErrorReply, Notifier, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
-    ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
-};
-use crate::session::{Filesystem, KernelConfig, Request};
 use crate::FuseError;
 use fuser::{
     AccessFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo, LockOwner, OpenAccMode, OpenFlags, RenameFlags,
@@ -33,6 +27,12 @@ use fuser::{
 };
 use odfs_client::locks::LockAsk;
 use odfs_client::{vxattr, Client, Ctx, Ticket};
+use odfs_fuse_kernel::abi::init;
+use odfs_fuse_kernel::reply::{
+    BackingId, ErrorReply, Notifier, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+};
+use odfs_fuse_kernel::session::{Filesystem, KernelConfig, Request};
 use odfs_proto::meta::{
     setid_dropped, Attr, LockKind, SetAttr, RENAME_EXCHANGE, RENAME_NOREPLACE, XATTR_CREATE, XATTR_REPLACE,
 };

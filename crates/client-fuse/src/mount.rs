@@ -19,9 +19,9 @@
 //! This module must not hold filesystem state: it hands everything to `fs::OdfsFuse`.
 
 use crate::fs::{OdfsFuse, Shared, MAX_READAHEAD};
-use crate::session::{Acl, MountOptions, Session, Unmounter};
 use crate::FuseError;
 use odfs_client::{Client, ClientConfig, ClientError};
+use odfs_fuse_kernel::session::{Acl, MountOptions, Session, Unmounter};
 use std::io::ErrorKind;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -38,7 +38,7 @@ pub const DEV_FUSE: &str = "/dev/fuse";
 /// (creates +6%, unlinks +5-10%) but cost a third of the cached small-file reads (each
 /// request then woke an idle thread instead of finding one about to read: epochs 55-71k ->
 /// 45-49k files/s).
-pub(crate) const SESSION_THREADS: usize = 2;
+pub const SESSION_THREADS: usize = 2;
 /// Workers of the adapter's tokio runtime, where every request runs.
 pub(crate) const RUNTIME_WORKERS: usize = 2;
 
@@ -67,6 +67,7 @@ pub fn mount_options(job_id: &str, allow_other: bool) -> (MountOptions, Acl) {
         default_permissions: true,
         // Reads do not update access times (metad is not told of reads); the mount says so.
         noatime: true,
+        read_only: false,
     };
     (options, if allow_other { Acl::All } else { Acl::Owner })
 }
@@ -185,7 +186,7 @@ const DEFERRED_WAIT: Duration = Duration::from_secs(30);
 /// the connection rather than closing it. Reading /dev/fuse then fails with ECONNABORTED
 /// instead of ENODEV (seen when a lazily detached mount is torn down at its last close, and
 /// in reads racing an unmount; only ENODEV is taken as the end there). Either way the mount is gone.
-pub(crate) fn session_end(r: std::io::Result<()>) -> std::io::Result<bool> {
+pub fn session_end(r: std::io::Result<()>) -> std::io::Result<bool> {
     match r {
         Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => Ok(true),
         other => other.map(|()| false),
@@ -246,7 +247,7 @@ pub fn fuse_minor(mountinfo: &str, path: &Path) -> Option<u32> {
 /// Raises the mount's kernel read-ahead to `MAX_READAHEAD`. The kernel caps what a FUSE
 /// daemon may ask at init to its current default (128 KiB); the per-mount value lives in
 /// sysfs under the mount's backing device "0:<minor>". Needs root; otherwise the default stays.
-pub(crate) fn tune_readahead(mountpoint: &Path) {
+pub fn tune_readahead(mountpoint: &Path) {
     let Some(minor) = std::fs::read_to_string("/proc/self/mountinfo").ok().and_then(|t| fuse_minor(&t, mountpoint))
     else {
         warn!(mountpoint = %mountpoint.display(), "mount not found in /proc/self/mountinfo; read-ahead left as is");

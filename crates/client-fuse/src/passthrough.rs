@@ -8,8 +8,8 @@
 //! refuse it), and reading a backing file's size and mtime for publishing and for getattr.
 //! Which files qualify is the client library's answer ([`Client::local_chunk_path`]).
 
-use crate::reply::BackingId;
 use odfs_client::Client;
+use odfs_fuse_kernel::reply::BackingId;
 use odfs_proto::meta::{Attr, FileKind};
 use odfs_proto::Timespec;
 use std::collections::HashMap;

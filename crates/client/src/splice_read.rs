@@ -10,7 +10,7 @@
 use crate::{Client, ClientError, Ctx, Result};
 use odfs_proto::layout::{chunk_path, Segment};
 use odfs_proto::storage::ReadChunk;
-use odfs_proto::{InodeId, RequestHeader, TargetId};
+use odfs_proto::InodeId;
 use odfs_rpc::splice::{Pipe, SpliceStream};
 use odfs_rpc::Transport;
 use std::collections::HashMap;
@@ -73,18 +73,6 @@ impl Client {
             pipe.write_zeros(len.saturating_sub(got)).map_err(io_error)?;
         }
         Ok(())
-    }
-
-    /// A new bulk TCP stream to the stored holding `target`, authenticated with the job's
-    /// credential, and the header of the requests sent on it: for a caller that runs its own
-    /// exchanges on it (`odfs fuse-minimum --uring --odfs-direct`: chunk reads sent and
-    /// received on a FUSE queue's own ring). A blocking `std` stream.
-    pub async fn chunk_stream(&self, target: TargetId) -> Result<(std::net::TcpStream, RequestHeader)> {
-        let (addr, _) = self.inner.cluster.target_addr(target, Transport::Tcp)?;
-        let s =
-            odfs_rpc::tcp::connect_stream(self.inner.pool.credential(), addr).await?.into_std().map_err(io_error)?;
-        s.set_nonblocking(false).map_err(io_error)?;
-        Ok((s, self.header(&Ctx::root())))
     }
 
     /// An idle stream to `addr`, or a new one.

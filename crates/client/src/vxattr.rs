@@ -25,6 +25,8 @@ use odfs_proto::layout::{dir_layout_text, file_layout_text, parse_layout_text};
 use odfs_proto::meta::{Attr, FileKind, SetFileLayout};
 use odfs_proto::mgmt::ClusterView;
 use odfs_proto::{DirLayout, ErrorCode, InodeId};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 
 pub const PREFIX: &[u8] = b"odfs.";
 pub const LAYOUT: &[u8] = b"odfs.layout";
@@ -288,6 +290,41 @@ impl Client {
             }
             _ => Err(ClientError::new(ErrorCode::Invalid, "only files and directories have layouts")),
         }
+    }
+}
+
+// Through a mount: the attributes by path, as getfattr(1) and setfattr(1) read and set them.
+
+/// getxattr(2) on a mount path, growing the buffer as needed.
+pub fn get_xattr(p: &Path, name: &[u8]) -> std::io::Result<Vec<u8>> {
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+    let n = std::ffi::CString::new(name).map_err(std::io::Error::other)?;
+    let mut buf = vec![0u8; 4096];
+    loop {
+        // SAFETY: valid NUL-terminated strings and a buffer of the given length.
+        let r = unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        if r >= 0 {
+            buf.truncate(r as usize);
+            return Ok(buf);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ERANGE) || buf.len() >= 16 << 20 {
+            return Err(e);
+        }
+        buf.resize(buf.len() * 4, 0);
+    }
+}
+
+/// setxattr(2) on a mount path.
+pub fn set_xattr(p: &Path, name: &[u8], value: &[u8]) -> std::io::Result<()> {
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+    let n = std::ffi::CString::new(name).map_err(std::io::Error::other)?;
+    // SAFETY: valid NUL-terminated strings and a value of the given length.
+    let r = unsafe { libc::setxattr(c.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 

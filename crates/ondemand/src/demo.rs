@@ -3,9 +3,9 @@
 //! ordinary file I/O (read the dataset cold, write outputs), the outputs staged out and
 //! compared by checksum with the dataset, teardown, a short benchmark through the mount.
 
-use crate::bench::mount::{self as mount_bench, MountBenchOptions};
-use crate::bench::{close, drop_caches, fill_pattern, parallel};
 use anyhow::{bail, Context, Result};
+use odfs_bench::mount::{self as mount_bench, MountBenchOptions};
+use odfs_bench::{close, drop_caches, fill_pattern, parallel};
 use odfs_client::{Client, ClientConfig, Ctx};
 use odfs_job::launch::{mount, procs};
 use odfs_job::local::{self, UpOptions};
@@ -188,7 +188,7 @@ pub fn run(o: &DemoOptions) -> Result<()> {
         odfs_job::interrupt::removing(&p.root);
     }
     let result = run_steps(o, &p, bench);
-    crate::phase::end();
+    odfs_bench::phase::end();
     let left = leave_root(o, &p.root);
     result?;
     left?;
@@ -200,7 +200,7 @@ pub fn run(o: &DemoOptions) -> Result<()> {
 fn run_steps(o: &DemoOptions, p: &Places, bench: bool) -> Result<()> {
     let state = start_filesystem(o, p)?;
     let result = run_job(o, p);
-    crate::phase::begin("stopping the demo filesystem");
+    odfs_bench::phase::begin("stopping the demo filesystem");
     let down = local::down(&p.fsroot);
     result?;
     check_teardown(p, &state, down)?;
@@ -262,7 +262,7 @@ fn start_filesystem(o: &DemoOptions, p: &Places) -> Result<local::LocalState> {
         p.fsroot.display(),
         p.mnt.display()
     );
-    crate::phase::begin(format!("1/6 starting a {}-node odfs", o.nodes));
+    odfs_bench::phase::begin(format!("1/6 starting a {}-node odfs", o.nodes));
     let t = Instant::now();
     let up = UpOptions { root: p.fsroot.clone(), nodes: o.nodes, mount: Some(p.mnt.clone()), ..UpOptions::default() };
     let state = local::up(&up)?;
@@ -278,14 +278,14 @@ fn start_filesystem(o: &DemoOptions, p: &Places) -> Result<local::LocalState> {
 /// The job: a dataset staged in, worked on through the mount, staged out and compared.
 fn run_job(o: &DemoOptions, p: &Places) -> Result<()> {
     println!("2/6 generating a {} MiB dataset in {}", o.dataset_mib, p.src.display());
-    crate::phase::begin("2/6 generating the dataset");
+    odfs_bench::phase::begin("2/6 generating the dataset");
     let bytes = generate_dataset(&p.src, o.dataset_mib)?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let client = rt.block_on(Client::connect(ClientConfig::load(&local::client_config_path(&p.fsroot))?))?;
     let stage = StageOptions::default();
 
     println!("3/6 stage-in {} -> odfs:/dataset (every node's agent moves its share, verified)", p.src.display());
-    crate::phase::begin("3/6 stage-in");
+    odfs_bench::phase::begin("3/6 stage-in");
     let src = Location::Posix(p.src.clone());
     let r = rt.block_on(odfs_stage::stage_in(&client, &Ctx::current(), &src, "/dataset", &stage))?;
     println!("    {}", r.summary().replace('\n', "\n    "));
@@ -295,13 +295,13 @@ fn run_job(o: &DemoOptions, p: &Places) -> Result<()> {
     let cold = if drop_caches() { "page cache dropped" } else { "page cache not dropped: not root" };
     let mnt = p.mnt.display();
     println!("4/6 the job, through the mount: {mnt}/dataset -> {mnt}/out ({COPY_THREADS} workers, {cold})");
-    crate::phase::begin("4/6 the job, through the mount");
+    odfs_bench::phase::begin("4/6 the job, through the mount");
     let t = Instant::now();
     let s = copy_tree(&p.mnt.join("dataset"), &p.mnt.join("out"), COPY_THREADS)?;
     print_copy(&s, t.elapsed().as_secs_f64());
 
     println!("5/6 stage-out odfs:/out -> {} and comparing sha256 of every file with the dataset", p.out.display());
-    crate::phase::begin("5/6 stage-out and compare");
+    odfs_bench::phase::begin("5/6 stage-out and compare");
     let dst = Location::Posix(p.out.clone());
     let r = rt.block_on(odfs_stage::stage_out(&client, &Ctx::current(), "/out", &dst, &stage))?;
     println!("    {}", r.summary().replace('\n', "\n    "));

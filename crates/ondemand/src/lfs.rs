@@ -15,9 +15,7 @@ use odfs_client::{Client, Ctx};
 use odfs_proto::layout::parse_layout_text;
 use odfs_proto::meta::FileKind;
 use odfs_proto::DirLayout;
-use std::ffi::CString;
 use std::fmt::Write;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 /// Where a command acts.
@@ -29,41 +27,7 @@ pub enum Place {
     Mount(PathBuf),
 }
 
-fn cpath(p: &Path) -> Result<CString> {
-    CString::new(p.as_os_str().as_bytes()).with_context(|| format!("{} contains a NUL byte", p.display()))
-}
-
-/// getxattr(2) on a mount path, growing the buffer as needed.
-pub fn get_xattr(p: &Path, name: &[u8]) -> std::io::Result<Vec<u8>> {
-    let c = cpath(p).map_err(std::io::Error::other)?;
-    let n = CString::new(name).map_err(std::io::Error::other)?;
-    let mut buf = vec![0u8; 4096];
-    loop {
-        // SAFETY: valid NUL-terminated strings and a buffer of the given length.
-        let r = unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-        if r >= 0 {
-            buf.truncate(r as usize);
-            return Ok(buf);
-        }
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::ERANGE) || buf.len() >= 16 << 20 {
-            return Err(e);
-        }
-        buf.resize(buf.len() * 4, 0);
-    }
-}
-
-pub(crate) fn set_xattr(p: &Path, name: &[u8], value: &[u8]) -> std::io::Result<()> {
-    let c = cpath(p).map_err(std::io::Error::other)?;
-    let n = CString::new(name).map_err(std::io::Error::other)?;
-    // SAFETY: valid NUL-terminated strings and a value of the given length.
-    let r = unsafe { libc::setxattr(c.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
+pub use odfs_client::vxattr::{get_xattr, set_xattr};
 
 /// The odfs mount holding `p` (its mount point), if any.
 pub fn mount_of(p: &Path) -> Option<PathBuf> {

@@ -5,7 +5,7 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use odfs_job::local;
-use odfs_ondemand::{bench, copy, demo, find, fsref, lfs, stage, status};
+use odfs_ondemand::{copy, demo, find, fsref, lfs, stage, status};
 use odfs_rpc::{SiteKey, Transport};
 use odfs_stage::{Direction, StageRequest};
 use std::path::{Path, PathBuf};
@@ -98,7 +98,7 @@ enum Cmd {
     /// Serve a FUSE minimum of `odfs bench --mount` until standard input ends (the benchmark
     /// runs it in a session of its own, as FUSE daemons run).
     #[command(hide = true)]
-    FuseMinimum(bench::minimum::MinimumSpec),
+    FuseMinimum(odfs_bench::minimum::MinimumSpec),
 }
 
 impl Cmd {
@@ -129,7 +129,7 @@ impl Cmd {
             Cmd::CheckScript(a) => a.run(),
             Cmd::TaskEnv(a) => a.task_env(),
             Cmd::Stats(a) => a.run(fs),
-            Cmd::FuseMinimum(spec) => bench::minimum::serve(&spec),
+            Cmd::FuseMinimum(spec) => odfs_bench::minimum::serve(&spec),
         }
     }
 }
@@ -554,13 +554,13 @@ struct DemoArgs {
     no_bench: bool,
     /// Longest any step of the demo or phase of its benchmark may run before the demo gives up
     /// (and removes what it made).
-    #[arg(long, value_name = "SECS", default_value_t = odfs_ondemand::phase::DEFAULT_BOUND_SECS)]
+    #[arg(long, value_name = "SECS", default_value_t = odfs_bench::phase::DEFAULT_BOUND_SECS)]
     phase_timeout: u64,
 }
 
 impl DemoArgs {
     fn run(self) -> Result<()> {
-        odfs_ondemand::phase::bound(Duration::from_secs(self.phase_timeout), "odfs demo")?;
+        odfs_bench::phase::bound(Duration::from_secs(self.phase_timeout), "odfs demo")?;
         let o = demo::DemoOptions {
             root: self.root.unwrap_or_else(|| demo::default_root("demo")),
             nodes: self.nodes,
@@ -652,14 +652,14 @@ struct BenchArgs {
     #[arg(long)]
     keep: bool,
     /// Longest any phase may run before the benchmark gives up (and stops what it started).
-    #[arg(long, value_name = "SECS", default_value_t = odfs_ondemand::phase::DEFAULT_BOUND_SECS)]
+    #[arg(long, value_name = "SECS", default_value_t = odfs_bench::phase::DEFAULT_BOUND_SECS)]
     phase_timeout: u64,
 }
 
 impl BenchArgs {
     fn run(self) -> Result<()> {
         odfs_job::interrupt::stop_started_on_signals()?;
-        odfs_ondemand::phase::bound(Duration::from_secs(self.phase_timeout), "odfs bench")?;
+        odfs_bench::phase::bound(Duration::from_secs(self.phase_timeout), "odfs bench")?;
         if self.startup {
             self.startup()
         } else if self.shards {
@@ -682,40 +682,41 @@ impl BenchArgs {
     }
 
     fn startup(self) -> Result<()> {
-        let o = bench::startup::StartupBenchOptions {
+        let o = odfs_bench::startup::StartupBenchOptions {
             root: self.work_root(),
             nodes: self.nodes,
             rounds: self.rounds,
             keep: self.keep,
         };
-        let rounds = bench::startup::run(&o)?;
-        print!("{}", bench::startup::render(o.nodes, &rounds));
+        let rounds = odfs_bench::startup::run(&o)?;
+        print!("{}", odfs_bench::startup::render(o.nodes, &rounds));
         Ok(())
     }
 
     fn shards(self) -> Result<()> {
-        let d = bench::shards::ShardBenchOptions::default();
-        let o = bench::shards::ShardBenchOptions {
+        let d = odfs_bench::shards::ShardBenchOptions::default();
+        let o = odfs_bench::shards::ShardBenchOptions {
             files: self.files.unwrap_or(if self.small() { 20_000 } else { d.files }),
             root: self.work_root(),
             nodes: self.nodes,
             clients: self.clients.unwrap_or(d.clients),
             keep: self.keep,
         };
-        print!("{}", bench::shards::render(&bench::shards::run(&o)?));
+        print!("{}", odfs_bench::shards::render(&odfs_bench::shards::run(&o)?));
         Ok(())
     }
 
     fn stage(self) -> Result<()> {
-        let d = if self.small() { bench::stage::StageBenchOptions::small() } else { Default::default() };
-        let o = bench::stage::StageBenchOptions { root: self.work_root(), nodes: self.nodes, keep: self.keep, ..d };
-        print!("{}", bench::stage::render(&bench::stage::run(&o)?));
+        let d = if self.small() { odfs_bench::stage::StageBenchOptions::small() } else { Default::default() };
+        let o =
+            odfs_bench::stage::StageBenchOptions { root: self.work_root(), nodes: self.nodes, keep: self.keep, ..d };
+        print!("{}", odfs_bench::stage::render(&odfs_bench::stage::run(&o)?));
         Ok(())
     }
 
     fn through_mount(self) -> Result<()> {
-        let d = if self.small() { bench::mount::MountBenchOptions::small() } else { Default::default() };
-        let o = bench::mount::MountBenchOptions {
+        let d = if self.small() { odfs_bench::mount::MountBenchOptions::small() } else { Default::default() };
+        let o = odfs_bench::mount::MountBenchOptions {
             root: self.work_root(),
             nodes: self.nodes,
             transport: self.transport,
@@ -734,8 +735,8 @@ impl BenchArgs {
             ..d
         };
         print!("{}", o.describe());
-        let (phases, dropped, notes) = bench::mount::run(&o)?;
-        print_table(&bench::mount::render(&phases), dropped);
+        let (phases, dropped, notes) = odfs_bench::mount::run(&o)?;
+        print_table(&odfs_bench::mount::render(&phases), dropped);
         for n in notes {
             println!("{n}");
         }
@@ -743,8 +744,8 @@ impl BenchArgs {
     }
 
     fn library(self) -> Result<()> {
-        let d = if self.small() { bench::BenchOptions::small() } else { Default::default() };
-        let o = bench::BenchOptions {
+        let d = if self.small() { odfs_bench::BenchOptions::small() } else { Default::default() };
+        let o = odfs_bench::BenchOptions {
             root: self.work_root(),
             nodes: self.nodes,
             clients: self.clients.unwrap_or(d.clients),
@@ -756,8 +757,8 @@ impl BenchArgs {
             keep: self.keep,
             ..d
         };
-        let (phases, dropped) = bench::run(&o)?;
-        print_table(&bench::render(&phases), dropped);
+        let (phases, dropped) = odfs_bench::run(&o)?;
+        print_table(&odfs_bench::render(&phases), dropped);
         Ok(())
     }
 }

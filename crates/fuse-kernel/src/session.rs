@@ -1,4 +1,4 @@
-//! odfs-fuse's session with the kernel (docs/architecture.md, "client-fuse"): mounting
+//! A FUSE session with the kernel (docs/architecture.md, "fuse-kernel"): mounting
 //! (`mount(2)`, or `fusermount3` where that is refused) and unmounting, the INIT handshake, the
 //! threads that read requests from `/dev/fuse` and, where INIT agreed on it, those that take
 //! them from io_uring ([`crate::ring`]), and the dispatch of each request, decoded by
@@ -6,7 +6,7 @@
 //!
 //! Owns the protocol's rules, not the file system's: which requests need an answer (FORGET and
 //! INTERRUPT do not), which callers a mount without `allow_other` serves, what is answered
-//! without the file system (ENOSYS for what odfs does not implement, so the kernel stops
+//! without the file system (ENOSYS for what no file system here implements, so the kernel stops
 //! asking), and that a request whose arguments do not decode gets EIO and the session serves on.
 
 use crate::abi::{self, fattr, op, Op};
@@ -14,6 +14,7 @@ use crate::reply::{
     Dev, Notifier, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
     ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Sink,
 };
+use crate::ring::{Ops, QueueHandler, RingRequest, Slot};
 use fuser::{AccessFlags, Errno, FileHandle, INodeNo, LockOwner, OpenFlags, RenameFlags, TimeOrNow, WriteFlags};
 use std::ffi::{CString, OsStr};
 use std::fs::{File, OpenOptions};
@@ -76,16 +77,23 @@ impl Request {
     }
 }
 
-/// What odfs-fuse answers, one method per request kind it implements. Every method must
-/// answer through its reply (now, or later from another thread); FORGET needs none.
-#[allow(clippy::too_many_arguments)]
+/// What a FUSE file system answers, one method per request kind. Every method must answer
+/// through its reply (now, or later from another thread); FORGET needs none. What a file
+/// system leaves out is answered ENOSYS, so the kernel stops asking (or does the call itself).
+#[allow(clippy::too_many_arguments, unused_variables)]
 pub trait Filesystem: Send + Sync + 'static {
     /// Says what the mount asks of the kernel, before any other request. An error refuses
     /// the mount.
-    fn init(&self, config: &mut KernelConfig) -> io::Result<()>;
-    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry);
-    fn forget(&self, ino: INodeNo, nlookup: u64);
-    fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr);
+    fn init(&self, config: &mut KernelConfig) -> io::Result<()> {
+        Ok(())
+    }
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        reply.error(Errno::ENOSYS)
+    }
+    fn forget(&self, ino: INodeNo, nlookup: u64) {}
+    fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        reply.error(Errno::ENOSYS)
+    }
     fn setattr(
         &self,
         req: &Request,
@@ -98,13 +106,27 @@ pub trait Filesystem: Send + Sync + 'static {
         mtime: Option<TimeOrNow>,
         fh: Option<FileHandle>,
         reply: ReplyAttr,
-    );
-    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData);
-    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry);
-    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry);
-    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty);
-    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty);
-    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry);
+    ) {
+        reply.error(Errno::ENOSYS)
+    }
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        reply.error(Errno::ENOSYS)
+    }
+    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
+        reply.error(Errno::ENOSYS)
+    }
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        reply.error(Errno::ENOSYS)
+    }
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::ENOSYS)
+    }
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::ENOSYS)
+    }
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        reply.error(Errno::ENOSYS)
+    }
     fn rename(
         &self,
         req: &Request,
@@ -114,10 +136,18 @@ pub trait Filesystem: Send + Sync + 'static {
         newname: &OsStr,
         flags: RenameFlags,
         reply: ReplyEmpty,
-    );
-    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry);
-    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen);
-    fn read(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, size: u32, reply: ReplyData);
+    ) {
+        reply.error(Errno::ENOSYS)
+    }
+    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        reply.error(Errno::ENOSYS)
+    }
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        reply.error(Errno::ENOSYS)
+    }
+    fn read(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, size: u32, reply: ReplyData) {
+        reply.error(Errno::ENOSYS)
+    }
     fn write(
         &self,
         req: &Request,
@@ -127,10 +157,16 @@ pub trait Filesystem: Send + Sync + 'static {
         data: &[u8],
         write_flags: WriteFlags,
         reply: ReplyWrite,
-    );
-    fn flush(&self, req: &Request, ino: INodeNo, fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty);
+    ) {
+        reply.error(Errno::ENOSYS)
+    }
+    fn flush(&self, req: &Request, ino: INodeNo, fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
+        reply.error(Errno::ENOSYS)
+    }
     /// `lock_owner`: the owner whose `flock` locks go with this release, if any.
-    fn release(&self, req: &Request, ino: INodeNo, fh: FileHandle, lock_owner: Option<LockOwner>, reply: ReplyEmpty);
+    fn release(&self, req: &Request, ino: INodeNo, fh: FileHandle, lock_owner: Option<LockOwner>, reply: ReplyEmpty) {
+        reply.error(Errno::ENOSYS)
+    }
     fn getlk(
         &self,
         req: &Request,
@@ -142,7 +178,9 @@ pub trait Filesystem: Send + Sync + 'static {
         typ: i32,
         pid: u32,
         reply: ReplyLock,
-    );
+    ) {
+        reply.error(Errno::ENOSYS)
+    }
     fn setlk(
         &self,
         req: &Request,
@@ -155,19 +193,45 @@ pub trait Filesystem: Send + Sync + 'static {
         pid: u32,
         sleep: bool,
         reply: ReplyEmpty,
-    );
-    fn fsync(&self, req: &Request, ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty);
-    fn opendir(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen);
-    fn readdir(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectory);
-    fn readdirplus(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectoryPlus);
-    fn releasedir(&self, req: &Request, ino: INodeNo, fh: FileHandle, reply: ReplyEmpty);
-    fn fsyncdir(&self, req: &Request, ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty);
-    fn statfs(&self, req: &Request, ino: INodeNo, reply: ReplyStatfs);
-    fn setxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, reply: ReplyEmpty);
-    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr);
-    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr);
-    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty);
-    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty);
+    ) {
+        reply.error(Errno::ENOSYS)
+    }
+    fn fsync(&self, req: &Request, ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        reply.error(Errno::ENOSYS)
+    }
+    fn opendir(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        reply.error(Errno::ENOSYS)
+    }
+    fn readdir(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectory) {
+        reply.error(Errno::ENOSYS)
+    }
+    fn readdirplus(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectoryPlus) {
+        reply.error(Errno::ENOSYS)
+    }
+    fn releasedir(&self, req: &Request, ino: INodeNo, fh: FileHandle, reply: ReplyEmpty) {
+        reply.error(Errno::ENOSYS)
+    }
+    fn fsyncdir(&self, req: &Request, ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        reply.error(Errno::ENOSYS)
+    }
+    fn statfs(&self, req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        reply.error(Errno::ENOSYS)
+    }
+    fn setxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, reply: ReplyEmpty) {
+        reply.error(Errno::ENOSYS)
+    }
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        reply.error(Errno::ENOSYS)
+    }
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        reply.error(Errno::ENOSYS)
+    }
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::ENOSYS)
+    }
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        reply.error(Errno::ENOSYS)
+    }
     fn create(
         &self,
         req: &Request,
@@ -177,7 +241,9 @@ pub trait Filesystem: Send + Sync + 'static {
         umask: u32,
         flags: i32,
         reply: ReplyCreate,
-    );
+    ) {
+        reply.error(Errno::ENOSYS)
+    }
     fn fallocate(
         &self,
         req: &Request,
@@ -187,7 +253,9 @@ pub trait Filesystem: Send + Sync + 'static {
         length: u64,
         mode: i32,
         reply: ReplyEmpty,
-    );
+    ) {
+        reply.error(Errno::ENOSYS)
+    }
 }
 
 /// What the kernel offered at INIT and what the mount asks of it.
@@ -303,13 +371,16 @@ pub struct MountOptions {
     pub default_permissions: bool,
     /// Reads do not update access times.
     pub noatime: bool,
+    /// Mounted read-only (`ro`): the kernel refuses every change before asking.
+    pub read_only: bool,
 }
 
 impl MountOptions {
     /// The options as `fusermount3 -o` takes them.
     fn fusermount_options(&self) -> String {
         let mut o = vec![format!("fsname={}", self.fsname), format!("subtype={}", self.subtype)];
-        o.extend(["rw", "nosuid", "nodev"].map(String::from));
+        o.push(if self.read_only { "ro" } else { "rw" }.into());
+        o.extend(["nosuid", "nodev"].map(String::from));
         for (on, name) in [
             (self.default_permissions, "default_permissions"),
             (self.allow_other, "allow_other"),
@@ -457,7 +528,7 @@ impl Session {
                 ReplyEmpty::new(unique, Sink::Dev(self.dev.clone())).error(Errno::from_i32(libc::EPROTO));
                 return Err(io::Error::new(
                     io::ErrorKind::Unsupported,
-                    format!("the kernel speaks FUSE {major}.{minor}; odfs-fuse needs {MAJOR}.{OLDEST_MINOR} or later"),
+                    format!("the kernel speaks FUSE {major}.{minor}; this file system needs {MAJOR}.{OLDEST_MINOR} or later"),
                 ));
             }
             let mut config = KernelConfig::new(flags, max_readahead);
@@ -502,6 +573,18 @@ impl Session {
     /// requests without waking the others); replies go to the descriptor their request came
     /// from either way.
     pub fn run<F: Filesystem>(self, fs: F, threads: usize, clone_fd: bool) -> io::Result<()> {
+        self.run_with(fs, threads, clone_fd, RingOptions::default())
+    }
+
+    /// [`Session::run`], with the io_uring queues (where INIT agreed on them) served as `rings`
+    /// says.
+    pub fn run_with<F: Filesystem>(
+        self,
+        fs: F,
+        threads: usize,
+        clone_fd: bool,
+        rings: RingOptions<F>,
+    ) -> io::Result<()> {
         let fs = Arc::new(fs);
         let mut devs = vec![self.dev.clone()];
         for _ in 1..threads.max(1) {
@@ -513,12 +596,12 @@ impl Session {
             .enumerate()
             .map(|(i, dev)| {
                 let fs = fs.clone();
-                std::thread::Builder::new().name(format!("odfs-fuse-{i}")).spawn(move || serve.serve(&*fs, &dev))
+                std::thread::Builder::new().name(format!("fuse-{i}")).spawn(move || serve.serve(&*fs, &dev))
             })
             .collect::<io::Result<Vec<_>>>()?;
         // Rings that cannot start leave the requests on /dev/fuse: the kernel uses the rings only
         // once every queue has entries.
-        let rings = match self.rings.map(|payload| start_rings(&fs, &self.dev, serve, payload)) {
+        let rings = match self.rings.map(|payload| start_rings(&fs, &self.dev, serve, payload, rings)) {
             Some(Ok(rings)) => rings,
             Some(Err(e)) => {
                 warn!(error = %e, "the io_uring queues did not start; requests come by /dev/fuse");
@@ -546,31 +629,74 @@ impl Session {
     }
 }
 
-/// Starts a thread per CPU queue, each registering [`ring_entries`] entries of `payload` bytes
-/// and serving the requests that arrive in them.
+/// How a session serves its io_uring queues, where INIT agreed on them.
+pub struct RingOptions<F> {
+    /// Entries per queue (requests it may hold at once); by default [`ring_entries`].
+    pub entries: Option<usize>,
+    /// Makes each queue's handler, on the queue's thread, from the session's [`Dispatch`]; by
+    /// default the dispatch itself serves.
+    pub handler: Option<QueueMaker<F>>,
+}
+
+/// Makes a queue's handler from the session's dispatch (see [`RingOptions`]).
+pub type QueueMaker<F> = Arc<dyn Fn(Dispatch<F>) -> Box<dyn QueueHandler> + Send + Sync>;
+
+impl<F> Default for RingOptions<F> {
+    fn default() -> Self {
+        RingOptions { entries: None, handler: None }
+    }
+}
+
+/// The session's handler of a ring queue: each request dispatched to the file system as one
+/// from `/dev/fuse` is.
+pub struct Dispatch<F> {
+    fs: Arc<F>,
+    serve: Serve,
+}
+
+impl<F: Filesystem> Dispatch<F> {
+    /// The file system the session serves.
+    pub fn fs(&self) -> &F {
+        &self.fs
+    }
+}
+
+impl<F: Filesystem> QueueHandler for Dispatch<F> {
+    fn request(&mut self, slot: Slot, req: RingRequest<'_>, _ops: &mut Ops<'_>) {
+        match req {
+            Ok(req) => {
+                self.serve.handle(&*self.fs, Sink::Ring(slot), req);
+            }
+            Err((unique, e)) => {
+                warn!(error = %e, "request not understood; answering EIO");
+                ReplyEmpty::new(unique, Sink::Ring(slot)).error(Errno::EIO);
+            }
+        }
+    }
+}
+
+/// Starts a thread per CPU queue, each registering its entries of `payload` bytes (`rings`'
+/// count, or [`ring_entries`]) and serving the requests that arrive in them.
 fn start_rings<F: Filesystem>(
     fs: &Arc<F>,
     dev: &Dev,
     serve: Serve,
     payload: usize,
+    rings: RingOptions<F>,
 ) -> io::Result<Vec<std::thread::JoinHandle<()>>> {
     let queues = crate::ring::possible_cpus()?;
-    let entries = ring_entries(queues, payload);
+    let entries = rings.entries.unwrap_or_else(|| ring_entries(queues, payload)).max(1);
     info!(queues, entries, "FUSE requests come by io_uring");
     (0..queues)
         .map(|qid| {
-            let (fs, dev) = (fs.clone(), dev.clone());
-            std::thread::Builder::new().name(format!("odfs-fuse-ring-{qid}")).spawn(move || {
-                let handle = |slot, req: Result<abi::Request<'_>, (u64, abi::AbiError)>| match req {
-                    Ok(req) => {
-                        serve.handle(&*fs, Sink::Ring(slot), req);
-                    }
-                    Err((unique, e)) => {
-                        warn!(error = %e, "request not understood; answering EIO");
-                        ReplyEmpty::new(unique, Sink::Ring(slot)).error(Errno::EIO);
-                    }
+            let (fs, dev, maker) = (fs.clone(), dev.clone(), rings.handler.clone());
+            std::thread::Builder::new().name(format!("fuse-ring-{qid}")).spawn(move || {
+                let dispatch = Dispatch { fs, serve };
+                let mut handler: Box<dyn QueueHandler> = match maker {
+                    Some(make) => make(dispatch),
+                    None => Box::new(dispatch),
                 };
-                match crate::ring::serve_queue(&dev, qid as u16, entries, payload, &handle) {
+                match crate::ring::serve_queue(&dev, qid as u16, entries, payload, &mut *handler) {
                     Ok(requests) => info!(qid, requests, "io_uring queue ended"),
                     // Before registration: the queue's requests stay on /dev/fuse; after, they
                     // wait for the unmount.
@@ -825,15 +951,15 @@ fn dispatch<F: Filesystem>(fs: &F, d: Sink, r: abi::Request<'_>) {
         Op::Fallocate { fh, offset, length, mode } => {
             fs.fallocate(&req, i, FileHandle(fh), offset, length, mode, ReplyEmpty::new(u, d))
         }
-        // Needs no answer; odfs's requests end at their callers' signals by themselves
-        // (`fs::take_lock`), the rest are short.
+        // Needs no answer: a file system's long requests (lock waits) end at their callers'
+        // signals by themselves, the rest are short.
         Op::Interrupt { .. } => {}
         Op::Init { .. } => {
             warn!("INIT after the handshake; answering EIO");
             ReplyEmpty::new(u, d).error(Errno::EIO)
         }
         Op::Destroy => ReplyEmpty::new(u, d).ok(),
-        // No ioctls on odfs files: ENOTTY is a file's answer without them (isatty(3) asks at
+        // No ioctls on these files: ENOTTY is a file's answer without them (isatty(3) asks at
         // many opens).
         Op::Other { opcode: op::IOCTL, .. } => ReplyEmpty::new(u, d).error(Errno::from_i32(libc::ENOTTY)),
         // At ENOSYS the kernel stops asking and does the call itself (poll: always ready;
@@ -867,6 +993,9 @@ fn mount_sys(mountpoint: &Path, o: &MountOptions) -> io::Result<Option<File>> {
     let mut flags = libc::MS_NOSUID | libc::MS_NODEV;
     if o.noatime {
         flags |= libc::MS_NOATIME;
+    }
+    if o.read_only {
+        flags |= libc::MS_RDONLY;
     }
     let c = |s: &[u8]| CString::new(s).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e));
     let (src, target) = (c(o.fsname.as_bytes())?, c(mountpoint.as_os_str().as_bytes())?);
@@ -993,6 +1122,7 @@ mod tests {
             allow_other: true,
             default_permissions: true,
             noatime: true,
+            read_only: false,
         };
         assert_eq!(
             o.fusermount_options(),

@@ -1,4 +1,4 @@
-//! What odfs-fuse sends the kernel: the answer to each request (one type per kind of answer,
+//! What a FUSE file system sends the kernel: the answer to each request (one type per kind of answer,
 //! so a request can only be answered the way the protocol allows), the notifications that drop
 //! or fill the kernel's caches, and the backing files of passthrough.
 //!
@@ -186,8 +186,19 @@ fn kernel_attr(a: &FileAttr) -> abi::Attr {
 
 /// Seconds (two's complement before 1970, as the kernel reads them) and nanoseconds.
 fn kernel_time(t: SystemTime) -> (u64, u32) {
-    let t = odfs_proto::Timespec::from(t);
-    (t.sec as u64, t.nsec)
+    match t.duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => (d.as_secs(), d.subsec_nanos()),
+        Err(e) => {
+            // Before 1970: the whole seconds below, then the nanoseconds up from there.
+            let d = e.duration();
+            let (sec, nsec) = (-(d.as_secs() as i64), d.subsec_nanos());
+            if nsec > 0 {
+                ((sec - 1) as u64, 1_000_000_000 - nsec)
+            } else {
+                (sec as u64, 0)
+            }
+        }
+    }
 }
 
 /// The `S_IFMT` bits of a file type.

@@ -10,11 +10,14 @@
 //! small file-I/O helpers the demo uses too.
 
 pub mod minimum;
+pub mod minimum_fs;
 pub mod mount;
+pub mod phase;
 pub mod shards;
 pub mod stage;
 pub mod startup;
 mod transport;
+pub mod uring_minimum;
 
 use anyhow::{Context, Result};
 use odfs_client::{Client, ClientConfig, Ctx};

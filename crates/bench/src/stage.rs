@@ -3,7 +3,7 @@
 //! client at the same total concurrency (objects discarded), and `aws s3 cp --recursive` to a
 //! local directory, all in one run. The page cache is dropped before each phase.
 
-use crate::bench::{drop_caches, fill_pattern};
+use crate::{drop_caches, fill_pattern};
 use anyhow::{bail, Context, Result};
 use futures::StreamExt;
 use odfs_client::{Client, ClientConfig, Ctx};

@@ -14,8 +14,8 @@
 //! disk and the reader (the network minimum), and on the FUSE minimum fed over loopback TCP (the
 //! FUSE + network minimum; the minima also read in the checkpoint read's shape, 4 MiB reads of
 //! another reader's file), the 4 KiB random read on one striped as the default layout is (the
-//! FUSE + striped minimum, at several reader thread counts, over fuser's `/dev/fuse` transport and
-//! over the kernel's io_uring transport for FUSE), the sequential write on the FUSE
+//! FUSE + striped minimum, at several reader thread counts, over `/dev/fuse` and over the
+//! kernel's io_uring transport for FUSE), the sequential write on the FUSE
 //! minimum and on one that sends every WRITE over loopback TCP to the plain directory's disk
 //! (the FUSE + network minimum for writes);
 //! the read minimum, the creates and the small reads also run on the FUSE minimum, served from this
@@ -26,8 +26,8 @@
 use super::minimum::{self, Minimum, MinimumSpec};
 use super::transport;
 use super::{close, drop_caches, fill_pattern, parallel, CpuMeter, Phase};
+use crate::minimum_fs::MinimumFs;
 use anyhow::{bail, Context, Result};
-use odfs_client_fuse::minimum::MinimumFs;
 use odfs_job::launch::mount;
 use odfs_job::local::{self, UpOptions};
 use odfs_rpc::Transport;
@@ -362,7 +362,7 @@ pub fn run(o: &MountBenchOptions) -> Result<(Vec<Phase>, bool, Vec<String>)> {
 
     // The mount takes its requests by io_uring where the kernel allows it (as docs/admin.md
     // recommends); the switch is put back after the run.
-    let uring = odfs_client_fuse::uring_minimum::TransportAllowed::new();
+    let uring = crate::uring_minimum::TransportAllowed::new();
     crate::phase::say("bench", format!("starting a {}-node odfs mounted at {}", o.nodes, mnt.display()));
     let up = UpOptions {
         root: fsroot.clone(),
@@ -733,7 +733,7 @@ const URING_MINIMUM_ENTRIES: [usize; 3] = [16, 32, 64];
 /// layout stripes them over four nodes, seen from one (`MinimumSpec` with both remote and disk
 /// files): one READ in four an `O_DIRECT` read of the plain directory's files, three fetched
 /// over loopback TCP. Served from a process of its own session, as odfs-fuse is, with several
-/// reader thread counts over fuser's `/dev/fuse` transport (as odfs-fuse's), then over the
+/// reader thread counts over `/dev/fuse` (as odfs-fuse's), then over the
 /// kernel's io_uring transport for FUSE with several ring sizes (`uring_minimum`, the
 /// cheapest transport this kernel has); the best rate of each is the most any FUSE
 /// filesystem serving default-striped files over a network reached here with it, and its CPU
@@ -763,59 +763,13 @@ fn fuse_striped_minimum(
         counts: &URING_MINIMUM_ENTRIES,
         what: "ring entries per queue",
     };
-    match odfs_client_fuse::uring_minimum::TransportAllowed::new() {
+    match crate::uring_minimum::TransportAllowed::new() {
         Ok(_allowed) => {
             notes.push(striped_runs(o, fio, reports, &MinimumSpec { uring: true, ..spec }, &uring, odfs)?);
-            notes.push(odfs_over_uring(o, fio, reports, sides, at, odfs)?);
         }
         Err(e) => notes.push(format!("{} not measured: {e}", uring.name)),
     }
     Ok(notes)
-}
-
-/// The random-read phase's own files on odfs, read as that phase reads them, through the
-/// io_uring minimum with each READ asked of odfs's stored by the FUSE queue's thread on its
-/// own ring (`odfs fuse-minimum --uring --odfs-direct`): odfs's stored and wire under the
-/// transport and chunk path docs/architecture.md decides for the mount ("The FUSE transport").
-/// One line, with the mount's rate of this run against it.
-fn odfs_over_uring(
-    o: &MountBenchOptions,
-    fio: &Path,
-    reports: &Path,
-    sides: &Sides,
-    at: &Path,
-    odfs: Option<f64>,
-) -> Result<String> {
-    let name = "odfs over FUSE io_uring, chunk reads on the queues' rings";
-    let entries = URING_MINIMUM_ENTRIES[URING_MINIMUM_ENTRIES.len() - 1];
-    let fsroot = sides.mnt.parent().context("the mount has no parent directory")?;
-    let spec = MinimumSpec {
-        at: at.to_path_buf(),
-        uring: true,
-        threads: Some(entries),
-        odfs: Some(local::client_config_path(fsroot)),
-        odfs_dir: format!("/{SEQ_DIR}"),
-        odfs_files: o.jobs,
-        odfs_direct: true,
-        ..Default::default()
-    };
-    let minimum = match Minimum::mount(&spec, true, name)? {
-        Ok(m) => m,
-        Err(skipped) => return Ok(skipped),
-    };
-    crate::phase::say("bench", format!("{name}: 4 KiB random read"));
-    // Its CPU is odfs's as much as the minimum's: the daemons serve every READ.
-    let pids: Vec<u32> = sides.pids.iter().copied().chain(minimum.pid()).collect();
-    let report = reports.join("odfs-uring-randread.json");
-    let (iops, cpu) = minimum_randread(o, fio, minimum, &pids, at, &report, name)?;
-    let per_read = cpu / (iops * o.randread_secs as f64).max(1.0);
-    Ok(format!(
-        "{name} (odfs's stored and wire, the mount's default-striped files; `odfs fuse-minimum --uring \
-         --odfs-direct`, {entries} ring entries per queue), rand read 4k: {iops:.0} IOPS ({:.0} us CPU per read, \
-         odfs's daemons counted); odfs's mount {}",
-        per_read * 1e6,
-        odfs.map_or("not measured".into(), |v| format!("{v:.0} IOPS ({:.2}x this)", v / iops)),
-    ))
 }
 
 /// The random-read phase's fio run on the large files of `minimum`, mounted at `at`, with the
@@ -1173,7 +1127,7 @@ fn checkpoint_phases(o: &MountBenchOptions, fio: &Path, reports: &Path, sides: &
                     std::fs::create_dir_all(&d)?;
                     if local && side == "odfs" {
                         let layout = b"stripe_count=1 placement=local";
-                        crate::lfs::set_xattr(&d, odfs_client::vxattr::LAYOUT, layout)
+                        odfs_client::vxattr::set_xattr(&d, odfs_client::vxattr::LAYOUT, layout)
                             .with_context(|| format!("setting the layout of {}", d.display()))?;
                     }
                     ckpt_write(&d, o)?;
@@ -1437,7 +1391,7 @@ fn small_phases(o: &MountBenchOptions, sides: &mut Sides) -> Result<()> {
     Ok(())
 }
 
-/// The same three reads on the FUSE minimum (`odfs_client_fuse::minimum`): a synthetic
+/// The same three reads on the FUSE minimum (`crate::minimum_fs`): a synthetic
 /// filesystem answering every request on its reader thread, with no I/O and the longest
 /// caching FUSE allows — what FUSE alone costs here — as any FUSE filesystem with opens must
 /// run, served from this process and from a process of its own session (as every FUSE daemon

@@ -3,8 +3,7 @@
 //! into the buffer they leave from.
 //!
 //! Owns the layout knowledge of the protocol and nothing else: no file system behaviour, no
-//! transport. It is the first layer of odfs-fuse's own request layer (docs/architecture.md,
-//! "The FUSE transport"): the same decoding serves a request read from `/dev/fuse` and one
+//! transport. It is the first layer of the crate (docs/architecture.md, "fuse-kernel"): the same decoding serves a request read from `/dev/fuse` and one
 //! found in an io_uring ring entry (header and arguments in separate buffers there, hence
 //! [`Request::parse_parts`]). Every read is bounds-checked: a short or malformed request is an
 //! [`AbiError`], never a panic.

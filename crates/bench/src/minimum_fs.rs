@@ -44,13 +44,15 @@
 //! to a file it made is answered at once as written (the bytes are dropped), so a small
 //! file's create, write and close cost FUSE's requests alone too.
 
-use crate::mount::SESSION_THREADS;
-/// A mounted minimum (what [`MinimumFs::mount`] returns).
-pub use fuser::BackgroundSession;
-use fuser::{
-    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyOpen, ReplyWrite, ReplyXattr, Request, Session, WriteFlags,
+use fuser::{Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, LockOwner, OpenFlags, WriteFlags};
+use odfs_client_fuse::fs::{MAX_BACKGROUND, MAX_READAHEAD, MAX_WRITE};
+use odfs_client_fuse::mount::SESSION_THREADS;
+use odfs_fuse_kernel::abi::init;
+use odfs_fuse_kernel::reply::{
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite,
+};
+use odfs_fuse_kernel::session::{
+    Acl, Filesystem, KernelConfig, MountOptions, Request, RingOptions, Session, Unmounter,
 };
 use std::ffi::OsStr;
 use std::fs::File;
@@ -85,6 +87,32 @@ pub struct MinimumFs {
     made: Option<Made>,
     /// Reader threads, when not the default for the tree (`with_threads`).
     threads: Option<usize>,
+    /// Asks for FUSE's io_uring transport at INIT (`mount_uring`).
+    uring: bool,
+}
+
+/// A mounted minimum (what [`MinimumFs::mount`] returns); unmounted when dropped.
+pub struct MinimumMount {
+    unmounter: Unmounter,
+    thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+}
+
+impl MinimumMount {
+    /// Unmounts and waits for the session's threads (a connection the kernel aborted is an
+    /// end like any: `session_end`).
+    pub fn unmount(mut self) -> std::io::Result<()> {
+        let unmounted = self.unmounter.unmount();
+        let thread = self.thread.take().expect("a mounted minimum's session thread");
+        let ended = thread.join().unwrap_or_else(|_| Err(std::io::Error::other("a FUSE minimum thread panicked")));
+        unmounted?;
+        odfs_client_fuse::mount::session_end(ended).map(drop)
+    }
+}
+
+impl Drop for MinimumMount {
+    fn drop(&mut self) {
+        let _ = self.unmounter.unmount();
+    }
 }
 
 /// What MKDIR and CREATE made: how many inodes, and the directories by parent and name.
@@ -142,6 +170,7 @@ impl MinimumFs {
             remote_writes: None,
             made: None,
             threads: None,
+            uring: false,
         }
     }
 
@@ -192,25 +221,49 @@ impl MinimumFs {
         self
     }
 
-    /// Mounts the tree at `at` (root only: `mount(2)`); unmounted when the session is dropped.
-    pub fn mount(self, at: &Path) -> std::io::Result<BackgroundSession> {
-        let mut cfg = Config::default();
-        let access = if self.made.is_some() { MountOption::RW } else { MountOption::RO };
-        cfg.mount_options = vec![MountOption::FSName("odfs-minimum".into()), access, MountOption::DefaultPermissions];
+    /// Mounts the tree at `at` (root only: `mount(2)`), served by reader threads of this
+    /// process on `/dev/fuse` until [`MinimumMount::unmount`].
+    pub fn mount(self, at: &Path) -> std::io::Result<MinimumMount> {
         // Threads that wait out a round trip or the disk: as many as keep it busy.
         let remote = self.remote.is_some() || self.remote_writes.is_some() || self.disk.is_some();
-        cfg.n_threads = Some(self.threads.unwrap_or(if remote { REMOTE_THREADS } else { SESSION_THREADS }));
-        cfg.clone_fd = true;
-        let session = Session::new(self, at, &cfg)?.spawn()?;
-        // Read-ahead as odfs-fuse's mount has it (READs of up to 1 MiB, not 128 KiB).
-        crate::mount::tune_readahead(&at.canonicalize()?);
-        Ok(session)
+        let threads = self.threads.unwrap_or(if remote { REMOTE_THREADS } else { SESSION_THREADS });
+        self.serve(at, threads, RingOptions::default())
     }
 
-    /// Unmounts a minimum mounted by [`Self::mount`] and waits for its reader threads (a
-    /// connection the kernel aborted is an end like any: `mount::session_end`).
-    pub fn unmount(session: BackgroundSession) -> std::io::Result<()> {
-        crate::mount::session_end(session.umount_and_join()).map(drop)
+    /// Mounts the tree at `at` as [`MinimumFs::mount`] does, but asking the kernel for its
+    /// io_uring transport: `rings` says how the queues are served. Fails when the kernel
+    /// offers none (`enable_uring` off, or older than 6.14).
+    pub(crate) fn mount_uring(mut self, at: &Path, rings: RingOptions<MinimumFs>) -> std::io::Result<MinimumMount> {
+        self.uring = true;
+        self.serve(at, SESSION_THREADS, rings)
+    }
+
+    /// Mounts, answers INIT and serves on `threads` reader threads (each its own clone of
+    /// the device, as odfs-fuse reads where it does not splice).
+    fn serve(self, at: &Path, threads: usize, rings: RingOptions<MinimumFs>) -> std::io::Result<MinimumMount> {
+        let options = MountOptions {
+            fsname: "odfs-minimum".into(),
+            subtype: "odfs-minimum".into(),
+            allow_other: false,
+            default_permissions: true,
+            noatime: false,
+            read_only: self.made.is_none(),
+        };
+        let mut session = Session::mount(at, &options, Acl::All)?;
+        session.init(&self)?;
+        if self.uring && !session.uses_rings() {
+            return Err(std::io::Error::other(format!(
+                "the kernel offers no FUSE io_uring transport ({} is not Y, or the kernel is older than 6.14)",
+                crate::uring_minimum::ENABLE_URING
+            )));
+        }
+        let unmounter = session.unmounter();
+        let thread = std::thread::Builder::new()
+            .name("minimum-session".into())
+            .spawn(move || session.run_with(self, threads, true, rings))?;
+        // Read-ahead as odfs-fuse's mount has it (READs of up to 1 MiB, not 128 KiB).
+        odfs_client_fuse::mount::tune_readahead(&at.canonicalize()?);
+        Ok(MinimumMount { unmounter, thread: Some(thread) })
     }
 
     fn node(&self, ino: INodeNo) -> Option<Node> {
@@ -308,21 +361,67 @@ impl MinimumFs {
     }
 }
 
-impl Filesystem for MinimumFs {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // As odfs-fuse asks: an O_DIRECT or AIO reader's requests arrive together, as many
-        // background requests in flight, the same read-ahead.
-        let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
-        let bg = crate::fs::MAX_BACKGROUND;
-        if let Err(nearest) = config.set_max_background(bg) {
-            let _ = config.set_max_background(nearest);
+/// Where a READ of a striped large file gets its bytes (see [`MinimumFs::striped_read`]).
+pub(crate) enum StripedRead {
+    /// None: the READ is at or past the file's end.
+    Empty,
+    /// `want` bytes (`len` rounded up to a page where `O_DIRECT`) read at `offset` from `fd`.
+    Disk { fd: std::os::fd::RawFd, offset: u64, want: usize, len: usize },
+    /// `len` bytes at `offset` fetched from the server of file `k` at `addr`.
+    Remote { k: usize, addr: SocketAddr, offset: u64, len: usize },
+}
+
+impl MinimumFs {
+    /// How many large files the tree has.
+    pub(crate) fn large_files(&self) -> usize {
+        self.large as usize
+    }
+
+    /// Where a READ of `size` bytes at `offset` of inode `ino` gets its bytes, where `ino` is
+    /// a large file of the striped minimum (`with_remote_large` and `with_disk_large`).
+    pub(crate) fn striped_read(&self, ino: u64, offset: u64, size: u32) -> Option<StripedRead> {
+        let (Some(Node::Large(k)), Some(remote), Some(disk)) = (self.node(INodeNo(ino)), &self.remote, &self.disk)
+        else {
+            return None;
+        };
+        let (k, len) = (k as usize, self.large_len(offset, size));
+        if len == 0 {
+            return Some(StripedRead::Empty);
         }
-        let _ = config.set_congestion_threshold(bg / 4 * 3);
-        if let Err(max) = config.set_max_readahead(crate::fs::MAX_READAHEAD) {
+        if !local_chunk(offset) {
+            return Some(StripedRead::Remote { k, addr: remote.idle[k].0, offset, len });
+        }
+        // O_DIRECT wherever the offset allows (its length rounded up to a page; the file's end
+        // makes it short), else buffered.
+        let f = &disk[k];
+        Some(match &f.direct {
+            Some(d) if offset.is_multiple_of(PAGE as u64) => {
+                StripedRead::Disk { fd: d.as_raw_fd(), offset, want: len.next_multiple_of(PAGE), len }
+            }
+            _ => StripedRead::Disk { fd: f.buffered.as_raw_fd(), offset, want: len, len },
+        })
+    }
+}
+
+impl Filesystem for MinimumFs {
+    fn init(&self, config: &mut KernelConfig) -> std::io::Result<()> {
+        // As odfs-fuse asks: an O_DIRECT or AIO reader's requests arrive together, as many
+        // background requests in flight, the same read-ahead, WRITEs as large, no larger.
+        let _ = config.want(init::ASYNC_DIO);
+        if self.uring {
+            config.want(init::OVER_IO_URING).map_err(|_| {
+                std::io::Error::other(format!(
+                    "the kernel offers no FUSE io_uring transport ({} is not Y, or the kernel is older than 6.14)",
+                    crate::uring_minimum::ENABLE_URING
+                ))
+            })?;
+        }
+        let _ = config.set_max_background(MAX_BACKGROUND);
+        config.set_congestion_threshold(MAX_BACKGROUND / 4 * 3);
+        if let Err(max) = config.set_max_readahead(MAX_READAHEAD) {
             let _ = config.set_max_readahead(max);
         }
-        // WRITEs as large as odfs-fuse's, no larger.
-        if let Err(max) = config.set_max_write(crate::fs::MAX_WRITE) {
+        if let Err(max) = config.set_max_write(MAX_WRITE) {
             let _ = config.set_max_write(max);
         }
         Ok(())
@@ -376,17 +475,7 @@ impl Filesystem for MinimumFs {
         reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH);
     }
 
-    fn read(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
+    fn read(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, size: u32, reply: ReplyData) {
         let i = match self.node(ino) {
             Some(Node::File(i)) => i,
             Some(Node::Large(k)) => {
@@ -420,8 +509,6 @@ impl Filesystem for MinimumFs {
         offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         match self.node(ino) {
@@ -439,38 +526,12 @@ impl Filesystem for MinimumFs {
         reply.ok();
     }
 
-    fn release(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
+    fn release(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _owner: Option<LockOwner>, reply: ReplyEmpty) {
         reply.ok();
     }
 
-    // What fio asks of the files it lays out and writes: refused as fuser's defaults refuse
-    // them (ENOSYS, so the kernel stops asking), without their "not implemented" warnings in
-    // the benchmark's output.
-    fn getxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _size: u32, reply: ReplyXattr) {
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn fallocate(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: u64,
-        _length: u64,
-        _mode: i32,
-        reply: ReplyEmpty,
-    ) {
-        reply.error(Errno::ENOSYS);
-    }
+    // What fio asks of the files it lays out and writes (xattrs, fallocate) is refused by the
+    // trait's defaults (ENOSYS, so the kernel stops asking).
 
     fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
         // Written files' bytes made durable, as odfs's fsync does (fio's end_fsync).

@@ -10,9 +10,8 @@
 //! deployed FUSE daemon pays: the bound under any FUSE filesystem run apart from its callers.
 
 use super::fill_pattern;
+use crate::minimum_fs::{FileServer, MinimumFs, MinimumMount, WriteServer};
 use anyhow::{bail, Context, Result};
-use odfs_client_fuse::minimum::{BackgroundSession, FileServer, MinimumFs, WriteServer};
-use odfs_client_fuse::uring_minimum::{self, UringSource, UringSpec};
 use odfs_job::launch::{mount, procs};
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
@@ -65,25 +64,9 @@ pub struct MinimumSpec {
     pub threads: Option<usize>,
     /// Serve the striped large files (`--remote-large` and `--disk-large`, the same files)
     /// through the kernel's io_uring transport for FUSE instead of `/dev/fuse` reads and writes
-    /// (`odfs_client_fuse::uring_minimum`).
+    /// (`crate::uring_minimum`).
     #[arg(long)]
     pub uring: bool,
-    /// With `--uring`: serve instead the files `/seq.{k}.0` of the running odfs whose client
-    /// config this is, each READ read through odfs's client library as odfs-fuse reads them
-    /// (by hand: what odfs's read path does under the io_uring transport).
-    #[arg(long, requires = "uring")]
-    pub odfs: Option<PathBuf>,
-    /// With `--odfs`: the odfs directory holding the files `seq.{k}.0`.
-    #[arg(long, default_value = "/")]
-    pub odfs_dir: String,
-    /// With `--odfs`: how many files (`k` below this).
-    #[arg(long, default_value_t = 4)]
-    pub odfs_files: usize,
-    /// With `--odfs`: a READ within one chunk is asked of its stored by the queue's thread on
-    /// its own ring (the request sent, the reply received into the ring entry), not by a task
-    /// of the client's runtime.
-    #[arg(long, requires = "odfs")]
-    pub odfs_direct: bool,
 }
 
 /// The servers behind a minimum's networked files, kept for as long as it is mounted.
@@ -157,15 +140,6 @@ impl MinimumSpec {
         if self.uring {
             a.push("--uring".into());
         }
-        if let Some(fs) = &self.odfs {
-            a.push("--odfs".into());
-            a.push(fs.clone().into());
-            a.push(format!("--odfs-dir={}", self.odfs_dir).into());
-            a.push(format!("--odfs-files={}", self.odfs_files).into());
-            if self.odfs_direct {
-                a.push("--odfs-direct".into());
-            }
-        }
         a
     }
 }
@@ -188,33 +162,19 @@ pub fn serve(spec: &MinimumSpec) -> Result<()> {
     println!("{READY}");
     std::io::stdout().flush()?;
     let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
-    MinimumFs::unmount(session).context("unmounting the FUSE minimum")
+    session.unmount().context("unmounting the FUSE minimum")
 }
 
 /// `odfs fuse-minimum --uring`: the striped large files over FUSE's io_uring transport.
 fn serve_uring(spec: &MinimumSpec) -> Result<()> {
-    let source = match &spec.odfs {
-        Some(fs) => UringSource::Odfs {
-            fs: fs.clone(),
-            dir: spec.odfs_dir.clone(),
-            files: spec.odfs_files,
-            direct: spec.odfs_direct,
-        },
-        None => {
-            anyhow::ensure!(
-                !spec.remote_large.is_empty() && spec.remote_large.len() == spec.disk_large.len(),
-                "--uring serves striped large files: give as many files to --remote-large as to --disk-large"
-            );
-            UringSource::Striped {
-                remote: spec.remote_large.clone(),
-                disk: spec.disk_large.clone(),
-                size: spec.large_size,
-            }
-        }
-    };
-    let u = UringSpec { source, entries: spec.threads.unwrap_or(32) };
-    let mounted =
-        uring_minimum::mount(&u, &spec.at).with_context(|| format!("cannot mount at {}", spec.at.display()))?;
+    anyhow::ensure!(
+        !spec.remote_large.is_empty() && spec.remote_large == spec.disk_large,
+        "--uring serves striped large files: give the same files to --remote-large and --disk-large"
+    );
+    let (fs, _servers) = spec.fs()?;
+    let entries = spec.threads.unwrap_or(32);
+    let mounted = crate::uring_minimum::mount(fs, &spec.at, entries)
+        .with_context(|| format!("cannot mount at {}", spec.at.display()))?;
     println!("{READY}");
     std::io::stdout().flush()?;
     let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
@@ -224,7 +184,7 @@ fn serve_uring(spec: &MinimumSpec) -> Result<()> {
 /// A mounted minimum.
 pub enum Minimum {
     /// Served by reader threads of this process (and the servers of its networked files).
-    Here(BackgroundSession, Servers),
+    Here(MinimumMount, Servers),
     /// Served by `odfs fuse-minimum` in a session of its own; closing `stdin` ends it.
     Apart { child: Child, stdin: ChildStdin },
 }
@@ -272,7 +232,7 @@ impl Minimum {
         let pid = self.pid();
         std::thread::spawn(move || {
             let _ = tx.send(match self {
-                Minimum::Here(session, _server) => MinimumFs::unmount(session).context("unmounting the FUSE minimum"),
+                Minimum::Here(session, _server) => session.unmount().context("unmounting the FUSE minimum"),
                 Minimum::Apart { mut child, stdin } => {
                     drop(stdin);
                     child.wait().context("waiting for odfs fuse-minimum").and_then(|status| {
@@ -313,7 +273,7 @@ impl Minimum {
 
 /// Mounts `fs` at `at` (made if missing), served by reader threads of this process; `Err`
 /// inside is the note saying that `name` was not measured because it could not be mounted.
-pub fn mount_here(fs: MinimumFs, at: &Path, name: &str) -> Result<std::result::Result<BackgroundSession, String>> {
+pub fn mount_here(fs: MinimumFs, at: &Path, name: &str) -> Result<std::result::Result<MinimumMount, String>> {
     std::fs::create_dir_all(at)?;
     // Its reader threads end with this process, leaving a dead mount unless unmounted.
     odfs_job::interrupt::mounting(at)?;
