@@ -115,46 +115,74 @@ pub enum MetaReply {
     Reserved(InodeId),
 }
 
-fn wrong_reply(want: &str, got: &MetaReply) -> RemoteError {
-    RemoteError::new(ErrorCode::Internal, format!("expected a {want} reply, got {got:?}"))
+/// The error for a mutation `what` that got a reply of another kind (a bug: each op has one).
+pub(crate) fn wrong_reply(what: &str, got: &MetaReply) -> RemoteError {
+    RemoteError::new(ErrorCode::Internal, format!("a {what} mutation got a {got:?} reply"))
 }
 
-impl MetaReply {
-    /// The `Attr` of an `Attr` reply.
-    pub fn into_attr(self) -> RpcResult<Attr> {
-        match self {
-            MetaReply::Attr(a) => Ok(a),
-            other => Err(wrong_reply("Attr", &other)),
-        }
+/// A mutation and the type of its reply: [`crate::MetaStore::mutate`] takes any and answers
+/// `Self::Reply`. [`MetaOp`] is one too, answering the untyped [`MetaReply`] (log replay,
+/// intents, and tests that hold any op).
+pub trait Mutation {
+    /// What a successful mutation answers.
+    type Reply;
+    /// The op as logged.
+    fn into_op(self) -> MetaOp;
+    /// The typed reply; a reply of another kind is an internal error (each op has one kind:
+    /// another is a bug).
+    fn reply(r: MetaReply) -> RpcResult<Self::Reply>;
+}
+
+impl Mutation for MetaOp {
+    type Reply = MetaReply;
+    fn into_op(self) -> MetaOp {
+        self
     }
-    /// The `CreateReply` of a `Create` reply.
-    pub fn into_create(self) -> RpcResult<CreateReply> {
-        match self {
-            MetaReply::Create(r) => Ok(r),
-            other => Err(wrong_reply("Create", &other)),
-        }
+    fn reply(r: MetaReply) -> RpcResult<MetaReply> {
+        Ok(r)
     }
-    /// The `UnlinkReply` of an `Unlink` reply.
-    pub fn into_unlink(self) -> RpcResult<UnlinkReply> {
-        match self {
-            MetaReply::Unlink(r) => Ok(r),
-            other => Err(wrong_reply("Unlink", &other)),
+}
+
+/// `impl Mutation` for each request that is a mutation of its own: its `MetaOp` variant, and
+/// the `MetaReply` variant that carries its reply.
+macro_rules! mutations {
+    ($($req:ident => $reply:ty, $pat:pat => $out:expr;)*) => {$(
+        impl Mutation for $req {
+            type Reply = $reply;
+            fn into_op(self) -> MetaOp {
+                MetaOp::$req(self)
+            }
+            fn reply(r: MetaReply) -> RpcResult<$reply> {
+                match r {
+                    $pat => Ok($out),
+                    other => Err(wrong_reply(stringify!($req), &other)),
+                }
+            }
         }
-    }
-    /// The `RenameReply` of a `Rename` reply.
-    pub fn into_rename(self) -> RpcResult<RenameReply> {
-        match self {
-            MetaReply::Rename(r) => Ok(r),
-            other => Err(wrong_reply("Rename", &other)),
-        }
-    }
-    /// `()` for a `Unit` reply.
-    pub fn into_unit(self) -> RpcResult<()> {
-        match self {
-            MetaReply::Unit => Ok(()),
-            other => Err(wrong_reply("Unit", &other)),
-        }
-    }
+    )*};
+}
+
+mutations! {
+    Create => CreateReply, MetaReply::Create(c) => c;
+    Mkdir => Attr, MetaReply::Attr(a) => a;
+    Mknod => Attr, MetaReply::Attr(a) => a;
+    Symlink => Attr, MetaReply::Attr(a) => a;
+    Link => Attr, MetaReply::Attr(a) => a;
+    SetAttr => Attr, MetaReply::Attr(a) => a;
+    ExtendSize => Attr, MetaReply::Attr(a) => a;
+    SetFileLayout => Attr, MetaReply::Attr(a) => a;
+    SetSealed => Attr, MetaReply::Attr(a) => a;
+    Unlink => UnlinkReply, MetaReply::Unlink(u) => u;
+    Rename => RenameReply, MetaReply::Rename(r) => r;
+    Step => StepReply, MetaReply::Step(r) => r;
+    Rmdir => (), MetaReply::Unit => ();
+    SetXattr => (), MetaReply::Unit => ();
+    RemoveXattr => (), MetaReply::Unit => ();
+    SetDirLayout => (), MetaReply::Unit => ();
+    CreateShadow => (), MetaReply::Unit => ();
+    SyncShadow => (), MetaReply::Unit => ();
+    SealShadow => (), MetaReply::Unit => ();
+    DropShadow => (), MetaReply::Unit => ();
 }
 
 /// The non-deterministic choices of a mutation. Live, they are `None` and the namespace decides

@@ -9,7 +9,7 @@
 //! failure midway leaves, at worst, an unused empty part behind — never an entry without its
 //! directory. Owns no namespace state.
 
-use crate::service::unexpected;
+use crate::namespace::wrong_reply;
 use crate::store::{Found, MetaOp, MetaReply, MetaStore, TargetChoice};
 use odfs_proto::error::RpcResult;
 use odfs_proto::meta::*;
@@ -35,7 +35,7 @@ pub struct Coordinator {
     /// of its own operation's steps.
     pub(crate) running: Arc<Mutex<std::collections::HashMap<u64, u64>>>,
     /// Replies to changes waiting for their recalls (this shard's own steps wait there too).
-    pub(crate) recalls: Arc<crate::service::Recalls>,
+    pub(crate) recalls: Arc<crate::requests::Recalls>,
     /// Shard 0 only: the filesystem's rename lock (intent, held until), see `RenameLock`.
     pub(crate) rename_lock: Arc<Mutex<Option<(u64, std::time::Instant)>>>,
 }
@@ -45,7 +45,7 @@ impl Coordinator {
         Coordinator {
             pool,
             mgmtd,
-            recalls: Arc::new(crate::service::Recalls::new(&store)),
+            recalls: Arc::new(crate::requests::Recalls::new(&store)),
             store,
             ready: Default::default(),
             view: Default::default(),
@@ -245,7 +245,7 @@ impl Coordinator {
                 info!(ino = %q.ino, ?stripes, "directory striped over metadata shards");
                 Ok(a)
             }
-            Ok(other) => Err(unexpected(other)),
+            Ok(other) => Err(wrong_reply("SetDirStripes", &other)),
             Err(e) => {
                 self.drop_parts(q.ino, &made).await;
                 Err(e)
@@ -272,11 +272,7 @@ impl Coordinator {
                 }
                 // Not striped: removed (or refused) under the same lock, no part to seal.
                 _ => {
-                    return match st.mutate(h, MetaOp::Rmdir(q)) {
-                        Ok(MetaReply::Unit) => Ok(()),
-                        Ok(other) => Err(unexpected(other)),
-                        Err(e) => Err(e),
-                    }
+                    return st.mutate(h, q);
                 }
             }
         };
@@ -297,13 +293,12 @@ impl Coordinator {
                 }
             }
         }
-        let r = self.store.lock().expect("store lock").mutate(h, MetaOp::Rmdir(q));
+        let r = self.store.lock().expect("store lock").mutate(h, q);
         match r {
-            Ok(MetaReply::Unit) => {
+            Ok(()) => {
                 self.drop_parts(ino, &sealed).await;
                 Ok(())
             }
-            Ok(other) => Err(unexpected(other)),
             Err(e) => {
                 self.unseal(ino, &sealed).await;
                 Err(e)

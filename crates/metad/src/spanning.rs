@@ -7,7 +7,7 @@
 //! Owns the plans and the two-phase drive, the redrive of intents a restart interrupted, the
 //! filesystem's rename lock (on shard 0) and the ancestor walk across shards.
 
-use crate::namespace::{IntentKind, MetaOp, MetaReply};
+use crate::namespace::{IntentKind, MetaReply};
 use crate::shards::Coordinator;
 use odfs_proto::error::RpcResult;
 use odfs_proto::meta::*;
@@ -60,12 +60,9 @@ impl Coordinator {
         let client = self.running.lock().expect("running lock").get(&intent).copied().unwrap_or(0);
         let step = Step { intent, phase, change: change.clone(), client };
         if shard == self.own_shard() {
-            let r = self.store.lock().expect("store lock").mutate(&h, MetaOp::Step(step));
+            let r = self.store.lock().expect("store lock").mutate(&h, step);
             self.recalls.wait(&h).await;
-            return match r? {
-                MetaReply::Step(r) => Ok(r),
-                other => Err(crate::service::unexpected(other)),
-            };
+            return r;
         }
         self.peer_as(&h, shard, &step).await
     }

@@ -1,34 +1,32 @@
 //! `MetaStore`: the namespace made durable and idempotent.
 //!
 //! Owns the store directory (`snapshot` + `wal`), the sequence of logged mutations, the table
-//! of recent replies that makes retries idempotent, and the choice of storage targets for new
-//! files. A mutation is applied in memory, then logged as one record carrying everything a
+//! of recent replies that makes retries idempotent; it asks `placement` for new files' targets
+//! and `sessions` for leases, recalls and locks. A mutation is applied in memory, then logged as one record carrying everything a
 //! replay needs (caller, time, the new inode id, the chosen layout), then acknowledged.
 //! Recovery loads the snapshot and re-applies the log records that follow it.
 
 use crate::inode::IdHasher;
-use crate::namespace::{Changes, Choice, Intent, IntentKind, Namespace};
+use crate::namespace::{wrong_reply, Changes, Choice, Intent, IntentKind, Namespace};
 
-/// How a create's refusal for a pool with no online target ends (`service::mutate_fresh`
-/// waits, bounded, for targets to register again after mgmtd's restart).
-pub const NO_ONLINE_TARGETS: &str = "has no online targets";
+pub use crate::namespace::{Found, MetaOp, MetaReply, Mutation};
+mod leases;
 
-pub use crate::namespace::{Found, MetaOp, MetaReply};
 use crate::permission;
+use crate::placement::Placement;
+pub use crate::placement::{TargetChoice, NO_ONLINE_TARGETS};
 use crate::sessions::{Sessions, Wait};
 use crate::wal::{self, Wal, LOG_FILE};
 use crate::{snapshot, MetaError};
 use odfs_proto::error::{ErrorCode, RemoteError, RpcResult};
-use odfs_proto::locks::{Request as LockRequest, SetOutcome};
+use odfs_proto::locks::Request as LockRequest;
 use odfs_proto::meta::*;
-use odfs_proto::{DirLayout, InodeId, Layout, NodeIndex, RequestHeader, TargetId, Timespec};
+use odfs_proto::{DirLayout, InodeId, Layout, RequestHeader, Timespec};
 use serde::ser::SerializeSeq;
 use serde::{Deserialize, Serialize, Serializer};
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasherDefault;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use tokio::sync::Notify;
 use tracing::{info, warn};
 
 /// Most supplementary groups a request may carry (Linux `NGROUPS_MAX`); bounds log records.
@@ -67,128 +65,6 @@ impl Default for StoreOptions {
             root_only_layouts: false,
             lease: std::time::Duration::from_secs(30),
         }
-    }
-}
-
-/// A storage target as the store sees it when placing new files (from mgmtd's cluster view).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TargetChoice {
-    pub id: TargetId,
-    /// Storage pool the target belongs to; layouts name a pool.
-    pub pool: String,
-    /// Free bytes; targets with none are used only to make up a stripe count.
-    pub free: u64,
-    /// Total bytes, for statfs.
-    pub capacity: u64,
-    /// Offline targets get no new files and do not count in statfs.
-    pub online: bool,
-    /// The node whose stored serves it (local placement).
-    pub node: NodeIndex,
-    /// Its filesystem: targets on one device count once in statfs (`TargetSpace::device`).
-    pub device: u64,
-}
-
-/// Chooses the targets of new files: round-robin over a pool's online targets from a rotating
-/// start, preferring targets with free space.
-struct Placement {
-    targets: Vec<TargetChoice>,
-    /// Online targets of each pool in id order, with whether they have free space and their
-    /// node.
-    pools: HashMap<String, Vec<(TargetId, bool, NodeIndex)>>,
-    /// Rotating start; seeded randomly so restarts do not all begin at the first target.
-    next: u64,
-}
-
-impl Placement {
-    fn new() -> Placement {
-        Placement { targets: Vec::new(), pools: HashMap::new(), next: rand::random::<u32>() as u64 }
-    }
-
-    fn set(&mut self, mut targets: Vec<TargetChoice>) {
-        targets.sort_by_key(|t| t.id);
-        self.pools.clear();
-        for t in targets.iter().filter(|t| t.online) {
-            self.pools.entry(t.pool.clone()).or_default().push((t.id, t.free > 0, t.node));
-        }
-        self.targets = targets;
-    }
-
-    /// Refuses a layout that could not be honoured, naming why: an unknown or empty pool, more
-    /// stripes than the pool has targets, a start target outside the pool. (Placement itself
-    /// uses what is online; this judges against every known target of the pool.)
-    fn check(&self, dl: &DirLayout) -> RpcResult<()> {
-        let invalid = |m: String| RemoteError::new(ErrorCode::Invalid, m);
-        dl.validate().map_err(invalid)?;
-        let members: Vec<TargetId> = self.targets.iter().filter(|t| t.pool == dl.pool).map(|t| t.id).collect();
-        if members.is_empty() {
-            let mut known: Vec<&str> = self.targets.iter().map(|t| t.pool.as_str()).collect();
-            known.sort();
-            known.dedup();
-            return Err(invalid(format!(
-                "pool \"{}\" does not exist or has no targets (pools with targets: {})",
-                dl.pool,
-                known.join(", ")
-            )));
-        }
-        if dl.stripe_count > members.len() as i32 {
-            return Err(invalid(format!(
-                "stripe count {} is more than the {} targets of pool \"{}\"",
-                dl.stripe_count,
-                members.len(),
-                dl.pool
-            )));
-        }
-        if let Some(t) = dl.start_target {
-            if !members.contains(&t) {
-                return Err(invalid(format!("start target {t} is not in pool \"{}\" (targets {members:?})", dl.pool)));
-            }
-        }
-        Ok(())
-    }
-
-    /// The targets of a new file with layout `dl`, created by a client on `node`; a pool with
-    /// none online is refused ending in [`NO_ONLINE_TARGETS`].
-    fn choose(&mut self, dl: &DirLayout, node: Option<NodeIndex>) -> RpcResult<Layout> {
-        let invalid = |m: String| RemoteError::new(ErrorCode::Invalid, m);
-        dl.validate().map_err(invalid)?;
-        let cands = match self.pools.get(&dl.pool) {
-            Some(c) if !c.is_empty() => c,
-            _ => return Err(invalid(format!("pool \"{}\" {NO_ONLINE_TARGETS}", dl.pool))),
-        };
-        let n = cands.len();
-        let want = if dl.stripe_count < 0 { n } else { dl.stripe_count as usize };
-        // As Lustre: a file gets at most as many stripes as its pool has targets online. An
-        // explicit layout asking for more is refused where it is set (setstripe), not here.
-        let want = want.min(n);
-        if !cands.iter().any(|&(_, free, _)| free) {
-            return Err(RemoteError::new(ErrorCode::NoSpace, format!("every target of pool \"{}\" is full", dl.pool)));
-        }
-        let start = match dl.start_target {
-            Some(t) if !dl.local => cands.iter().position(|&(id, _, _)| id >= t).unwrap_or(0),
-            _ => {
-                self.next = self.next.wrapping_add(1);
-                (self.next % n as u64) as usize
-            }
-        };
-        let mut targets = Vec::with_capacity(want);
-        // Local placement: the first stripe on one of the creating node's online targets with
-        // free space (rotating among them); without one, the usual rotation.
-        if let (true, Some(node)) = (dl.local, node) {
-            let own = (0..n).map(|i| cands[(start + i) % n]).find(|&(_, free, at)| free && at == node);
-            if let Some((id, _, _)) = own {
-                targets.push(id);
-            }
-        }
-        // Rotated order, targets with free space first, full ones only to make up the count.
-        for pass in [true, false] {
-            for i in 0..n {
-                let (id, free, _) = cands[(start + i) % n];
-                if free == pass && targets.len() < want && !targets.contains(&id) {
-                    targets.push(id);
-                }
-            }
-        }
-        Ok(Layout { chunk_size: dl.chunk_size, pool: dl.pool.clone(), targets })
     }
 }
 
@@ -562,23 +438,6 @@ impl MetaStore {
         self.ns.lookup(h, req)
     }
 
-    /// Leases the attributes of `inos` to the caller's client (it caches what it was told).
-    /// An orphan (no name left) is not leased: nothing about it can be looked up, and a lease
-    /// would count as a hold on it.
-    pub fn lease(&mut self, h: &RequestHeader, inos: impl IntoIterator<Item = InodeId>) {
-        let ns = &self.ns;
-        let named = inos.into_iter().filter(|&i| ns.node(i).is_ok_and(|n| n.is_dir() || n.nlink > 0));
-        self.sessions.grant(h.client_id, named);
-    }
-
-    /// Leases the names of directory `dir` to the caller's client: found and missing names
-    /// alike (the client may cache a miss).
-    pub fn lease_names(&mut self, h: &RequestHeader, dir: InodeId) {
-        if self.ns.dir_node(dir).is_ok() {
-            self.sessions.grant_names(h.client_id, dir);
-        }
-    }
-
     /// The attributes of what `name` names in a directory, when that inode is this shard's
     /// (`SpansShards` otherwise).
     pub fn lookup(&self, h: &RequestHeader, req: &Lookup) -> RpcResult<Attr> {
@@ -605,128 +464,6 @@ impl MetaStore {
         self.ns.open(h, req)
     }
 
-    /// `SetLock` as the table stands now: granted, or refused by another owner's lock or by a
-    /// restart's grace (the caller may wait on `locks_freed` and ask again). ENOLCK when the
-    /// inode's table is full.
-    pub fn set_lock(&mut self, h: &RequestHeader, q: &SetLock) -> RpcResult<bool> {
-        self.ns.node(q.ino)?;
-        let r = lock_request(h, q.owner, q.pid, q.kind, q.start, q.end)?;
-        // After a restart the table is empty: the clients take back what they held before
-        // (`reclaim`) while the grace lasts, and no other lock is granted until it ends.
-        if !q.reclaim && q.kind != LockKind::Unlock && self.sessions.grace_end().is_some() {
-            return Ok(false);
-        }
-        match self.sessions.set_lock(q.ino, &r) {
-            SetOutcome::Granted => Ok(true),
-            SetOutcome::Conflict => Ok(false),
-            SetOutcome::Full => Err(RemoteError::new(
-                ErrorCode::NoLocks,
-                format!(
-                    "inode {} holds {} locks, the most one file may hold",
-                    q.ino,
-                    odfs_proto::locks::MAX_LOCKS_PER_INODE
-                ),
-            )),
-        }
-    }
-
-    /// `TestLock`: the first lock of another owner that would refuse the asked one.
-    pub fn test_lock(&self, h: &RequestHeader, q: &TestLock) -> RpcResult<Option<LockHolder>> {
-        self.ns.node(q.ino)?;
-        Ok(self.sessions.test_lock(q.ino, &lock_request(h, q.owner, 0, q.kind, q.start, q.end)?))
-    }
-
-    /// `DropLocks`: the caller's owners close the file.
-    pub fn drop_locks(&mut self, h: &RequestHeader, q: &DropLocks) -> RpcResult<()> {
-        self.sessions.drop_locks(h.client_id, q.ino, &q.owners);
-        Ok(())
-    }
-
-    /// Woken whenever a lock of this shard goes.
-    pub fn locks_freed(&self) -> Arc<Notify> {
-        self.sessions.locks_freed()
-    }
-
-    /// Registers a file as held open by the caller's client (an `Open` or `Create` with
-    /// `register`).
-    pub fn register_open(&mut self, h: &RequestHeader, ino: InodeId) {
-        self.sessions.register(h.client_id, ino, h.request_id);
-    }
-
-    /// The caller's client closed these files: each orphan it was the last holder of goes;
-    /// returns their attributes (their chunks go next).
-    pub fn release(&mut self, h: &RequestHeader, req: &Release) -> RpcResult<ReleaseReply> {
-        let mut removed = Vec::new();
-        for &(ino, seq) in &req.files {
-            if self.sessions.release(h.client_id, ino, seq) && self.ns.orphans.contains(&ino) {
-                removed.extend(self.drop_orphan(ino)?);
-            }
-        }
-        Ok(ReleaseReply { removed })
-    }
-
-    /// Keeps the caller's session alive and takes its acknowledgements: the opens it reports
-    /// are registered, the recalls it applied are done. Returns the reply (with the recalls
-    /// still pending) and what wakes a parked poll.
-    pub fn session_poll(&mut self, h: &RequestHeader, q: &SessionPoll) -> (SessionReply, Arc<Notify>) {
-        let lease_ms = self.sessions.lease().as_millis() as u32;
-        if self.sessions.departed(h.client_id) {
-            // A poll that was on its way when its client said goodbye.
-            return (SessionReply { new_session: false, lease_ms, recalls: Vec::new() }, Arc::new(Notify::new()));
-        }
-        let new_session = self.sessions.touch(h.client_id);
-        self.sessions.set_caching(h.client_id, q.caching);
-        for &(ino, seq) in &q.open {
-            if self.ns.getattr(ino).is_ok() {
-                self.sessions.register(h.client_id, ino, seq);
-            }
-        }
-        let (recalls, wake) = self.sessions.acknowledge(h.client_id, q.acked);
-        (SessionReply { new_session, lease_ms, recalls }, wake)
-    }
-
-    /// What the replies to changes wait for (each taken once, after its request).
-    pub(crate) fn pending_replies(&self) -> PendingReplies {
-        self.pending.clone()
-    }
-
-    /// Ends a client's session that did not acknowledge a recall within the lease.
-    pub fn end_session(&mut self, client: u64) {
-        let freed = self.sessions.end(client);
-        tracing::info!(
-            client,
-            open_files = freed.len(),
-            "a client did not answer a recall within the lease; its session ended"
-        );
-    }
-
-    /// `EndSession`: the client (the caller's own, or a dead one of the caller's node) is gone;
-    /// no change waits for it any more.
-    pub fn depart(&mut self, h: &RequestHeader, q: &EndSession) -> RpcResult<()> {
-        let freed = self.sessions.depart(q.client);
-        let by = if h.client_id == q.client { "itself" } else { "its node" };
-        tracing::info!(client = q.client, open_files = freed.len(), "a client's session ended by {by}");
-        Ok(())
-    }
-
-    /// A client's lease time.
-    pub fn lease_time(&self) -> std::time::Duration {
-        self.sessions.lease()
-    }
-
-    /// After a new session, the caller's client registers what it holds open again; returns
-    /// how many of those inodes exist.
-    pub fn reopen(&mut self, h: &RequestHeader, req: &Reopen) -> RpcResult<u64> {
-        let mut n = 0;
-        for &(ino, seq) in &req.files {
-            if self.ns.getattr(ino).is_ok() {
-                self.sessions.register(h.client_id, ino, seq);
-                n += 1;
-            }
-        }
-        Ok(n)
-    }
-
     /// Ends the sessions of silent clients and removes every orphan nobody holds open any more;
     /// returns the removed orphans (their chunks are the caller's to remove).
     pub fn collect_orphans(&mut self) -> Vec<Attr> {
@@ -745,7 +482,7 @@ impl MetaStore {
     fn drop_orphan(&mut self, ino: InodeId) -> RpcResult<Option<Attr>> {
         match self.mutate(&RequestHeader::default(), MetaOp::DropOrphan { ino })? {
             MetaReply::Orphan(a) => Ok(a),
-            other => Err(RemoteError::new(ErrorCode::Internal, format!("unexpected reply {other:?}"))),
+            other => Err(wrong_reply("DropOrphan", &other)),
         }
     }
 
@@ -772,13 +509,7 @@ impl MetaStore {
 
     /// Space of the online targets and inode usage of this shard.
     pub fn statfs(&self, _h: &RequestHeader, _req: &StatFs) -> RpcResult<StatFsReply> {
-        let mut seen = std::collections::BTreeSet::new();
-        let (total, free) = self
-            .placement
-            .targets
-            .iter()
-            .filter(|t| t.online && odfs_proto::mgmt::first_on_device(&mut seen, t.device))
-            .fold((0u64, 0u64), |(c, f), t| (c.saturating_add(t.capacity), f.saturating_add(t.free)));
+        let (total, free) = self.placement.space();
         let used = self.ns.inode_count();
         let total_inodes = STATFS_INODES.max(used);
         Ok(StatFsReply {
@@ -816,8 +547,10 @@ impl MetaStore {
     /// spanning shards (a retry after this metad restarted mid-way, its intent not yet
     /// redriven to its end) gets `Busy`, so the client asks again until that reply is recorded.
     /// A failed mutation changes nothing.
-    pub fn mutate(&mut self, h: &RequestHeader, op: MetaOp) -> RpcResult<MetaReply> {
-        self.mutate_as(h, op, Choice::default(), Timespec::now())
+    /// The reply is typed by the mutation (`Mutation::Reply`).
+    pub fn mutate<M: Mutation>(&mut self, h: &RequestHeader, m: M) -> RpcResult<M::Reply> {
+        let reply = self.mutate_as(h, m.into_op(), Choice::default(), Timespec::now())?;
+        M::reply(reply)
     }
 
     /// `mutate` with choices made already and the time given: a client's deferred change,
@@ -907,7 +640,7 @@ impl MetaStore {
         let layouts = (0..count).map(|_| self.placement.choose(&dir_layout, q.node)).collect::<RpcResult<Vec<_>>>()?;
         let first = match self.mutate(h, MetaOp::ReserveInodes { count })? {
             MetaReply::Reserved(first) => first,
-            other => return Err(crate::service::unexpected(other)),
+            other => return Err(wrong_reply("ReserveInodes", &other)),
         };
         self.sessions.delegate(h.client_id, q.dir, parent);
         let inos = layouts
@@ -1005,39 +738,14 @@ impl MetaStore {
         RemoteError::new(ErrorCode::Io, why)
     }
 
-    /// How many create delegations this shard has granted and not recalled (shared: the
-    /// service reads it without the store's lock).
-    pub(crate) fn delegation_count(&self) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
-        self.sessions.delegation_count()
-    }
-
-    /// Ends the create delegations of other clients than the caller's on `inos` or their
-    /// child directories (see `Sessions::recall_delegations`); returns what to wait for.
-    pub(crate) fn recall_delegations(&mut self, h: &RequestHeader, inos: &[InodeId]) -> Vec<Wait> {
-        self.sessions.recall_delegations(h.client_id, inos)
-    }
-
-    /// Ends the caller's own create delegations on `inos` (it changes what they rely on).
-    pub(crate) fn end_own_delegations(&mut self, h: &RequestHeader, inos: &[InodeId]) {
-        self.sessions.end_delegations_of(h.client_id, inos);
-    }
-
-    /// Recalls every other client's lease on `ino` without changing it: a client that holds
-    /// the file open registers it in its answer. The reply to `h` may then wait for the
-    /// answers (`Recalls::wait`). First step of `UnlinkIdle`.
-    pub fn recall_inode(&mut self, h: &RequestHeader, ino: InodeId) {
-        let changes = Changes { inos: vec![ino], names: Vec::new() };
-        self.recall(h, h.client_id, &changes);
-    }
-
     /// `UnlinkIdle`, once `recall_inode` has been answered: removes the name if it still names
     /// `q.ino`, unchanged (one link, same size and mtime), held open by no client and cached by
     /// no other; `InUse` otherwise. Checked and done under one lock, so no open comes between.
-    pub fn unlink_idle(&mut self, h: &RequestHeader, q: &UnlinkIdle) -> RpcResult<MetaReply> {
+    pub fn unlink_idle(&mut self, h: &RequestHeader, q: &UnlinkIdle) -> RpcResult<UnlinkReply> {
         // A request sent again (its answer was lost) gets the answer it had.
         if h.request_id != 0 {
             if let Some(reply) = self.dedup.get((h.client_id, h.request_id)) {
-                return Ok(reply.clone());
+                return Unlink::reply(reply.clone());
             }
         }
         let busy = |why: &str| Err(RemoteError::new(ErrorCode::InUse, why.to_string()));
@@ -1054,7 +762,7 @@ impl MetaStore {
         if self.sessions.held(ino) || self.sessions.leased_by_other(ino, h.client_id) {
             return busy("the file is open (or was looked up again) on a node");
         }
-        self.mutate(h, MetaOp::Unlink(Unlink { parent: q.parent, name: q.name.clone() }))
+        self.mutate(h, Unlink { parent: q.parent, name: q.name.clone() })
     }
 
     /// Recalls what a logged change broke from other clients' caches and leases the change's
@@ -1102,7 +810,10 @@ impl MetaStore {
 
     /// Sets the root directory's owner, group and mode (logged; no permission check).
     pub fn set_root_owner(&mut self, uid: u32, gid: u32, mode: u32) -> RpcResult<Attr> {
-        self.mutate(&RequestHeader::default(), MetaOp::SetRootOwner { uid, gid, mode })?.into_attr()
+        match self.mutate(&RequestHeader::default(), MetaOp::SetRootOwner { uid, gid, mode })? {
+            MetaReply::Attr(a) => Ok(a),
+            other => Err(wrong_reply("SetRootOwner", &other)),
+        }
     }
 
     /// Writes a snapshot of the whole state and starts a new, empty log. Called automatically
@@ -1183,14 +894,6 @@ fn replay(
 mod tests {
     use super::*;
 
-    fn target(id: TargetId, pool: &str, free: u64, online: bool) -> TargetChoice {
-        TargetChoice { id, pool: pool.into(), free, capacity: 100, online, node: id / 10, device: 0 }
-    }
-
-    fn dl(stripes: i32, pool: &str) -> DirLayout {
-        DirLayout { stripe_count: stripes, pool: pool.into(), ..DirLayout::default() }
-    }
-
     #[test]
     fn record_encodings_agree() {
         let h = RequestHeader { request_id: 7, client_id: 9, uid: 1, gid: 2, groups: vec![3, 4] };
@@ -1213,85 +916,6 @@ mod tests {
         assert_eq!(rec.ino, Some(InodeId(77)));
         assert_eq!(rec.layout, Some(layout));
         assert_eq!(rec.kept, vec![InodeId(5)]);
-    }
-
-    impl Placement {
-        fn choose_for(&mut self, dl: &DirLayout) -> RpcResult<Layout> {
-            self.choose(dl, Some(0))
-        }
-    }
-
-    #[test]
-    fn local_placement_puts_the_first_stripe_on_the_creating_node() {
-        let mut p = Placement::new();
-        // Targets 10, 11 on node 1 (11 full), 20, 21 on node 2, 30 on node 3 (offline), 40 on
-        // node 4 in another pool.
-        p.set(vec![
-            target(10, "a", 10, true),
-            target(11, "a", 0, true),
-            target(20, "a", 10, true),
-            target(21, "a", 10, true),
-            target(30, "a", 10, false),
-            target(40, "b", 10, true),
-        ]);
-        let local = |stripes| DirLayout { local: true, ..dl(stripes, "a") };
-        for _ in 0..8 {
-            assert_eq!(p.choose(&local(1), Some(1)).unwrap().targets, vec![10], "node 1's target with space");
-        }
-        let mut node2 = std::collections::HashSet::new();
-        for _ in 0..8 {
-            let l = p.choose(&local(3), Some(2)).unwrap();
-            assert_eq!(l.targets.len(), 3);
-            assert!([20, 21].contains(&l.targets[0]), "{l:?}");
-            let mut uniq = l.targets.clone();
-            uniq.sort();
-            uniq.dedup();
-            assert_eq!(uniq.len(), 3, "a target used twice: {l:?}");
-            node2.insert(l.targets[0]);
-        }
-        assert_eq!(node2.len(), 2, "the node's own targets do not rotate");
-        // No usable target on the node (offline, other pool, unknown node, no node given):
-        // the usual rotation, never an error.
-        for node in [Some(3), Some(4), Some(9), None] {
-            let l = p.choose(&local(1), node).unwrap();
-            assert!([10, 20, 21].contains(&l.targets[0]), "{node:?}: {l:?}");
-        }
-        // Without `local` the node does not matter; a start target is ignored with it.
-        let firsts: std::collections::HashSet<_> =
-            (0..12).map(|_| p.choose(&dl(1, "a"), Some(1)).unwrap().targets[0]).collect();
-        assert!(firsts.len() > 1, "rotation stuck: {firsts:?}");
-        let pinned = DirLayout { start_target: Some(20), ..local(1) };
-        assert_eq!(p.choose(&pinned, Some(1)).unwrap().targets, vec![10]);
-    }
-
-    #[test]
-    fn placement_rotates_prefers_free_and_checks_the_pool() {
-        let mut p = Placement::new();
-        p.set(vec![
-            target(4, "a", 10, true),
-            target(1, "a", 10, true),
-            target(2, "a", 0, true),
-            target(3, "a", 10, false),
-            target(9, "b", 0, true),
-        ]);
-        // Online targets of "a": 1, 2 (full), 4.
-        let mut firsts = std::collections::HashSet::new();
-        for _ in 0..6 {
-            let l = p.choose_for(&dl(2, "a")).unwrap();
-            assert_eq!(l.targets.len(), 2);
-            assert!(!l.targets.contains(&2), "a full target was used: {l:?}");
-            firsts.insert(l.targets[0]);
-        }
-        assert_eq!(firsts.len(), 2, "start does not rotate");
-        let all = p.choose_for(&dl(-1, "a")).unwrap();
-        assert_eq!(all.targets.len(), 3);
-        assert_eq!(all.targets[2], 2, "the full target comes last");
-        let start = DirLayout { start_target: Some(4), ..dl(2, "a") };
-        assert_eq!(p.choose_for(&start).unwrap().targets, vec![4, 1]);
-        // More stripes than targets online: capped, as Lustre does.
-        assert_eq!(p.choose_for(&dl(4, "a")).unwrap().targets.len(), 3);
-        assert_eq!(p.choose_for(&dl(1, "c")).unwrap_err().code, ErrorCode::Invalid);
-        assert_eq!(p.choose_for(&dl(1, "b")).unwrap_err().code, ErrorCode::NoSpace);
     }
 
     #[test]

@@ -420,14 +420,14 @@ fn extend_size() {
     let owner = user(1000);
     let f = s.create(&owner, ROOT, b"f", 0o644).unwrap();
     let t = Timespec { sec: 77, nsec: 0 };
-    let ext = |ino, size| MetaOp::ExtendSize(ExtendSize { ino, size, mtime: t });
-    let a = s.mutate(&owner, ext(f.ino, 1000)).unwrap().into_attr().unwrap();
+    let ext = |ino, size| ExtendSize { ino, size, mtime: t };
+    let a = s.mutate(&owner, ext(f.ino, 1000)).unwrap();
     assert_eq!((a.size, a.mtime, a.ctime), (1000, t, t));
-    let a = s.mutate(&owner, ext(f.ino, 10)).unwrap().into_attr().unwrap();
+    let a = s.mutate(&owner, ext(f.ino, 10)).unwrap();
     assert_eq!(a.size, 1000, "extend never shrinks");
     // Authorized by the open for writing (checked when the file was opened), not by the mode
     // now: a writer whose file became read-only since still publishes what it wrote.
-    let a = s.mutate(&user(1001), ext(f.ino, 5000)).unwrap().into_attr().unwrap();
+    let a = s.mutate(&user(1001), ext(f.ino, 5000)).unwrap();
     assert_eq!((a.size, a.mode & 0o777), (5000, 0o644));
     assert_eq!(code(s.mutate(&root(), ext(ROOT, 5))).map(|_| ()), Err(IsDir));
     assert_eq!(code(s.mutate(&root(), ext(InodeId(99_999), 5))).map(|_| ()), Err(NotFound));
@@ -640,9 +640,9 @@ fn layouts_are_judged_against_the_pools_and_survive_a_restart() {
     let f = s.create(&u, dir.ino, b"f", 0o644).unwrap();
     assert_eq!(f.layout.as_ref().unwrap().targets.len(), 4);
     let relayout = |s: &mut MetaStore, h: &RequestHeader, ino| {
-        s.mutate(h, MetaOp::SetFileLayout(SetFileLayout { ino, layout: dl(1, "fast", None), node: None }))
+        s.mutate(h, SetFileLayout { ino, layout: dl(1, "fast", None), node: None })
     };
-    let a = relayout(&mut s, &u, f.ino).unwrap().into_attr().unwrap();
+    let a = relayout(&mut s, &u, f.ino).unwrap();
     assert_eq!(a.layout.as_ref().map(|l| (l.targets.clone(), l.pool.as_str())), Some((vec![10], "fast")));
     let g = s.create(&u, dir.ino, b"g", 0o644).unwrap();
     s.mutate(&u, MetaOp::ExtendSize(ExtendSize { ino: g.ino, size: 10, mtime: Timespec::now() })).unwrap();
@@ -677,9 +677,7 @@ fn sealed_inodes_refuse_every_change_and_only_owners_seal() {
     let f = s.create(&owner, dir.ino, b"f", 0o644).unwrap();
     let sub = s.mkdir(&owner, dir.ino, b"sub", 0o755).unwrap();
     let other = s.create(&owner, ROOT, b"other", 0o644).unwrap();
-    let seal = |s: &mut MetaStore, h: &RequestHeader, ino, sealed| {
-        code(s.mutate(h, MetaOp::SetSealed(SetSealed { ino, sealed })).and_then(|r| r.into_attr()))
-    };
+    let seal = |s: &mut MetaStore, h: &RequestHeader, ino, sealed| code(s.mutate(h, SetSealed { ino, sealed }));
     assert_eq!(seal(&mut s, &user(1001), dir.ino, true), Err(Perm));
     for ino in [dir.ino, f.ino, sub.ino] {
         assert!(seal(&mut s, &owner, ino, true).unwrap().sealed);

@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use odfs_metad::{MetaOp, MetaStore, StoreOptions, TargetChoice};
+use odfs_metad::{MetaStore, StoreOptions, TargetChoice};
 use odfs_proto::meta::*;
 use odfs_proto::{DirLayout, ErrorCode, InodeId, RequestHeader};
 use std::collections::BTreeMap;
@@ -78,28 +78,20 @@ pub trait Ops {
         exclusive: bool,
         layout: Option<DirLayout>,
     ) -> R<CreateReply> {
-        let op = MetaOp::Create(Create {
-            parent,
-            name: name.to_vec(),
-            mode,
-            exclusive,
-            layout,
-            register: false,
-            node: None,
-        });
-        code(self.store().mutate(h, op).and_then(|r| r.into_create()))
+        let op = Create { parent, name: name.to_vec(), mode, exclusive, layout, register: false, node: None };
+        code(self.store().mutate(h, op))
     }
     fn mkdir(&mut self, h: &RequestHeader, parent: InodeId, name: &[u8], mode: u32) -> R<Attr> {
-        let op = MetaOp::Mkdir(Mkdir { parent, name: name.to_vec(), mode });
-        code(self.store().mutate(h, op).and_then(|r| r.into_attr()))
+        let op = Mkdir { parent, name: name.to_vec(), mode };
+        code(self.store().mutate(h, op))
     }
     fn unlink(&mut self, h: &RequestHeader, parent: InodeId, name: &[u8]) -> R<Option<Attr>> {
-        let op = MetaOp::Unlink(Unlink { parent, name: name.to_vec() });
-        code(self.store().mutate(h, op).and_then(|r| r.into_unlink()).map(|u| u.removed))
+        let op = Unlink { parent, name: name.to_vec() };
+        code(self.store().mutate(h, op).map(|u| u.removed))
     }
     fn rmdir(&mut self, h: &RequestHeader, parent: InodeId, name: &[u8]) -> R<()> {
-        let op = MetaOp::Rmdir(Rmdir { parent, name: name.to_vec() });
-        code(self.store().mutate(h, op).and_then(|r| r.into_unit()))
+        let op = Rmdir { parent, name: name.to_vec() };
+        code(self.store().mutate(h, op))
     }
     #[allow(clippy::too_many_arguments)]
     fn rename(
@@ -111,19 +103,19 @@ pub trait Ops {
         new_name: &[u8],
         flags: u32,
     ) -> R<Option<Attr>> {
-        let op = MetaOp::Rename(Rename { parent, name: name.to_vec(), new_parent, new_name: new_name.to_vec(), flags });
-        code(self.store().mutate(h, op).and_then(|r| r.into_rename()).map(|r| r.removed))
+        let op = Rename { parent, name: name.to_vec(), new_parent, new_name: new_name.to_vec(), flags };
+        code(self.store().mutate(h, op).map(|r| r.removed))
     }
     fn symlink(&mut self, h: &RequestHeader, parent: InodeId, name: &[u8], target: &[u8]) -> R<Attr> {
-        let op = MetaOp::Symlink(Symlink { parent, name: name.to_vec(), target: target.to_vec() });
-        code(self.store().mutate(h, op).and_then(|r| r.into_attr()))
+        let op = Symlink { parent, name: name.to_vec(), target: target.to_vec() };
+        code(self.store().mutate(h, op))
     }
     fn link(&mut self, h: &RequestHeader, ino: InodeId, new_parent: InodeId, new_name: &[u8]) -> R<Attr> {
-        let op = MetaOp::Link(Link { ino, new_parent, new_name: new_name.to_vec() });
-        code(self.store().mutate(h, op).and_then(|r| r.into_attr()))
+        let op = Link { ino, new_parent, new_name: new_name.to_vec() };
+        code(self.store().mutate(h, op))
     }
     fn setattr(&mut self, h: &RequestHeader, req: SetAttr) -> R<Attr> {
-        code(self.store().mutate(h, MetaOp::SetAttr(req)).and_then(|r| r.into_attr()))
+        code(self.store().mutate(h, req))
     }
     fn find(&mut self, h: &RequestHeader, parent: InodeId, name: &[u8]) -> R<Attr> {
         code(self.store().lookup(h, &Lookup { parent, name: name.to_vec() }))
