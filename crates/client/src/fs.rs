@@ -238,18 +238,23 @@ impl Client {
     /// Connects to the filesystem described by `cfg` and waits (up to `cfg.retry_secs`) until it
     /// is ready.
     pub async fn connect(cfg: ClientConfig) -> Result<Client> {
+        Client::connect_over(cfg.clone(), Arc::new(Client::pool(&cfg)?)).await
+    }
+
+    /// The connection pool a client of `cfg` calls its services through.
+    pub fn pool(cfg: &ClientConfig) -> Result<Pool> {
         let cred = cfg.job.credential().map_err(|e| ClientError::Config(e.to_string()))?;
-        let pool = Arc::new(
-            Pool::new(
-                cred,
-                PoolConfig {
-                    call_timeout: Duration::from_secs(cfg.call_timeout_secs),
-                    retry_deadline: Duration::from_secs(cfg.retry_secs),
-                    conns_per_peer: cfg.bulk_connections.max(1),
-                },
-            )
-            .map_err(|e| ClientError::Config(e.to_string()))?,
-        );
+        let pcfg = PoolConfig {
+            call_timeout: Duration::from_secs(cfg.call_timeout_secs),
+            retry_deadline: Duration::from_secs(cfg.retry_secs),
+            conns_per_peer: cfg.bulk_connections.max(1),
+        };
+        Pool::new(cred, pcfg).map_err(|e| ClientError::Config(e.to_string()))
+    }
+
+    /// [`Client::connect`] through `pool`: the transport seam (a pool with routers of this
+    /// process, `odfs_rpc::Local`, runs a client and its services in one process).
+    pub async fn connect_over(cfg: ClientConfig, pool: Arc<Pool>) -> Result<Client> {
         let cluster = Cluster::fetch(pool.clone(), cfg.mgmtd).await?;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(cfg.retry_secs);
         while !cluster.ready() {
@@ -924,6 +929,13 @@ impl Client {
     pub async fn truncate(&self, ctx: &Ctx, ino: InodeId, size: u64, how: Truncate) -> Result<()> {
         odfs_proto::layout::check_file_size(size).map_err(|why| ClientError::new(ErrorCode::FileTooBig, why))?;
         if how == Truncate::CheckAccess {
+            // As truncate(2): a directory is EISDIR and another non-file EINVAL, before any
+            // permission is looked at.
+            match self.getattr(ctx, ino).await?.kind {
+                FileKind::File => {}
+                FileKind::Dir => return Err(ErrorCode::IsDir.into()),
+                _ => return Err(ErrorCode::Invalid.into()),
+            }
             self.access(ctx, ino, 2).await?;
         }
         let local = self.inner.inodes.lock().expect("inodes lock").get(&ino).cloned();

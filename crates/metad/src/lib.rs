@@ -36,5 +36,6 @@ pub mod store;
 pub mod wal;
 
 pub use error::MetaError;
-pub use namespace::{Found, MetaOp, MetaReply};
+pub use namespace::{Found, MetaOp, MetaReply, Mutation};
+pub use shards::Coordinator;
 pub use store::{MetaStore, StoreOptions, TargetChoice};

@@ -1,11 +1,15 @@
 //! Property test: random operation sequences give the same outcomes on the store and on a
-//! small reference model of POSIX semantics, and the store recovers to the same state.
+//! small reference model of POSIX semantics, and the store recovers to the same state; and the
+//! same sequences, sent through two clients of the client library with their caches on (one
+//! process: `in_process`), give the model's outcomes, and each client sees the model's tree
+//! after every operation of either (its caches kept right by leases and recalls).
 //!
 //! The model is a plain tree (node id → node, directories map names to node ids). It keeps no
 //! link counts: they are computed from the tree when comparing, which checks the store's
 //! bookkeeping independently.
 
 mod common;
+mod in_process;
 
 use common::*;
 use odfs_metad::{MetaOp, MetaStore, StoreOptions};
@@ -679,5 +683,189 @@ proptest! {
         drop(s);
         let s = open_with(tmp.path(), opts);
         prop_assert_eq!(dump(&s), before);
+    }
+}
+
+// ---- through the client library ----
+
+fn ctx(w: Who) -> odfs_client::Ctx {
+    odfs_client::Ctx { uid: w.0, gid: w.0, groups: vec![] }
+}
+
+fn ccode<T>(r: odfs_client::Result<T>) -> Res<T> {
+    r.map_err(|e| e.code())
+}
+
+/// The directory at `path` as a client resolves it (as root, through its caches).
+async fn client_resolve(c: &odfs_client::Client, path: &[&str]) -> Option<InodeId> {
+    let mut cur = ROOT;
+    for p in path {
+        let a = c.lookup(&odfs_client::Ctx::root(), cur, p.as_bytes()).await.ok()?;
+        if a.kind != FileKind::Dir {
+            return None;
+        }
+        cur = a.ino;
+    }
+    Some(cur)
+}
+
+/// The whole tree as a client sees it: listings and lookups through its caches.
+async fn client_tree(c: &odfs_client::Client) -> Tree {
+    let root = odfs_client::Ctx::root();
+    let mut seen: Vec<(Vec<Vec<u8>>, Attr)> = vec![(vec![], c.getattr(&root, ROOT).await.unwrap())];
+    let mut i = 0;
+    while i < seen.len() {
+        let (p, a) = seen[i].clone();
+        if a.kind == FileKind::Dir {
+            for e in c.readdir_all(&root, a.ino, false).await.unwrap() {
+                let child = c.lookup(&root, a.ino, &e.name).await.unwrap();
+                let mut q = p.clone();
+                q.push(e.name);
+                seen.push((q, child));
+            }
+        }
+        i += 1;
+    }
+    seen.sort_by(|x, y| x.0.cmp(&y.0));
+    let mut first: HashMap<InodeId, Vec<Vec<u8>>> = HashMap::new();
+    for (p, a) in &seen {
+        first.entry(a.ino).or_insert_with(|| p.clone());
+    }
+    seen.iter()
+        .map(|(p, a)| {
+            let size = (a.kind != FileKind::Dir).then_some(a.size);
+            (p.clone(), (a.kind, a.mode, a.uid, a.gid, size, a.nlink, first[&a.ino].clone()))
+        })
+        .collect()
+}
+
+/// Applies `op` to the model and through client `c`: (model outcome, client outcome), or None
+/// when the op's paths do not resolve (checked to agree).
+async fn run_client(m: &mut Model, c: &odfs_client::Client, op: &Op) -> Option<(Res<String>, Res<String>)> {
+    async fn dir_of(m: &Model, c: &odfs_client::Client, d: usize) -> Option<(usize, InodeId)> {
+        let (a, b) = (m.resolve(DIRS[d]), client_resolve(c, DIRS[d]).await);
+        assert_eq!(a.is_some(), b.is_some(), "directory {:?} resolves differently", DIRS[d]);
+        Some((a?, b?))
+    }
+    async fn node_of(m: &Model, c: &odfs_client::Client, d: usize, n: usize) -> Option<(usize, InodeId)> {
+        let (md, cd) = dir_of(m, c, d).await?;
+        let a = m.child(md, NAMES[n].as_bytes());
+        let b = c.lookup(&odfs_client::Ctx::root(), cd, NAMES[n].as_bytes()).await.ok().map(|a| a.ino);
+        assert_eq!(a.is_some(), b.is_some(), "{:?}/{} exists differently", DIRS[d], NAMES[n]);
+        Some((a?, b?))
+    }
+    let done = |r: Res<bool>| r.map(|_| String::new());
+    let unit = |r: Res<()>| r.map(|_| String::new());
+    Some(match *op {
+        Op::Create { uid, dir, name, mode, excl } => {
+            let w = Who(UIDS[uid]);
+            let (md, cd) = dir_of(m, c, dir).await?;
+            let nm = NAMES[name].as_bytes();
+            let got = ccode(c.create(&ctx(w), cd, nm, MODES[mode], excl, None).await).map(|r| r.created.to_string());
+            (m.create(w, md, nm, MODES[mode], excl).map(|b| b.to_string()), got)
+        }
+        Op::Mkdir { uid, dir, name, mode } => {
+            let w = Who(UIDS[uid]);
+            let (md, cd) = dir_of(m, c, dir).await?;
+            let nm = NAMES[name].as_bytes();
+            (
+                unit(m.mkdir(w, md, nm, MODES[mode])),
+                ccode(c.mkdir(&ctx(w), cd, nm, MODES[mode]).await).map(|_| String::new()),
+            )
+        }
+        Op::Unlink { uid, dir, name } => {
+            let w = Who(UIDS[uid]);
+            let (md, cd) = dir_of(m, c, dir).await?;
+            let nm = NAMES[name].as_bytes();
+            (done(m.unlink(w, md, nm)), ccode(c.unlink(&ctx(w), cd, nm).await).map(|_| String::new()))
+        }
+        Op::Rmdir { uid, dir, name } => {
+            let w = Who(UIDS[uid]);
+            let (md, cd) = dir_of(m, c, dir).await?;
+            let nm = NAMES[name].as_bytes();
+            (unit(m.rmdir(w, md, nm)), ccode(c.rmdir(&ctx(w), cd, nm).await).map(|_| String::new()))
+        }
+        Op::Rename { uid, dir, name, dir2, name2, flags } => {
+            let w = Who(UIDS[uid]);
+            let (md, cd) = dir_of(m, c, dir).await?;
+            let (md2, cd2) = dir_of(m, c, dir2).await?;
+            let (a, b) = (NAMES[name].as_bytes(), NAMES[name2].as_bytes());
+            let got = ccode(c.rename(&ctx(w), cd, a, cd2, b, flags).await).map(|_| String::new());
+            (done(m.rename(w, md, a, md2, b, flags)), got)
+        }
+        Op::Link { uid, dir, name, dir2, name2 } => {
+            let w = Who(UIDS[uid]);
+            let (mn, cn) = node_of(m, c, dir, name).await?;
+            let (md2, cd2) = dir_of(m, c, dir2).await?;
+            let b = NAMES[name2].as_bytes();
+            (unit(m.link(w, mn, md2, b)), ccode(c.link(&ctx(w), cn, cd2, b).await).map(|_| String::new()))
+        }
+        Op::Symlink { uid, dir, name } => {
+            let w = Who(UIDS[uid]);
+            let (md, cd) = dir_of(m, c, dir).await?;
+            let nm = NAMES[name].as_bytes();
+            (unit(m.symlink(w, md, nm)), ccode(c.symlink(&ctx(w), cd, nm, TARGET).await).map(|_| String::new()))
+        }
+        Op::SetSize { uid, dir, name, size } => {
+            let w = Who(UIDS[uid]);
+            let (mn, cn) = node_of(m, c, dir, name).await?;
+            let got = ccode(c.truncate(&ctx(w), cn, size, odfs_client::Truncate::CheckAccess).await);
+            (unit(m.set_size(w, mn, size)), got.map(|_| String::new()))
+        }
+        Op::Chmod { uid, dir, name, mode } => {
+            let w = Who(UIDS[uid]);
+            let (mn, cn) = node_of(m, c, dir, name).await?;
+            let req = SetAttr { ino: cn, mode: Some(MODES[mode]), ..Default::default() };
+            (unit(m.chmod(w, mn, MODES[mode])), ccode(c.setattr(&ctx(w), req).await).map(|_| String::new()))
+        }
+        Op::Chown { uid, dir, name, owner, group } => {
+            let w = Who(UIDS[uid]);
+            let (mn, cn) = node_of(m, c, dir, name).await?;
+            let (o, g) = (owner.map(|i| UIDS[i]), group.map(|i| UIDS[i]));
+            let req = SetAttr { ino: cn, uid: o, gid: g, ..Default::default() };
+            (unit(m.chown(w, mn, o, g)), ccode(c.setattr(&ctx(w), req).await).map(|_| String::new()))
+        }
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 192, ..ProptestConfig::default() })]
+
+    #[test]
+    fn clients_with_caches_match_model(
+        root_mode in prop_oneof![Just(0o777u32), Just(0o1777), Just(0o755)],
+        dirs in skeleton(),
+        ops in proptest::collection::vec(op(), 1..60),
+    ) {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        rt.block_on(async {
+            let tmp = tempfile::tempdir().unwrap();
+            let fs = in_process::InProcess::start(tmp.path(), root_mode).await;
+            let clients = [fs.client().await, fs.client().await];
+            let mut m = Model::new(root_mode);
+            for (i, (dir, name)) in [(0, 0), (0, 1), (1, 1)].into_iter().enumerate() {
+                let (mode, owner) = dirs[i];
+                let mode = MODES.iter().position(|&m| m == mode).unwrap_or(1);
+                for o in [
+                    Op::Mkdir { uid: 0, dir, name, mode },
+                    Op::Chown { uid: 0, dir, name, owner: Some(dirs[i].1), group: Some(owner) },
+                ] {
+                    let (want, got) = run_client(&mut m, &clients[0], &o).await.expect("skeleton resolves");
+                    prop_assert_eq!(&got, &want);
+                    prop_assert!(got.is_ok());
+                }
+            }
+            for (i, o) in ops.iter().enumerate() {
+                // The clients take turns; each must see the other's changes at once.
+                let (by, other) = (&clients[i % 2], &clients[(i + 1) % 2]);
+                if let Some((want, got)) = run_client(&mut m, by, o).await {
+                    prop_assert_eq!(&got, &want, "op {} {:?}", i, o);
+                }
+                let want = model_tree(&m);
+                prop_assert_eq!(client_tree(other).await, want.clone(), "the other client, after op {} {:?}", i, o);
+                prop_assert_eq!(client_tree(by).await, want, "the client that did op {} {:?}", i, o);
+            }
+            Ok(())
+        })?;
     }
 }

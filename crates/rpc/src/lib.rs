@@ -11,6 +11,7 @@
 pub mod conn;
 pub mod credential;
 pub mod error;
+pub mod local;
 pub mod pool;
 pub mod quic;
 mod recycle;
@@ -23,6 +24,7 @@ pub mod tcp;
 pub use conn::{Conn, PAYLOAD_ALIGN};
 pub use credential::{JobCredential, SiteKey};
 pub use error::RpcError;
+pub use local::Local;
 pub use pool::{own_lane, Pool, PoolConfig, Transport};
 pub use router::Router;
 

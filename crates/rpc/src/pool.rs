@@ -84,6 +84,8 @@ pub struct Pool {
     slots: Mutex<HashMap<(SocketAddr, Transport, usize, usize), Slot>>,
     next: AtomicUsize,
     cfg: PoolConfig,
+    /// Routers of this process that answer calls instead of a connection (`crate::local`).
+    local: Option<Arc<crate::Local>>,
 }
 
 impl Pool {
@@ -94,7 +96,15 @@ impl Pool {
 
     /// A pool that connects out through an existing endpoint (a daemon's own).
     pub fn with_endpoint(cred: JobCredential, quic: QuicEndpoint, cfg: PoolConfig) -> Pool {
-        Pool { cred, quic, slots: Mutex::new(HashMap::new()), next: AtomicUsize::new(0), cfg }
+        Pool { cred, quic, slots: Mutex::new(HashMap::new()), next: AtomicUsize::new(0), cfg, local: None }
+    }
+
+    /// This pool's calls answered by the routers of `local` instead of connections: the
+    /// in-process transport (an address none of them serves is refused, as a stopped
+    /// service's would be).
+    pub fn with_local(mut self, local: Arc<crate::Local>) -> Pool {
+        self.local = Some(local);
+        self
     }
 
     pub fn config(&self) -> &PoolConfig {
@@ -167,9 +177,15 @@ impl Pool {
         let start = Instant::now();
         let mut backoff = Duration::from_millis(20);
         loop {
-            let result = match self.conn(addr, transport).await {
-                Ok(c) => c.call(header, req, self.cfg.call_timeout).await,
-                Err(e) => Err(e),
+            let result = match &self.local {
+                Some(local) => match local.router(addr) {
+                    Some(router) => local.call(&router, header, req).await,
+                    None => Err(RpcError::Connect { addr, reason: "no service of this process answers there".into() }),
+                },
+                None => match self.conn(addr, transport).await {
+                    Ok(c) => c.call(header, req, self.cfg.call_timeout).await,
+                    Err(e) => Err(e),
+                },
             };
             match result {
                 Err(e) if e.retryable() && start.elapsed() + backoff < retry_deadline => {

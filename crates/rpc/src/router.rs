@@ -103,7 +103,7 @@ impl Router {
         self
     }
 
-    fn dispatch(&self, call_id: u64, method: u16, body: &[u8], payload: Bytes) -> BoxFuture<'static, Frame> {
+    pub(crate) fn dispatch(&self, call_id: u64, method: u16, body: &[u8], payload: Bytes) -> BoxFuture<'static, Frame> {
         match self.handlers.get(&method) {
             Some((_, h)) => h(call_id, body, payload),
             None => {
