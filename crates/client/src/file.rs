@@ -9,49 +9,18 @@
 //! together in any order, and the later of two writes to the same bytes must win.
 //! The size grows locally and reaches metad on flush/fsync/close (close-to-open).
 
-use crate::ctx::Ctx;
-use crate::link::ServiceLink;
-use crate::{ClientError, Result};
+use crate::fs::Truncate;
+use crate::{Client, ClientError, Ctx, Result};
 use bytes::Bytes;
 use futures::future::{BoxFuture, FutureExt, Shared};
 use odfs_proto::codec::{Payload, MAX_IO};
-use odfs_proto::storage::{SyncChunk, WriteChunk, Written};
+use odfs_proto::meta::Attr;
+use odfs_proto::storage::{PunchChunk, SyncChunk, WriteChunk, Written};
 use odfs_proto::{InodeId, Layout, Timespec};
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
-
-/// What an open file's data needs of the client above it: its link to the services, its write
-/// budget, and the namespace calls a write, flush or close makes (space freed by its removals,
-/// its log of deferred changes, the published size). `Client` is the one implementation.
-pub(crate) trait Owner: Clone + Send + Sync + 'static {
-    fn link(&self) -> &ServiceLink;
-    /// Bounds bytes of written data in flight (units of 4 KiB).
-    fn write_budget(&self) -> &Arc<Semaphore>;
-    /// Appends the bytes of `segs` (consecutive, of file `ino`) to `pipe` (`splice_read`).
-    fn splice_segments(
-        &self,
-        ino: InodeId,
-        segs: Vec<odfs_proto::layout::Segment>,
-        pipe: &mut odfs_rpc::splice::Pipe,
-    ) -> impl Future<Output = Result<()>> + Send;
-    /// After a refusal for want of space: whether to ask again (space may come; see
-    /// `Client::space_may_come`).
-    fn space_may_come(&self, first: &mut Option<std::time::Instant>) -> impl Future<Output = bool> + Send;
-    /// Waits until metad has applied this client's deferred changes.
-    fn sync_deferred(&self) -> impl Future<Output = ()> + Send;
-    /// Publishes a file's size and mtime at metad.
-    fn publish_size(
-        &self,
-        ctx: &Ctx,
-        ino: InodeId,
-        size: u64,
-        mtime: Timespec,
-    ) -> impl Future<Output = Result<()>> + Send;
-}
 
 type ChunkFuture = Shared<BoxFuture<'static, Result<Arc<Vec<u8>>, ClientError>>>;
 
@@ -206,7 +175,7 @@ pub struct InodeData {
     /// covers opens up to it).
     registered: std::sync::atomic::AtomicU64,
     /// Mirror of `WriteState::size` readable without the async lock (for getattr).
-    pub(crate) size_hint: Mutex<(u64, bool)>,
+    size_hint: Mutex<(u64, bool)>,
     /// Held while an open answered from the cache is being registered with metad: the
     /// release waits for it, or it would overtake the registration and leave it behind.
     pub(crate) registering: Arc<tokio::sync::Mutex<()>>,
@@ -282,37 +251,13 @@ impl InodeData {
     }
 
     /// How many background writes of this inode have failed so far.
-    /// The size including this process's writes.
-    pub(crate) async fn size(&self) -> u64 {
-        self.ws.lock().await.size
-    }
-
-    /// Writes made to the chunk file without this library (see `FileHandle::note_external_write`).
-    pub(crate) async fn note_external_write(&self, size: u64, mtime: Timespec) {
-        let mut ws = self.ws.lock().await;
-        ws.size = size;
-        ws.size_dirty = true;
-        ws.mtime = mtime;
-        *self.size_hint.lock().expect("size lock") = (size, true);
-    }
-
-    /// Drops what was read ahead (the bytes are about to change under it).
-    pub(crate) fn forget_read_ahead(&self) {
-        self.ra.lock().expect("ra lock").chunks.clear();
-    }
-
-    /// From now on, every chunk write asks stored for the CRC32C of the bytes it wrote.
-    pub(crate) fn check_writes(&self) {
-        self.written.lock().expect("written lock").get_or_insert_with(BTreeMap::new);
-    }
-
-    pub(crate) fn error_seq(&self) -> u64 {
+    fn error_seq(&self) -> u64 {
         self.error.lock().expect("error lock").seq
     }
 
     /// The latest failure of a background write if one came after `seen` (the count an open
     /// file last learned), which then learns it; else Ok.
-    pub(crate) fn error_since(&self, seen: &AtomicU64) -> Result<()> {
+    fn error_since(&self, seen: &AtomicU64) -> Result<()> {
         let g = self.error.lock().expect("error lock");
         if g.seq > seen.load(Ordering::Acquire) {
             seen.store(g.seq, Ordering::Release);
@@ -331,7 +276,7 @@ impl InodeData {
     }
 
     /// Sends the coalescing buffer in the background, within the client's write budget.
-    async fn send_buf<O: Owner>(self: &Arc<Self>, client: &O, ws: &mut WriteState) {
+    async fn send_buf(self: &Arc<Self>, client: &Client, ws: &mut WriteState) {
         let Some(buf) = ws.buf.take() else {
             return;
         };
@@ -343,19 +288,19 @@ impl InodeData {
         self.wait_overlapping(ws, off, end).await;
         ws.touched.insert(seg.stripe_index);
         let units = data.len().div_ceil(4096).max(1) as u32;
-        let permit = client.write_budget().clone().acquire_many_owned(units).await.expect("budget never closes");
+        let permit = client.inner.write_budget.clone().acquire_many_owned(units).await.expect("budget never closes");
         let crc = self.written.lock().expect("written lock").is_some();
         let req = WriteChunk { target: seg.target, ino: self.ino, offset: seg.local_offset, data, sync: false, crc };
         let client = client.clone();
         let me = self.clone();
         ws.inflight.retain(|w| !w.task.is_finished());
-        let rt = client.link().runtime.clone();
+        let rt = client.inner.runtime.clone();
         let task = rt.spawn(async move {
             // Refused for want of space: asked again while space freed by an unlink (this
             // client's or another's) may still come (`Client::space_may_come`).
             let mut refused = None;
             let r = loop {
-                let r = client.link().store(req.target, &req).await;
+                let r = client.store(req.target, &req).await;
                 match &r {
                     Err(e)
                         if e.code() == odfs_proto::ErrorCode::NoSpace && client.space_may_come(&mut refused).await => {}
@@ -401,7 +346,7 @@ impl InodeData {
     /// The CRC32C of bytes `offset..offset + len` as stored acknowledged them: the CRCs of the
     /// writes that cover the range combined, or None unless they cover it exactly, end to end
     /// (a gap, an overlap, a write sent before the CRCs were asked for). Forgets those writes.
-    pub(crate) fn written_crc(&self, offset: u64, len: u64) -> Option<u32> {
+    fn written_crc(&self, offset: u64, len: u64) -> Option<u32> {
         let end = offset.checked_add(len)?;
         let inside = {
             let mut guard = self.written.lock().expect("written lock");
@@ -424,23 +369,23 @@ impl InodeData {
     }
 
     /// Writes `data` at `offset` (coalesced, sent in the background).
-    pub(crate) async fn write<O: Owner>(self: &Arc<Self>, client: &O, offset: u64, data: &[u8]) -> Result<()> {
+    pub(crate) async fn write(self: &Arc<Self>, client: &Client, offset: u64, data: &[u8]) -> Result<()> {
         self.write_with(client, offset, data.len(), |b, at, len, cap| b.copy_in(&data[at..at + len], cap)).await
     }
 
     /// [`Self::write`] of bytes the caller hands over: they join the write buffer as they are
     /// (in pieces, see [`WriteBuf`]), so a large write (a FUSE write's buffer, an S3 body's
     /// piece) reaches the socket with no copy of the client's.
-    pub(crate) async fn write_bytes<O: Owner>(self: &Arc<Self>, client: &O, offset: u64, data: Bytes) -> Result<()> {
+    pub(crate) async fn write_bytes(self: &Arc<Self>, client: &Client, offset: u64, data: Bytes) -> Result<()> {
         self.write_with(client, offset, data.len(), |b, at, len, cap| b.hand_over(data.slice(at..at + len), cap)).await
     }
 
     /// A write of `len` bytes at `offset`, chunk by chunk: `put(buf, at, n, cap)` adds the
     /// caller's bytes `at..at + n` to the write buffer (capped at `cap` bytes), which is sent
     /// first when they cannot join it and after when it is full.
-    async fn write_with<O: Owner>(
+    async fn write_with(
         self: &Arc<Self>,
-        client: &O,
+        client: &Client,
         offset: u64,
         len: usize,
         mut put: impl FnMut(&mut WriteBuf, usize, usize, usize),
@@ -461,7 +406,7 @@ impl InodeData {
     }
 
     /// Sends the write buffer when it reaches a chunk's end or the request cap.
-    async fn send_if_full<O: Owner>(self: &Arc<Self>, client: &O, ws: &mut WriteState) {
+    async fn send_if_full(self: &Arc<Self>, client: &Client, ws: &mut WriteState) {
         if ws.buf.as_ref().is_some_and(|b| self.fills(b.off, b.len)) {
             self.send_buf(client, ws).await;
         }
@@ -524,7 +469,7 @@ impl InodeData {
 
     /// Waits for every write of this inode to reach stored (or fail: each open file learns of
     /// a failure through `error_since`, not here).
-    pub(crate) async fn drain<O: Owner>(self: &Arc<Self>, client: &O) -> Result<()> {
+    pub(crate) async fn drain(self: &Arc<Self>, client: &Client) -> Result<()> {
         // The writes stay listed while they are awaited, so a concurrent drain (parallel reads
         // of one file, as FUSE sends them) or an overlapping write waits for them too.
         let waits: Vec<_> = {
@@ -538,7 +483,7 @@ impl InodeData {
 
     /// Drains writes and publishes the size (close-to-open). With `sync`, data is made durable
     /// on every target written since the last sync.
-    pub(crate) async fn flush<O: Owner>(self: &Arc<Self>, client: &O, ctx: &Ctx, sync: bool) -> Result<()> {
+    pub(crate) async fn flush(self: &Arc<Self>, client: &Client, ctx: &Ctx, sync: bool) -> Result<()> {
         self.drain(client).await?;
         let mut ws = self.ws.lock().await;
         if sync {
@@ -549,7 +494,7 @@ impl InodeData {
                 let t = self.layout.targets[i];
                 let client = client.clone();
                 let ino = self.ino;
-                async move { client.link().store(t, &SyncChunk { target: t, ino }).await }
+                async move { client.store(t, &SyncChunk { target: t, ino }).await }
             });
             for r in futures::future::join_all(futs).await {
                 r?;
@@ -563,7 +508,7 @@ impl InodeData {
         Ok(())
     }
 
-    fn fetch_chunk<O: Owner>(self: &Arc<Self>, client: &O, chunk: u64, size: u64) -> ChunkFuture {
+    fn fetch_chunk(self: &Arc<Self>, client: &Client, chunk: u64, size: u64) -> ChunkFuture {
         let cs = self.layout.chunk_size as u64;
         let start = chunk * cs;
         let len = cs.min(size.saturating_sub(start));
@@ -574,7 +519,7 @@ impl InodeData {
             let Some(seg) = seg else {
                 return Ok(Arc::new(Vec::new()));
             };
-            let data = client.link().read_chunk(seg.target, ino, seg.local_offset, seg.len as u32).await?;
+            let data = client.read_chunk(seg.target, ino, seg.local_offset, seg.len as u32).await?;
             Ok(Arc::new(data))
         }
         .boxed()
@@ -582,7 +527,7 @@ impl InodeData {
     }
 
     /// Reads up to `len` bytes at `offset`; holes read as zeros; short at end of file.
-    pub(crate) async fn read<O: Owner>(self: &Arc<Self>, client: &O, offset: u64, len: u32) -> Result<ReadBuf> {
+    pub(crate) async fn read(self: &Arc<Self>, client: &Client, offset: u64, len: u32) -> Result<ReadBuf> {
         let (end, size) = self.drained_end(client, offset, len).await?;
         if end == offset {
             return Ok(ReadBuf::Owned(Vec::new()));
@@ -610,7 +555,7 @@ impl InodeData {
     /// Where a read of `len` bytes at `offset` ends (never before `offset`: at or past the end
     /// of the file it reads nothing), once this process's own writes have reached stored; and
     /// the file's size.
-    async fn drained_end<O: Owner>(self: &Arc<Self>, client: &O, offset: u64, len: u32) -> Result<(u64, u64)> {
+    async fn drained_end(self: &Arc<Self>, client: &Client, offset: u64, len: u32) -> Result<(u64, u64)> {
         self.drain(client).await?;
         let size = self.ws.lock().await.size;
         Ok(((offset + len as u64).min(size).max(offset), size))
@@ -618,9 +563,9 @@ impl InodeData {
 
     /// [`Self::read`]'s bytes appended to `pipe` after `head(n)`, `n` the number of them, with
     /// no copy of this process's (see `splice_read`). `Err` leaves the pipe holding part of it.
-    pub(crate) async fn read_into_pipe<O: Owner>(
+    pub(crate) async fn read_into_pipe(
         self: &Arc<Self>,
-        client: &O,
+        client: &Client,
         offset: u64,
         len: u32,
         pipe: &mut odfs_rpc::splice::Pipe,
@@ -636,15 +581,9 @@ impl InodeData {
 
     /// The read-ahead chunks covering `[offset, end)`; for a sequential reader, more of them
     /// are started beyond `end`.
-    fn read_ahead<O: Owner>(
-        self: &Arc<Self>,
-        client: &O,
-        offset: u64,
-        end: u64,
-        size: u64,
-    ) -> BTreeMap<u64, ChunkFuture> {
+    fn read_ahead(self: &Arc<Self>, client: &Client, offset: u64, end: u64, size: u64) -> BTreeMap<u64, ChunkFuture> {
         let cs = self.layout.chunk_size as u64;
-        let ra_chunks = client.link().cfg.readahead_chunks as u64;
+        let ra_chunks = client.config().readahead_chunks as u64;
         let mut ra = self.ra.lock().expect("ra lock");
         let sequential = offset == ra.last_end || offset == 0;
         ra.last_end = end;
@@ -656,7 +595,7 @@ impl InodeData {
             for k in (last_needed + 1)..=(last_needed + ra_chunks).min(max_chunk) {
                 if let std::collections::btree_map::Entry::Vacant(slot) = ra.chunks.entry(k) {
                     let f = self.fetch_chunk(client, k, size);
-                    client.link().runtime.spawn(f.clone());
+                    client.inner.runtime.spawn(f.clone());
                     slot.insert(f);
                 }
             }
@@ -665,12 +604,12 @@ impl InodeData {
     }
 
     /// One segment from its target, in requests of at most `MAX_IO` bytes; short at a hole.
-    async fn read_segment<O: Owner>(&self, client: &O, seg: &odfs_proto::layout::Segment) -> Result<Vec<u8>> {
+    async fn read_segment(&self, client: &Client, seg: &odfs_proto::layout::Segment) -> Result<Vec<u8>> {
         let mut data = Vec::new();
         let mut done = 0u64;
         while done < seg.len {
             let n = (seg.len - done).min(MAX_IO as u64) as u32;
-            let piece = client.link().read_chunk(seg.target, self.ino, seg.local_offset + done, n).await?;
+            let piece = client.read_chunk(seg.target, self.ino, seg.local_offset + done, n).await?;
             let got = piece.len() as u64;
             if data.is_empty() {
                 data = piece;
@@ -715,13 +654,260 @@ fn assemble(pieces: Vec<(usize, Piece)>, total: usize) -> ReadBuf {
 /// How many of `len` bytes a write at `offset` may write: all of them, or those below
 /// `MAX_FILE_SIZE` (a short write, as a local filesystem cuts one at its limit); EFBIG, with
 /// nothing written, when it starts at or past it.
-pub(crate) fn within_max_size(offset: u64, len: usize) -> Result<usize> {
+fn within_max_size(offset: u64, len: usize) -> Result<usize> {
     let max = odfs_proto::layout::MAX_FILE_SIZE;
     if len > 0 && offset >= max {
         let why = odfs_proto::layout::check_file_size(offset.saturating_add(len as u64)).unwrap_err();
         return Err(ClientError::new(odfs_proto::ErrorCode::FileTooBig, format!("a write at offset {offset}: {why}")));
     }
     Ok(len.min((max - offset.min(max)) as usize))
+}
+
+/// An open file of one process.
+pub struct FileHandle {
+    client: Client,
+    data: Arc<InodeData>,
+    ctx: Ctx,
+    readable: bool,
+    writable: bool,
+    closed: bool,
+    /// The inode's failed background writes this file's writes learned of (`WriteErrors`).
+    write_seen: AtomicU64,
+    /// Likewise for its fsyncs, flushes and close.
+    sync_seen: AtomicU64,
+}
+
+impl FileHandle {
+    /// True when this process wrote to the file since its size was last published: a flush
+    /// has work to do (and may report a background write's error).
+    pub fn has_unpublished_writes(&self) -> bool {
+        self.data.size_hint.lock().expect("size lock").1
+    }
+
+    /// True when a background write failed since this file's last fsync, flush or close
+    /// learned of the failures: its next one reports it.
+    pub fn has_unreported_error(&self) -> bool {
+        self.data.error_seq() > self.sync_seen.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn new(client: Client, data: Arc<InodeData>, ctx: Ctx, readable: bool, writable: bool) -> FileHandle {
+        let seen = data.error_seq();
+        FileHandle {
+            client,
+            data,
+            ctx,
+            readable,
+            writable,
+            closed: false,
+            write_seen: AtomicU64::new(seen),
+            sync_seen: AtomicU64::new(seen),
+        }
+    }
+
+    /// After the inode's writes were waited for: a failure this file's syncs have not learned.
+    fn sync_error(&self) -> Result<()> {
+        self.data.error_since(&self.sync_seen)
+    }
+
+    pub fn ino(&self) -> InodeId {
+        self.data.ino
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.data.layout
+    }
+
+    /// The size including this process's writes.
+    pub async fn size(&self) -> u64 {
+        self.data.ws.lock().await.size
+    }
+
+    /// EACCES unless the file was opened for writing.
+    fn check_writable(&self) -> Result<()> {
+        if !self.writable {
+            return Err(ClientError::new(odfs_proto::ErrorCode::Access, "file is not open for writing"));
+        }
+        Ok(())
+    }
+
+    pub async fn write(&self, offset: u64, data: &[u8]) -> Result<usize> {
+        self.check_writable()?;
+        let data = &data[..within_max_size(offset, data.len())?];
+        self.data.error_since(&self.write_seen)?;
+        self.data.write(&self.client, offset, data).await?;
+        Ok(data.len())
+    }
+
+    /// [`Self::write`] of bytes handed over: pieces of 16 KiB or more are sent from their own
+    /// buffer, not copied (which keeps that buffer, all of it, until the write is acknowledged;
+    /// the write budget counts the bytes written); smaller ones are copied.
+    pub async fn write_bytes(&self, offset: u64, data: Bytes) -> Result<usize> {
+        self.check_writable()?;
+        let data = data.slice(..within_max_size(offset, data.len())?);
+        self.data.error_since(&self.write_seen)?;
+        let n = data.len();
+        self.data.write_bytes(&self.client, offset, data).await?;
+        Ok(n)
+    }
+
+    /// [`Self::write`] when it can be done without waiting (see `InodeData::try_write`): `None`,
+    /// with nothing done, when `write` must run instead.
+    pub fn try_write(&self, offset: u64, data: &[u8]) -> Option<Result<usize>> {
+        // A write at or past the largest file size: the general path refuses or cuts it.
+        if !self.writable || within_max_size(offset, data.len()).ok() != Some(data.len()) {
+            return None;
+        }
+        if let Err(e) = self.data.error_since(&self.write_seen) {
+            return Some(Err(e));
+        }
+        Some(self.data.try_write(offset, data)?.map(|()| data.len()))
+    }
+
+    pub async fn read(&self, offset: u64, len: u32) -> Result<ReadBuf> {
+        if !self.readable {
+            return Err(ClientError::new(odfs_proto::ErrorCode::Access, "file is not open for reading"));
+        }
+        self.data.read(&self.client, offset, len).await
+    }
+
+    /// Like [`Self::read`], the bytes appended to `pipe` after `head(n)` (the FUSE reply's
+    /// header: `n` is the reply's length) instead of returned; `Ok(n)`. A FUSE daemon then
+    /// splices the pipe into `/dev/fuse`. `Err` leaves the pipe holding part of the reply: it
+    /// must not be used again.
+    pub async fn read_into_pipe(
+        &self,
+        offset: u64,
+        len: u32,
+        pipe: &mut odfs_rpc::splice::Pipe,
+        head: impl FnOnce(usize) -> [u8; 16],
+    ) -> Result<usize> {
+        if !self.readable {
+            return Err(ClientError::new(odfs_proto::ErrorCode::Access, "file is not open for reading"));
+        }
+        self.data.read_into_pipe(&self.client, offset, len, pipe, head).await
+    }
+
+    /// Writes made to the file's chunk file without this library (FUSE passthrough: the kernel
+    /// writes it directly): the size and mtime the chunk file now has, published by the next
+    /// flush or fsync as this process's own writes would be.
+    pub async fn note_external_write(&self, size: u64, mtime: Timespec) {
+        let mut ws = self.data.ws.lock().await;
+        ws.size = size;
+        ws.size_dirty = true;
+        ws.mtime = mtime;
+        *self.data.size_hint.lock().expect("size lock") = (size, true);
+    }
+
+    /// From now on, every chunk write of this file asks stored for the CRC32C of the bytes it
+    /// wrote (see [`Self::written_crc`]).
+    pub fn check_writes(&self) {
+        self.data.written.lock().expect("written lock").get_or_insert_with(BTreeMap::new);
+    }
+
+    /// Waits until every write this process made to the file has reached stored (or failed:
+    /// the first error is returned).
+    pub async fn wait_written(&self) -> Result<()> {
+        self.data.drain(&self.client).await?;
+        self.sync_error()
+    }
+
+    /// After [`Self::wait_written`]: the CRC32C of bytes `offset..offset + len` as stored
+    /// acknowledged writing them, combined from the CRCs its chunk writes returned since
+    /// [`Self::check_writes`]; None when those writes do not cover exactly that range (a gap,
+    /// an overlap). A writer compares it with the CRC32C of what it sent: the bytes odfs holds
+    /// are then known without reading them back. The writes used are forgotten.
+    pub fn written_crc(&self, offset: u64, len: u64) -> Option<u32> {
+        self.data.written_crc(offset, len)
+    }
+
+    /// Makes written data durable on every target and publishes the size.
+    /// A background write that failed since this file's last fsync, flush or close fails it.
+    pub async fn fsync(&self) -> Result<()> {
+        let r = self.data.flush(&self.client, &self.ctx, true).await;
+        self.sync_error()?;
+        r
+    }
+
+    /// Publishes written data and size to other nodes (what close does); fails as fsync does
+    /// for a background write that failed.
+    pub async fn flush(&self) -> Result<()> {
+        let r = self.data.flush(&self.client, &self.ctx, false).await;
+        self.sync_error()?;
+        r
+    }
+
+    /// `ftruncate`: through a descriptor open for writing, access was decided at open.
+    pub async fn truncate(&self, size: u64) -> Result<()> {
+        let how = if self.writable { Truncate::OpenForWrite } else { Truncate::CheckAccess };
+        self.client.truncate(&self.ctx, self.data.ino, size, how).await
+    }
+
+    /// `fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)`: the range reads as zeros, the
+    /// size stays.
+    pub async fn punch_hole(&self, offset: u64, len: u64) -> Result<()> {
+        self.check_writable()?;
+        self.data.error_since(&self.write_seen)?;
+        self.data.drain(&self.client).await?;
+        let end = offset.saturating_add(len).min(self.size().await);
+        if end <= offset {
+            return Ok(());
+        }
+        self.data.ra.lock().expect("ra lock").chunks.clear();
+        let punches = self.data.layout.segments(offset, end - offset).map(|seg| {
+            let req = PunchChunk { target: seg.target, ino: self.data.ino, offset: seg.local_offset, len: seg.len };
+            async move { self.client.store(seg.target, &req).await }
+        });
+        futures::future::try_join_all(punches).await?;
+        Ok(())
+    }
+
+    /// Attributes with this process's view of the size.
+    pub async fn getattr(&self) -> Result<Attr> {
+        self.client.getattr(&self.ctx, self.data.ino).await
+    }
+
+    /// Closes a handle that needs no request to close — never registered with metad (opened
+    /// from the cache, or created by a caching client) and with nothing to publish (read-only,
+    /// or its writes published by a flush already): done at once. Otherwise the handle comes
+    /// back, for `close`.
+    pub fn close_if_clean(mut self) -> std::result::Result<(), FileHandle> {
+        let unpublished = self.has_unpublished_writes() || self.has_unreported_error();
+        if (self.writable && unpublished) || !self.client.release_without_request(&self.data) {
+            return Err(self);
+        }
+        self.closed = true;
+        Ok(())
+    }
+
+    /// Flushes and releases the handle. Errors of earlier background writes surface here.
+    pub async fn close(mut self) -> Result<()> {
+        self.closed = true;
+        let r = if self.writable { self.flush().await } else { Ok(()) };
+        self.client.release(&self.data).await;
+        r
+    }
+}
+
+impl Drop for FileHandle {
+    fn drop(&mut self) {
+        if !self.closed {
+            // Dropped without close: flush in the background so nothing acknowledged is lost.
+            let client = self.client.clone();
+            let data = self.data.clone();
+            let ctx = self.ctx.clone();
+            let writable = self.writable;
+            // On the client's own runtime: a handle can be dropped on a thread that has none
+            // (or a reader thread's, which runs only while it serves a request), and skipping
+            // the release would leave an unlinked file's chunks behind.
+            let rt = client.inner.runtime.clone();
+            rt.spawn(async move {
+                if writable {
+                    let _ = data.flush(&client, &ctx, false).await;
+                }
+                client.release(&data).await;
+            });
+        }
+    }
 }
 
 #[cfg(test)]

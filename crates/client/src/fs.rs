@@ -2,33 +2,73 @@
 
 use crate::attr_cache::{AttrCache, Cached, Ticket};
 use crate::cluster::Cluster;
-pub use crate::ctx::{Ctx, Truncate};
 use crate::delegation::{Delegations, Take, GATHER};
-use crate::file::InodeData;
-use crate::link::ServiceLink;
-use crate::locks::LockAsk;
+use crate::file::{FileHandle, InodeData};
+use crate::local_read;
 use crate::{ClientConfig, ClientError, Result};
 use odfs_proto::meta::*;
 use odfs_proto::mgmt::{Register, ServiceKind};
 use odfs_proto::stats::{FsStats, GetStats, ServiceStats};
-use odfs_proto::storage::RemoveChunk;
+use odfs_proto::storage::{ChunkRange, ChunksData, ReadChunk, ReadChunks, RemoveChunk};
 use odfs_proto::{DirLayout, ErrorCode, InodeId, Layout, RequestHeader, Rpc, TargetId};
 use odfs_rpc::{Pool, PoolConfig, Transport};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{watch, Semaphore};
 use tracing::{debug, warn};
 
+/// How a truncation is allowed: by a permission check on the path (`truncate(2)`), through a
+/// descriptor opened for writing (`ftruncate`: access was decided at open), or by the library
+/// itself (an open with `O_TRUNC`, checked by the open).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Truncate {
+    CheckAccess,
+    OpenForWrite,
+    Checked,
+}
+
+/// The caller of an operation: whose permissions apply.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Ctx {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+impl Ctx {
+    /// The identity of this process.
+    pub fn current() -> Ctx {
+        // SAFETY: these calls have no preconditions and cannot fail.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let mut groups = vec![0 as libc::gid_t; 256];
+        // SAFETY: the buffer holds 256 entries and its length is passed.
+        let n = unsafe { libc::getgroups(groups.len() as i32, groups.as_mut_ptr()) };
+        groups.truncate(n.max(0) as usize);
+        Ctx { uid, gid, groups }
+    }
+
+    pub fn root() -> Ctx {
+        Ctx::default()
+    }
+}
+
 pub(crate) struct Inner {
-    /// How this client reaches its services (pool, cluster view, ids, the calls).
-    pub link: Arc<ServiceLink>,
-    pub cache: Arc<AttrCache>,
+    pub cfg: ClientConfig,
+    pub pool: Arc<Pool>,
+    pub cluster: Cluster,
+    pub cache: AttrCache,
+    pub client_id: u64,
+    next_request: AtomicU64,
     /// Data state of inodes open in this process, shared by their handles.
     pub inodes: Mutex<HashMap<InodeId, Arc<InodeData>>>,
     /// Bounds bytes of written data in flight (units of 4 KiB).
     pub write_budget: Arc<Semaphore>,
     stop: watch::Sender<bool>,
+    /// The runtime the client was made on, for work started where none is current (a handle
+    /// dropped on a FUSE reader thread).
+    pub runtime: tokio::runtime::Handle,
     /// Directories' metadata stripes as last seen (striping changes only while a directory is
     /// empty, and a shard asked about a name it does not hold says so: see `entry_call`).
     stripes: Mutex<HashMap<InodeId, Vec<u16>>>,
@@ -40,12 +80,16 @@ pub(crate) struct Inner {
     /// When a write or create of this client was last refused for want of space.
     last_no_space: Mutex<Option<std::time::Instant>>,
     /// This client's unlinks and renames in flight, which opens of a removed file wait for.
-    pub(crate) removals: crate::removing::Removals,
+    removals: crate::removing::Removals,
     /// What the program on top counted of its own operations (a mount: every FUSE request,
     /// those answered from the caches included), shown by `fs_stats` beside the services'.
     ops: std::sync::OnceLock<OpStats>,
+    /// The directories this client answers creates in, and its log of deferred changes.
+    delegations: Arc<Delegations>,
     /// Small files read ahead of their opens.
-    pub prefetch: crate::prefetch::Parts,
+    pub prefetch: crate::prefetch::Prefetch,
+    /// This node's targets whose chunks are read from their files.
+    pub(crate) local: crate::local_read::LocalReads,
     /// Streams to stored that spliced reads take their replies from.
     pub(crate) splice: crate::splice_read::SpliceStreams,
     /// Which lock owners of this client took file locks on which inodes.
@@ -161,7 +205,7 @@ async fn keep_session(weak: std::sync::Weak<Inner>, shard: u16, mut stop: watch:
             Ok(reply) => {
                 if reply.new_session {
                     client.inner.cache.drop_shard(shard);
-                    client.inner.link.delegations.drop_shard(shard);
+                    client.inner.delegations.drop_shard(shard);
                     acked = 0;
                     client.reopen(shard).await;
                     client.reclaim_locks(shard).await;
@@ -179,7 +223,7 @@ async fn keep_session(weak: std::sync::Weak<Inner>, shard: u16, mut stop: watch:
             Err(e) => {
                 debug!(shard, error = %e, "session poll failed");
                 // The shard may have restarted, knowing no delegation: creates go to it again.
-                client.inner.link.delegations.drop_shard(shard);
+                client.inner.delegations.drop_shard(shard);
                 drop(client);
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -224,36 +268,33 @@ impl Client {
         let budget_units = (cfg.write_behind_bytes / 4096).max(256) as usize;
         // A prefetch reads what leases cover: a client that caches nothing prefetches nothing.
         let prefetch_limit = if cfg.attr_cache_ms > 0 { cfg.prefetch_limit() } else { 0 };
-        let link = Arc::new(ServiceLink::new(cfg, pool, cluster));
-        let cache = Arc::new(AttrCache::new(link.cfg.attr_cache_ms > 0, link.cluster.view().meta_shards()));
-        let prefetch = crate::prefetch::Parts {
-            link: link.clone(),
-            cache: cache.clone(),
-            prefetch: Arc::new(crate::prefetch::Prefetch::new(prefetch_limit)),
-        };
+        let (local_reads, node, drop_behind) = (cfg.local_reads, cfg.node, cfg.drop_behind_reads);
         let inner = Arc::new(Inner {
-            link,
+            client_id: rand::random::<u64>() | 1,
+            next_request: AtomicU64::new(1),
             inodes: Mutex::new(HashMap::new()),
             write_budget: Arc::new(Semaphore::new(budget_units)),
-            cache,
+            cache: AttrCache::new(cfg.attr_cache_ms > 0, cluster.view().meta_shards()),
             recall_hook: std::sync::OnceLock::new(),
+            cluster,
+            pool,
+            cfg,
             stop,
+            runtime: tokio::runtime::Handle::current(),
             stripes: Mutex::new(HashMap::new()),
             removed: Mutex::new(HashMap::new()),
             last_no_space: Mutex::new(None),
             removals: Default::default(),
             ops: std::sync::OnceLock::new(),
+            delegations: Arc::new(Delegations::new()),
             locks: Default::default(),
-            prefetch,
+            prefetch: crate::prefetch::Prefetch::new(prefetch_limit),
+            local: crate::local_read::LocalReads::new(local_reads, node, drop_behind),
             splice: Default::default(),
         });
         let client = Client { inner };
         client.keep_sessions(&stop_rx);
-        tokio::spawn(send_deferred(
-            Arc::downgrade(&client.inner),
-            client.inner.link.delegations.clone(),
-            stop_rx.clone(),
-        ));
+        tokio::spawn(send_deferred(Arc::downgrade(&client.inner), client.inner.delegations.clone(), stop_rx.clone()));
         client.spawn_background(stop_rx);
         Ok(client)
     }
@@ -263,7 +304,7 @@ impl Client {
     /// (a new session), what it leased is dropped and the files held open there are registered
     /// again.
     fn keep_sessions(&self, stop: &watch::Receiver<bool>) {
-        for shard in 0..self.inner.link.cluster.view().meta_shards().max(1) {
+        for shard in 0..self.inner.cluster.view().meta_shards().max(1) {
             tokio::spawn(keep_session(Arc::downgrade(&self.inner), shard, stop.clone()));
         }
     }
@@ -280,15 +321,15 @@ impl Client {
     async fn apply_recall(&self, r: &Recall) -> Registering {
         if !r.dirs.is_empty() {
             // Another client asks about these directories: what was answered here goes first.
-            self.inner.link.delegations.end(&r.dirs);
-            self.inner.link.delegations.settle().await;
+            self.inner.delegations.end(&r.dirs);
+            self.inner.delegations.settle().await;
             if r.inos.is_empty() && r.names.is_empty() {
                 // Nothing cached changed.
                 return Registering::default();
             }
         }
         self.inner.cache.apply(r);
-        self.inner.prefetch.prefetch.recalled(&r.inos);
+        self.inner.prefetch.recalled(&r.inos);
         {
             let mut stripes = self.inner.stripes.lock().expect("stripes lock");
             for ino in &r.inos {
@@ -382,7 +423,7 @@ impl Client {
                     _ = stop.changed() => return,
                 }
                 let Some(inner) = weak.upgrade() else { return };
-                if let Err(e) = inner.link.cluster.refresh().await {
+                if let Err(e) = inner.cluster.refresh().await {
                     debug!(error = %e, "cluster refresh failed");
                 }
             }
@@ -393,8 +434,8 @@ impl Client {
     pub async fn register(&self, node: u32) -> Result<()> {
         let hostname = odfs_service::hostname();
         let link = odfs_service::MgmtLink {
-            pool: self.inner.link.pool.clone(),
-            mgmtd: self.inner.link.cfg.mgmtd,
+            pool: self.inner.pool.clone(),
+            mgmtd: self.inner.cfg.mgmtd,
             register: Register {
                 kind: ServiceKind::Client,
                 node,
@@ -404,7 +445,7 @@ impl Client {
                 shard: None,
                 targets: vec![],
                 pid: std::process::id(),
-                client_id: self.inner.link.client_id,
+                client_id: self.inner.client_id,
             },
         };
         let first = link.register(Duration::from_secs(5)).await?;
@@ -417,20 +458,20 @@ impl Client {
     /// client's node (the chunk file's offsets are then the file's; FUSE passthrough).
     pub fn local_chunk_path(&self, ino: InodeId, layout: &Layout) -> Option<std::path::PathBuf> {
         match layout.targets[..] {
-            [t] => self.inner.link.cluster.local_chunk_path(t, self.node(), ino),
+            [t] => self.inner.cluster.local_chunk_path(t, self.node(), ino),
             _ => None,
         }
     }
 
     /// Where this node's targets keep their files (as their stored registered them).
     pub fn local_target_dirs(&self) -> Vec<std::path::PathBuf> {
-        self.inner.link.cluster.target_dirs(self.node())
+        self.inner.cluster.target_dirs(self.node())
     }
 
     /// The node this client runs on (its config's `node`).
     /// This client's id, as metad knows its sessions by.
     pub fn id(&self) -> u64 {
-        self.inner.link.client_id
+        self.inner.client_id
     }
 
     pub fn node(&self) -> odfs_proto::NodeIndex {
@@ -438,130 +479,194 @@ impl Client {
     }
 
     pub fn config(&self) -> &ClientConfig {
-        &self.inner.link.cfg
+        &self.inner.cfg
     }
 
     pub fn cluster(&self) -> &Cluster {
-        &self.inner.link.cluster
+        &self.inner.cluster
     }
-
-    // File locks across nodes (`locks`).
-
-    /// Asks `ino`'s shard for the lock (or unlock) `ask`, letting the shard wait up to `wait`
-    /// for conflicting locks to go: true when granted.
-    pub async fn set_lock(&self, ctx: &Ctx, ino: InodeId, ask: LockAsk, wait: Duration) -> Result<bool> {
-        self.inner.locks.set_lock(&self.inner.link, ctx, ino, ask, wait).await
-    }
-
-    /// The first lock of another owner that would refuse `ask` (F_GETLK), if any.
-    pub async fn test_lock(&self, ctx: &Ctx, ino: InodeId, ask: LockAsk) -> Result<Option<LockHolder>> {
-        self.inner.locks.test_lock(&self.inner.link, ctx, ino, ask).await
-    }
-
-    /// Whether `owner` took a lock on `ino` that its close must drop.
-    pub fn holds_locks(&self, ino: InodeId, owner: u64) -> bool {
-        self.inner.locks.holds_locks(ino, owner)
-    }
-
-    /// Drops every lock of `owners` on `ino` (their close): no request when none took one.
-    pub async fn drop_locks(&self, ctx: &Ctx, ino: InodeId, owners: &[u64]) -> Result<()> {
-        self.inner.locks.drop_locks(&self.inner.link, ctx, ino, owners).await
-    }
-
-    async fn reclaim_locks(&self, shard: u16) {
-        self.inner.locks.reclaim_locks(&self.inner.link, shard).await
-    }
-
-    // Spliced reads (`splice_read`).
-
-    /// Whether this client can splice reads: its chunk data travels over TCP.
-    pub fn can_splice(&self) -> bool {
-        self.inner.link.cfg.bulk_transport == Transport::Tcp
-    }
-
-    /// Appends the bytes of `segs` (consecutive, of file `ino`) to `pipe`. `Err` leaves the
-    /// pipe holding part of them.
-    pub(crate) async fn splice_segments(
-        &self,
-        ino: InodeId,
-        segs: Vec<odfs_proto::layout::Segment>,
-        pipe: &mut odfs_rpc::splice::Pipe,
-    ) -> Result<()> {
-        self.inner.splice.splice_segments(&self.inner.link, ino, segs, pipe).await
-    }
-
-    // Small files read ahead of their opens (`prefetch`).
-
-    /// Lets a prefetch leave out the files the kernel holds already.
-    pub fn set_prefetch_skip(&self, skip: crate::PrefetchSkip) {
-        self.inner.prefetch.prefetch.set_skip(skip)
-    }
-
-    /// What the prefetch did so far.
-    pub fn prefetch_counts(&self) -> crate::PrefetchCounts {
-        self.inner.prefetch.prefetch.counts()
-    }
-
-    /// Reads `prefetch_counts` without keeping the client alive (for a closure the client
-    /// itself holds, as `on_stats`'s).
-    pub fn prefetch_counts_reader(&self) -> impl Fn() -> crate::PrefetchCounts + Send + Sync + 'static {
-        let p = Arc::downgrade(&self.inner.prefetch.prefetch);
-        move || p.upgrade().map(|p| p.counts()).unwrap_or_default()
-    }
-
-    /// The bytes of the file `attr` describes, if a prefetch holds them, without waiting (see
-    /// `prefetch::Parts::prefetched_now`).
-    pub fn prefetched_now(&self, attr: &Attr) -> Option<Vec<u8>> {
-        self.inner.prefetch.prefetched_now(attr)
-    }
-
-    /// The same, waiting for the batch in flight that holds the file, if one does.
-    pub async fn prefetched(&self, attr: &Attr) -> Option<Vec<u8>> {
-        self.inner.prefetch.prefetched(attr).await
-    }
-
-    // The request link's calls, as this client's (`link`).
 
     /// A request id of this client's, never used before.
     fn next_request_id(&self) -> u64 {
-        self.inner.link.next_request_id()
+        self.inner.next_request.fetch_add(1, Ordering::Relaxed)
     }
 
     pub(crate) fn header(&self, ctx: &Ctx) -> RequestHeader {
-        self.inner.link.header(ctx)
+        RequestHeader {
+            request_id: self.next_request_id(),
+            client_id: self.inner.client_id,
+            uid: ctx.uid,
+            gid: ctx.gid,
+            groups: ctx.groups.clone(),
+        }
     }
 
+    /// Calls metad for an inode's shard; the same header is reused on retry.
     pub(crate) async fn meta<R: Rpc>(&self, ctx: &Ctx, shard: u16, req: &R) -> Result<R::Reply> {
-        self.inner.link.meta(ctx, shard, req).await
+        self.meta_as(&self.header(ctx), shard, req).await
     }
 
-    pub(crate) async fn meta_as<R: Rpc>(&self, h: &RequestHeader, shard: u16, req: &R) -> Result<R::Reply> {
-        self.inner.link.meta_as(h, shard, req).await
+    /// `meta` with a given header. Every request but the session's poll first waits until
+    /// metad has applied the changes this client deferred before it (see `delegation`).
+    async fn meta_as<R: Rpc>(&self, h: &RequestHeader, shard: u16, req: &R) -> Result<R::Reply> {
+        if odfs_proto::meta::ends_delegation(R::METHOD) {
+            // The reserved ids' layouts, or the directory's striping or seal, change.
+            self.inner.delegations.end(&req.inodes());
+        }
+        if R::METHOD == Rename::METHOD || R::METHOD == Link::METHOD {
+            // Another client may find a file made here through its new name.
+            self.inner.delegations.forget_made();
+        }
+        if R::METHOD != SessionPoll::METHOD {
+            self.inner.delegations.settle().await;
+        }
+        self.meta_now(h, shard, req).await
     }
 
+    /// Calls metad without waiting for deferred changes (the session's poll, the batches).
     async fn meta_now<R: Rpc>(&self, h: &RequestHeader, shard: u16, req: &R) -> Result<R::Reply> {
-        self.inner.link.meta_now(h, shard, req).await
+        let want = self.inner.cfg.meta_transport;
+        self.call_fresh(h, req, |c| c.meta_addr(shard, want)).await
     }
 
+    /// Up to `len` bytes of `ino`'s chunk file on `target` at `offset`, short where it ends and
+    /// empty where there is none (a hole): from the file itself when the target is this node's
+    /// (short-circuit reads), else from its stored. A small local read that needs the disk is
+    /// finished by stored too (`local_read::DISK_VIA_STORED_BELOW`).
+    pub(crate) async fn read_chunk(&self, target: TargetId, ino: InodeId, offset: u64, len: u32) -> Result<Vec<u8>> {
+        let Some(dir) = self.inner.local.dir(&self.inner.cluster, target) else {
+            return self.read_chunk_from_store(target, ino, offset, len).await;
+        };
+        // Noted before the read, as every reader of a chunk file notes (`read_behind`); a read
+        // short enough to be finished by stored is never followed.
+        self.inner.local.read_behind(target, ino, &dir, offset, len as u64);
+        let now = local_read::read_now(&dir, ino, offset, len as usize);
+        if !now.complete && (len as usize) < local_read::DISK_VIA_STORED_BELOW {
+            let got = now.data.len() as u32;
+            let rest = self.read_chunk_from_store(target, ino, offset + got as u64, len - got).await?;
+            if got == 0 {
+                return Ok(rest);
+            }
+            let mut data = now.data;
+            data.extend_from_slice(&rest);
+            return Ok(data);
+        }
+        match local_read::read_rest(&dir, ino, offset, len as usize, now).await {
+            Ok(data) => Ok(data),
+            Err(e) => {
+                self.inner.local.failed(target, &dir, &e);
+                self.read_chunk_from_store(target, ino, offset, len).await
+            }
+        }
+    }
+
+    /// [`Self::read_chunk`] through the stored holding `target`.
+    async fn read_chunk_from_store(&self, target: TargetId, ino: InodeId, offset: u64, len: u32) -> Result<Vec<u8>> {
+        Ok(self.store_read(target, &ReadChunk { target, ino, offset, len }).await?.data)
+    }
+
+    /// Several chunk files' ranges on `target`, as a `ReadChunks` reply gives them: from the
+    /// files themselves when the target is this node's, else from its stored.
+    pub(crate) async fn read_chunks(&self, target: TargetId, items: Vec<ChunkRange>) -> Result<ChunksData> {
+        if let Some(dir) = self.inner.local.dir(&self.inner.cluster, target) {
+            match crate::local_read::read_many(dir.clone(), items.clone()).await {
+                Ok((lens, data)) => return Ok(ChunksData { lens, data, ..ChunksData::default() }),
+                Err(e) => self.inner.local.failed(target, &dir, &e),
+            }
+        }
+        self.store_read(target, &ReadChunks { target, items }).await
+    }
+
+    /// Calls the stored holding `target` for a read, which fails at once (EIO) when mgmtd
+    /// reports the target offline: between tries (each retried for a second) the view is
+    /// refreshed, so a reader learns of a stored that died within a second of mgmtd, instead
+    /// of waiting out the retry deadline. Writes keep waiting (`store`): a stored restarting
+    /// takes them when it is back.
+    pub(crate) async fn store_read<R: Rpc>(&self, target: TargetId, req: &R) -> Result<R::Reply> {
+        let bulk = self.inner.cfg.bulk_transport;
+        let h = self.header(&Ctx::root());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(self.inner.cfg.retry_secs);
+        loop {
+            let (addr, t) = self.located(&|c: &Cluster| c.target_addr(target, bulk)).await?;
+            match self.inner.pool.call_within(addr, t, &h, req, Duration::from_secs(1)).await {
+                Err(e) if e.retryable() && tokio::time::Instant::now() < deadline => {
+                    let view = self.inner.cluster.refresh().await.unwrap_or_else(|_| self.inner.cluster.view());
+                    if let Some(t) = view.target(target).filter(|t| !t.online) {
+                        return Err(ClientError::new(
+                            ErrorCode::Io,
+                            format!("target {target} on node {} is offline (mgmtd has not heard from its storage service): {e}", t.node),
+                        ));
+                    }
+                }
+                other => return other.map_err(Into::into),
+            }
+        }
+    }
+
+    /// Calls the stored holding `target`.
     pub(crate) async fn store<R: Rpc>(&self, target: TargetId, req: &R) -> Result<R::Reply> {
-        self.inner.link.store(target, req).await
+        let bulk = self.inner.cfg.bulk_transport;
+        self.call_fresh(&self.header(&Ctx::root()), req, |c| c.target_addr(target, bulk)).await
     }
 
-    pub(crate) fn caching(&self) -> bool {
-        self.inner.link.caching()
+    /// Calls the service `find` locates in the cluster view. A retryable failure refreshes the
+    /// view once (the service may have moved) and tries again with the same header.
+    async fn call_fresh<R: Rpc>(
+        &self,
+        h: &RequestHeader,
+        req: &R,
+        find: impl Fn(&Cluster) -> Result<(std::net::SocketAddr, Transport)>,
+    ) -> Result<R::Reply> {
+        let mut refreshed = false;
+        loop {
+            let (addr, t) = self.located(&find).await?;
+            match self.inner.pool.call(addr, t, h, req).await {
+                Err(e) if e.retryable() && !refreshed => {
+                    refreshed = true;
+                    self.inner.cluster.refresh().await?;
+                }
+                other => return other.map_err(Into::into),
+            }
+        }
+    }
+
+    /// Where `find` locates a service in the cluster view; while the view does not hold it (a
+    /// restarted mgmtd knows only the services that registered again since), the view is asked
+    /// for again, up to the retry deadline: a restart of mgmtd never fails a request.
+    async fn located(
+        &self,
+        find: &impl Fn(&Cluster) -> Result<(std::net::SocketAddr, Transport)>,
+    ) -> Result<(std::net::SocketAddr, Transport)> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(self.inner.cfg.retry_secs);
+        loop {
+            match find(&self.inner.cluster) {
+                Err(ClientError::Unavailable(_)) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    // mgmtd itself may be down for the moment: the pool waits for it.
+                    let _ = self.inner.cluster.refresh().await;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Calls another service of this job (a stage agent) at `addr` over QUIC, as `ctx`.
     pub async fn call<R: Rpc>(&self, ctx: &Ctx, addr: std::net::SocketAddr, req: &R) -> Result<R::Reply> {
-        self.inner.link.pool.call(addr, Transport::Quic, &self.header(ctx), req).await.map_err(Into::into)
+        self.inner.pool.call(addr, Transport::Quic, &self.header(ctx), req).await.map_err(Into::into)
     }
 
-    pub(crate) fn shard_of(ino: InodeId) -> u16 {
+    /// Whether this client caches what metad tells it (and so takes leases); a one-shot
+    /// client (`attr_cache_ms = 0`) does not.
+    fn caching(&self) -> bool {
+        self.inner.cfg.attr_cache_ms > 0
+    }
+
+    fn shard_of(ino: InodeId) -> u16 {
         ino.shard()
     }
 
     /// Attributes as this process knows them: its own unflushed writes count toward the size.
-    pub(crate) fn merge_local(&self, mut attr: Attr) -> Attr {
+    fn merge_local(&self, mut attr: Attr) -> Attr {
         if let Some(d) = self.inner.inodes.lock().expect("inodes lock").get(&attr.ino) {
             attr.size = d.local_size(attr.size);
         }
@@ -668,7 +773,7 @@ impl Client {
     /// This client made entry `name` of `parent` (`None`: removed it; sent with ticket `t`):
     /// the change is marked done (replies that crossed it are not cached), the parent's times
     /// changed, and the new entry (or the name's absence) is cached.
-    pub(crate) fn made_entry(&self, ctx: &Ctx, parent: InodeId, name: &[u8], a: Option<&Attr>, t: Ticket) {
+    fn made_entry(&self, ctx: &Ctx, parent: InodeId, name: &[u8], a: Option<&Attr>, t: Ticket) {
         self.inner.cache.forget_entry(parent, name);
         self.invalidate(parent);
         self.cache_entry(ctx, parent, name, a, self.ticket_after(t));
@@ -677,7 +782,7 @@ impl Client {
     /// The attributes of a directory this client just changed, as its shard returned them
     /// (sent with ticket `t`): cached, so that the kernel's next permission check of the
     /// directory needs no request.
-    pub(crate) fn cache_parent(&self, parent: Option<&Attr>, t: Ticket) {
+    fn cache_parent(&self, parent: Option<&Attr>, t: Ticket) {
         if let Some(p) = parent {
             self.inner.cache.put_newer(p, self.ticket_after(t));
         }
@@ -727,7 +832,7 @@ impl Client {
 
     /// More than one metadata shard: entries must be routed by their directory's stripes.
     fn sharded(&self) -> bool {
-        self.inner.link.cluster.view().meta_shards() > 1
+        self.inner.cluster.view().meta_shards() > 1
     }
 
     /// The metadata shards a directory's entries are spread over (empty: its own shard holds
@@ -757,7 +862,7 @@ impl Client {
     }
 
     /// `entry_call` with a given header (whose request id the caller keeps).
-    pub(crate) async fn entry_call_as<R: Rpc>(
+    async fn entry_call_as<R: Rpc>(
         &self,
         ctx: &Ctx,
         h: &RequestHeader,
@@ -906,7 +1011,7 @@ impl Client {
         }
         self.inner.removed.lock().expect("removed lock").insert(attr.ino, attr.clone());
         let client = self.clone();
-        self.inner.link.runtime.spawn(async move {
+        self.inner.runtime.spawn(async move {
             loop {
                 tokio::time::sleep(REMOVED_GRACE).await;
                 if !client.inner.inodes.lock().expect("inodes lock").contains_key(&attr.ino) {
@@ -928,7 +1033,7 @@ impl Client {
         if refused.is_some_and(|t| t.elapsed() < SPACE_WAIT) {
             return true;
         }
-        let view = self.inner.link.cluster.view();
+        let view = self.inner.cluster.view();
         view.targets
             .iter()
             .filter(|t| layout.targets.contains(&t.id))
@@ -1024,14 +1129,8 @@ impl Client {
     /// and let the caller create, and a reserved id is at hand (asked for when none is). The
     /// new file is built as metad builds it, logged, and cached; metad applies it with the
     /// next batch. None: the create goes to metad as usual.
-    pub(crate) async fn create_delegated(
-        &self,
-        ctx: &Ctx,
-        parent: InodeId,
-        name: &[u8],
-        mode: u32,
-    ) -> Option<CreateReply> {
-        if !self.caching() || !self.inner.link.cfg.create_delegations || odfs_proto::meta::check_name(name).is_err() {
+    async fn create_delegated(&self, ctx: &Ctx, parent: InodeId, name: &[u8], mode: u32) -> Option<CreateReply> {
+        if !self.caching() || !self.inner.cfg.create_delegations || odfs_proto::meta::check_name(name).is_err() {
             return None;
         }
         let absent = || matches!(self.inner.cache.lookup(parent, name, (ctx.uid, ctx.gid)), Some(Cached::Absent));
@@ -1052,12 +1151,12 @@ impl Client {
             layout: layout.clone(),
             now,
         };
-        let (ino, layout) = match self.inner.link.delegations.create(parent, entry) {
+        let (ino, layout) = match self.inner.delegations.create(parent, entry) {
             Take::Got(ino, layout) => (ino, layout),
             Take::No => return None,
             Take::Ask(ticket) => {
                 self.ask_delegation(ctx, parent, ticket).await;
-                self.inner.link.delegations.create_granted(parent, entry)?
+                self.inner.delegations.create_granted(parent, entry)?
             }
         };
         let (gid, file_mode) = odfs_proto::meta::new_owner(&caller, dir.mode, dir.gid, mode & 0o7777, false);
@@ -1089,7 +1188,7 @@ impl Client {
     /// caches; metad applies it with the next batch and says whether its chunks go. False: the
     /// unlink goes to metad as usual.
     fn unlink_delegated(&self, ctx: &Ctx, parent: InodeId, name: &[u8]) -> bool {
-        if !self.caching() || !self.inner.link.cfg.create_delegations {
+        if !self.caching() || !self.inner.cfg.create_delegations {
             return false;
         }
         let Some(Cached::Found(file)) = self.inner.cache.lookup(parent, name, (ctx.uid, ctx.gid)) else {
@@ -1119,7 +1218,7 @@ impl Client {
             ctime: file.ctime,
             now,
         };
-        if !self.inner.link.delegations.log_unlink(parent, file.ino, entry) {
+        if !self.inner.delegations.log_unlink(parent, file.ino, entry) {
             return false;
         }
         self.made_entry(ctx, parent, name, None, t);
@@ -1135,11 +1234,11 @@ impl Client {
         match self.meta(ctx, dir.shard(), &req).await {
             Ok(d) => {
                 self.cache_parent(Some(&d.dir), t);
-                self.inner.link.delegations.granted(dir, ticket, Some(d.inos));
+                self.inner.delegations.granted(dir, ticket, Some(d.inos));
             }
             Err(e) => {
                 debug!(%dir, error = %e, "no create delegation");
-                self.inner.link.delegations.granted(dir, ticket, None);
+                self.inner.delegations.granted(dir, ticket, None);
             }
         }
     }
@@ -1156,7 +1255,7 @@ impl Client {
         let t = self.ticket();
         if let Some(a) = self.inner.cache.attr(ino) {
             let size_entry = || Deferred::Size { request_id: self.next_request_id(), ino, size, mtime };
-            if self.inner.link.delegations.log_size(ino, size_entry) {
+            if self.inner.delegations.log_size(ino, size_entry) {
                 self.changed_attr(&Attr { size: a.size.max(size), mtime, ctime: mtime, ..a }, t);
                 return Ok(());
             }
@@ -1177,14 +1276,14 @@ impl Client {
         self.invalidate(ino);
         if let Some(hook) = self.inner.recall_hook.get().cloned() {
             let r = Recall { inos: vec![ino, parent], names: vec![(parent, name.to_vec())], ..Recall::default() };
-            self.inner.link.runtime.spawn_blocking(move || hook(&r));
+            self.inner.runtime.spawn_blocking(move || hook(&r));
         }
     }
 
     /// Waits until metad has applied every change this client answered itself (an fsync of a
     /// directory, an unmount).
     pub async fn sync_deferred(&self) {
-        self.inner.link.delegations.settle().await;
+        self.inner.delegations.settle().await;
     }
 
     /// Sends one batch of deferred changes, per shard; false when it could not be sent (it
@@ -1219,7 +1318,7 @@ impl Client {
         });
         if let Some(e) = again {
             warn!(error = %e, "cannot apply deferred changes at metad; trying again");
-            self.inner.link.delegations.unsent(batch);
+            self.inner.delegations.unsent(batch);
             return false;
         }
         let mut removed = Vec::new();
@@ -1242,7 +1341,7 @@ impl Client {
         for attr in removed {
             self.reclaim(Some(attr)).await;
         }
-        self.inner.link.delegations.applied(last);
+        self.inner.delegations.applied(last);
         true
     }
 
@@ -1495,7 +1594,7 @@ impl Client {
     }
 
     pub async fn setxattr(&self, ctx: &Ctx, ino: InodeId, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
-        if name.starts_with(odfs_proto::meta::XATTR_RESERVED_PREFIX) {
+        if name.starts_with(crate::vxattr::PREFIX) {
             return self.set_virtual(ctx, ino, name, value).await;
         }
         let req = SetXattr { ino, name: name.to_vec(), value: value.to_vec(), flags };
@@ -1505,7 +1604,7 @@ impl Client {
     }
 
     pub async fn getxattr(&self, ctx: &Ctx, ino: InodeId, name: &[u8]) -> Result<Vec<u8>> {
-        if name.starts_with(odfs_proto::meta::XATTR_RESERVED_PREFIX) {
+        if name.starts_with(crate::vxattr::PREFIX) {
             return self.get_virtual(ctx, ino, name).await;
         }
         let who = (ctx.uid, ctx.gid);
@@ -1527,7 +1626,7 @@ impl Client {
     }
 
     pub async fn removexattr(&self, ctx: &Ctx, ino: InodeId, name: &[u8]) -> Result<()> {
-        if name.starts_with(odfs_proto::meta::XATTR_RESERVED_PREFIX) {
+        if name.starts_with(crate::vxattr::PREFIX) {
             return Err(ClientError::new(
                 odfs_proto::ErrorCode::Perm,
                 "odfs.* attributes cannot be removed (set another layout instead)",
@@ -1540,7 +1639,7 @@ impl Client {
 
     /// Space from shard 0 (every shard sees the same targets); inodes summed over the shards.
     pub async fn statfs(&self, ctx: &Ctx) -> Result<StatFsReply> {
-        let shards = self.inner.link.cluster.view().meta_shards().max(1);
+        let shards = self.inner.cluster.view().meta_shards().max(1);
         let replies = futures::future::join_all((0..shards).map(|s| self.meta(ctx, s, &StatFs {}))).await;
         let mut replies = replies.into_iter();
         let mut st: StatFsReply = replies.next().expect("one shard at least")?;
@@ -1565,9 +1664,36 @@ impl Client {
     /// second, and looks again at once when a layout names a pool it does not know yet).
     pub async fn change_pool(&self, ctx: &Ctx, name: &str, change: odfs_proto::mgmt::PoolChange) -> Result<()> {
         let req = odfs_proto::mgmt::ChangePool { name: name.to_string(), change };
-        let r = self.inner.link.pool.call(self.inner.link.cfg.mgmtd, Transport::Quic, &self.header(ctx), &req).await;
-        let _ = self.inner.link.cluster.refresh().await;
+        let r = self.inner.pool.call(self.inner.cfg.mgmtd, Transport::Quic, &self.header(ctx), &req).await;
+        let _ = self.inner.cluster.refresh().await;
         r.map_err(Into::into)
+    }
+
+    /// Opens an existing file. `truncate` empties it (O_TRUNC).
+    pub async fn open(&self, ctx: &Ctx, ino: InodeId, read: bool, write: bool, truncate: bool) -> Result<FileHandle> {
+        let t = self.inner.cache.ticket();
+        // Always asked of metad: this is the "open" of close-to-open. The open is registered,
+        // so the file outlives its last name while open.
+        let h = self.header(ctx);
+        let registered = h.request_id;
+        let attr = match self.meta_as(&h, Self::shard_of(ino), &Open { ino, read, write, register: true }).await {
+            // Removed by this client a moment ago (see `REMOVED_GRACE`): the old file, for reading.
+            // The removal's reply may still be on its way (see `removing`): after it.
+            Err(e) if e.code() == ErrorCode::NotFound && !write && !truncate => {
+                self.inner.removals.settled(self.inner.removals.mark()).await;
+                match self.removed_attr(ino) {
+                    Some(a) => return self.handle_for(ctx, a, read, false, 0),
+                    None => return Err(e),
+                }
+            }
+            r => r?,
+        };
+        self.cache_attr(&attr, t);
+        let handle = self.handle_for(ctx, attr, read, write, registered)?;
+        if truncate && write {
+            self.truncate(ctx, ino, 0, Truncate::Checked).await?;
+        }
+        Ok(handle)
     }
 
     /// The attributes of a file this client's own change removed a moment ago (see
@@ -1576,10 +1702,137 @@ impl Client {
         self.inner.removed.lock().expect("removed lock").get(&ino).map(|a| Attr { nlink: 0, ..a.clone() })
     }
 
+    /// Opens a file for reading from the cache alone, when a lease covers its attributes and
+    /// they let the caller read: no request to metad (the open is registered only if its file
+    /// is recalled or this client removes a name). `None`: ask metad (`open`).
+    pub fn open_cached(&self, ctx: &Ctx, ino: InodeId) -> Option<Result<(FileHandle, Attr)>> {
+        let attr = self.inner.cache.attr(ino)?;
+        if attr.kind != FileKind::File || attr.layout.is_none() || !may_read(ctx, &attr) {
+            return None;
+        }
+        Some(self.handle_for(ctx, attr.clone(), true, false, 0).map(|h| (h, self.merge_local(attr))))
+    }
+
+    /// Creates (or, without `exclusive`, opens) a file and returns a handle for writing.
+    pub async fn create_open(
+        &self,
+        ctx: &Ctx,
+        parent: InodeId,
+        name: &[u8],
+        mode: u32,
+        exclusive: bool,
+        layout: Option<DirLayout>,
+    ) -> Result<(CreateReply, FileHandle)> {
+        if layout.is_none() {
+            if let Some(r) = self.create_delegated(ctx, parent, name, mode).await {
+                let handle = self.handle_for(ctx, r.attr.clone(), true, true, 0)?;
+                return Ok((r, handle));
+            }
+        }
+        let t = self.inner.cache.ticket();
+        // A caching client does not register: the new file is leased to it, and it registers
+        // its opens before it removes a name (see `open_cached`). Others hold no lease.
+        let register = !self.caching();
+        let req = Create { parent, name: name.to_vec(), mode, exclusive, layout, register, node: Some(self.node()) };
+        self.inner.cache.forget_entry(parent, name);
+        let mut refused = None;
+        let (r, registered) = loop {
+            // Each try a new request: metad refuses a full pool from the space last reported.
+            let h = self.header(ctx);
+            let registered = if register { h.request_id } else { 0 };
+            match self.entry_call_as(ctx, &h, parent, name, &req).await {
+                Err(e) if e.code() == ErrorCode::NoSpace && self.space_may_come(&mut refused).await => {}
+                r => break (r?, registered),
+            }
+        };
+        self.made_entry(ctx, parent, name, Some(&r.attr), t);
+        self.cache_parent(r.parent.as_ref(), t);
+        let handle = self.handle_for(ctx, r.attr.clone(), true, true, registered)?;
+        Ok((r, handle))
+    }
+
+    /// A handle on a file opened by request `registered` (its open is registered with metad).
+    pub(crate) fn handle_for(
+        &self,
+        ctx: &Ctx,
+        attr: Attr,
+        read: bool,
+        write: bool,
+        registered: u64,
+    ) -> Result<FileHandle> {
+        let layout = match (attr.kind, attr.layout.clone()) {
+            (FileKind::File, Some(l)) => l,
+            (FileKind::Dir, _) => return Err(ErrorCode::IsDir.into()),
+            _ => return Err(ClientError::new(ErrorCode::Invalid, "not a regular file")),
+        };
+        let data = {
+            let mut map = self.inner.inodes.lock().expect("inodes lock");
+            map.entry(attr.ino).or_insert_with(|| Arc::new(InodeData::new(attr.ino, layout))).clone()
+        };
+        data.opened(attr.size, registered);
+        Ok(FileHandle::new(self.clone(), data, ctx.clone(), read, write))
+    }
+
+    /// A close that needs no request: the inode's opens here were never registered with metad
+    /// (checked under the inodes lock, which registrations take too). True when done.
+    pub(crate) fn release_without_request(&self, data: &Arc<InodeData>) -> bool {
+        let mut map = self.inner.inodes.lock().expect("inodes lock");
+        if data.registered() != 0 {
+            return false;
+        }
+        if data.closed() {
+            if let Some(cur) = map.get(&data.ino) {
+                if Arc::ptr_eq(cur, data) {
+                    map.remove(&data.ino);
+                }
+            }
+        }
+        true
+    }
+
+    /// Called by a handle's close: forget the inode's data state when its last handle goes.
+    pub(crate) async fn release(&self, data: &Arc<InodeData>) {
+        let last = {
+            let mut map = self.inner.inodes.lock().expect("inodes lock");
+            let last = data.closed();
+            if last {
+                if let Some(cur) = map.get(&data.ino) {
+                    if Arc::ptr_eq(cur, data) {
+                        map.remove(&data.ino);
+                    }
+                }
+            }
+            last
+        };
+        if !last {
+            return;
+        }
+        // The last handle here: the file is no longer held open by this client. An orphan
+        // (its last name went while open) is then gone, and its chunks with it: every target,
+        // as writes of this process may lie beyond any published size.
+        // A registration of an open answered from the cache may be on its way: after it.
+        drop(data.registering.lock().await);
+        if data.registered() == 0 {
+            // Opened from the cache and never registered: metad has nothing to release.
+            return;
+        }
+        let req = Release { files: vec![(data.ino, data.registered())] };
+        match self.meta(&Ctx::root(), Self::shard_of(data.ino), &req).await {
+            Ok(r) => {
+                for a in r.removed {
+                    self.remove_chunks(&data.layout, a.ino, None).await;
+                }
+            }
+            Err(e) => {
+                warn!(ino = %data.ino, error = %e, "release failed: metad frees the file when this client's session ends")
+            }
+        }
+    }
+
     /// Requests each metadata shard has served since it started, by kind: (shard, kind, count).
     pub async fn meta_request_counts(&self) -> Result<Vec<(u16, String, u64)>> {
         let mut out = Vec::new();
-        for shard in 0..self.inner.link.cluster.view().meta_shards().max(1) {
+        for shard in 0..self.inner.cluster.view().meta_shards().max(1) {
             let st = self.meta(&Ctx::root(), shard, &GetStats {}).await?;
             out.extend(st.methods.into_iter().map(|m| (shard, m.name, m.count)));
         }
@@ -1590,12 +1843,11 @@ impl Client {
     /// metad, stored and stage agent, with the registered clients that name the client ids
     /// counted. A service that cannot be asked is listed with the reason.
     pub async fn fs_stats(&self) -> Result<FsStats> {
-        let view = self.inner.link.cluster.refresh().await?;
+        let view = self.inner.cluster.refresh().await?;
         let h = self.header(&Ctx::root());
-        let pool = &self.inner.link.pool;
-        let mgmtd =
-            pool.call(self.inner.link.cfg.mgmtd, Transport::Quic, &h, &GetStats {}).await.map_err(|e| e.to_string());
-        let (meta, bulk) = (self.inner.link.cfg.meta_transport, self.inner.link.cfg.bulk_transport);
+        let pool = &self.inner.pool;
+        let mgmtd = pool.call(self.inner.cfg.mgmtd, Transport::Quic, &h, &GetStats {}).await.map_err(|e| e.to_string());
+        let (meta, bulk) = (self.inner.cfg.meta_transport, self.inner.cfg.bulk_transport);
         let route = |s: &odfs_proto::mgmt::ServiceInfo| match s.kind {
             ServiceKind::Meta => crate::cluster::route(s, meta),
             ServiceKind::Storage => crate::cluster::route(s, bulk),
@@ -1604,9 +1856,9 @@ impl Client {
         let mut all = odfs_rpc::stats::gather(pool, &h, mgmtd, &view.services, route).await;
         if let Some(ops) = self.inner.ops.get() {
             all.services.push(ServiceStats {
-                name: format!("this mount, node {} pid {}", self.inner.link.cfg.node, std::process::id()),
+                name: format!("this mount, node {} pid {}", self.inner.cfg.node, std::process::id()),
                 kind: Some(ServiceKind::Client),
-                node: self.inner.link.cfg.node,
+                node: self.inner.cfg.node,
                 stats: Some(ops()),
                 error: None,
             });
@@ -1626,15 +1878,15 @@ impl Client {
     /// flushed. Bounded: a shard that does not answer within `GOODBYE_WAIT` ends the session
     /// itself one lease later, as for a client that died.
     pub async fn close(&self) {
-        let wait = Duration::from_secs(self.inner.link.cfg.retry_secs.max(1));
+        let wait = Duration::from_secs(self.inner.cfg.retry_secs.max(1));
         if tokio::time::timeout(wait, self.sync_deferred()).await.is_err() {
             warn!("metad did not take this client's deferred creates and unlinks within {} s", wait.as_secs());
         }
         let _ = self.inner.stop.send(true);
-        for (shard, e) in self.end_sessions_of(self.inner.link.client_id).await {
+        for (shard, e) in self.end_sessions_of(self.inner.client_id).await {
             warn!(shard, "could not end this client's session: {e}; it ends one lease after its last poll");
         }
-        self.inner.link.pool.close_all();
+        self.inner.pool.close_all();
     }
 
     /// Ends client `client`'s session on every metadata shard (this client's own, or that of
@@ -1642,7 +1894,7 @@ impl Client {
     /// did not take it within `GOODBYE_WAIT`, each with why.
     pub async fn end_sessions_of(&self, client: u64) -> Vec<(u16, String)> {
         let h = self.header(&Ctx::root());
-        let shards = self.inner.link.cluster.view().meta_shards().max(1);
+        let shards = self.inner.cluster.view().meta_shards().max(1);
         let byes = (0..shards).map(|shard| {
             let h = h.clone();
             async move {
@@ -1661,7 +1913,7 @@ impl Client {
     /// client's sessions one lease after its last poll. Handles still open are not flushed.
     pub fn shutdown(&self) {
         let _ = self.inner.stop.send(true);
-        self.inner.link.pool.close_all();
+        self.inner.pool.close_all();
     }
 }
 
@@ -1687,6 +1939,6 @@ fn may_create_in(ctx: &Ctx, dir: &Attr) -> bool {
 }
 
 /// Whether the mode bits let `ctx` read a file (root reads anything).
-pub(crate) fn may_read(ctx: &Ctx, a: &Attr) -> bool {
+fn may_read(ctx: &Ctx, a: &Attr) -> bool {
     bits_for(ctx, a).is_none_or(|b| b & 0o4 != 0)
 }

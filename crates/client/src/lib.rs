@@ -11,15 +11,12 @@
 mod attr_cache;
 pub mod cluster;
 pub mod config;
-mod ctx;
 mod delegation;
 pub mod error;
 pub mod file;
 pub mod fs;
-mod link;
 mod local_read;
 pub mod locks;
-mod opens;
 pub mod path;
 mod prefetch;
 mod removing;
@@ -29,15 +26,13 @@ pub mod vxattr;
 
 pub use attr_cache::Ticket;
 pub use config::ClientConfig;
-pub use ctx::{Ctx, Truncate};
 pub use error::ClientError;
-pub use file::ReadBuf;
-pub use fs::{Client, OpStats, RecallHook};
+pub use file::{FileHandle, ReadBuf};
+pub use fs::{Client, Ctx, OpStats, RecallHook, Truncate};
 /// Lets a thread with a runtime of its own call over connections of its own (odfs-fuse's reader threads).
 pub use odfs_rpc::own_lane;
 /// The pipe a spliced read fills (`FileHandle::read_into_pipe`).
 pub use odfs_rpc::splice::Pipe;
-pub use opens::FileHandle;
 pub use prefetch::{PrefetchCounts, PrefetchSkip};
 
 pub type Result<T, E = ClientError> = std::result::Result<T, E>;

@@ -3,8 +3,7 @@
 //! locks on which inodes, so that a close without locks costs no request; and a copy of the
 //! locks granted, taken back from a shard that restarted.
 
-use crate::ctx::Ctx;
-use crate::link::ServiceLink;
+use crate::fs::{Client, Ctx};
 use crate::Result;
 use odfs_proto::locks::{LockTable, Request};
 use odfs_proto::meta::{DropLocks, LockHolder, LockKind, SetLock, TestLock};
@@ -104,67 +103,53 @@ impl LockOwners {
     }
 }
 
-/// The lock requests, each over the client's `link`, keeping this client's copy of its grants.
-impl LockOwners {
+impl Client {
     /// Asks `ino`'s shard for the lock (or unlock) `ask`, letting the shard wait up to `wait`
     /// for conflicting locks to go: true when granted.
-    pub(crate) async fn set_lock(
-        &self,
-        link: &ServiceLink,
-        ctx: &Ctx,
-        ino: InodeId,
-        ask: LockAsk,
-        wait: Duration,
-    ) -> Result<bool> {
+    pub async fn set_lock(&self, ctx: &Ctx, ino: InodeId, ask: LockAsk, wait: Duration) -> Result<bool> {
         let wait_ms = wait.as_millis().min(u32::MAX as u128) as u32;
         let (owner, kind) = (ask.owner, ask.kind);
         let q = ask.message(ino, wait_ms, false);
         // Listed before the request, so a close racing with the grant drops it too, and again
         // after a grant, in case such a close took it off the list meanwhile.
         if kind != LockKind::Unlock {
-            self.note(ino, owner);
+            self.inner.locks.note(ino, owner);
         }
-        let granted = link.meta(ctx, ino.shard(), &q).await?;
+        let granted = self.meta(ctx, ino.shard(), &q).await?;
         if granted {
             if kind != LockKind::Unlock {
-                self.note(ino, owner);
+                self.inner.locks.note(ino, owner);
             }
-            self.granted(ino, &ask);
+            self.inner.locks.granted(ino, &ask);
         }
         Ok(granted)
     }
 
     /// The first lock of another owner that would refuse `ask` (F_GETLK), if any.
-    pub(crate) async fn test_lock(
-        &self,
-        link: &ServiceLink,
-        ctx: &Ctx,
-        ino: InodeId,
-        ask: LockAsk,
-    ) -> Result<Option<LockHolder>> {
+    pub async fn test_lock(&self, ctx: &Ctx, ino: InodeId, ask: LockAsk) -> Result<Option<LockHolder>> {
         let q = TestLock { ino, owner: ask.owner, kind: ask.kind, start: ask.start, end: ask.end };
-        link.meta(ctx, ino.shard(), &q).await
+        self.meta(ctx, ino.shard(), &q).await
     }
 
     /// Whether `owner` took a lock on `ino` that its close must drop.
-    pub(crate) fn holds_locks(&self, ino: InodeId, owner: u64) -> bool {
-        self.holds(ino, owner)
+    pub fn holds_locks(&self, ino: InodeId, owner: u64) -> bool {
+        self.inner.locks.holds(ino, owner)
     }
 
     /// Drops every lock of `owners` on `ino` (their close): no request when none took one.
-    pub(crate) async fn drop_locks(&self, link: &ServiceLink, ctx: &Ctx, ino: InodeId, owners: &[u64]) -> Result<()> {
-        let owners = self.take(ino, owners);
+    pub async fn drop_locks(&self, ctx: &Ctx, ino: InodeId, owners: &[u64]) -> Result<()> {
+        let owners = self.inner.locks.take(ino, owners);
         if owners.is_empty() {
             return Ok(());
         }
-        link.meta(ctx, ino.shard(), &DropLocks { ino, owners }).await
+        self.meta(ctx, ino.shard(), &DropLocks { ino, owners }).await
     }
 
     /// The shard forgot this client (it restarted, or the session lapsed): takes back every
     /// lock this client holds on the shard's inodes. A lock another client took meanwhile (a
     /// session that lapsed) is lost: said in the log, and its owner's locks on the file go.
-    pub(crate) async fn reclaim_locks(&self, link: &ServiceLink, shard: u16) {
-        let locks = self.on_shard(shard);
+    pub(crate) async fn reclaim_locks(&self, shard: u16) {
+        let locks = self.inner.locks.on_shard(shard);
         if locks.is_empty() {
             return;
         }
@@ -172,11 +157,11 @@ impl LockOwners {
         for (ino, r) in locks {
             let (owner, start, end) = (r.owner, r.start, r.end);
             let q = LockAsk::from(&r).message(ino, 0, true);
-            match link.meta(&ctx, shard, &q).await {
+            match self.meta(&ctx, shard, &q).await {
                 Ok(true) => kept += 1,
                 Ok(false) => {
                     warn!(shard, %ino, owner, start, end, "a file lock held before the metadata shard forgot this node was taken by another meanwhile: lost");
-                    if let Err(e) = self.drop_locks(link, &ctx, ino, &[owner]).await {
+                    if let Err(e) = self.drop_locks(&ctx, ino, &[owner]).await {
                         warn!(shard, %ino, error = %e, "cannot drop the locks of an owner that lost one");
                     }
                 }

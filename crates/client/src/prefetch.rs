@@ -11,9 +11,8 @@
 //! change elsewhere is recalled before it is acknowledged, and every change of a file's bytes
 //! moves its change time); a recall drops it.
 
-use crate::attr_cache::AttrCache;
 use crate::attr_cache::Ticket;
-use crate::link::ServiceLink;
+use crate::fs::{Client, Inner};
 use odfs_proto::layout::Segment;
 use odfs_proto::meta::Attr;
 use odfs_proto::storage::{ChunkRange, READ_MANY_BYTES, READ_MANY_ITEMS};
@@ -319,43 +318,31 @@ fn whole_file(attr: &Attr) -> Option<(TargetId, ChunkRange)> {
         .then_some((target, ChunkRange { ino: attr.ino, offset: local_offset, len: len as u32 }))
 }
 
-/// What a prefetch works with: the client's link (chunk reads, config, runtime), its attribute
-/// cache (what a directory holds, whether a recall crossed a read) and this buffer.
-#[derive(Clone)]
-pub(crate) struct Parts {
-    pub link: Arc<ServiceLink>,
-    pub cache: Arc<AttrCache>,
-    pub prefetch: Arc<Prefetch>,
-}
-
-/// The same, held weakly by a prefetch in flight (it does not keep a client alive).
-struct WeakParts {
-    link: Weak<ServiceLink>,
-    cache: Weak<AttrCache>,
-    prefetch: Weak<Prefetch>,
-}
-
-impl WeakParts {
-    fn upgrade(&self) -> Option<Parts> {
-        Some(Parts { link: self.link.upgrade()?, cache: self.cache.upgrade()?, prefetch: self.prefetch.upgrade()? })
+impl Client {
+    /// Lets a prefetch leave out the files the kernel holds already.
+    pub fn set_prefetch_skip(&self, skip: PrefetchSkip) {
+        let _ = self.inner.prefetch.skip.set(skip);
     }
-}
 
-impl Parts {
-    fn downgrade(&self) -> WeakParts {
-        WeakParts {
-            link: Arc::downgrade(&self.link),
-            cache: Arc::downgrade(&self.cache),
-            prefetch: Arc::downgrade(&self.prefetch),
-        }
+    /// What the prefetch did so far.
+    pub fn prefetch_counts(&self) -> PrefetchCounts {
+        let p = &self.inner.prefetch;
+        PrefetchCounts { fetched: p.fetched.load(Relaxed), used: p.used.load(Relaxed) }
+    }
+
+    /// Reads `prefetch_counts` without keeping the client alive (for a closure the client
+    /// itself holds, as `on_stats`'s).
+    pub fn prefetch_counts_reader(&self) -> impl Fn() -> PrefetchCounts + Send + Sync + 'static {
+        let inner = Arc::downgrade(&self.inner);
+        move || inner.upgrade().map(|inner| Client { inner }.prefetch_counts()).unwrap_or_default()
     }
 
     /// The bytes of the file `attr` describes (a small file about to be filled at its open),
     /// if a prefetch holds them, without waiting. When none does and no batch in flight has
     /// the file, the batch it is queued in is sent next (with the file read alone meanwhile,
     /// the batch brings the others), or else its directory is prefetched (once per `AGE`).
-    pub(crate) fn prefetched_now(&self, attr: &Attr) -> Option<Vec<u8>> {
-        let p = &self.prefetch;
+    pub fn prefetched_now(&self, attr: &Attr) -> Option<Vec<u8>> {
+        let p = &self.inner.prefetch;
         if p.limit == 0 {
             return None;
         }
@@ -369,8 +356,8 @@ impl Parts {
     }
 
     /// The same, waiting for the batch in flight that holds the file, if one does.
-    pub(crate) async fn prefetched(&self, attr: &Attr) -> Option<Vec<u8>> {
-        let p = &self.prefetch;
+    pub async fn prefetched(&self, attr: &Attr) -> Option<Vec<u8>> {
+        let p = &self.inner.prefetch;
         if p.limit == 0 {
             return None;
         }
@@ -383,20 +370,21 @@ impl Parts {
 
     /// Starts the prefetch of the directory `ino` was last cached under.
     fn prefetch_parent(&self, ino: InodeId) {
-        let Some(dir) = self.cache.parent(ino) else { return };
-        if !self.prefetch.start_dir(dir) {
+        let Some(dir) = self.inner.cache.parent(ino) else { return };
+        if !self.inner.prefetch.start_dir(dir) {
             return;
         }
-        self.link.runtime.spawn(prefetch_dir(self.downgrade(), dir));
+        let inner = Arc::downgrade(&self.inner);
+        self.inner.runtime.spawn(prefetch_dir(inner, dir));
     }
 
     /// The files of `dir` worth prefetching, by target, in batches.
     fn prefetch_batches(&self, dir: InodeId) -> Vec<(TargetId, Vec<Item>)> {
-        let limit = self.link.cfg.fill_limit();
-        let p = &self.prefetch;
+        let limit = self.inner.cfg.fill_limit();
+        let p = &self.inner.prefetch;
         let mut by_target: BTreeMap<TargetId, Vec<Item>> = BTreeMap::new();
         // Regular files only (`dir_files`).
-        for attr in self.cache.dir_files(dir, DIR_FILES) {
+        for attr in self.inner.cache.dir_files(dir, DIR_FILES) {
             if attr.size == 0 || attr.size > limit || p.skipped(attr.ino) {
                 continue;
             }
@@ -426,7 +414,7 @@ impl Parts {
     /// Reads one batch into the buffer: when one of the client's slots is free, or at once
     /// when an open missed one of its files (`urgent`).
     async fn prefetch_batch(&self, target: TargetId, items: Vec<Item>, urgent: Arc<Notify>) {
-        let p = &self.prefetch;
+        let p = &self.inner.prefetch;
         let (_slot, hurried) = tokio::select! {
             slot = p.slots.acquire() => (slot.ok(), false),
             _ = urgent.notified() => (None, true),
@@ -445,8 +433,8 @@ impl Parts {
             p.settle(&[], Vec::new(), reserved, |_| false);
             return;
         }
-        let ticket: Ticket = self.cache.ticket();
-        let got = match self.link.read_chunks(target, items.iter().map(|i| i.range).collect()).await {
+        let ticket: Ticket = self.ticket();
+        let got = match self.read_chunks(target, items.iter().map(|i| i.range).collect()).await {
             Ok(r) => split(r.lens, r.data, items.len()),
             Err(e) => {
                 debug!(target, error = %e, "prefetch batch failed: its files are read at their opens");
@@ -454,20 +442,8 @@ impl Parts {
             }
         };
         // A recall that crossed the read may have changed what it read.
-        p.settle(&items, got, reserved, |ino| !self.cache.ttl(ino, ticket).is_zero());
+        p.settle(&items, got, reserved, |ino| !self.kernel_ttl(ino, ticket).is_zero());
         let _ = tx.send(true);
-    }
-}
-
-impl Prefetch {
-    /// Lets a prefetch leave out the files the kernel holds already.
-    pub(crate) fn set_skip(&self, skip: PrefetchSkip) {
-        let _ = self.skip.set(skip);
-    }
-
-    /// What the prefetch did so far.
-    pub(crate) fn counts(&self) -> PrefetchCounts {
-        PrefetchCounts { fetched: self.fetched.load(Relaxed), used: self.used.load(Relaxed) }
     }
 }
 
@@ -490,10 +466,11 @@ fn split(lens: Vec<Option<u32>>, data: Vec<u8>, want: usize) -> Vec<Option<Vec<u
 
 /// Prefetches directory `dir`'s small files, every batch at once (the client's slots bound
 /// how many are in flight).
-async fn prefetch_dir(weak: WeakParts, dir: InodeId) {
-    let Some(parts) = weak.upgrade() else { return };
-    let p = &parts.prefetch;
-    let batches: Vec<_> = parts
+async fn prefetch_dir(inner: Weak<Inner>, dir: InodeId) {
+    let Some(inner) = inner.upgrade() else { return };
+    let client = Client { inner };
+    let p = &client.inner.prefetch;
+    let batches: Vec<_> = client
         .prefetch_batches(dir)
         .into_iter()
         .map(|(t, items)| {
@@ -503,12 +480,13 @@ async fn prefetch_dir(weak: WeakParts, dir: InodeId) {
         .filter(|(_, items, _)| !items.is_empty())
         .collect();
     debug!(%dir, batches = batches.len(), "prefetching a directory's small files");
-    futures::future::join_all(batches.into_iter().map(|(t, items, u)| parts.prefetch_batch(t, items, u))).await;
+    futures::future::join_all(batches.into_iter().map(|(t, items, u)| client.prefetch_batch(t, items, u))).await;
     // What no open took within `AGE` is let go of then, whether or not more prefetches come.
-    drop(parts);
+    let inner = Arc::downgrade(&client.inner);
+    drop(client);
     tokio::time::sleep(AGE + Duration::from_secs(1)).await;
-    if let Some(p) = weak.prefetch.upgrade() {
-        p.drop_aged();
+    if let Some(inner) = inner.upgrade() {
+        inner.prefetch.drop_aged();
     }
 }
 

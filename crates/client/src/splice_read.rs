@@ -7,9 +7,7 @@
 //! stored (every request sent before the first reply is taken), the reply's payload spliced
 //! from the socket; a hole or a short chunk file as zeros.
 
-use crate::ctx::Ctx;
-use crate::link::ServiceLink;
-use crate::{ClientError, Result};
+use crate::{Client, ClientError, Ctx, Result};
 use odfs_proto::layout::{chunk_path, Segment};
 use odfs_proto::storage::ReadChunk;
 use odfs_proto::InodeId;
@@ -37,28 +35,27 @@ enum Source {
     Remote(SocketAddr, SpliceStream, u64),
 }
 
-impl SpliceStreams {
+impl Client {
+    /// Whether this client can splice reads: its chunk data travels over TCP.
+    pub fn can_splice(&self) -> bool {
+        self.inner.cfg.bulk_transport == Transport::Tcp
+    }
+
     /// Appends the bytes of `segs` (consecutive, of file `ino`) to `pipe`. `Err` leaves the
     /// pipe holding part of them.
-    pub(crate) async fn splice_segments(
-        &self,
-        link: &ServiceLink,
-        ino: InodeId,
-        segs: Vec<Segment>,
-        pipe: &mut Pipe,
-    ) -> Result<()> {
+    pub(crate) async fn splice_segments(&self, ino: InodeId, segs: Vec<Segment>, pipe: &mut Pipe) -> Result<()> {
         let mut plan = Vec::with_capacity(segs.len());
         for seg in segs {
-            let source = match link.local.dir(&link.cluster, seg.target) {
+            let source = match self.inner.local.dir(&self.inner.cluster, seg.target) {
                 Some(dir) => {
-                    link.local.read_behind(seg.target, ino, &dir, seg.local_offset, seg.len);
+                    self.inner.local.read_behind(seg.target, ino, &dir, seg.local_offset, seg.len);
                     Source::Local(chunk_path(&dir, ino))
                 }
                 None => {
-                    let (addr, _) = link.cluster.target_addr(seg.target, Transport::Tcp)?;
-                    let mut s = self.splice_stream(link, addr).await?;
+                    let (addr, _) = self.inner.cluster.target_addr(seg.target, Transport::Tcp)?;
+                    let mut s = self.splice_stream(addr).await?;
                     let req = ReadChunk { target: seg.target, ino, offset: seg.local_offset, len: seg.len as u32 };
-                    let call = s.send(&link.header(&Ctx::root()), &req).await?;
+                    let call = s.send(&self.header(&Ctx::root()), &req).await?;
                     Source::Remote(addr, s, call)
                 }
             };
@@ -79,17 +76,17 @@ impl SpliceStreams {
     }
 
     /// An idle stream to `addr`, or a new one.
-    async fn splice_stream(&self, link: &ServiceLink, addr: SocketAddr) -> Result<SpliceStream> {
-        let idle = self.idle.lock().expect("splice streams lock").get_mut(&addr).and_then(Vec::pop);
+    async fn splice_stream(&self, addr: SocketAddr) -> Result<SpliceStream> {
+        let idle = self.inner.splice.idle.lock().expect("splice streams lock").get_mut(&addr).and_then(Vec::pop);
         match idle {
             Some(s) => Ok(s),
-            None => Ok(SpliceStream::connect(link.pool.credential(), addr).await?),
+            None => Ok(SpliceStream::connect(self.inner.pool.credential(), addr).await?),
         }
     }
 
     /// Puts back a stream whose last exchange ended whole.
     fn keep_splice_stream(&self, addr: SocketAddr, s: SpliceStream) {
-        let mut idle = self.idle.lock().expect("splice streams lock");
+        let mut idle = self.inner.splice.idle.lock().expect("splice streams lock");
         let list = idle.entry(addr).or_default();
         if list.len() < IDLE_PER_PEER {
             list.push(s);

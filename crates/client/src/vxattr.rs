@@ -28,7 +28,7 @@ use odfs_proto::{DirLayout, ErrorCode, InodeId};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-pub use odfs_proto::meta::XATTR_RESERVED_PREFIX as PREFIX;
+pub const PREFIX: &[u8] = b"odfs.";
 pub const LAYOUT: &[u8] = b"odfs.layout";
 pub const DIR_LAYOUT: &[u8] = b"odfs.dir_layout";
 pub const TARGETS: &[u8] = b"odfs.targets";

@@ -961,6 +961,3 @@ impl StepChange {
         }
     }
 }
-
-/// Names of extended attributes under this prefix are odfs's virtual attributes: computed, never stored.
-pub const XATTR_RESERVED_PREFIX: &[u8] = b"odfs.";
