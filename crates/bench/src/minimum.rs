@@ -168,8 +168,8 @@ pub fn serve(spec: &MinimumSpec) -> Result<()> {
 /// `odfs fuse-minimum --uring`: the striped large files over FUSE's io_uring transport.
 fn serve_uring(spec: &MinimumSpec) -> Result<()> {
     anyhow::ensure!(
-        !spec.remote_large.is_empty() && spec.remote_large == spec.disk_large,
-        "--uring serves striped large files: give the same files to --remote-large and --disk-large"
+        !spec.remote_large.is_empty() && spec.remote_large.len() == spec.disk_large.len(),
+        "--uring serves striped large files: give as many files to --remote-large as to --disk-large"
     );
     let (fs, _servers) = spec.fs()?;
     let entries = spec.threads.unwrap_or(32);

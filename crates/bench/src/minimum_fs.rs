@@ -231,8 +231,8 @@ impl MinimumFs {
     }
 
     /// Mounts the tree at `at` as [`MinimumFs::mount`] does, but asking the kernel for its
-    /// io_uring transport: `rings` says how the queues are served. Fails when the kernel
-    /// offers none (`enable_uring` off, or older than 6.14).
+    /// io_uring transport: `rings` says how the queues are served. Fails at INIT when the
+    /// kernel offers none (`enable_uring` off, or older than 6.14).
     pub(crate) fn mount_uring(mut self, at: &Path, rings: RingOptions<MinimumFs>) -> std::io::Result<MinimumMount> {
         self.uring = true;
         self.serve(at, SESSION_THREADS, rings)
@@ -251,12 +251,6 @@ impl MinimumFs {
         };
         let mut session = Session::mount(at, &options, Acl::All)?;
         session.init(&self)?;
-        if self.uring && !session.uses_rings() {
-            return Err(std::io::Error::other(format!(
-                "the kernel offers no FUSE io_uring transport ({} is not Y, or the kernel is older than 6.14)",
-                crate::uring_minimum::ENABLE_URING
-            )));
-        }
         let unmounter = session.unmounter();
         let thread = std::thread::Builder::new()
             .name("minimum-session".into())

@@ -20,8 +20,8 @@ use odfs_fuse_kernel::ring::{Ops, QueueHandler, RingRequest, Slot};
 use odfs_fuse_kernel::session::{Dispatch, RingOptions};
 use std::fs::File;
 use std::io::Read;
-use std::net::TcpStream;
-use std::os::fd::AsRawFd;
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -109,39 +109,47 @@ impl StripedReads {
     /// Starts `read` for the READ in `slot`'s entry: one operation (a disk read) or two (a
     /// send and its linked receive) on the ring, or the answer at once.
     fn start(&mut self, slot: Slot, read: StripedRead, ops: &mut Ops<'_>) {
-        let i = slot.index();
-        let (buf, room) = (slot.payload(), slot.payload_len());
-        let p = &mut self.entries[i];
-        let (offset, len) = match read {
-            StripedRead::Empty => return slot.answer_written(0, 0),
+        let room = slot.payload_len();
+        match read {
+            StripedRead::Empty => slot.answer_written(0, 0),
             StripedRead::Disk { fd, offset, want, len } if want <= room => {
-                (p.want, p.fetching, p.slot) = (len, None, Some(slot));
-                let sqe = opcode::Read::new(types::Fd(fd), buf, want as u32).offset(offset).build();
-                // SAFETY: the payload stays this handler's until the slot is answered, at the
-                // read's completion.
-                return answer_unpushed(p, unsafe { ops.push(sqe.into(), (i as u64) << 1) });
+                self.read_disk(slot, fd, offset, want, len, ops)
             }
-            StripedRead::Disk { .. } => return slot.answer_written(-libc::EIO, 0),
-            StripedRead::Remote { k, addr, offset, len } if len <= room => {
-                if p.conns[k].is_none() {
-                    match crate::minimum_fs::connect(addr) {
-                        Ok(c) => p.conns[k] = Some(c),
-                        Err(e) => return slot.answer_written(-e.raw_os_error().unwrap_or(libc::EIO), 0),
-                    }
-                }
-                (p.want, p.fetching, p.slot) = (len, Some(k), Some(slot));
-                (offset, len)
-            }
-            StripedRead::Remote { .. } => return slot.answer_written(-libc::EIO, 0),
+            StripedRead::Remote { k, addr, offset, len } if len <= room => self.fetch(slot, k, addr, offset, len, ops),
+            StripedRead::Disk { .. } | StripedRead::Remote { .. } => slot.answer_written(-libc::EIO, 0),
+        }
+    }
+
+    /// `want` bytes of `fd` at `offset` read into the entry's payload; `len` of them answered.
+    fn read_disk(&mut self, slot: Slot, fd: RawFd, offset: u64, want: usize, len: usize, ops: &mut Ops<'_>) {
+        let (i, buf) = (slot.index(), slot.payload());
+        let p = &mut self.entries[i];
+        (p.want, p.fetching, p.slot) = (len, None, Some(slot));
+        let sqe = opcode::Read::new(types::Fd(fd), buf, want as u32).offset(offset).build();
+        // SAFETY: the payload stays this handler's until the slot is answered, at the read's
+        // completion.
+        answer_unpushed(p, unsafe { ops.push(sqe.into(), (i as u64) << 1) })
+    }
+
+    /// `len` bytes at `offset` asked of file `k`'s server and received into the entry's
+    /// payload, on the entry's connection to it (made on first use).
+    fn fetch(&mut self, slot: Slot, k: usize, addr: SocketAddr, offset: u64, len: usize, ops: &mut Ops<'_>) {
+        let (i, buf) = (slot.index(), slot.payload());
+        let p = &mut self.entries[i];
+        let fd = match &p.conns[k] {
+            Some(c) => c.as_raw_fd(),
+            None => match crate::minimum_fs::connect(addr) {
+                Ok(c) => p.conns[k].insert(c).as_raw_fd(),
+                Err(e) => return slot.answer_written(-e.raw_os_error().unwrap_or(libc::EIO), 0),
+            },
         };
-        let k = p.fetching.expect("a fetch's file");
-        let fd = p.conns[k].as_ref().expect("a connection just made").as_raw_fd();
+        (p.want, p.fetching, p.slot) = (len, Some(k), Some(slot));
         p.request = range_request(offset, len);
         let send = opcode::Send::new(types::Fd(fd), p.request.as_ptr(), 16).build().flags(squeue::Flags::IO_LINK);
         let recv = opcode::Recv::new(types::Fd(fd), buf, len as u32).flags(libc::MSG_WAITALL).build();
         // SAFETY: the request buffer is this entry's and is not rewritten before the send
         // completes (the entry's next READ comes after this one's answer); the payload is as
-        // above.
+        // in `read_disk`.
         let pushed = unsafe { ops.push(send.into(), ((i as u64) << 1) | SENT) }
             .and_then(|()| unsafe { ops.push(recv.into(), (i as u64) << 1) });
         answer_unpushed(p, pushed)

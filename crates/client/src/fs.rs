@@ -928,16 +928,21 @@ impl Client {
     /// Sets a file's size: chunks on every target, then the size at metad.
     pub async fn truncate(&self, ctx: &Ctx, ino: InodeId, size: u64, how: Truncate) -> Result<()> {
         odfs_proto::layout::check_file_size(size).map_err(|why| ClientError::new(ErrorCode::FileTooBig, why))?;
-        if how == Truncate::CheckAccess {
-            // As truncate(2): a directory is EISDIR and another non-file EINVAL, before any
-            // permission is looked at.
-            match self.getattr(ctx, ino).await?.kind {
-                FileKind::File => {}
-                FileKind::Dir => return Err(ErrorCode::IsDir.into()),
-                _ => return Err(ErrorCode::Invalid.into()),
+        // As truncate(2): a directory is EISDIR and another non-file EINVAL, before any
+        // permission is looked at.
+        let checked = match how {
+            Truncate::CheckAccess => {
+                let a = self.getattr(ctx, ino).await?;
+                match a.kind {
+                    FileKind::File => {}
+                    FileKind::Dir => return Err(ErrorCode::IsDir.into()),
+                    _ => return Err(ErrorCode::Invalid.into()),
+                }
+                self.access(ctx, ino, 2).await?;
+                Some(a)
             }
-            self.access(ctx, ino, 2).await?;
-        }
+            _ => None,
+        };
         let local = self.inner.inodes.lock().expect("inodes lock").get(&ino).cloned();
         let layout = match &local {
             Some(d) => {
@@ -945,7 +950,10 @@ impl Client {
                 d.layout.clone()
             }
             None => {
-                let a = self.getattr(ctx, ino).await?;
+                let a = match checked {
+                    Some(a) => a,
+                    None => self.getattr(ctx, ino).await?,
+                };
                 match a.layout {
                     Some(l) => l,
                     None if a.kind == FileKind::Dir => return Err(ErrorCode::IsDir.into()),

@@ -15,11 +15,11 @@ use odfs_proto::{ErrorCode, RequestHeader, Rpc};
 use odfs_rpc::stats::Stats;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tracing::warn;
 
-type Shared = Arc<Mutex<crate::store::MetaStore>>;
+use crate::store::Shared;
 
 /// A change tried as this shard's own first; what touches another shard (`SpansShards`) runs as
 /// an operation spanning shards. [`Coordinator::coordinate`] is the one place that decides.

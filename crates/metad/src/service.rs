@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tracing::warn;
 
-type Shared = Arc<Mutex<MetaStore>>;
+use crate::store::Shared;
 
 /// metad's router: the reply to a change waits for the recalls the change caused (see
 /// `sessions`).
@@ -71,7 +71,7 @@ macro_rules! mutation {
 }
 
 /// A request the coordinator carries out: `$call` on it with the header and the request.
-macro_rules! coordinated {
+macro_rules! to_coordinator {
     ($r:expr, $coord:expr, $($req:ident => $method:ident),*) => {$({
         let c = $coord.clone();
         $r.add::<$req, _, _>(move |h: RequestHeader, q: $req| {
@@ -85,12 +85,12 @@ macro_rules! coordinated {
 /// coordinator (what needs more than one store call: `requests`).
 pub fn router(store: Shared, coord: Coordinator) -> Router {
     let mut r = Routes { r: Router::new(), recalls: coord.recalls.clone() };
-    coordinated!(r, coord,
+    to_coordinator!(r, coord,
         Create => create, SetDirLayout => set_dir_layout, SetFileLayout => set_file_layout,
         DelegateCreates => delegate_creates, StripeDir => stripe_dir, UnlinkIdle => unlink_idle,
         SetAttr => set_attr, Lookup => lookup, ReadDir => readdir, SessionPoll => session_poll,
         SetLock => set_lock);
-    coordinated!(r, coord, Rmdir => coordinate, Unlink => coordinate, Rename => coordinate, Link => coordinate);
+    to_coordinator!(r, coord, Rmdir => coordinate, Unlink => coordinate, Rename => coordinate, Link => coordinate);
     let (c, stats) = (coord.clone(), r.r.stats());
     r.add::<CreateBatch, _, _>(move |h: RequestHeader, q: CreateBatch| {
         let (c, stats) = (c.clone(), stats.clone());

@@ -195,6 +195,9 @@ fn lock_request(
     Ok(LockRequest { client: h.client_id, owner, pid, kind, start, end })
 }
 
+/// A store shared by the service's handlers, under one lock.
+pub type Shared = std::sync::Arc<std::sync::Mutex<MetaStore>>;
+
 /// The namespace of one shard with its write-ahead log and dedup table.
 ///
 /// Not internally synchronized: reads take `&self`, mutations `&mut self`.

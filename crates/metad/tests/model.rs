@@ -640,6 +640,19 @@ fn skeleton() -> impl Strategy<Value = Vec<(u32, usize)>> {
     proptest::collection::vec((prop_oneof![Just(0o777u32), Just(0o1777), Just(0o755), Just(0o2777)], 0..UIDS.len()), 3)
 }
 
+/// The ops that make the starting directories a, b and a/b (by root, then given away) so that
+/// most ops find their paths, from `skeleton`'s modes and owners.
+fn skeleton_ops(dirs: &[(u32, usize)]) -> Vec<Op> {
+    let mut ops = Vec::new();
+    for (i, (dir, name)) in [(0, 0), (0, 1), (1, 1)].into_iter().enumerate() {
+        let (mode, owner) = dirs[i];
+        let mode = MODES.iter().position(|&m| m == mode).unwrap_or(1);
+        ops.push(Op::Mkdir { uid: 0, dir, name, mode });
+        ops.push(Op::Chown { uid: 0, dir, name, owner: Some(dirs[i].1), group: Some(owner) });
+    }
+    ops
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
@@ -659,19 +672,10 @@ proptest! {
         let mut s = open_with(tmp.path(), opts.clone());
         s.mutate(&root(), MetaOp::SetRootOwner { uid: 0, gid: 0, mode: root_mode }).unwrap();
         let mut m = Model::new(root_mode);
-        // Start from directories a, b and a/b (by root, then given away) so that most ops
-        // find their paths.
-        for (i, (dir, name)) in [(0, 0), (0, 1), (1, 1)].into_iter().enumerate() {
-            let (mode, owner) = dirs[i];
-            let mode = MODES.iter().position(|&m| m == mode).unwrap_or(1);
-            for o in [
-                Op::Mkdir { uid: 0, dir, name, mode },
-                Op::Chown { uid: 0, dir, name, owner: Some(dirs[i].1), group: Some(owner) },
-            ] {
-                let (want, got) = run(&mut m, &mut s, &o).expect("skeleton resolves");
-                prop_assert_eq!(&got, &want);
-                prop_assert!(got.is_ok());
-            }
+        for o in skeleton_ops(&dirs) {
+            let (want, got) = run(&mut m, &mut s, &o).expect("skeleton resolves");
+            prop_assert_eq!(&got, &want);
+            prop_assert!(got.is_ok());
         }
         for (i, o) in ops.iter().enumerate() {
             if let Some((want, got)) = run(&mut m, &mut s, o) {
@@ -843,17 +847,10 @@ proptest! {
             let fs = in_process::InProcess::start(tmp.path(), root_mode).await;
             let clients = [fs.client().await, fs.client().await];
             let mut m = Model::new(root_mode);
-            for (i, (dir, name)) in [(0, 0), (0, 1), (1, 1)].into_iter().enumerate() {
-                let (mode, owner) = dirs[i];
-                let mode = MODES.iter().position(|&m| m == mode).unwrap_or(1);
-                for o in [
-                    Op::Mkdir { uid: 0, dir, name, mode },
-                    Op::Chown { uid: 0, dir, name, owner: Some(dirs[i].1), group: Some(owner) },
-                ] {
-                    let (want, got) = run_client(&mut m, &clients[0], &o).await.expect("skeleton resolves");
-                    prop_assert_eq!(&got, &want);
-                    prop_assert!(got.is_ok());
-                }
+            for o in skeleton_ops(&dirs) {
+                let (want, got) = run_client(&mut m, &clients[0], &o).await.expect("skeleton resolves");
+                prop_assert_eq!(&got, &want);
+                prop_assert!(got.is_ok());
             }
             for (i, o) in ops.iter().enumerate() {
                 // The clients take turns; each must see the other's changes at once.

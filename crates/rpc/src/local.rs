@@ -31,11 +31,6 @@ impl Local {
         self.routers.lock().expect("routers lock").insert(addr, Arc::new(router));
     }
 
-    /// Calls to `addr` fail as to a stopped service from now on.
-    pub fn stop(&self, addr: SocketAddr) {
-        self.routers.lock().expect("routers lock").remove(&addr);
-    }
-
     /// The router answering for `addr`, if one of this process does.
     pub(crate) fn router(&self, addr: SocketAddr) -> Option<Arc<Router>> {
         self.routers.lock().expect("routers lock").get(&addr).cloned()
